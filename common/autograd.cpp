@@ -1,0 +1,126 @@
+// common/autograd.cpp — the tape and the reverse walk (a topological sort, as in micrograd).
+#include "common/autograd.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+
+namespace ff {
+
+static thread_local bool g_grad_enabled = true;
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+
+namespace testing {
+static std::string g_bug_op;
+static Bug g_bug = Bug::none;
+void plant_bug(const std::string& name, Bug bug) {
+  g_bug_op = name;
+  g_bug = bug;
+}
+}  // namespace testing
+
+Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
+              std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  if (!grad_enabled()) return out;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || t.requires_grad();
+  if (!any) return out;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  out.impl()->grad_fn = node;
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+// acc += g (both on the same device, same shape)
+static void accumulate(std::shared_ptr<TensorImpl>& acc, const Tensor& g) {
+  if (!acc) {
+    acc = g.clone().impl_ptr();
+    return;
+  }
+  Tensor a(acc);
+  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), g.data(), a.numel(), 1,
+                                 Broadcast::same);
+}
+
+static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads) {
+  using testing::Bug;
+  if (testing::g_bug == Bug::none || op != testing::g_bug_op) return;
+  for (size_t i = 0; i < grads.size(); i++) {
+    Tensor& g = grads[i];
+    if (!g.defined()) continue;
+    g = g.clone();
+    const KernelTable& k = kernels_for(g.device());
+    if (testing::g_bug == Bug::flip_sign) k.affine(g.data(), g.data(), g.numel(), -1.f, 0.f);
+    if (testing::g_bug == Bug::scale_by_1_01) k.affine(g.data(), g.data(), g.numel(), 1.01f, 0.f);
+    if (testing::g_bug == Bug::drop_first_input && i == 0)
+      k.fill(g.data(), g.numel(), 0.f);
+  }
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_output) {
+  FF_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
+  FF_CHECK(grad_output.shape() == root.shape(),
+           "backward: gradient shape " << shape_str(grad_output.shape()) << " != tensor shape "
+                                       << shape_str(root.shape()));
+  NoGradGuard no_grad;  // gradients are computed with ops, but never recorded
+
+  // Topological order of the impls reachable from root through grad_fn.
+  std::vector<TensorImpl*> order;
+  std::unordered_set<TensorImpl*> seen;
+  std::vector<std::pair<TensorImpl*, size_t>> stack{{root.impl(), 0}};
+  seen.insert(root.impl());
+  while (!stack.empty()) {
+    auto& [t, next] = stack.back();
+    Node* node = t->grad_fn.get();
+    if (node && next < node->inputs.size()) {
+      TensorImpl* child = node->inputs[next++].impl();
+      if (child && child->requires_grad && !seen.count(child)) {
+        seen.insert(child);
+        stack.push_back({child, 0});
+      }
+      continue;
+    }
+    order.push_back(t);
+    stack.pop_back();
+  }
+
+  // Reverse walk: order has every tensor after its inputs.
+  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
+  grads[root.impl()] = grad_output.clone().impl_ptr();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    TensorImpl* t = *it;
+    auto found = grads.find(t);
+    if (found == grads.end()) continue;  // no gradient flowed here
+    Tensor g(found->second);
+    if (!t->grad_fn) {                   // a leaf: accumulate into .grad
+      accumulate(t->grad, g);
+      continue;
+    }
+    Node* node = t->grad_fn.get();
+    std::vector<Tensor> in_grads = node->backward(g);
+    FF_CHECK(in_grads.size() == node->inputs.size(),
+             "backward of " << node->name << " returned " << in_grads.size() << " gradients for "
+                            << node->inputs.size() << " inputs");
+    apply_planted_bug(node->name, in_grads);
+    for (size_t i = 0; i < in_grads.size(); i++) {
+      const Tensor& in = node->inputs[i];
+      if (!in.requires_grad() || !in_grads[i].defined()) continue;
+      FF_CHECK(in_grads[i].shape() == in.shape(),
+               "backward of " << node->name << ": gradient " << i << " has shape "
+                              << shape_str(in_grads[i].shape()) << ", input has "
+                              << shape_str(in.shape()));
+      accumulate(grads[in.impl()], in_grads[i]);
+    }
+    grads.erase(t);  // free intermediate gradients as soon as they are consumed
+  }
+}
+
+}  // namespace ff

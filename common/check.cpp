@@ -1,0 +1,107 @@
+// common/check.cpp — error helper and tensor comparisons.
+#include "common/check.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/tensor.h"
+
+namespace ff {
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& msg) {
+  (void)file;
+  (void)line;
+  throw Error(msg);
+}
+
+Diff compare(const Tensor& got, const Tensor& want, double atol, double rtol) {
+  FF_CHECK(got.shape() == want.shape(), "compare: shapes " << shape_str(got.shape()) << " and "
+                                                           << shape_str(want.shape()) << " differ");
+  std::vector<float> a = got.to_vector(), b = want.to_vector();
+  Diff d;
+  for (size_t i = 0; i < a.size(); i++) {
+    double x = a[i], y = b[i];
+    bool same_inf = std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0);
+    double err = same_inf ? 0.0 : std::fabs(x - y);
+    if (std::isnan(x) != std::isnan(y)) err = INFINITY;
+    if (std::isnan(x) && std::isnan(y)) err = 0.0;
+    double rel = err / std::fmax(std::fabs(y), 1e-30);
+    if (err > d.max_abs || std::isnan(err)) d.max_abs = err;
+    if (!same_inf && err > 0 && rel > d.max_rel) d.max_rel = rel;
+    if (!(err <= atol + rtol * std::fabs(y))) d.pass = false;
+  }
+  return d;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  Tensor ca = a.to(Device::cpu), cb = b.to(Device::cpu);
+  return std::memcmp(ca.raw(), cb.raw(), ca.nbytes()) == 0;
+}
+
+}  // namespace ff
+
+// ---------------------------------------------------------------------------
+// gradcheck
+
+#include "common/autograd.h"
+#include "common/ops.h"
+
+namespace ff {
+
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          std::vector<Tensor> inputs, const GradcheckOptions& opt) {
+  GradcheckResult res;
+  Tensor probe;
+  {
+    NoGradGuard no_grad;
+    probe = f(inputs);
+  }
+  Tensor W = randn(probe.shape(), opt.seed, probe.device());
+  auto loss_value = [&](const std::vector<Tensor>& in) {
+    NoGradGuard no_grad;
+    std::vector<float> y = f(in).to_vector(), w = W.to_vector();
+    double s = 0.0;
+    for (size_t i = 0; i < y.size(); i++) s += (double)y[i] * w[i];
+    return s;
+  };
+
+  // analytic
+  for (Tensor& t : inputs) t.zero_grad();
+  Tensor loss = sum_all(mul(f(inputs), W));
+  loss.backward();
+
+  // numeric, element by element
+  for (size_t k = 0; k < inputs.size(); k++) {
+    Tensor& x = inputs[k];
+    if (!x.requires_grad()) continue;
+    FF_CHECK(x.device() == Device::cpu, "gradcheck perturbs cpu inputs");
+    std::vector<float> analytic = x.grad().defined() ? x.grad().to_vector()
+                                                     : std::vector<float>((size_t)x.numel(), 0.f);
+    float* p = x.data();
+    for (int64_t e = 0; e < x.numel(); e++) {
+      float orig = p[e];
+      p[e] = orig + opt.eps;
+      double plus = loss_value(inputs);
+      p[e] = orig - opt.eps;
+      double minus = loss_value(inputs);
+      p[e] = orig;
+      double numeric = (plus - minus) / (2.0 * (double)opt.eps);
+      double err = std::fabs(analytic[(size_t)e] - numeric);
+      double rel = err / std::fmax(std::fabs(numeric), 1e-12);
+      bool ok = err <= opt.atol + opt.rtol * std::fabs(numeric);
+      if (err > res.max_abs_err) {
+        res.max_abs_err = err;
+        std::ostringstream os;
+        os << "input " << k << " element " << e << ": analytic " << analytic[(size_t)e]
+           << " numeric " << numeric;
+        res.worst = os.str();
+      }
+      if (rel > res.max_rel_err && err > opt.atol) res.max_rel_err = rel;
+      res.pass = res.pass && ok;
+    }
+  }
+  return res;
+}
+
+}  // namespace ff

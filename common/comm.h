@@ -1,0 +1,97 @@
+// common/comm.h — Comm: an MPI communicator with a watchdog and trace spans.
+//
+// Design rules:
+//  * Every wait is polled against a deadline (--timeout, default 60 s). Blocking
+//    calls are their non-blocking twins plus a polled wait (send = MPI_Isend + wait,
+//    ssend = MPI_Issend + wait, recv = MPI_Irecv + wait, collectives = MPI_I<coll> +
+//    wait), so the semantics stay those of the blocking call and a deadlock becomes
+//    one line:
+//      error: rank R: no progress for T s in <op> with peer P (tag G, N bytes) — likely deadlock
+//    followed by MPI_Abort. Collectives name the peer "all" and the tag "-".
+//  * Buffers are host memory. Tensor overloads stage sim/cuda tensors through the host.
+//  * Every operation records a span (stream "comm") into trace() when tracing is on.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ff {
+
+class Tensor;
+
+// mpiCheck(call): on an MPI error, prints "error: MPI: <MPI_Error_string> (file:line)" and aborts.
+void mpi_check(int code, const char* file, int line);
+#define mpiCheck(call) ::ff::mpi_check((call), __FILE__, __LINE__)
+
+// A pending non-blocking operation, with what the watchdog needs to name it.
+struct Request {
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::string op;       // "isend", "irecv", ...
+  int peer = -1;        // -1: a collective ("all")
+  int tag = -1;
+  size_t bytes = 0;
+  double start_us = 0;  // for the trace span
+};
+
+class Comm {
+ public:
+  // Initializes MPI once per process and returns MPI_COMM_WORLD.
+  static Comm world(int* argc, char*** argv);
+  // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.
+  [[noreturn]] static void exit_all(int code);
+
+  Comm() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm raw() const { return comm_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  // ---- point-to-point on raw host bytes
+  void send(const void* buf, size_t bytes, int peer, int tag);   // standard mode (may buffer)
+  void ssend(const void* buf, size_t bytes, int peer, int tag);  // synchronous: returns only once matched
+  void recv(void* buf, size_t bytes, int peer, int tag);
+  Request isend(const void* buf, size_t bytes, int peer, int tag);
+  Request issend(const void* buf, size_t bytes, int peer, int tag);
+  Request irecv(void* buf, size_t bytes, int peer, int tag);
+  void wait(Request& r);
+  void wait_all(std::vector<Request>& rs);
+  void sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* rbuf, size_t rbytes,
+                int src, int rtag);
+
+  // ---- collectives
+  // In place: buf (count elements of `type`) becomes the reduction over all ranks.
+  void allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op);
+  void allreduce_sum(float* buf, size_t n);
+  // recv holds size() blocks of `bytes` each, rank r's at r * bytes.
+  void allgather(const void* send, size_t bytes, void* recv);
+  // Blocks of different sizes: recv_bytes[r] from rank r, laid out back to back.
+  void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
+  // recv (n / size() floats on every rank... or counts[rank]) = this rank's block of the sum.
+  void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
+  void bcast(void* buf, size_t bytes, int root);
+  void barrier();
+  // Byte counts and displacements per peer, as MPI_Alltoallv with MPI_BYTE.
+  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                 const std::vector<size_t>& recv_bytes);
+  // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split).
+  Comm split(int color, int key) const;
+
+  // ---- tensors (float32 or int64; staged through the host when not on cpu)
+  void send(const Tensor& t, int peer, int tag);
+  void ssend(const Tensor& t, int peer, int tag);
+  void recv(Tensor& t, int peer, int tag);  // t must already have the right shape and dtype
+  void allreduce_sum(Tensor& t);
+  void bcast(Tensor& t, int root);
+
+ private:
+  explicit Comm(MPI_Comm c);
+  void wait_one(Request& r);  // the watchdog loop
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  double timeout_s_ = 60.0;
+};
+
+}  // namespace ff

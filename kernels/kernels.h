@@ -1,0 +1,101 @@
+// kernels/kernels.h — the table of kernels one device provides.
+//
+// Design rules:
+//  * Kernels see raw pointers and sizes only. Shapes are given as the few
+//    numbers each kernel needs (rows, cols, an [outer, n, inner] view ...).
+//  * Forward kernels assign their outputs. Backward kernels assign the input
+//    gradient they compute; accumulation across uses happens in autograd.
+//  * Index tensors are int64 (as in PyTorch), and are assumed in range: the
+//    tensor layer validates indices before calling a kernel.
+//
+// Letters used in shape comments: N rows, C columns (last dim), B batch,
+// M/K/Nc matmul sizes, V vocabulary, k top-k count.
+#pragma once
+#include <cstdint>
+
+#include "kernels/device.h"
+
+namespace ff {
+
+enum class BinaryOp { add, sub, mul, div };
+enum class UnaryOp { exp, log, sqrt, sigmoid, silu, relu, neg };
+enum class ReduceOp { sum, max };
+// How the second operand of a binary op is broadcast against the first, a (n elements):
+//   same:   b has n elements
+//   row:    b has C elements, reused for every row of a viewed as [n/C, C]
+//   col:    b has n/C elements, one per row of a viewed as [n/C, C]
+//   scalar: b has 1 element
+enum class Broadcast { same, row, col, scalar };
+
+struct KernelTable {
+  // out[i] = value
+  void (*fill)(float* out, int64_t n, float value);
+  // out[i] = alpha * x[i] + beta
+  void (*affine)(float* out, const float* x, int64_t n, float alpha, float beta);
+  // out (n) = a (n) op b (broadcast as `bc`, C = row length)
+  void (*binary)(BinaryOp op, float* out, const float* a, const float* b, int64_t n, int64_t C,
+                 Broadcast bc);
+  // out (n) = f(x)
+  void (*unary)(UnaryOp op, float* out, const float* x, int64_t n);
+  // dx (n) = dy * f'(x); y = f(x) is passed too, since some derivatives use it
+  void (*unary_backward)(UnaryOp op, float* dx, const float* x, const float* y, const float* dy,
+                         int64_t n);
+  // in is viewed as [outer, n, inner]; out [outer, inner] = reduce over n
+  void (*reduce)(ReduceOp op, float* out, const float* in, int64_t outer, int64_t n, int64_t inner);
+  // max backward: dx [outer, n, inner] = dy routed to the first position that attains the max y
+  void (*max_backward)(float* dx, const float* x, const float* y, const float* dy, int64_t outer,
+                       int64_t n, int64_t inner);
+  // y, x are (N, C); softmax along C
+  void (*softmax_forward)(float* y, const float* x, int64_t N, int64_t C);
+  // dx = y * (dy - sum(dy * y))
+  void (*softmax_backward)(float* dx, const float* y, const float* dy, int64_t N, int64_t C);
+  void (*log_softmax_forward)(float* y, const float* x, int64_t N, int64_t C);
+  // dx = dy - exp(y) * sum(dy)
+  void (*log_softmax_backward)(float* dx, const float* y, const float* dy, int64_t N, int64_t C);
+  // c (B, M, Nc) = op(a) @ op(b) (+ c if accumulate). op(a) is (M, K): a is (M, K), or (K, M)
+  // when trans_a. op(b) is (K, Nc): b is (K, Nc), or (Nc, K) when trans_b. Batch strides in
+  // elements; a stride of 0 reuses the same matrix for every batch entry.
+  void (*matmul)(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc,
+                 int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b,
+                 bool accumulate);
+  // in (A, D0, Bm, D1, Cn) -> out (A, D1, Bm, D0, Cn): swaps two dims of any tensor
+  void (*transpose)(float* out, const float* in, int64_t A, int64_t D0, int64_t Bm, int64_t D1,
+                    int64_t Cn);
+  // dst viewed (outer, dst_n, inner), src viewed (outer, src_n, inner):
+  // dst[:, dst_off + j, :] (+)= src[:, src_off + j, :] for j < len. Slice and concat use it.
+  void (*copy_block)(float* dst, int64_t dst_n, int64_t dst_off, const float* src, int64_t src_n,
+                     int64_t src_off, int64_t outer, int64_t len, int64_t inner, bool accumulate);
+  // y (N, C) = x * rsqrt(mean(x^2) + eps) * w; rstd (N) saved for the backward
+  void (*rmsnorm_forward)(float* y, float* rstd, const float* x, const float* w, int64_t N,
+                          int64_t C, float eps);
+  // dx (N, C), dw (C) from dy (N, C), x, w, rstd
+  void (*rmsnorm_backward)(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                           const float* rstd, int64_t N, int64_t C);
+  // loss (N) = logsumexp(logits[i]) - logits[i, target[i]]; lse (N) saved for the backward
+  void (*cross_entropy_forward)(float* loss, float* lse, const float* logits,
+                                const int64_t* targets, int64_t N, int64_t V);
+  // dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss[i]
+  void (*cross_entropy_backward)(float* dlogits, const float* logits, const float* lse,
+                                 const int64_t* targets, const float* dloss, int64_t N, int64_t V);
+  // out (M, C) = src[idx[i], :]
+  void (*index_select_rows)(float* out, const float* src, const int64_t* idx, int64_t M, int64_t C);
+  // dst[idx[i], :] += src (M, C)[i, :]
+  void (*index_add_rows)(float* dst, const float* src, const int64_t* idx, int64_t M, int64_t C);
+  // vals, idx (N, k): the k largest of each row of x (N, C), descending, lowest index first on ties
+  void (*topk_rows)(float* vals, int64_t* idx, const float* x, int64_t N, int64_t C, int64_t k);
+  // dx (N, C) = 0, then dx[i, idx[i, j]] += dvals[i, j]
+  void (*topk_backward)(float* dx, const float* dvals, const int64_t* idx, int64_t N, int64_t C,
+                        int64_t k);
+  // out (n) = mask[i % mask_n] != 0 ? value : x[i]
+  void (*masked_fill)(float* out, const float* x, const float* mask, int64_t n, int64_t mask_n,
+                      float value);
+};
+
+// The kernels of device d. Throws if d has none in this build.
+const KernelTable& kernels_for(Device d);
+
+namespace cpu {
+const KernelTable& kernel_table();
+}
+
+}  // namespace ff
