@@ -14,7 +14,7 @@ CXX      := mpicxx
 OPT      ?= -O2
 CXXFLAGS ?= $(OPT) -g
 SANFLAGS ?=
-FLAGS    := $(CXXFLAGS) $(SANFLAGS) -std=c++17 -Wall -Wextra -I. -MMD -MP
+FLAGS    := $(CXXFLAGS) $(SANFLAGS) -std=c++17 -Wall -Wextra -I. -MMD -MP -DOMPI_SKIP_MPICXX
 LDFLAGS  ?=
 # Debian's python, which has matplotlib, numpy and torch (not whatever python3 is first on PATH)
 PYTHON   ?= /usr/bin/python3

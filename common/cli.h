@@ -1,0 +1,74 @@
+// common/cli.h — command-line flags with validation and one-line errors.
+//
+//   Cli cli("01_online_softmax", "One-pass online softmax, single-process and distributed.");
+//   int64_t rows = 4;   cli.flag("--rows", &rows, "rows of x", 1, 1 << 20);
+//   std::string order = "chain"; cli.choice("--order", &order, {"chain", "allreduce"}, "...");
+//   bool causal = false; cli.toggle("--causal", &causal, "causal masking");
+//   cli.parse(argc, argv, comm);
+//
+// parse() handles --help (usage on rank 0, exit 0 on every rank) and every error
+// (unknown flag, missing value, not a number, out of range, not an allowed choice):
+// one `error: ...` line on rank 0 naming what is allowed, exit 2 on every rank. All
+// ranks see the same argv, so they all take the same path: no abort, no hang.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ff {
+
+class Comm;
+
+class Cli {
+ public:
+  Cli(std::string program, std::string summary);
+
+  void flag(const std::string& name, int64_t* value, const std::string& help, int64_t min,
+            int64_t max);
+  void flag(const std::string& name, double* value, const std::string& help, double min,
+            double max);
+  void flag(const std::string& name, std::string* value, const std::string& help);
+  void choice(const std::string& name, std::string* value, const std::vector<std::string>& allowed,
+              const std::string& help);
+  void toggle(const std::string& name, bool* value, const std::string& help);
+  // Extra text printed at the end of --help (e.g. the run line and expected output).
+  void epilog(const std::string& text) { epilog_ = text; }
+
+  // Parses argv; on --help or bad input it exits every rank (see above).
+  void parse(int argc, char** argv, const Comm& comm);
+  // Same, without MPI: returns "" on success, "help" for --help, else the error text.
+  std::string parse_args(const std::vector<std::string>& args);
+  std::string usage() const;
+
+ private:
+  enum class Kind { integer, real, text, choice, toggle };
+  struct Flag {
+    std::string name, help;
+    Kind kind;
+    void* value;
+    double min = 0, max = 0;
+    std::vector<std::string> allowed;
+    std::string default_text;
+  };
+  Flag& add(const std::string& name, Kind kind, void* value, const std::string& help);
+  std::string set(const Flag& f, const std::string& text);
+  std::string program_, summary_, epilog_;
+  std::vector<Flag> flags_;
+};
+
+// Flags every lesson has (DESIGN §6), with their defaults.
+struct CommonFlags {
+  std::string device = "auto";  // cpu | sim | cuda | auto
+  std::string dump;             // directory for .npy dumps ("" = off)
+  std::string trace;            // Chrome trace JSON path ("" = off)
+  std::string csv;              // metrics CSV path ("" = off)
+  int64_t seed = 1234;
+  double timeout = 60.0;        // watchdog seconds
+  void add_to(Cli& cli);
+};
+
+// For checks after parsing (world size, flag combinations): the same message on rank 0,
+// exit 2 on every rank. Every rank must call it with the same condition.
+void usage_error_if(bool bad, const Comm& comm, const std::string& message);
+
+}  // namespace ff

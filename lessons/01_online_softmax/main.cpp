@@ -1,0 +1,468 @@
+// Lesson 01 — online softmax: one pass over a row, then over many ranks.
+//
+// What: softmax(x)_j = exp(x_j) / sum_k exp(x_k), computed three ways.
+//   [1] single process: the safe two-pass softmax (max first, then the sum) against the
+//       one-pass online softmax, which keeps a running max m and normaliser l and
+//       rescales the past, l * exp(m_old - m_new), whenever the max grows
+//       (Milakov & Gimelshein, "Online normalizer calculation for softmax", 2018).
+//   [2] distributed: the columns of every row are split over P ranks. Each rank folds its
+//       columns into a local (m, l); the P states are merged (a) along a chain, as in the
+//       lecture notes, and (b) with one MPI_Allreduce, because the merge is associative
+//       and commutative.
+//   [3] the bridge to attention: the state (m, l, o), with o the running softmax-weighted
+//       sum of values, gives split-K "flash-decoding" of queries over keys and values
+//       sharded across ranks (Dao et al., "Flash-Decoding for long-context inference", 2023).
+// Why: every later lesson (ring attention, FlashAttention tiles, context parallelism) is
+//   this merge applied to blocks of a sequence.
+// Run:  make run L=01 NP=4
+//       mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000 --block 64
+// Expect: three sections, each comparison against the single-process softmax printed with
+//   max abs / max rel error and its tolerance, the chain and allreduce timings, and
+//   "check: PASS". `--bug no-rescale` or `--bug no-inf-guard` plants the two classic
+//   mistakes; the check then reports FAIL and the program exits 1.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cli.h"
+#include "common/comm.h"
+#include "common/npy.h"
+#include "common/ops.h"
+#include "common/tensor.h"
+#include "common/trace.h"
+
+using namespace ff;
+
+static const float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Which classic mistake to plant (--bug), to see the checks fail.
+enum class Bug { none, no_rescale, no_inf_guard };
+static Bug g_bug = Bug::none;
+
+// ----------------------------------------------------------------------------
+// The online softmax state and its two operations.
+
+// The running max m of the values seen so far, and l = sum over them of exp(x - m).
+// The empty state is (m = -inf, l = 0): the identity of merge().
+struct SoftmaxState {
+  float m = kNegInf;
+  float l = 0.f;
+};
+
+// exp(a - b) for a <= b, where a = -inf means "nothing seen": contributes 0.
+// Without the guard, -inf - (-inf) = NaN poisons l as soon as a block is all -inf.
+static float rescale(float a, float b) {
+  if (g_bug != Bug::no_inf_guard && a == kNegInf) return 0.f;
+  return std::exp(a - b);
+}
+
+// Folds a block of values into the state: one pass over the block.
+static SoftmaxState fold_block(SoftmaxState s, const float* x, int64_t n) {
+  float m_new = s.m;
+  for (int64_t j = 0; j < n; j++) m_new = std::max(m_new, x[j]);
+  // The old sum was taken relative to the old max: rescale it to the new one.
+  float l = (g_bug == Bug::no_rescale) ? s.l : s.l * rescale(s.m, m_new);
+  for (int64_t j = 0; j < n; j++) l += rescale(x[j], m_new);
+  return {m_new, l};
+}
+
+// Merges two states: the same rescaling, applied to both sides.
+static SoftmaxState merge(SoftmaxState a, SoftmaxState b) {
+  float m = std::max(a.m, b.m);
+  if (g_bug == Bug::no_rescale) return {m, a.l + b.l};
+  return {m, a.l * rescale(a.m, m) + b.l * rescale(b.m, m)};
+}
+
+// One row in blocks of `block` columns (the last block may be shorter).
+static SoftmaxState fold_row(const float* x, int64_t n, int64_t block) {
+  SoftmaxState s;
+  for (int64_t j = 0; j < n; j += block) s = fold_block(s, x + j, std::min(block, n - j));
+  return s;
+}
+
+// y = exp(x - m) / l with the row's final state: the only second pass, and only to write.
+static void normalise(float* y, const float* x, int64_t n, SoftmaxState s) {
+  for (int64_t j = 0; j < n; j++) y[j] = rescale(x[j], s.m) / s.l;
+}
+
+// The safe two-pass softmax, written out: pass 1 finds the max, pass 2 sums.
+static void two_pass_softmax(float* y, const float* x, int64_t n) {
+  float m = kNegInf;
+  for (int64_t j = 0; j < n; j++) m = std::max(m, x[j]);
+  float l = 0.f;
+  for (int64_t j = 0; j < n; j++) l += std::exp(x[j] - m);
+  for (int64_t j = 0; j < n; j++) y[j] = std::exp(x[j] - m) / l;
+}
+
+// ----------------------------------------------------------------------------
+// Inputs. Every rank generates exactly its own columns of the same global x (the
+// counter-based RNG makes the slices bit-identical to the whole), then applies the
+// two stress cases by global column index:
+//   row 1 is scaled x1000 (exp overflows without the max subtraction);
+//   row 2 starts with a whole block of -inf (a masked prefix), when the row is longer.
+
+static Tensor make_x(int64_t rows, int64_t cols, int64_t c0, int64_t c1, int64_t block,
+                     uint64_t seed) {
+  Tensor x = randn_slice({rows, cols}, 1, c0, c1, seed);
+  float* p = x.data();
+  int64_t w = c1 - c0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < w; j++) {
+      if (r == 1) p[r * w + j] *= 1000.f;
+      if (r == 2 && cols > block && c0 + j < block) p[r * w + j] = kNegInf;
+    }
+  return x;
+}
+
+// ----------------------------------------------------------------------------
+// Distributed merges of one (m, l) per row.
+
+// (a) The chain: rank r waits for the merged state of ranks 0..r-1, folds in its own
+// and passes it on; the last rank holds the answer and broadcasts it. P-1 sequential
+// hops plus a broadcast: O(P) latency.
+static std::vector<SoftmaxState> chain_merge(Comm& comm, std::vector<SoftmaxState> local) {
+  const int r = comm.rank(), P = comm.size();
+  const size_t bytes = local.size() * sizeof(SoftmaxState);
+  std::vector<SoftmaxState> acc = local;
+  if (r > 0) {
+    std::vector<SoftmaxState> prev(local.size());
+    comm.recv(prev.data(), bytes, r - 1, /*tag=*/1);
+    for (size_t i = 0; i < acc.size(); i++) acc[i] = merge(prev[i], local[i]);
+  }
+  if (r < P - 1) comm.send(acc.data(), bytes, r + 1, /*tag=*/1);
+  comm.bcast(acc.data(), bytes, P - 1);
+  return acc;
+}
+
+// (b) One MPI_Allreduce with a user-defined reduction. MPI may combine the states in
+// any order and grouping (a tree, a ring, recursive doubling): that is allowed because
+// merge() is associative and commutative. O(log P) latency.
+static void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<SoftmaxState*>(in);
+  auto* b = static_cast<SoftmaxState*>(inout);
+  for (int i = 0; i < *len; i++) b[i] = merge(a[i], b[i]);
+}
+
+static std::vector<SoftmaxState> allreduce_merge(Comm& comm, std::vector<SoftmaxState> local,
+                                                 MPI_Datatype state_type, MPI_Op op) {
+  comm.allreduce(local.data(), (int)local.size(), state_type, op);
+  return local;
+}
+
+// ----------------------------------------------------------------------------
+// [3] Flash-decoding state: (m, l, o[dv]) per query. o is the sum over keys of
+// exp(s - m) * v, so the merge rescales o exactly as it rescales l.
+
+static void merge_mlo(const float* a, float* b, int64_t dv) {
+  float m = std::max(a[0], b[0]);
+  float fa = rescale(a[0], m), fb = rescale(b[0], m);
+  if (g_bug == Bug::no_rescale) fa = fb = 1.f;
+  b[0] = m;
+  b[1] = a[1] * fa + b[1] * fb;
+  for (int64_t k = 0; k < dv; k++) b[2 + k] = a[2 + k] * fa + b[2 + k] * fb;
+}
+
+// The datatype is (2 + dv) floats; MPI passes it to the op, so dv comes from its size.
+static void merge_mlo_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  int64_t width = bytes / (int64_t)sizeof(float), dv = width - 2;
+  for (int i = 0; i < *len; i++)
+    merge_mlo(static_cast<float*>(in) + i * width, static_cast<float*>(inout) + i * width, dv);
+}
+
+// ----------------------------------------------------------------------------
+// Reporting
+
+struct Checker {
+  int rank = 0;
+  int failures = 0;
+  // Prints one comparison line on rank 0; every rank must call with the same outcome.
+  void report(const char* what, const Diff& d, const char* tol_text) {
+    if (!d.pass) failures++;
+    if (rank == 0)
+      std::printf("    %-44s max abs %.2e  max rel %.2e  (tol %s)  %s\n", what, d.max_abs,
+                  d.max_rel, tol_text, d.pass ? "PASS" : "FAIL");
+  }
+};
+
+// Median over repetitions of the slowest rank's time for fn(), in microseconds.
+template <typename Fn>
+static double time_us(Comm& comm, int64_t reps, Fn fn) {
+  std::vector<double> t;
+  for (int64_t i = 0; i < reps; i++) {
+    comm.barrier();
+    double t0 = MPI_Wtime();
+    fn();
+    double dt = (MPI_Wtime() - t0) * 1e6;
+    comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
+    t.push_back(dt);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+static std::string tol_str(double atol, double rtol) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "abs %.1e + rel %.1e", atol, rtol);
+  return buf;
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+  Comm comm = Comm::world(&argc, &argv);
+  const int rank = comm.rank(), P = comm.size();
+
+  int64_t rows = 4, cols = 1000, block = 64, keys = 1024, dim = 64, reps = 20;
+  std::string bug = "none";
+  CommonFlags common;
+  Cli cli("01_online_softmax",
+          "Online softmax: the one-pass (m, l) recurrence, merged across ranks by a chain and\n"
+          "by MPI_Allreduce with a user-defined op, and split-K flash-decoding with (m, l, o).");
+  cli.flag("--rows", &rows, "rows of x (independent softmaxes; also decoding queries)", 1, 4096);
+  cli.flag("--cols", &cols, "columns of x, split over the ranks (need not divide)", 1, 1 << 22);
+  cli.flag("--block", &block, "columns folded per online step (last block may be shorter)", 1,
+           1 << 22);
+  cli.flag("--keys", &keys, "[3] keys/values, split over the ranks", 1, 1 << 20);
+  cli.flag("--dim", &dim, "[3] head dimension of q, k, v", 1, 1024);
+  cli.flag("--reps", &reps, "timed repetitions of each merge (median reported)", 1, 100000);
+  cli.choice("--bug", &bug, {"none", "no-rescale", "no-inf-guard"},
+             "plant a classic mistake to watch the check fail");
+  common.add_to(cli);
+  cli.epilog("run:  mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000");
+  cli.parse(argc, argv, comm);
+  usage_error_if(common.device == "sim" || common.device == "cuda", comm,
+                 "--device " + common.device +
+                     " is not available in this build (available: cpu, auto)");
+  comm.set_timeout(common.timeout);
+  g_bug = bug == "no-rescale" ? Bug::no_rescale : bug == "no-inf-guard" ? Bug::no_inf_guard
+                                                                         : Bug::none;
+  if (!common.trace.empty()) trace().enable(comm);
+
+  try {
+    Checker check{rank};
+    // Tolerances. Both sides compute exp of the same arguments (the max is exact), so
+    // they differ only in how the normaliser l was summed: n float32 additions in a
+    // different order, each off by at most eps/2 relative, bound the difference by
+    // n * FLT_EPSILON / 2 relative (Higham, Accuracy and Stability, §4.2).
+    const double rtol_x = (double)cols * FLT_EPSILON / 2;
+    const double atol_x = 1e-30;  // softmax outputs are compared relatively
+
+    // ---------------- [1] single process
+    Tensor x = make_x(rows, cols, 0, cols, block, (uint64_t)common.seed);
+    Tensor reference = softmax(x);  // the library's safe softmax (kernels/cpu/reduce.cpp)
+    if (rank == 0) {
+      std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
+                  P, (long long)rows, (long long)cols, (long long)block);
+      std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
+      if (rows > 1) {
+        double naive_l = 0;
+        for (int64_t j = 0; j < cols; j++) naive_l += std::exp((float)x.data()[cols + j]);
+        std::printf("    row 1 is x1000: naive sum of exp(x) = %g, the max subtraction avoids it\n",
+                    naive_l);
+      }
+      if (rows > 2 && cols > block)
+        std::printf("    row 2 starts with %lld columns of -inf (a masked prefix)\n",
+                    (long long)block);
+    }
+    {
+      Trace::Scope span(trace(), "single-process", "compute");
+      Tensor two_pass = Tensor::empty({rows, cols});
+      for (int64_t r = 0; r < rows; r++)
+        two_pass_softmax(two_pass.data() + r * cols, x.data() + r * cols, cols);
+      check.report("two-pass (written out) vs library softmax",
+                   compare(two_pass, reference, atol_x, rtol_x), tol_str(atol_x, rtol_x).c_str());
+      for (int64_t b : {int64_t(1), block, cols}) {
+        Tensor online = Tensor::empty({rows, cols});
+        for (int64_t r = 0; r < rows; r++) {
+          SoftmaxState s = fold_row(x.data() + r * cols, cols, b);
+          normalise(online.data() + r * cols, x.data() + r * cols, cols, s);
+        }
+        std::string what = "online, block " + std::to_string(b) +
+                           (cols % b ? " (ragged last)" : "") + " vs library";
+        check.report(what.c_str(), compare(online, reference, atol_x, rtol_x),
+                     tol_str(atol_x, rtol_x).c_str());
+      }
+    }
+
+    // ---------------- [2] distributed over columns
+    int64_t c0, c1;
+    split_range(cols, P, rank, &c0, &c1);
+    const int64_t w = c1 - c0;
+    Tensor xr = make_x(rows, cols, c0, c1, block, (uint64_t)common.seed);
+    std::vector<SoftmaxState> local((size_t)rows);
+    {
+      Trace::Scope span(trace(), "fold local columns", "compute");
+      for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
+    }
+    if (rank == 0)
+      std::printf("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
+                  "(%lld..%lld columns each)\n",
+                  (long long)cols, (long long)cols, (long long)(cols / P),
+                  (long long)((cols + P - 1) / P));
+
+    MPI_Datatype state_type;
+    mpiCheck(MPI_Type_contiguous(2, MPI_FLOAT, &state_type));
+    mpiCheck(MPI_Type_commit(&state_type));
+    MPI_Op state_op;
+    mpiCheck(MPI_Op_create(merge_op, /*commute=*/1, &state_op));
+
+    std::vector<SoftmaxState> by_chain = chain_merge(comm, local);
+    std::vector<SoftmaxState> by_allreduce = allreduce_merge(comm, local, state_type, state_op);
+    double chain_us = time_us(comm, reps, [&] { chain_merge(comm, local); });
+    double allreduce_us =
+        time_us(comm, reps, [&] { allreduce_merge(comm, local, state_type, state_op); });
+    if (rank == 0) {
+      std::printf("    (a) chain r-1 -> r -> r+1, then bcast   median %9.1f us  (P-1 hops: O(P))\n",
+                  chain_us);
+      std::printf("    (b) MPI_Allreduce, user-defined op     median %9.1f us  (O(log P))\n",
+                  allreduce_us);
+    }
+
+    // Each rank normalises its own columns with the merged state; rank 0 gathers the
+    // slices and compares the whole with the single-process softmax.
+    std::vector<size_t> slice_bytes((size_t)P);
+    for (int q = 0; q < P; q++) {
+      int64_t b0, b1;
+      split_range(cols, P, q, &b0, &b1);
+      slice_bytes[(size_t)q] = (size_t)(rows * (b1 - b0)) * sizeof(float);
+    }
+    auto gather_softmax = [&](const std::vector<SoftmaxState>& merged) {
+      Tensor yr = Tensor::empty({rows, w});
+      for (int64_t r = 0; r < rows; r++)
+        normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
+      std::vector<float> all((size_t)(rows * cols));
+      comm.allgatherv(yr.data(), yr.nbytes(), all.data(), slice_bytes);
+      Tensor y = Tensor::empty({rows, cols});  // reassemble: slice q is (rows, w_q)
+      size_t off = 0;
+      for (int q = 0; q < P; q++) {
+        int64_t b0, b1;
+        split_range(cols, P, q, &b0, &b1);
+        for (int64_t r = 0; r < rows; r++)
+          for (int64_t j = b0; j < b1; j++) y.data()[r * cols + j] = all[off++];
+      }
+      return y;
+    };
+    Tensor y_chain = gather_softmax(by_chain), y_allreduce = gather_softmax(by_allreduce);
+    check.report("chain     vs single-process softmax", compare(y_chain, reference, atol_x, rtol_x),
+                 tol_str(atol_x, rtol_x).c_str());
+    check.report("allreduce vs single-process softmax",
+                 compare(y_allreduce, reference, atol_x, rtol_x), tol_str(atol_x, rtol_x).c_str());
+
+    // ---------------- [3] flash-decoding: queries x keys sharded over ranks
+    const int64_t nq = rows, d = dim, dv = dim;
+    const float scale = 1.f / std::sqrt((float)d);
+    int64_t k0, k1;
+    split_range(keys, P, rank, &k0, &k1);
+    const uint64_t seed = (uint64_t)common.seed;
+    Tensor q = randn({nq, d}, seed + 1);
+    Tensor k_local = randn_slice({keys, d}, 0, k0, k1, seed + 2);
+    Tensor v_local = randn_slice({keys, dv}, 0, k0, k1, seed + 3);
+    // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
+    const int64_t width = 2 + dv;
+    std::vector<float> mlo((size_t)(nq * width));
+    {
+      Trace::Scope span(trace(), "local attention", "compute");
+      for (int64_t i = 0; i < nq; i++) {
+        float* st = &mlo[(size_t)(i * width)];
+        std::vector<float> s((size_t)(k1 - k0));
+        for (int64_t t = 0; t < k1 - k0; t++) {
+          float acc = 0.f;
+          for (int64_t c = 0; c < d; c++) acc += q.data()[i * d + c] * k_local.data()[t * d + c];
+          s[(size_t)t] = acc * scale;
+        }
+        SoftmaxState ml = fold_row(s.data(), (int64_t)s.size(), block);
+        st[0] = ml.m;
+        st[1] = ml.l;
+        for (int64_t c = 0; c < dv; c++) st[2 + c] = 0.f;
+        for (int64_t t = 0; t < k1 - k0; t++) {
+          float p = rescale(s[(size_t)t], ml.m);
+          for (int64_t c = 0; c < dv; c++) st[2 + c] += p * v_local.data()[t * dv + c];
+        }
+      }
+    }
+    MPI_Datatype mlo_type;
+    mpiCheck(MPI_Type_contiguous((int)width, MPI_FLOAT, &mlo_type));
+    mpiCheck(MPI_Type_commit(&mlo_type));
+    MPI_Op mlo_op;
+    mpiCheck(MPI_Op_create(merge_mlo_op, /*commute=*/1, &mlo_op));
+    comm.allreduce(mlo.data(), (int)nq, mlo_type, mlo_op);
+    Tensor out = Tensor::empty({nq, dv});
+    for (int64_t i = 0; i < nq; i++)
+      for (int64_t c = 0; c < dv; c++)
+        out.data()[i * dv + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
+    // Reference on every rank: the whole K and V, softmax(q K^T * scale) V with the library ops.
+    Tensor K = randn({keys, d}, seed + 2), V = randn({keys, dv}, seed + 3);
+    Tensor attn_ref = matmul(softmax(scale * matmul(q, transpose(K, 0, 1))), V);
+    // o sums `keys` terms p*v with |v| ~ 1: the n*eps/2 bound again, on an absolute scale
+    // set by the largest |v| (outputs near 0 are compared absolutely).
+    float vmax = 0.f;
+    for (float t : V.to_vector()) vmax = std::max(vmax, std::fabs(t));
+    const double rtol_o = (double)keys * FLT_EPSILON / 2, atol_o = rtol_o * vmax;
+    if (rank == 0)
+      std::printf("[3] flash-decoding: softmax(q K^T / sqrt(%lld)) V for %lld queries, %lld keys "
+                  "split over %d ranks, (m, l, o) merged by MPI_Allreduce\n",
+                  (long long)d, (long long)nq, (long long)keys, P);
+    check.report("split-K attention vs single-process",
+                 compare(out, attn_ref, atol_o, rtol_o), tol_str(atol_o, rtol_o).c_str());
+
+    // ---------------- outputs: dump, csv, trace
+    if (!common.dump.empty()) {
+      if (rank == 0) std::filesystem::create_directories(common.dump);
+      comm.barrier();
+      Tensor ml = Tensor::empty({rows, 2});
+      for (int64_t r = 0; r < rows; r++) {
+        ml.data()[2 * r] = local[(size_t)r].m;
+        ml.data()[2 * r + 1] = local[(size_t)r].l;
+      }
+      save_npy(common.dump + "/ml_rank" + std::to_string(rank) + ".npy", ml);
+      if (rank == 0) {
+        save_npy(common.dump + "/x.npy", x);
+        save_npy(common.dump + "/softmax.npy", y_allreduce);
+        save_npy(common.dump + "/q.npy", q);
+        save_npy(common.dump + "/k.npy", K);
+        save_npy(common.dump + "/v.npy", V);
+        save_npy(common.dump + "/attention.npy", out);
+        std::printf("    wrote x, softmax, ml_rank0..%d, q, k, v, attention (.npy) to %s\n", P - 1,
+                    common.dump.c_str());
+      }
+    }
+    if (!common.csv.empty() && rank == 0) {
+      bool fresh = !std::filesystem::exists(common.csv);
+      FILE* f = std::fopen(common.csv.c_str(), "a");
+      FF_CHECK(f, "cannot write " << common.csv);
+      if (fresh) std::fprintf(f, "P,rows,cols,method,median_us\n");
+      std::fprintf(f, "%d,%lld,%lld,chain,%.3f\n", P, (long long)rows, (long long)cols, chain_us);
+      std::fprintf(f, "%d,%lld,%lld,allreduce,%.3f\n", P, (long long)rows, (long long)cols,
+                   allreduce_us);
+      std::fclose(f);
+    }
+    if (!common.trace.empty()) {
+      trace().write_chrome_json(comm, common.trace);
+      if (rank == 0) std::printf("    wrote trace %s (open in https://ui.perfetto.dev)\n",
+                                 common.trace.c_str());
+    }
+
+    MPI_Op_free(&state_op);
+    MPI_Op_free(&mlo_op);
+    MPI_Type_free(&state_type);
+    MPI_Type_free(&mlo_type);
+    if (rank == 0)
+      std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
+                  check.failures, check.failures == 1 ? "" : "s");
+    Comm::exit_all(check.failures ? 1 : 0);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# make run L=01 NP=4 ARGS="..." — runs one lesson under mpirun.
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+L=$1; NP=$2; shift 2
+dir=$(lesson_dir "$L")
+if [ -z "$dir" ]; then
+  echo "error: no lesson $L (available: $(ls lessons | cut -c1-2 | tr '\n' ' '))" >&2; exit 2
+fi
+NP=${NP:-$(lesson_np "$dir")}
+bin=$BUILD/bin/$(basename "$dir")
+echo "+ mpirun -np $NP $bin $*"
+exec $MPIRUN -np "$NP" "$bin" "$@"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# make test — the whole suite. Each step is a doctest binary (its test cases count) or one
+# command with an expected exit code and output (counts as one test). Ends with
+# "N passed, N failed" and a non-zero exit on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+LOG=$(mktemp -d /tmp/fivefold-tests.XXXXXX)
+trap 'rm -rf "$LOG"' EXIT
+passed=0; failed=0; n=0
+if [ "${SANITIZE:-0}" = 1 ]; then
+  # Open MPI keeps some allocations for the life of the process: not ours to report.
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99
+  export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fi
+
+elapsed() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN { printf "%6.1fs", (b - a) / 1e9 }'; }
+
+# doctest_step NAME CMD... — counts the binary's test cases
+doctest_step() {
+  local name=$1; shift; n=$((n + 1))
+  local log=$LOG/$n.log start; start=$(date +%s%N)
+  timeout 600 "$@" >"$log" 2>&1; local rc=$?
+  local line; line=$(grep -a '\[doctest\] test cases:' "$log" | tail -n 1)
+  local p f
+  p=$(echo "$line" | sed -n 's/.*| *\([0-9]*\) passed.*/\1/p')
+  f=$(echo "$line" | sed -n 's/.*| *\([0-9]*\) failed.*/\1/p')
+  if [ -z "$p" ]; then p=0; f=1; fi
+  if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ $rc -eq 0 ] && [ "$f" = 0 ]; then
+    printf '  ok    %s  %-52s %s test cases\n' "$(elapsed $start)" "$name" "$p"
+  else
+    printf '  FAIL  %s  %-52s (exit %s)\n' "$(elapsed $start)" "$name" "$rc"; tail -n 60 "$log" | sed 's/^/        | /'
+  fi
+}
+
+# check NAME EXPECTED_RC PATTERN CMD... — one test: exit code and an extended regex the output must match
+check() {
+  local name=$1 want=$2 pattern=$3; shift 3; n=$((n + 1))
+  local log=$LOG/$n.log start; start=$(date +%s%N)
+  timeout 300 "$@" >"$log" 2>&1; local rc=$?
+  if [ "$rc" = "$want" ] && grep -Eq -- "$pattern" "$log"; then
+    passed=$((passed + 1)); printf '  ok    %s  %s\n' "$(elapsed $start)" "$name"
+  else
+    failed=$((failed + 1))
+    printf '  FAIL  %s  %s (exit %s, want %s; output must match /%s/)\n' "$(elapsed $start)" "$name" "$rc" "$want" "$pattern"
+    tail -n 40 "$log" | sed 's/^/        | /'
+  fi
+}
+
+# usage_error NAME CMD... — bad input: exit 2, exactly one line, starting "error:", nothing else
+usage_error() {
+  local name=$1; shift; n=$((n + 1))
+  local log=$LOG/$n.log start; start=$(date +%s%N)
+  timeout 60 "$@" >"$log" 2>&1; local rc=$?
+  local lines; lines=$(grep -c . "$log")
+  if [ "$rc" = 2 ] && [ "$lines" = 1 ] && grep -q '^error: ' "$log"; then
+    passed=$((passed + 1)); printf '  ok    %s  %-52s %s\n' "$(elapsed $start)" "$name" "$(cat "$log")"
+  else
+    failed=$((failed + 1))
+    printf '  FAIL  %s  %s (exit %s, %s lines; want exit 2 and one error: line)\n' "$(elapsed $start)" "$name" "$rc" "$lines"
+    sed 's/^/        | /' "$log" | head -n 20
+  fi
+}
+
+B=$BUILD/bin; T=$BUILD/tests
+echo "== core (single process)"
+doctest_step "unit tests: tensor, RNG, ops, autograd, npy, goldens" $T/unit_tests
+
+echo "== communication (mpirun, odd sizes included)"
+for np in 1 2 3 4; do
+  doctest_step "comm tests, $np rank(s)" $MPIRUN -np $np $T/mpi_tests
+done
+check "watchdog turns a two-rank Ssend deadlock into one error line" 1 \
+  'error: rank [01]: no progress for 3 s in ssend with peer [01] \(tag [0-9]+, [0-9]+ bytes\) — likely deadlock' \
+  timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --timeout 3   # must fire within timeout + 5 s
+check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 ranks' \
+  bash -c "$MPIRUN -np 3 $T/trace_demo $LOG/trace.json $LOG/trace.csv && $PYTHON scripts/check-trace.py $LOG/trace.json $LOG/trace.csv 3"
+
+source tests/lessons.sh
+
+echo
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
