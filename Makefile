@@ -54,8 +54,9 @@ $(LIB): $(LIB_OBJS)
 	ar rcs $@ $^
 
 # ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name
+lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp))
 .SECONDEXPANSION:
-$(BUILD)/bin/%: $$(patsubst %.cpp,$(BUILD)/obj/%.o,$$(wildcard lessons/%/*.cpp)) $(LIB)
+$(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS)
 

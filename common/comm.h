@@ -33,6 +33,7 @@ struct Request {
   int tag = -1;
   size_t bytes = 0;
   double start_us = 0;  // for the trace span
+  bool is_recv = false;  // a receive: the message must fill exactly `bytes`
 };
 
 class Comm {
@@ -69,7 +70,8 @@ class Comm {
   void allgather(const void* send, size_t bytes, void* recv);
   // Blocks of different sizes: recv_bytes[r] from rank r, laid out back to back.
   void allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
-  // recv (n / size() floats on every rank... or counts[rank]) = this rank's block of the sum.
+  // send holds sum(counts) floats on every rank; recv gets counts[rank] floats: this rank's
+  // block (blocks laid out back to back in rank order) of the elementwise sum over ranks.
   void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
   void bcast(void* buf, size_t bytes, int root);
   void barrier();

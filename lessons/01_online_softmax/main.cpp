@@ -304,11 +304,12 @@ int main(int argc, char** argv) {
       Trace::Scope span(trace(), "fold local columns", "compute");
       for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
     }
-    if (rank == 0)
+    if (rank == 0) {
+      long long lo = cols / P, hi = (cols + P - 1) / P;
+      std::string each = lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi);
       std::printf("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
-                  "(%lld..%lld columns each)\n",
-                  (long long)cols, (long long)cols, (long long)(cols / P),
-                  (long long)((cols + P - 1) / P));
+                  "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
+    }
 
     MPI_Datatype state_type;
     mpiCheck(MPI_Type_contiguous(2, MPI_FLOAT, &state_type));

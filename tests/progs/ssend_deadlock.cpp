@@ -1,0 +1,52 @@
+// tests/progs/ssend_deadlock.cpp — a real deadlock, caught by the watchdog.
+//
+//   mpirun -np 2 build/tests/ssend_deadlock --timeout 3
+//
+// Both ranks Ssend to each other first. A synchronous send returns only once the matching
+// receive has started, and each rank's receive comes after its own send: neither can ever
+// return. Expected: within --timeout seconds, a line like
+//   error: rank 0: no progress for 3 s in ssend with peer 1 (tag 7, 16 bytes) — likely deadlock
+// and a non-zero exit (MPI_Abort). The test runner runs this under `timeout`.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/comm.h"
+
+using namespace ff;
+
+int main(int argc, char** argv) {
+  Comm comm = Comm::world(&argc, &argv);
+  const int rank = comm.rank();
+  auto usage_error = [&](const std::string& msg) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n", msg.c_str());
+    Comm::exit_all(2);
+  };
+
+  double timeout_s = 3;
+  for (int i = 1; i < argc; i++) {
+    if (std::strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      timeout_s = std::strtod(argv[++i], &end);
+      if (*end != '\0' || !(timeout_s > 0 && timeout_s <= 3600))
+        usage_error(std::string("--timeout ") + argv[i] + ": want seconds in (0, 3600]");
+    } else {
+      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--timeout S], default 3)");
+    }
+  }
+  if (comm.size() != 2)
+    usage_error("ssend_deadlock needs exactly 2 ranks (got " + std::to_string(comm.size()) + ")");
+  comm.set_timeout(timeout_s);
+
+  const int peer = 1 - rank;
+  int out[4] = {rank, rank, rank, rank}, in[4] = {0, 0, 0, 0};
+  if (rank == 0)
+    std::printf("both ranks Ssend to each other before receiving: the watchdog should report it "
+                "within %g s\n", timeout_s);
+  std::fflush(stdout);
+  comm.ssend(out, sizeof out, peer, /*tag=*/7);  // never returns
+  comm.recv(in, sizeof in, peer, 7);
+  std::printf("rank %d: no deadlock?! the Ssend returned without a matching receive\n", rank);
+  Comm::exit_all(0);
+}

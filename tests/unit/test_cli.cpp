@@ -1,0 +1,69 @@
+// Flag parsing without MPI: Cli::parse_args returns "" on success, "help", or the error text.
+#include <doctest/doctest.h>
+
+#include "common/cli.h"
+
+using namespace ff;
+
+namespace {
+struct Flags {
+  int64_t rows = 4;
+  double timeout = 60;
+  std::string order = "evenodd", dump;
+  bool causal = false;
+  Cli cli{"prog", "summary"};
+  Flags() {
+    cli.flag("--rows", &rows, "rows", 1, 100);
+    cli.flag("--timeout", &timeout, "seconds", 0.1, 10);
+    cli.choice("--order", &order, {"naive", "evenodd", "async"}, "send order");
+    cli.flag("--dump", &dump, "dir");
+    cli.toggle("--causal", &causal, "causal mask");
+  }
+};
+}  // namespace
+
+TEST_CASE("cli: values are parsed, with --flag value and --flag=value") {
+  Flags f;
+  CHECK(f.cli.parse_args({"--rows", "7", "--timeout=2.5", "--order", "async", "--causal",
+                          "--dump", "out"}) == "");
+  CHECK(f.rows == 7);
+  CHECK(f.timeout == doctest::Approx(2.5));
+  CHECK(f.order == "async");
+  CHECK(f.causal);
+  CHECK(f.dump == "out");
+}
+
+TEST_CASE("cli: defaults stay when flags are absent, and --help is recognised") {
+  Flags f;
+  CHECK(f.cli.parse_args({}) == "");
+  CHECK(f.rows == 4);
+  CHECK_FALSE(f.causal);
+  CHECK(f.cli.parse_args({"--rows", "3", "--help"}) == "help");
+}
+
+TEST_CASE("cli: every kind of bad input gives a message naming what is allowed") {
+  Flags f;
+  CHECK(f.cli.parse_args({"--colz", "3"}).find("unknown flag '--colz'") != std::string::npos);
+  CHECK(f.cli.parse_args({"--rows"}) == "--rows needs a value");
+  CHECK(f.cli.parse_args({"--rows", "x1"}) == "--rows expects an integer, got 'x1'");
+  CHECK(f.cli.parse_args({"--rows", "3.5"}) == "--rows expects an integer, got '3.5'");
+  CHECK(f.cli.parse_args({"--rows", "0"}) == "--rows must be in [1, 100], got 0");
+  CHECK(f.cli.parse_args({"--rows", "101"}) == "--rows must be in [1, 100], got 101");
+  CHECK(f.cli.parse_args({"--timeout", "nan"}) == "--timeout expects a number, got 'nan'");
+  CHECK(f.cli.parse_args({"--timeout", "20"}) == "--timeout must be in [0.1, 10], got 20");
+  CHECK(f.cli.parse_args({"--order", "ring"}) ==
+        "--order must be one of naive, evenodd, async; got 'ring'");
+  CHECK(f.cli.parse_args({"--causal=1"}) == "--causal is a switch and takes no value");
+  CHECK(f.cli.parse_args({"--dump", ""}) == "--dump expects a non-empty value");
+  CHECK(f.cli.parse_args({"--rows", "99999999999999999999"}) ==
+        "--rows expects an integer, got '99999999999999999999'");
+}
+
+TEST_CASE("cli: usage lists every flag with its default") {
+  Flags f;
+  std::string u = f.cli.usage();
+  for (const char* want : {"--rows N", "(default: 4)", "--timeout X", "(default: 60)",
+                           "--order {naive|evenodd|async}", "(default: evenodd)", "--dump VALUE",
+                           "(default: off)", "--causal", "--help"})
+    CHECK_MESSAGE(u.find(want) != std::string::npos, "usage lacks: " << want);
+}
