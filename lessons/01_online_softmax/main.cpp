@@ -438,13 +438,25 @@ int main(int argc, char** argv) {
       }
     }
     if (!common.csv.empty() && rank == 0) {
+      // Long format, appended (make plots runs the lesson at several P into one file):
+      //   series chain_us / allreduce_us: x = P, y = median merge time
+      //   series fold_m / fold_l: x = columns folded so far, y = m / l of row 0, block by block
       bool fresh = !std::filesystem::exists(common.csv);
       FILE* f = std::fopen(common.csv.c_str(), "a");
       FF_CHECK(f, "cannot write " << common.csv);
-      if (fresh) std::fprintf(f, "P,rows,cols,method,median_us\n");
-      std::fprintf(f, "%d,%lld,%lld,chain,%.3f\n", P, (long long)rows, (long long)cols, chain_us);
-      std::fprintf(f, "%d,%lld,%lld,allreduce,%.3f\n", P, (long long)rows, (long long)cols,
-                   allreduce_us);
+      if (fresh) std::fprintf(f, "P,rows,cols,block,series,x,y\n");
+      auto row = [&](const char* series, double xv, double yv) {
+        std::fprintf(f, "%d,%lld,%lld,%lld,%s,%g,%.9g\n", P, (long long)rows, (long long)cols,
+                     (long long)block, series, xv, yv);
+      };
+      row("chain_us", P, chain_us);
+      row("allreduce_us", P, allreduce_us);
+      SoftmaxState s;
+      for (int64_t j = 0; j < cols; j += block) {
+        s = fold_block(s, x.data() + j, std::min(block, cols - j));
+        row("fold_m", (double)std::min(j + block, cols), s.m);
+        row("fold_l", (double)std::min(j + block, cols), s.l);
+      }
       std::fclose(f);
     }
     if (!common.trace.empty()) {
