@@ -21,15 +21,15 @@ static std::string fmt_double(double v) {
 }
 
 Cli::Flag& Cli::add(const std::string& name, Kind kind, void* value, const std::string& help) {
-  flags_.push_back(Flag{name, help, kind, value, 0, 0, {}, ""});
+  flags_.push_back(Flag{name, help, kind, value, 0, 0, 0, 0, {}, ""});
   return flags_.back();
 }
 
 void Cli::flag(const std::string& name, int64_t* value, const std::string& help, int64_t min,
                int64_t max) {
   Flag& f = add(name, Kind::integer, value, help);
-  f.min = (double)min;
-  f.max = (double)max;
+  f.imin = min;
+  f.imax = max;
   f.default_text = std::to_string(*value);
 }
 
@@ -72,9 +72,9 @@ std::string Cli::set(const Flag& f, const std::string& text) {
       long long v = std::strtoll(text.c_str(), &end, 10);
       if (text.empty() || *end != '\0' || errno == ERANGE)
         return f.name + " expects an integer, got '" + text + "'";
-      if ((double)v < f.min || (double)v > f.max)
-        return f.name + " must be in [" + std::to_string((long long)f.min) + ", " +
-               std::to_string((long long)f.max) + "], got " + text;
+      if (v < f.imin || v > f.imax)
+        return f.name + " must be in [" + std::to_string(f.imin) + ", " + std::to_string(f.imax) +
+               "], got " + text;
       *static_cast<int64_t*>(f.value) = v;
       return "";
     }
@@ -144,12 +144,12 @@ std::string Cli::usage() const {
     std::string lhs = f.name;
     if (f.kind == Kind::integer) lhs += " N";
     if (f.kind == Kind::real) lhs += " X";
-    if (f.kind == Kind::text) lhs += " VALUE";
+    if (f.kind == Kind::text) lhs += " PATH";
     if (f.kind == Kind::choice) lhs += " {" + join(f.allowed, "|") + "}";
     os << "  " << lhs;
     os << std::string(lhs.size() < 28 ? 28 - lhs.size() : 1, ' ') << f.help;
     if (f.kind == Kind::integer)
-      os << " [" << (long long)f.min << ".." << (long long)f.max << "]";
+      os << " [" << f.imin << ".." << f.imax << "]";
     if (f.kind == Kind::real) os << " [" << fmt_double(f.min) << ".." << fmt_double(f.max) << "]";
     os << " (default: " << f.default_text << ")\n";
   }
@@ -177,7 +177,7 @@ void CommonFlags::add_to(Cli& cli) {
            0.1, 86400.0);
   cli.flag("--dump", &dump, "directory to write inputs, outputs and gradients as .npy");
   cli.flag("--trace", &trace, "write a Chrome/Perfetto trace JSON to this file");
-  cli.flag("--csv", &csv, "write the run's metrics as CSV to this file");
+  cli.flag("--csv", &csv, "append the run's metrics to this CSV file");
 }
 
 void usage_error_if(bool bad, const Comm& comm, const std::string& message) {

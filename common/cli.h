@@ -46,7 +46,8 @@ class Cli {
     std::string name, help;
     Kind kind;
     void* value;
-    double min = 0, max = 0;
+    double min = 0, max = 0;      // real flags
+    int64_t imin = 0, imax = 0;   // integer flags (exact: int64 does not fit a double)
     std::vector<std::string> allowed;
     std::string default_text;
   };

@@ -357,7 +357,8 @@ static Tensor reduce_op(ReduceOp op, const Tensor& x, int64_t dim, bool keepdim,
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) { return reduce_op(ReduceOp::sum, x, dim, keepdim, "sum"); }
 Tensor max(const Tensor& x, int64_t dim, bool keepdim) { return reduce_op(ReduceOp::max, x, dim, keepdim, "max"); }
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
-  int64_t n = x.size(dim);
+  check_float(x, "mean");
+  int64_t n = x.size(norm_dim(x, dim, "mean"));
   FF_CHECK(n > 0, "mean: reducing an empty dim");
   return scale(sum(x, dim, keepdim), 1.f / (float)n);
 }
@@ -460,7 +461,9 @@ Tensor index_select(const Tensor& x, const Tensor& idx) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& idx) {
+  check_float(weight, "embedding");
   FF_CHECK(weight.dim() == 2, "embedding: weight must be (V, C), got " << shape_str(weight.shape()));
+  check_indices(idx, weight.size(0), "embedding");  // so a bad index names this op
   Shape os = idx.shape();
   os.push_back(weight.size(1));
   return reshape(index_select(weight, reshape(idx, {idx.numel()})), os);

@@ -1,6 +1,7 @@
 // common/tensor.cpp — Tensor storage, copies, views and the counter-based RNG.
 #include "common/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -147,6 +148,8 @@ Tensor Tensor::detach() const {
 }
 
 Tensor Tensor::view(const Shape& new_shape) const {
+  for (int64_t n : new_shape)
+    FF_CHECK(n >= 0, "view: negative dimension in shape " << shape_str(new_shape));
   FF_CHECK(shape_numel(new_shape) == numel(),
            "cannot view shape " << shape_str(shape()) << " as " << shape_str(new_shape));
   Tensor out = detach();
@@ -234,15 +237,23 @@ Tensor randn(const Shape& shape, uint64_t seed, Device d) {
 }
 
 Tensor rand_uniform(const Shape& shape, uint64_t seed, float lo, float hi, Device d) {
+  FF_CHECK(lo < hi, "rand_uniform: need lo < hi, got [" << lo << ", " << hi << ")");
   std::vector<float> v((size_t)shape_numel(shape));
-  for (size_t i = 0; i < v.size(); i++) v[i] = lo + (hi - lo) * (float)uniform01(seed, i);
+  for (size_t i = 0; i < v.size(); i++) {
+    // float rounding can land on hi itself (e.g. lo = 1000, hi = 1001, u close to 1):
+    // step back to the largest float below hi, so the range stays [lo, hi).
+    float x = lo + (hi - lo) * (float)uniform01(seed, i);
+    v[i] = x < hi ? x : std::nextafter(hi, lo);
+  }
   return Tensor::from_vector(v, shape, d);
 }
 
 Tensor randint(const Shape& shape, uint64_t seed, int64_t high, Device d) {
   FF_CHECK(high > 0, "randint: high must be positive");
   std::vector<int64_t> v((size_t)shape_numel(shape));
-  for (size_t i = 0; i < v.size(); i++) v[i] = (int64_t)(uniform01(seed, i) * (double)high);
+  // uniform01 can round up to exactly 1.0 (probability 2^-53): clamp so v < high always.
+  for (size_t i = 0; i < v.size(); i++)
+    v[i] = std::min(high - 1, (int64_t)(uniform01(seed, i) * (double)high));
   return Tensor::from_indices(v, shape, d);
 }
 

@@ -63,7 +63,7 @@ TEST_CASE("cli: usage lists every flag with its default") {
   Flags f;
   std::string u = f.cli.usage();
   for (const char* want : {"--rows N", "(default: 4)", "--timeout X", "(default: 60)",
-                           "--order {naive|evenodd|async}", "(default: evenodd)", "--dump VALUE",
+                           "--order {naive|evenodd|async}", "(default: evenodd)", "--dump PATH",
                            "(default: off)", "--causal", "--help"})
     CHECK_MESSAGE(u.find(want) != std::string::npos, "usage lacks: " << want);
 }

@@ -1,0 +1,50 @@
+// common/npy.h — numpy's .npy file format (version 1.0), for --dump and the golden data.
+//
+// Design rules:
+//  * One format, read and written exactly as numpy does: the magic "\x93NUMPY", version
+//    1.0, a little-endian uint16 header length, then a Python dict literal such as
+//      {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+//    padded with spaces and ending in '\n' so that the data starts at a multiple of 64
+//    bytes, then the raw elements in C (row-major) order.
+//    Spec: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html
+//  * Three dtypes only: '<f4' (float32), '<i4' (int32) and '<i8' (int64), little-endian,
+//    C order. Anything else is refused with one ff::Error line that starts with the path
+//    and says what is supported, never guessed at.
+//  * The reader trusts nothing: every size is checked against the file's length before
+//    anything is allocated, and bytes left over after the data are an error too.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace ff {
+
+// ---- tensors
+
+// float32 tensors as '<f4', int64 index tensors as '<i8'. Tensors on sim/cuda are copied
+// to the host first. The directory must exist; an existing file is overwritten.
+void save_npy(const std::string& path, const Tensor& t);
+
+// '<f4' gives a float32 tensor; '<i4' and '<i8' give an int64 index tensor ('<i4' is
+// widened). The tensor is on the cpu device.
+Tensor load_npy(const std::string& path);
+
+// ---- raw arrays (any of the three dtypes, e.g. to save int32)
+
+struct NpyArray {
+  std::string descr;           // "<f4", "<i4" or "<i8"
+  std::vector<int64_t> shape;  // () for a 0-d array (one element)
+  std::vector<char> data;      // the elements, C order, little-endian
+};
+
+// Bytes per element of a supported descr; throws ff::Error for any other.
+size_t npy_itemsize(const std::string& descr);
+
+NpyArray read_npy(const std::string& path);
+// data must hold exactly numel(shape) * itemsize(descr) bytes.
+void write_npy(const std::string& path, const std::string& descr,
+               const std::vector<int64_t>& shape, const std::vector<char>& data);
+
+}  // namespace ff
