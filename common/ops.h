@@ -51,7 +51,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);  // gradient to the first argmax
-Tensor sum_all(const Tensor& x);                                 // shape (1)
+Tensor sum_all(const Tensor& x);                                 // 0-d: shape ()
 
 // ---- rows
 Tensor softmax(const Tensor& x);       // along the last dim

@@ -1,0 +1,158 @@
+"""Golden data for the core ops: PyTorch's answers that tests/unit/test_golden.cpp checks.
+
+What it writes, into the directory given as the only argument, one .npy file per tensor
+named <case>_<tensor>.npy (float32, except the int64 targets):
+
+  case             inputs                       upstream   outputs and input gradients
+  softmax          x (4, 10)                    dy         y, dx
+  softmax_large    x (3, 8), values ~ +-1000    dy         y, dx
+  cross_entropy    logits (6, 11), targets (6)  dy ()      logp = log_softmax(logits),
+                                                           loss () = mean NLL, dlogits
+  rmsnorm          x (2, 3, 16), weight (16),   dy         y, dx, dweight
+                   eps ()
+  matmul           a (5, 7), b (7, 4)           dy         c, da, db
+  matmul_batched   a (3, 4, 6), b (3, 6, 5)     dy         c, da, db
+  matmul_shared    a (2, 3, 6), b (6, 5)        dy         c, da, db  (b shared by the batch)
+  silu             x (4, 9)                     dy         y, dx
+  sigmoid          x (4, 9)                     dy         y, dx
+  mlp              x (8, 16), w1 (16, 32),      dy ()      loss (), dx, dw1, db1, dw2, db2
+                   b1 (32), w2 (32, 10),
+                   b2 (10), targets (8)
+                   loss = cross_entropy(silu(x @ w1 + b1) @ w2 + b2, targets)
+
+Inputs are float32, drawn by numpy from a fixed seed; the C++ test loads them from the
+files (it does not reproduce the RNG). The reference math runs in float64 on those exact
+float32 values and only the results are rounded to float32, so the goldens carry no
+float32 error of their own. Each gradient is for the saved upstream gradient dy
+(x.grad after y.backward(dy)).
+
+Regenerate (needs Debian's python3-torch; the files are committed, a few KB each):
+
+    make reference          # = /usr/bin/python3 tests/reference/ops.py tests/reference/data
+
+The output is deterministic: rerunning it rewrites the same bytes.
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+SEED = 20240601
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: ops.py OUT_DIR")
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(1)  # one summation order: the same bytes on every run
+    rng = np.random.default_rng(SEED)
+    written = []
+
+    def f32(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def save(case, name, value):
+        if isinstance(value, torch.Tensor):
+            value = value.detach().numpy()
+        value = np.asarray(value)
+        value = value.astype(np.int64 if value.dtype.kind in "iu" else np.float32)
+        path = os.path.join(out, f"{case}_{name}.npy")
+        np.save(path, value)
+        written.append(path)
+
+    def leaf(a):  # float32 numpy -> float64 torch leaf (exact)
+        return torch.from_numpy(a.astype(np.float64)).requires_grad_()
+
+    def run_case(case, fn, inputs, dy_shape=None, dy_value=None, extra=None):
+        """inputs: {name: float32 array}; fn(**leaves) -> {name: output}, the first output
+        is the one dy flows into."""
+        for name, a in inputs.items():
+            save(case, name, a)
+        leaves = {name: leaf(a) for name, a in inputs.items()}
+        outs = fn(**leaves)
+        first = next(iter(outs.values()))
+        if dy_value is not None:
+            dy = np.array(dy_value, dtype=np.float32)
+        else:
+            dy = f32(*first.shape)
+        save(case, "dy", dy)
+        first.backward(torch.from_numpy(dy.astype(np.float64)))
+        for name, o in outs.items():
+            save(case, name, o)
+        for name, t in leaves.items():
+            save(case, "d" + name, t.grad)
+        for name, a in (extra or {}).items():
+            save(case, name, a)
+
+    # ---- softmax, on ordinary rows and on rows of magnitude ~1000 (a naive exp overflows)
+    run_case("softmax", lambda x: {"y": torch.softmax(x, -1)}, {"x": f32(4, 10, scale=2.0)})
+    # rows near +1000 and -1000 with spread ~2 (exp(1000) overflows float64 too, so only
+    # a max-subtracting softmax survives), and a row of spread ~1000 (nearly one-hot)
+    large = f32(3, 8, scale=2.0)
+    large[0] += 1000.0
+    large[1] -= 1000.0
+    large[2] *= 500.0
+    run_case("softmax_large", lambda x: {"y": torch.softmax(x, -1)}, {"x": large})
+
+    # ---- cross-entropy = log_softmax then NLL, mean over rows; one row of large logits
+    logits = f32(6, 11, scale=2.0)
+    logits[2] *= 100.0
+    targets = rng.integers(0, 11, size=6).astype(np.int64)
+    t_targets = torch.from_numpy(targets)
+
+    def cross_entropy(logits):
+        logp = torch.log_softmax(logits, -1)
+        loss = torch.nn.functional.nll_loss(logp, t_targets)
+        return {"loss": loss, "logp": logp}
+
+    save("cross_entropy", "targets", targets)
+    run_case("cross_entropy", cross_entropy, {"logits": logits}, dy_value=0.75)
+
+    # ---- rmsnorm over the last dim: y = x / sqrt(mean(x^2) + eps) * weight
+    eps = np.float32(1e-5)
+
+    def rmsnorm(x, weight):
+        rms = torch.sqrt((x * x).mean(-1, keepdim=True) + float(eps))
+        return {"y": x / rms * weight}
+
+    run_case("rmsnorm", rmsnorm,
+             {"x": f32(2, 3, 16), "weight": (1.0 + f32(16, scale=0.1)).astype(np.float32)},
+             extra={"eps": np.array(eps, dtype=np.float32)})
+
+    # ---- matmul: 2-D, batched (3-D @ 3-D), and a 2-D b shared by a batch of a
+    mm = lambda a, b: {"c": torch.matmul(a, b)}
+    run_case("matmul", mm, {"a": f32(5, 7), "b": f32(7, 4)})
+    run_case("matmul_batched", mm, {"a": f32(3, 4, 6), "b": f32(3, 6, 5)})
+    run_case("matmul_shared", mm, {"a": f32(2, 3, 6), "b": f32(6, 5)})
+
+    # ---- silu and sigmoid, including saturated inputs
+    def activation_input():
+        x = f32(4, 9, scale=4.0)
+        x[0, :4] = [-30.0, -12.0, 12.0, 30.0]
+        return x
+
+    run_case("silu", lambda x: {"y": torch.nn.functional.silu(x)}, {"x": activation_input()})
+    run_case("sigmoid", lambda x: {"y": torch.sigmoid(x)}, {"x": activation_input()})
+
+    # ---- a 2-layer MLP: linear -> silu -> linear -> cross-entropy
+    mlp_targets = rng.integers(0, 10, size=8).astype(np.int64)
+
+    def mlp(x, w1, b1, w2, b2):
+        h = torch.nn.functional.silu(x @ w1 + b1)
+        logits = h @ w2 + b2
+        return {"loss": torch.nn.functional.cross_entropy(logits, torch.from_numpy(mlp_targets))}
+
+    save("mlp", "targets", mlp_targets)
+    run_case("mlp", mlp,
+             {"x": f32(8, 16), "w1": f32(16, 32, scale=16 ** -0.5), "b1": f32(32, scale=0.1),
+              "w2": f32(32, 10, scale=32 ** -0.5), "b2": f32(10, scale=0.1)},
+             dy_value=1.0)
+
+    total = sum(os.path.getsize(p) for p in written)
+    print(f"wrote {len(written)} files, {total} bytes, to {out}")
+
+
+if __name__ == "__main__":
+    main()
