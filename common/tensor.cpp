@@ -196,10 +196,11 @@ static inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A uniform double in (0, 1) from stream `seed`, counter `i`.
+// A uniform double strictly inside (0, 1) from stream `seed`, counter `i`: 52 random bits
+// plus one half, scaled by 2^-52, is exact in a double and never 0 or 1 (log(u) is finite).
 static inline double uniform01(uint64_t seed, uint64_t i) {
   uint64_t bits = splitmix64(splitmix64(seed) ^ i);
-  return ((double)(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // 53 bits
+  return ((double)(bits >> 12) + 0.5) * (1.0 / 4503599627370496.0);
 }
 
 // Element i of the N(0,1) stream: Box-Muller on the counters 2i and 2i+1.

@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
       std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
                   check.failures, check.failures == 1 ? "" : "s");
     Comm::exit_all(check.failures ? 1 : 0);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ff::Error and device errors alike
     std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

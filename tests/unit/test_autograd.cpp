@@ -1,0 +1,195 @@
+// Autograd engine: accumulation, repeated backward, zero_grad, the no-grad scope,
+// explicit output gradients, errors, a diamond graph, and that graphs are freed.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "common/autograd.h"
+#include "common/check.h"
+#include "common/ops.h"
+#include "common/tensor.h"
+
+using namespace ff;
+
+namespace {
+// The gradients below are a handful of float32 operations away from a double reference:
+// a few roundings of 2^-24 each. 1e-6 relative (~16 ulps) is tight enough that any wrong
+// or missing term (an error of order 1) fails.
+constexpr double kGradRtol = 1e-6;
+constexpr double kGradAtol = 1e-7;
+
+Tensor leaf(const Shape& s, uint64_t seed) {
+  Tensor t = randn(s, seed);
+  t.requires_grad_();
+  return t;
+}
+
+Tensor from_double(const std::vector<double>& v, const Shape& s) {
+  std::vector<float> f(v.begin(), v.end());
+  return Tensor::from_vector(f, s);
+}
+}  // namespace
+
+TEST_CASE("autograd: a tensor used twice gets the sum of both gradients (x*x -> 2x)") {
+  Tensor x = leaf({3, 5}, 1);
+  sum_all(mul(x, x)).backward();
+  REQUIRE(x.grad().defined());
+  std::vector<double> want;
+  for (float v : x.to_vector()) want.push_back(2.0 * v);
+  CHECK(compare(x.grad(), from_double(want, {3, 5}), kGradAtol, kGradRtol).pass);
+
+  // The same through two different ops: y = x + exp(x)  ->  dy/dx = 1 + exp(x)
+  Tensor z = leaf({4}, 2);
+  sum_all(add(z, exp(z))).backward();
+  want.clear();
+  for (float v : z.to_vector()) want.push_back(1.0 + std::exp((double)v));
+  CHECK(compare(z.grad(), from_double(want, {4}), kGradAtol, kGradRtol).pass);
+}
+
+TEST_CASE("autograd: gradients add up across backward() calls until zero_grad") {
+  Tensor x = leaf({2, 3}, 3);
+  std::vector<double> three(6, 3.0), six(6, 6.0), nine(6, 9.0);
+
+  sum_all(scale(x, 3.f)).backward();  // a fresh graph each call
+  CHECK(compare(x.grad(), from_double(three, {2, 3}), 0, 0).pass);
+  sum_all(scale(x, 3.f)).backward();
+  CHECK(compare(x.grad(), from_double(six, {2, 3}), 0, 0).pass);
+
+  Tensor y = sum_all(scale(x, 3.f));  // the same graph walked twice
+  y.backward();
+  CHECK(compare(x.grad(), from_double(nine, {2, 3}), 0, 0).pass);
+  y.backward();
+  CHECK(compare(x.grad(), from_double(std::vector<double>(6, 12.0), {2, 3}), 0, 0).pass);
+
+  x.zero_grad();
+  CHECK_FALSE(x.grad().defined());
+  y.backward();
+  CHECK(compare(x.grad(), from_double(three, {2, 3}), 0, 0).pass);
+}
+
+TEST_CASE("autograd: NoGradGuard records no tape, and restores the previous mode") {
+  Tensor x = leaf({3}, 4);
+  CHECK(grad_enabled());
+  {
+    NoGradGuard guard;
+    CHECK_FALSE(grad_enabled());
+    Tensor y = exp(mul(x, x));
+    CHECK_FALSE(y.requires_grad());
+    CHECK(y.impl()->grad_fn == nullptr);
+    CHECK_THROWS_AS(sum_all(y).backward(), Error);
+    {
+      NoGradGuard nested;
+      CHECK_FALSE(grad_enabled());
+    }
+    CHECK_FALSE(grad_enabled());  // the inner guard restores "off", not "on"
+  }
+  CHECK(grad_enabled());
+  Tensor y = exp(x);
+  CHECK(y.requires_grad());
+  CHECK(y.impl()->grad_fn != nullptr);
+  CHECK(y.impl()->grad_fn->name == "exp");
+
+  // Ops on tensors that need no gradient record nothing either.
+  Tensor c = exp(randn({3}, 5));
+  CHECK_FALSE(c.requires_grad());
+  CHECK(c.impl()->grad_fn == nullptr);
+  // And a constant mixed with a leaf gets no .grad of its own.
+  Tensor k = randn({3}, 6);
+  sum_all(mul(x, k)).backward();
+  CHECK_FALSE(k.grad().defined());
+  CHECK(bitwise_equal(x.grad(), k));
+}
+
+TEST_CASE("autograd: backward of a non-scalar with an explicit output gradient") {
+  Tensor x = leaf({3, 4}, 7);
+  Tensor y = mul(x, x);
+  Tensor g = randn({3, 4}, 8);
+  y.backward(g);
+  std::vector<float> xv = x.to_vector(), gv = g.to_vector();
+  std::vector<double> want;
+  for (size_t i = 0; i < xv.size(); i++) want.push_back(2.0 * xv[i] * gv[i]);
+  CHECK(compare(x.grad(), from_double(want, {3, 4}), kGradAtol, kGradRtol).pass);
+
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("one-element"), Error);
+  CHECK_THROWS_WITH_AS(y.backward(randn({4, 3}, 1)), doctest::Contains("gradient shape"), Error);
+}
+
+TEST_CASE("autograd: backward on a tensor that does not require grad is an error") {
+  Tensor c = Tensor::zeros({1});
+  CHECK_THROWS_WITH_AS(c.backward(), doctest::Contains("does not require grad"), Error);
+  Tensor d = exp(randn({2}, 1));
+  CHECK_THROWS_AS(d.backward(Tensor::full({2}, 1.f)), Error);
+}
+
+TEST_CASE("autograd: a leaf's own backward seeds its gradient; intermediates keep no .grad") {
+  Tensor x = leaf({1}, 9);
+  x.backward();
+  CHECK(x.grad().item() == 1.f);
+
+  Tensor w = leaf({3}, 10);
+  Tensor h = exp(w);
+  sum_all(h).backward();
+  CHECK_FALSE(h.grad().defined());
+  CHECK(w.grad().defined());
+}
+
+TEST_CASE("autograd: a diamond graph sums both paths") {
+  // b = exp(x); c = b * x; d = b + c; L = sum(d)  ->  dL/dx = exp(x) * (2 + x)
+  Tensor x = leaf({2, 5}, 11);
+  Tensor b = exp(x);
+  Tensor c = mul(b, x);
+  Tensor d = add(b, c);
+  sum_all(d).backward();
+  std::vector<double> want;
+  for (float v : x.to_vector()) want.push_back(std::exp((double)v) * (2.0 + v));
+  CHECK(compare(x.grad(), from_double(want, {2, 5}), kGradAtol, kGradRtol).pass);
+
+  // A wider diamond: two leaves feeding a shared intermediate used by three consumers.
+  // u = x * w; L = sum(u + u*u + 2u)  ->  dL/du = 3 + 2u
+  Tensor x2 = leaf({4}, 12), w2 = leaf({4}, 13);
+  Tensor u = mul(x2, w2);
+  sum_all(add(add(u, mul(u, u)), scale(u, 2.f))).backward();
+  std::vector<float> xv = x2.to_vector(), wv = w2.to_vector();
+  std::vector<double> gx, gw;
+  for (size_t i = 0; i < xv.size(); i++) {
+    double uu = (double)xv[i] * wv[i], du = 3.0 + 2.0 * uu;
+    gx.push_back(du * wv[i]);
+    gw.push_back(du * xv[i]);
+  }
+  // u is rounded to float before u*u; its rounding (2^-24 relative) feeds the gradient.
+  CHECK(compare(x2.grad(), from_double(gx, {4}), kGradAtol, kGradRtol).pass);
+  CHECK(compare(w2.grad(), from_double(gw, {4}), kGradAtol, kGradRtol).pass);
+}
+
+TEST_CASE("autograd: a graph is freed when its tensors go out of scope (no cycles)") {
+  Tensor x = leaf({3, 4}, 14);
+  std::weak_ptr<TensorImpl> mid, out;
+  std::weak_ptr<Node> node;
+  {
+    Tensor h = exp(x);
+    Tensor y = sum_all(mul(h, softmax(h)));
+    mid = h.impl_ptr();
+    out = y.impl_ptr();
+    node = h.impl()->grad_fn;
+    REQUIRE_FALSE(node.expired());
+    y.backward();
+  }
+  CHECK(mid.expired());
+  CHECK(out.expired());
+  CHECK(node.expired());
+  CHECK(x.grad().defined());  // the leaf and its gradient live on
+
+  {  // the same without ever running backward
+    Tensor h = silu(x);
+    Tensor y = sum_all(matmul(h, transpose(h, 0, 1)));
+    mid = h.impl_ptr();
+  }
+  CHECK(mid.expired());
+
+  // And the check itself can fail: while a tensor is still referenced, it is alive.
+  Tensor keep = exp(x);
+  mid = keep.impl_ptr();
+  { Tensor y = sum_all(keep); }
+  CHECK_FALSE(mid.expired());
+}
