@@ -16,6 +16,7 @@ CXXFLAGS ?= $(OPT) -g
 SANFLAGS ?=
 FLAGS    := $(CXXFLAGS) $(SANFLAGS) -std=c++17 -Wall -Wextra -I. -MMD -MP -DOMPI_SKIP_MPICXX
 LDFLAGS  ?=
+LDLIBS   := -lboost_context
 # Debian's python, which has matplotlib, numpy and torch (not whatever python3 is first on PATH)
 PYTHON   ?= /usr/bin/python3
 # mpirun: oversubscribe small machines, allow root in containers, keep the output quiet.
@@ -58,20 +59,20 @@ lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp))
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 # ---- tests
 $(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/progs/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory build

@@ -1,0 +1,471 @@
+// kernels/simt_emulator.cpp — blocks in sequence, threads as Boost.Context fibers.
+//
+// The scheduler runs phases. In a phase every runnable thread runs (in shuffled order)
+// until it blocks at a barrier or a warp collective, or ends. After a phase:
+//   1. warp collectives whose mask lanes have all arrived complete (their threads run again);
+//   2. otherwise, if every live thread waits at the same __syncthreads, the barrier opens;
+//   3. otherwise it is an error: divergence, or a warp collective that cannot complete.
+#include "kernels/simt_emulator.h"
+
+#include <boost/context/fiber.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define SIMT_ASAN 1
+#endif
+
+namespace simt {
+
+namespace ctx = boost::context;
+
+Options& options() {
+  static Options opt = [] {
+    Options o;
+    if (const char* s = std::getenv("SIMT_SHUFFLE")) o.shuffle = std::strcmp(s, "0") != 0;
+    if (const char* s = std::getenv("SIMT_SEED")) o.seed = std::strtoull(s, nullptr, 10);
+    return o;
+  }();
+  return opt;
+}
+
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
+// ----------------------------------------------------------------------------
+// fiber stacks: a pool, so a launch of many blocks does not allocate per thread
+
+#if defined(SIMT_ASAN)
+static constexpr size_t kStackBytes = 256 * 1024;  // instrumented frames are larger
+#else
+static constexpr size_t kStackBytes = 64 * 1024;
+#endif
+
+struct StackPool {
+  std::vector<void*> free_list;
+  ~StackPool() {
+    for (void* p : free_list) std::free(p);
+  }
+};
+static StackPool& stack_pool() {
+  static thread_local StackPool pool;
+  return pool;
+}
+
+// The base of the stack handed out last: the scheduler records it for ASan's annotations.
+static thread_local void* g_last_stack_base = nullptr;
+
+struct PooledStack {  // Boost.Context's StackAllocator concept
+  ctx::stack_context allocate() {
+    StackPool& pool = stack_pool();
+    void* base;
+    if (pool.free_list.empty()) {
+      base = std::aligned_alloc(64, kStackBytes);
+      if (!base) throw std::bad_alloc();
+    } else {
+      base = pool.free_list.back();
+      pool.free_list.pop_back();
+    }
+    g_last_stack_base = base;
+    ctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = static_cast<char*>(base) + kStackBytes;  // stacks grow down
+    return sc;
+  }
+  void deallocate(ctx::stack_context& sc) noexcept {
+    stack_pool().free_list.push_back(static_cast<char*>(sc.sp) - sc.size);
+  }
+};
+
+// ----------------------------------------------------------------------------
+// threads and the block scheduler
+
+enum class Wait { none, barrier, warp, done };
+
+struct Thread {
+  ThreadState state;
+  unsigned linear = 0, lane = 0, warp = 0;
+  ctx::fiber fiber;  // suspended fiber (scheduler side)
+  ctx::fiber sink;   // the scheduler (fiber side)
+  Wait wait = Wait::none;
+  const char* file = "";
+  int line = 0;
+  // warp collective in flight
+  Shfl kind = Shfl::idx;
+  bool is_ballot = false, is_syncwarp = false;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = 32;
+#if defined(SIMT_ASAN)
+  void* fake_stack = nullptr;
+  const void* stack_bottom = nullptr;
+#endif
+};
+
+// Thrown inside a fiber to unwind it when the launch is abandoned after an error.
+struct Abandon {};
+
+struct Block {
+  const char* kernel = "";
+  BlockState state;
+  std::vector<Thread> threads;
+  Thread* current = nullptr;
+  std::vector<unsigned char> dynamic_smem;
+  std::exception_ptr error;  // an exception thrown by kernel code
+  bool abandoning = false;
+#if defined(SIMT_ASAN)
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+#endif
+};
+
+static thread_local Block* g_block = nullptr;
+
+static Block& block() {
+  if (!g_block) throw Error("a CUDA built-in (threadIdx, __syncthreads, ...) used outside a kernel launch");
+  return *g_block;
+}
+
+const ThreadState& current_thread() { return block().current->state; }
+const BlockState& current_block() { return block().state; }
+void* dynamic_shared_memory() {
+  Block& b = block();
+  return b.dynamic_smem.empty() ? nullptr : b.dynamic_smem.data();
+}
+
+static std::string dim_str(const dim3& d) {
+  std::ostringstream os;
+  os << "(" << d.x << "," << d.y << "," << d.z << ")";
+  return os.str();
+}
+
+static std::string where(const Block& b, const Thread& t) {
+  return std::string("kernel ") + b.kernel + ", block " + dim_str(b.state.block_idx) +
+         ", thread " + dim_str(t.state.thread_idx);
+}
+
+static std::string site(const Thread& t) {
+  return std::string(t.file) + ":" + std::to_string(t.line);
+}
+
+[[noreturn]] static void fail(const Block& b, const Thread& t, const std::string& what) {
+  throw Error(where(b, t) + ": " + what);
+}
+
+// Fiber side: hand control back to the scheduler until it resumes this thread.
+static void yield_to_scheduler(Block& b, Thread& t) {
+#if defined(SIMT_ASAN)
+  __sanitizer_start_switch_fiber(&t.fake_stack, b.sched_bottom, b.sched_size);
+#endif
+  t.sink = std::move(t.sink).resume();
+#if defined(SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(t.fake_stack, &b.sched_bottom, &b.sched_size);
+#endif
+  if (b.abandoning) throw Abandon{};
+}
+
+// Scheduler side: run thread t until it blocks or ends.
+static void run_thread(Block& b, Thread& t) {
+  b.current = &t;
+  stats().switches++;
+#if defined(SIMT_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, t.stack_bottom, kStackBytes);
+#endif
+  t.fiber = std::move(t.fiber).resume();
+#if defined(SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  b.current = nullptr;
+}
+
+static ctx::fiber make_fiber(Block& b, Thread& t, const std::function<void()>& body) {
+  return ctx::fiber(std::allocator_arg, PooledStack(), [&b, &t, &body](ctx::fiber&& sink) {
+#if defined(SIMT_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &b.sched_bottom, &b.sched_size);
+#endif
+    t.sink = std::move(sink);
+    try {
+      if (!b.abandoning) body();
+    } catch (const Abandon&) {
+    } catch (...) {
+      if (!b.error) b.error = std::current_exception();
+    }
+    t.wait = Wait::done;
+#if defined(SIMT_ASAN)
+    __sanitizer_start_switch_fiber(nullptr, b.sched_bottom, b.sched_size);
+#endif
+    return std::move(t.sink);
+  });
+}
+
+// ----------------------------------------------------------------------------
+// warp collectives
+
+static bool lane_in(unsigned mask, unsigned lane) { return (mask >> lane) & 1u; }
+
+// Completes, for each warp, the collective that every lane of its mask has reached.
+// Returns whether any completed; throws on a collective that never can.
+static bool resolve_warps(Block& b) {
+  bool progressed = false;
+  size_t n = b.threads.size();
+  for (size_t w0 = 0; w0 < n; w0 += 32) {
+    size_t w1 = std::min(n, w0 + 32);
+    Thread* first = nullptr;
+    for (size_t i = w0; i < w1; i++)
+      if (b.threads[i].wait == Wait::warp) {
+        first = &b.threads[i];
+        break;
+      }
+    if (!first) continue;
+    // Every lane named in the mask must be waiting at the same kind of collective, same mask.
+    for (size_t i = w0; i < w1; i++) {
+      Thread& t = b.threads[i];
+      if (t.wait != Wait::warp) continue;
+      for (unsigned lane = 0; lane < 32; lane++) {
+        if (!lane_in(t.mask, lane)) continue;
+        if (w0 + lane >= n)
+          fail(b, t, "warp collective at " + site(t) + ": mask names lane " + std::to_string(lane) +
+                         ", which does not exist in a block of " + std::to_string(n) + " threads");
+        Thread& u = b.threads[w0 + lane];
+        if (u.wait == Wait::none) return progressed;  // cannot happen after a phase; be safe
+        if (u.wait == Wait::done)
+          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                         " named in the mask has exited");
+        if (u.wait == Wait::barrier)
+          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                         " named in the mask waits at __syncthreads (" + site(u) + ")");
+        if (u.mask != t.mask || u.is_ballot != t.is_ballot || u.is_syncwarp != t.is_syncwarp ||
+            (!t.is_ballot && !t.is_syncwarp && u.kind != t.kind))
+          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                         " is at a different collective or mask (" + site(u) + ")");
+      }
+    }
+    // All present: compute every waiting lane's result from the deposited values.
+    for (size_t i = w0; i < w1; i++) {
+      Thread& t = b.threads[i];
+      if (t.wait != Wait::warp) continue;
+      if (t.is_ballot) {
+        uint64_t bits = 0;
+        for (unsigned lane = 0; lane < 32; lane++)
+          if (lane_in(t.mask, lane) && b.threads[w0 + lane].value) bits |= 1ull << lane;
+        t.result = bits;
+      } else if (!t.is_syncwarp) {
+        int width = t.width, lane = (int)t.lane, base = lane - lane % width, src = lane;
+        switch (t.kind) {
+          case Shfl::idx: src = base + ((t.arg % width) + width) % width; break;
+          case Shfl::bfly: src = lane ^ t.arg; break;
+          case Shfl::down: src = lane + t.arg; break;
+          case Shfl::up: src = lane - t.arg; break;
+        }
+        if (src < base || src >= base + width) src = lane;  // outside the segment: own value
+        if (!lane_in(t.mask, (unsigned)src))
+          fail(b, t, "shuffle at " + site(t) + " reads lane " + std::to_string(src) +
+                         ", which is not in the mask");
+        t.result = b.threads[w0 + (size_t)src].value;
+      }
+    }
+    for (size_t i = w0; i < w1; i++)
+      if (b.threads[i].wait == Wait::warp) b.threads[i].wait = Wait::none;
+    stats().warp_collectives++;
+    progressed = true;
+  }
+  return progressed;
+}
+
+template <typename T>
+static uint64_t to_bits(T v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof v);
+  return bits;
+}
+template <typename T>
+static T from_bits(uint64_t bits) {
+  T v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+static uint64_t warp_collective(const char* file, int line, unsigned mask, uint64_t value,
+                                bool is_ballot, bool is_syncwarp, Shfl kind, int arg, int width) {
+  Block& b = block();
+  Thread& t = *b.current;
+  if (!lane_in(mask, t.lane))
+    fail(b, t, std::string("warp collective at ") + file + ":" + std::to_string(line) +
+                   ": the calling lane " + std::to_string(t.lane) + " is not in its mask");
+  if (width < 1 || width > 32 || (width & (width - 1)))
+    fail(b, t, "shuffle width " + std::to_string(width) + " is not a power of 2 in [1, 32]");
+  t.file = file;
+  t.line = line;
+  t.mask = mask;
+  t.value = value;
+  t.is_ballot = is_ballot;
+  t.is_syncwarp = is_syncwarp;
+  t.kind = kind;
+  t.arg = arg;
+  t.width = width;
+  t.wait = Wait::warp;
+  yield_to_scheduler(b, t);
+  return t.result;
+}
+
+void syncwarp(const char* file, int line, unsigned mask) {
+  warp_collective(file, line, mask, 0, false, true, Shfl::idx, 0, 32);
+}
+
+unsigned ballot(const char* file, int line, unsigned mask, int predicate) {
+  return (unsigned)warp_collective(file, line, mask, predicate != 0, true, false, Shfl::idx, 0, 32);
+}
+
+#define SIMT_SHFL(T)                                                                       \
+  T shfl(Shfl kind, const char* file, int line, unsigned mask, T v, int arg, int width) { \
+    return from_bits<T>(                                                                   \
+        warp_collective(file, line, mask, to_bits(v), false, false, kind, arg, width));    \
+  }
+SIMT_SHFL(float)
+SIMT_SHFL(int)
+SIMT_SHFL(unsigned)
+SIMT_SHFL(long long)
+SIMT_SHFL(double)
+#undef SIMT_SHFL
+
+void syncthreads(const char* file, int line) {
+  Block& b = block();
+  Thread& t = *b.current;
+  t.file = file;
+  t.line = line;
+  t.wait = Wait::barrier;
+  yield_to_scheduler(b, t);
+}
+
+// ----------------------------------------------------------------------------
+// launch
+
+static void check_config(const char* kernel, dim3 grid, dim3 blk, size_t smem) {
+  auto bad = [&](const std::string& why) {
+    throw Error(std::string("kernel ") + kernel + ": invalid launch: " + why + " (grid " +
+                dim_str(grid) + ", block " + dim_str(blk) + ")");
+  };
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) bad("a grid dimension is 0");
+  if (blk.x == 0 || blk.y == 0 || blk.z == 0) bad("a block dimension is 0");
+  if ((uint64_t)blk.x * blk.y * blk.z > 1024) bad("more than 1024 threads per block");
+  if (blk.z > 64) bad("block z dimension over 64");
+  if (grid.y > 65535 || grid.z > 65535) bad("grid y or z dimension over 65535");
+  if (smem > options().max_shared_bytes)
+    bad(std::to_string(smem) + " bytes of dynamic shared memory, over the limit of " +
+        std::to_string(options().max_shared_bytes));
+}
+
+static void run_block(Block& b, const std::function<void()>& body, std::mt19937_64& rng) {
+  const dim3 bd = b.state.block_dim;
+  const size_t n = (size_t)bd.x * bd.y * bd.z;
+  b.threads = std::vector<Thread>(n);
+  for (size_t i = 0; i < n; i++) {
+    Thread& t = b.threads[i];
+    t.linear = (unsigned)i;
+    t.lane = (unsigned)(i % 32);
+    t.warp = (unsigned)(i / 32);
+    t.state.thread_idx = dim3((unsigned)(i % bd.x), (unsigned)(i / bd.x % bd.y),
+                              (unsigned)(i / ((size_t)bd.x * bd.y)));
+  }
+  for (Thread& t : b.threads) {
+    t.fiber = make_fiber(b, t, body);
+#if defined(SIMT_ASAN)
+    t.stack_bottom = g_last_stack_base;
+#endif
+  }
+  stats().threads += n;
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; i++) order[i] = i;
+
+  auto abandon = [&]() {  // unwind every suspended fiber, then report
+    b.abandoning = true;
+    for (Thread& t : b.threads)
+      if (t.wait != Wait::done && t.fiber) run_thread(b, t);
+  };
+
+  for (;;) {
+    if (options().shuffle) std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
+      Thread& t = b.threads[i];
+      if (t.wait != Wait::none) continue;
+      run_thread(b, t);
+      if (b.error) {
+        abandon();
+        std::rethrow_exception(b.error);
+      }
+    }
+    size_t done = 0, at_barrier = 0;
+    for (const Thread& t : b.threads) {
+      done += t.wait == Wait::done;
+      at_barrier += t.wait == Wait::barrier;
+    }
+    if (done == n) return;
+    try {
+      if (resolve_warps(b)) continue;
+      // No warp collective can complete: every live thread must wait at one barrier.
+      const Thread* first = nullptr;
+      for (const Thread& t : b.threads)
+        if (t.wait == Wait::barrier) {
+          first = &t;
+          break;
+        }
+      for (const Thread& t : b.threads) {
+        if (t.wait == Wait::warp)
+          fail(b, t, "warp collective at " + site(t) + " never completes (its mask's lanes wait elsewhere)");
+        if (t.wait == Wait::done && first)
+          fail(b, *first, "barrier divergence: waits at __syncthreads (" + site(*first) +
+                              ") but thread " + dim_str(t.state.thread_idx) + " has exited");
+        if (t.wait == Wait::barrier && (t.line != first->line || std::strcmp(t.file, first->file)))
+          fail(b, t, "barrier divergence: waits at __syncthreads (" + site(t) + ") while thread " +
+                         dim_str(first->state.thread_idx) + " waits at " + site(*first));
+      }
+      (void)at_barrier;
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    for (Thread& t : b.threads) t.wait = Wait::none;  // the barrier opens
+    stats().barriers++;
+  }
+}
+
+void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
+            const std::function<void()>& body) {
+  check_config(kernel_name, grid, blk, dynamic_smem_bytes);
+  if (g_block) throw Error(std::string("kernel ") + kernel_name + ": launched from inside a kernel");
+  static uint64_t launches = 0;
+  std::mt19937_64 rng(options().seed * 0x9E3779B97F4A7C15ull + launches++);
+  Block b;
+  b.kernel = kernel_name;
+  b.state.block_dim = blk;
+  b.state.grid_dim = grid;
+  b.dynamic_smem.assign(dynamic_smem_bytes, 0);
+  g_block = &b;
+  try {
+    for (unsigned z = 0; z < grid.z; z++)
+      for (unsigned y = 0; y < grid.y; y++)
+        for (unsigned x = 0; x < grid.x; x++) {
+          b.state.block_idx = dim3(x, y, z);
+          b.error = nullptr;
+          b.abandoning = false;
+          run_block(b, body, rng);
+          stats().blocks++;
+        }
+  } catch (...) {
+    g_block = nullptr;
+    throw;
+  }
+  g_block = nullptr;
+}
+
+}  // namespace simt

@@ -1,0 +1,90 @@
+// kernels/simt_emulator.h — runs CUDA kernels on the CPU (see kernels/simt.h).
+//
+// Model: the blocks of a grid run one after another. The threads of a block are fibers
+// (Boost.Context) on one OS thread. A fiber runs until it reaches a barrier
+// (__syncthreads), a warp collective (__shfl*_sync, __ballot_sync, __syncwarp) or its
+// end; then the next one runs. Between barriers the fibers run in a seeded random order
+// (reshuffled at every barrier), so a kernel that forgets a __syncthreads reads memory
+// that other threads have not written yet and gets a wrong result — as on a GPU, where the
+// order is unspecified too. With shuffling off, threads run in index order.
+//
+// Misuse is an error, never a hang: barrier divergence (threads waiting at different
+// barriers, or some waiting while others have exited), a warp collective whose mask names
+// threads that do not take part, a block of more than 1024 threads, dynamic shared memory
+// over the limit (48 KiB by default). launch() throws simt::Error with a one-line message
+// naming the kernel, the block and the thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace simt {
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+      : x(x_), y(y_), z(z_) {}
+};
+
+struct ThreadState {
+  dim3 thread_idx;
+};
+struct BlockState {
+  dim3 block_idx, block_dim, grid_dim;
+};
+
+// The running thread and its block (what threadIdx, blockIdx ... read).
+const ThreadState& current_thread();
+const BlockState& current_block();
+void* dynamic_shared_memory();
+
+// Runs body() once per thread of every block of the grid.
+void launch(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+            const std::function<void()>& body);
+
+// SIMT_LAUNCH: the arguments are evaluated once, on the host, as in a real launch; every
+// thread then calls kernel(args...) with the same values.
+template <typename Kernel, typename... Args>
+void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+                   Kernel kernel, Args... args) {
+  launch(kernel_name, grid, block, dynamic_smem_bytes, [&] { kernel(args...); });
+}
+
+// ---- what the built-ins call
+void syncthreads(const char* file, int line);
+void syncwarp(const char* file, int line, unsigned mask = 0xffffffffu);
+enum class Shfl { idx, bfly, down, up };
+// The value of `v` held by the source lane (idx: lane; bfly: lane ^ arg; down: lane + arg;
+// up: lane - arg; out of the segment of `width` lanes: the caller's own value).
+float shfl(Shfl kind, const char* file, int line, unsigned mask, float v, int arg, int width = 32);
+int shfl(Shfl kind, const char* file, int line, unsigned mask, int v, int arg, int width = 32);
+unsigned shfl(Shfl kind, const char* file, int line, unsigned mask, unsigned v, int arg,
+              int width = 32);
+long long shfl(Shfl kind, const char* file, int line, unsigned mask, long long v, int arg,
+               int width = 32);
+double shfl(Shfl kind, const char* file, int line, unsigned mask, double v, int arg,
+            int width = 32);
+unsigned ballot(const char* file, int line, unsigned mask, int predicate);
+
+// ---- schedule and limits
+struct Options {
+  bool shuffle = true;          // random thread order between barriers
+  uint64_t seed = 0x5eed;       // of the shuffle
+  size_t max_shared_bytes = 48 * 1024;  // dynamic shared memory per block
+};
+// Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N.
+Options& options();
+
+// Counters, for tests and `make bench`.
+struct Stats {
+  uint64_t blocks = 0, threads = 0, barriers = 0, warp_collectives = 0, switches = 0;
+};
+Stats& stats();
+
+}  // namespace simt

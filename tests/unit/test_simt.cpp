@@ -1,0 +1,222 @@
+// The SIMT emulator itself: barriers under shuffled schedules, a kernel with a missing
+// barrier caught by the shuffle, warp shuffles and ballots, atomics, dynamic shared
+// memory, and every misuse reported as an error (never a hang).
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "kernels/simt.h"
+
+namespace {
+
+// Restores the emulator's options after a test changes them.
+struct OptionsGuard {
+  simt::Options saved = simt::options();
+  ~OptionsGuard() { simt::options() = saved; }
+};
+
+// ---- kernels (ordinary CUDA, written against kernels/simt.h)
+
+__global__ void rotate_through_shared(int* out, int n) {
+  __shared__ int buf[1024];
+  int t = threadIdx.x;
+  buf[t] = t * 10;
+  __syncthreads();
+  out[t] = buf[(t + 1) % n];
+}
+
+// Tree reduction of one block in shared memory. `with_barriers` false drops the barriers
+// inside the loop: the classic bug.
+__global__ void block_sum(const float* x, float* out, bool with_barriers) {
+  __shared__ float s[256];
+  int t = threadIdx.x;
+  s[t] = x[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (t < stride) s[t] += s[t + stride];
+    if (with_barriers) __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = s[0];
+}
+
+__global__ void warp_sums(const float* x, float* down_out, float* xor_out, unsigned* ballot_out) {
+  int t = threadIdx.x;
+  float v = x[t], w = x[t];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  for (int mask = 16; mask > 0; mask /= 2) w += __shfl_xor_sync(0xffffffffu, w, mask);
+  unsigned b = __ballot_sync(0xffffffffu, x[t] > 0.f);
+  int lane = t % 32;
+  if (lane == 0) down_out[t / 32] = v;
+  xor_out[t] = w;  // every lane holds the full sum after a butterfly
+  if (lane == 0) ballot_out[t / 32] = b;
+}
+
+__global__ void shfl_idx_and_up(const int* x, int* idx_out, int* up_out) {
+  int t = threadIdx.x;
+  idx_out[t] = __shfl_sync(0xffffffffu, x[t], 3);        // broadcast lane 3 of each warp
+  up_out[t] = __shfl_up_sync(0xffffffffu, x[t], 1, 8);   // segments of 8 lanes
+}
+
+__global__ void histogram(const int* x, int n, int* bins, float* total) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    atomicAdd(&bins[x[i]], 1);
+    atomicAdd(total, 1.f);
+  }
+}
+
+__global__ void atomic_max_cas(const int* x, int* max_out, int* cas_winner) {
+  int t = threadIdx.x;
+  atomicMax(max_out, x[t]);
+  atomicCAS(cas_winner, -1, t);  // exactly one thread wins
+}
+
+__global__ void dynamic_reverse(const float* x, float* y) {
+  SIMT_DYNAMIC_SHARED(float, buf);
+  int t = threadIdx.x, n = blockDim.x;
+  buf[t] = x[t];
+  __syncthreads();
+  y[t] = buf[n - 1 - t];
+}
+
+__global__ void index_3d(int* out) {
+  int bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  int per_block = blockDim.x * blockDim.y * blockDim.z;
+  out[bid * per_block + tid] = bid * 1000 + tid;
+}
+
+__global__ void divergent_barrier() {
+  if (threadIdx.x < 16) __syncthreads();
+}
+__global__ void two_barriers() {
+  if (threadIdx.x % 2) __syncthreads();
+  else __syncthreads();
+}
+__global__ void warp_missing_lane(float* out) {
+  if (threadIdx.x != 5) out[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1.f, 1);
+}
+__global__ void throws_inside() {
+  if (threadIdx.x == 7) throw std::runtime_error("kernel code threw");
+  __syncthreads();
+}
+__global__ void nothing() {}
+
+std::vector<float> iota_floats(int n, float scale) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("simt: a barrier orders writes before reads, under every shuffled schedule") {
+  OptionsGuard guard;
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
+    simt::options().seed = seed;
+    std::vector<int> out(96, -1);
+    SIMT_LAUNCH(rotate_through_shared, dim3(1), dim3(96), 0, 0, out.data(), 96);
+    for (int t = 0; t < 96; t++) CHECK(out[t] == ((t + 1) % 96) * 10);
+  }
+}
+
+TEST_CASE("simt: a missing __syncthreads in a reduction gives a wrong sum; with it, the right one") {
+  OptionsGuard guard;
+  std::vector<float> x = iota_floats(4 * 256, 1.f), out(4);
+  std::vector<float> want(4, 0.f);
+  for (int b = 0; b < 4; b++)
+    for (int i = 0; i < 256; i++) want[b] += x[b * 256 + i];
+  SIMT_LAUNCH(block_sum, dim3(4), dim3(256), 0, 0, x.data(), out.data(), true);
+  for (int b = 0; b < 4; b++) CHECK(out[b] == want[b]);  // small integers: exact
+  int wrong = 0;
+  for (uint64_t seed : {11, 12, 13}) {
+    simt::options().seed = seed;
+    SIMT_LAUNCH(block_sum, dim3(4), dim3(256), 0, 0, x.data(), out.data(), false);
+    for (int b = 0; b < 4; b++) wrong += out[b] != want[b];
+  }
+  CHECK(wrong >= 10);  // the shuffle makes (nearly) every block read partial sums too early
+}
+
+TEST_CASE("simt: warp shuffles (down, xor, idx, up with width) and ballot") {
+  std::vector<float> x = iota_floats(64, 0.5f), down(2), xr(64);
+  std::vector<unsigned> ballots(2);
+  SIMT_LAUNCH(warp_sums, dim3(1), dim3(64), 0, 0, x.data(), down.data(), xr.data(), ballots.data());
+  for (int w = 0; w < 2; w++) {
+    float sum = 0.f;
+    unsigned bits = 0;
+    for (int l = 0; l < 32; l++) {
+      sum += x[w * 32 + l];
+      if (x[w * 32 + l] > 0.f) bits |= 1u << l;
+    }
+    CHECK(down[w] == sum);  // halves of small multiples of 0.5: exact in any order
+    for (int l = 0; l < 32; l++) CHECK(xr[w * 32 + l] == sum);
+    CHECK(ballots[w] == bits);
+  }
+  std::vector<int> xi(64), idx(64), up(64);
+  std::iota(xi.begin(), xi.end(), 100);
+  SIMT_LAUNCH(shfl_idx_and_up, dim3(1), dim3(64), 0, 0, xi.data(), idx.data(), up.data());
+  for (int t = 0; t < 64; t++) {
+    CHECK(idx[t] == 100 + (t / 32) * 32 + 3);
+    CHECK(up[t] == (t % 8 == 0 ? 100 + t : 100 + t - 1));  // lane 0 of a segment keeps its own
+  }
+}
+
+TEST_CASE("simt: atomics (add int and float, max, CAS) across threads and blocks") {
+  const int n = 1000;
+  std::vector<int> x(n), bins(7, 0);
+  for (int i = 0; i < n; i++) x[i] = (i * 13) % 7;
+  float total = 0.f;
+  SIMT_LAUNCH(histogram, dim3((n + 127) / 128), dim3(128), 0, 0, x.data(), n, bins.data(), &total);
+  std::vector<int> want(7, 0);
+  for (int v : x) want[v]++;
+  CHECK(bins == want);
+  CHECK(total == (float)n);
+  std::vector<int> y(64);
+  for (int i = 0; i < 64; i++) y[i] = (i * 29) % 61;
+  int mx = -1, winner = -1;
+  SIMT_LAUNCH(atomic_max_cas, dim3(1), dim3(64), 0, 0, y.data(), &mx, &winner);
+  CHECK(mx == 60);
+  CHECK(winner >= 0);
+  CHECK(winner < 64);
+}
+
+TEST_CASE("simt: dynamic shared memory, and 3-D grids and blocks") {
+  std::vector<float> x = iota_floats(200, 1.f), y(200);
+  SIMT_LAUNCH(dynamic_reverse, dim3(1), dim3(200), 200 * sizeof(float), 0, x.data(), y.data());
+  for (int t = 0; t < 200; t++) CHECK(y[t] == x[199 - t]);
+  std::vector<int> out(2 * 3 * 2 * (4 * 2 * 3), -1);
+  SIMT_LAUNCH(index_3d, dim3(2, 3, 2), dim3(4, 2, 3), 0, 0, out.data());
+  for (int i = 0; i < (int)out.size(); i++) CHECK(out[i] == (i / 24) * 1000 + i % 24);
+}
+
+TEST_CASE("simt: misuse is an error naming the kernel, block and thread") {
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(divergent_barrier, dim3(2), dim3(32), 0, 0),
+                       doctest::Contains("kernel divergent_barrier, block (0,0,0)"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(divergent_barrier, dim3(1), dim3(32), 0, 0),
+                       doctest::Contains("has exited"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(two_barriers, dim3(1), dim3(8), 0, 0),
+                       doctest::Contains("barrier divergence"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(warp_missing_lane, dim3(1), dim3(32), 0, 0, (float*)nullptr),
+                       doctest::Contains("lane 5 named in the mask has exited"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(nothing, dim3(1), dim3(1025), 0, 0),
+                       doctest::Contains("more than 1024 threads"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(nothing, dim3(1), dim3(32), 48 * 1024 + 4, 0),
+                       doctest::Contains("over the limit of 49152"), simt::Error);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(throws_inside, dim3(1), dim3(32), 0, 0), "kernel code threw",
+                       std::runtime_error);
+  // after errors, the emulator is usable again
+  std::vector<int> out(32);
+  SIMT_LAUNCH(rotate_through_shared, dim3(1), dim3(32), 0, 0, out.data(), 32);
+  CHECK(out[0] == 10);
+}
+
+TEST_CASE("simt: with shuffling off, threads run in index order (reproducible debugging)") {
+  OptionsGuard guard;
+  simt::options().shuffle = false;
+  std::vector<float> x = iota_floats(256, 1.f), out(1);
+  float want = 0.f;
+  for (float v : x) want += v;
+  SIMT_LAUNCH(block_sum, dim3(1), dim3(256), 0, 0, x.data(), out.data(), true);
+  CHECK(out[0] == want);
+}
