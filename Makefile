@@ -7,7 +7,10 @@
 #   make plots      regenerate the figures into plots/out/ from real runs
 #   make reference  regenerate the PyTorch golden data in tests/reference/data/
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
+#   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present)
 #   make clean
+#
+# Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
 
 BUILD    ?= build
 CXX      := mpicxx
@@ -24,7 +27,28 @@ MPIRUN   ?= mpirun --oversubscribe -q $(if $(filter 0,$(shell id -u)),--allow-ru
 export MPIRUN BUILD PYTHON
 
 LIB_SRCS    := $(wildcard kernels/*.cpp kernels/cpu/*.cpp common/*.cpp)
-LIB_OBJS    := $(LIB_SRCS:%.cpp=$(BUILD)/obj/%.o)
+# Every CUDA kernel file compiles twice: with the host compiler against the SIMT emulator
+# (device "sim", always), and with nvcc (device "cuda", when nvcc exists).
+CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
+LIB_OBJS    := $(LIB_SRCS:%.cpp=$(BUILD)/obj/%.o) $(CUDA_SRCS:%.cu=$(BUILD)/obj/sim/%.o)
+
+# ---- nvcc: found on PATH or in /usr/local/cuda; NO_CUDA=1 opts out
+NO_CUDA   ?= 0
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(NO_CUDA),1)
+NVCC      :=
+endif
+# SASS for each architecture, plus PTX of the last one so newer GPUs can JIT it.
+CUDA_ARCH ?= 80 90
+GENCODE   := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+NVCCFLAGS ?= -O2 -g -lineinfo
+LIB_OBJS  += $(CUDA_SRCS:%.cu=$(BUILD)/obj/cuda/%.o) $(BUILD)/obj/cuda/kernels/cuda_runtime.o
+FLAGS     += -DFF_HAVE_CUDA=1
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+endif
 LIB         := $(BUILD)/lib/libfivefold.a
 LESSONS     := $(notdir $(wildcard lessons/[0-9][0-9]_*))
 LESSON_BINS := $(LESSONS:%=$(BUILD)/bin/%)
@@ -34,13 +58,20 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build deps test lessons run plots reference sanitize clean help
+.PHONY: all build found deps test lessons run plots reference sanitize bench clean help
 .DEFAULT_GOAL := all
 
 all: deps
 	@$(MAKE) --no-print-directory build
 
-build: $(LIB) $(LESSON_BINS) $(TEST_BINS)
+build: found $(LIB) $(LESSON_BINS) $(TEST_BINS)
+
+found:
+ifneq ($(NVCC),)
+	@echo "✓ nvcc found ($(NVCC)): kernels/cuda/*.cu build for devices sim and cuda (sm $(CUDA_ARCH))"
+else
+	@echo "✗ nvcc not found$(if $(filter 1,$(NO_CUDA)), (NO_CUDA=1)): building devices cpu and sim only"
+endif
 
 deps:
 	@bash scripts/install-deps.sh
@@ -50,12 +81,25 @@ $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) -c $< -o $@
 
+# the emulator build of a .cu file: ordinary C++ against kernels/simt.h
+$(BUILD)/obj/sim/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(FLAGS) -x c++ -c $< -o $@
+
+# the nvcc build of a .cu file
+$(BUILD)/obj/cuda/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -std=c++17 -I. $(GENCODE) -MMD -MP -c $< -o $@
+
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-# ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name
-lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp))
+# ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name, with the
+# lesson's own .cu kernels built for sim (and for cuda when nvcc exists)
+lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) \
+              $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
+              $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)
@@ -73,6 +117,17 @@ $(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/progs/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
+# ---- make bench: kernel throughput per device (built on demand, not part of make test)
+BENCH_OBJS := $(BUILD)/obj/tests/bench/bench_kernels.o \
+              $(if $(NVCC),$(BUILD)/obj/cuda/tests/bench/cublas_reference.o)
+$(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS) $(if $(NVCC),-lcublas)
+
+bench: deps
+	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
+	$(BUILD)/tests/bench_kernels
 
 test: deps
 	@$(MAKE) --no-print-directory build
@@ -96,8 +151,10 @@ reference:
 	$(PYTHON) tests/reference/ops.py tests/reference/data
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the test suite on it.
+# The emulator tells ASan about its fiber switches, so the sim kernels run sanitized too. The
+# cuda device is left out (NO_CUDA=1): ASan's shadow memory and the CUDA driver do not mix.
 sanitize: deps
-	@$(MAKE) --no-print-directory build BUILD=build/sanitize OPT=-O1 \
+	@$(MAKE) --no-print-directory build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
 	  SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 	@BUILD=build/sanitize SANITIZE=1 bash scripts/run-tests.sh
 
@@ -105,6 +162,6 @@ clean:
 	rm -rf $(BUILD) plots/out
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

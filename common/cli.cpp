@@ -180,6 +180,29 @@ void CommonFlags::add_to(Cli& cli) {
   cli.flag("--csv", &csv, "append the run's metrics to this CSV file");
 }
 
+Device CommonFlags::resolve_device(const Comm& comm) const {
+  Device d = Device::cpu;
+  if (device == "auto") {
+    d = device_available(Device::cuda) ? Device::cuda : Device::cpu;
+  } else {
+    parse_device(device, &d);  // the choice flag allows only valid names
+    usage_error_if(!device_available(d), comm,
+                   "--device " + device + ": " + device_unavailable_reason(d) +
+                       " (available: cpu, sim" +
+                       (device_available(Device::cuda) ? ", cuda" : "") + ", auto)");
+  }
+  if (d == Device::cuda) {
+    // Ranks on one node share its GPUs: the node-local rank picks one.
+    MPI_Comm node;
+    MPI_Comm_split_type(comm.raw(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node);
+    int local_rank = 0;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+    device_select_gpu(local_rank);
+  }
+  return d;
+}
+
 void usage_error_if(bool bad, const Comm& comm, const std::string& message) {
   if (!bad) return;
   if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", message.c_str());

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
+
 namespace ff {
 
 class Comm;
@@ -66,6 +68,10 @@ struct CommonFlags {
   int64_t seed = 1234;
   double timeout = 60.0;        // watchdog seconds
   void add_to(Cli& cli);
+  // The device named by --device, ready to use. auto is cuda when this build and machine have
+  // a GPU, else cpu. A device that is not available is a usage error (one line, exit 2 on
+  // every rank). With cuda, each rank takes GPU (node-local rank mod GPUs on the node).
+  Device resolve_device(const Comm& comm) const;
 };
 
 // For checks after parsing (world size, flag combinations): the same message on rank 0,

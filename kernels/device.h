@@ -17,6 +17,10 @@ const char* device_name(Device d);
 bool parse_device(const std::string& s, Device* out);
 // Whether this build and this machine can run kernels on `d`.
 bool device_available(Device d);
+// Why `d` is not available, in a few words ("built without nvcc", "no CUDA GPU found").
+const char* device_unavailable_reason(Device d);
+// cuda: makes GPU (ordinal mod the number of GPUs) current for this process.
+void device_select_gpu(int ordinal);
 
 void* device_malloc(Device d, size_t bytes);
 void device_free(Device d, void* p);

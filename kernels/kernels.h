@@ -94,8 +94,14 @@ struct KernelTable {
 // The kernels of device d. Throws if d has none in this build.
 const KernelTable& kernels_for(Device d);
 
-namespace cpu {
-const KernelTable& kernel_table();
-}
+// The initializer of a KernelTable from the functions of one device's namespace.
+#define FF_KERNEL_TABLE_INITIALIZER                                                          \
+  {                                                                                          \
+    fill, affine, binary, unary, unary_backward, reduce, max_backward, softmax_forward,      \
+        softmax_backward, log_softmax_forward, log_softmax_backward, matmul, transpose,      \
+        copy_block, rmsnorm_forward, rmsnorm_backward, cross_entropy_forward,                \
+        cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
+        masked_fill                                                                          \
+  }
 
 }  // namespace ff

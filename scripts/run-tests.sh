@@ -69,7 +69,17 @@ usage_error() {
 
 B=$BUILD/bin; T=$BUILD/tests
 echo "== core (single process)"
-doctest_step "unit tests: tensor, RNG, ops, autograd, cli, npy, goldens" $T/unit_tests
+doctest_step "unit tests: tensor, RNG, ops, autograd, cli, npy, goldens" $T/unit_tests --test-suite-exclude=kernels
+
+echo "== kernels: every CUDA kernel against its cpu twin"
+doctest_step "kernel tests, sim vs cpu (SIMT emulator)" env FF_TEST_DEVICE=sim $T/unit_tests --test-suite=kernels
+skipped=0
+if $T/device_query | grep -qw cuda; then
+  doctest_step "kernel tests, cuda vs cpu (GPU)" env FF_TEST_DEVICE=cuda $T/unit_tests --test-suite=kernels
+else
+  skipped=$($T/unit_tests --test-suite=kernels --count | sed -n 's/.*unskipped test cases passing the current filters: *\([0-9]*\).*/\1/p')
+  printf '  skip            %-52s %s test cases: %s\n' "kernel tests, cuda vs cpu" "${skipped:-?}" "no GPU here"
+fi
 
 echo "== communication (mpirun, odd sizes included)"
 for np in 1 2 3 4; do
@@ -84,5 +94,6 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
 source tests/lessons.sh
 
 echo
+[ "$skipped" != 0 ] && echo "($skipped kernel test cases not run on cuda: no GPU; they ran on sim)"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

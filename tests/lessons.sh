@@ -29,3 +29,13 @@ usage_error "01 bad input: --rows abc" $MPIRUN -np 3 $L01 --rows abc
 usage_error "01 bad input: missing value" $MPIRUN -np 3 $L01 --cols
 usage_error "01 bad input: unknown flag" $MPIRUN -np 3 $L01 --colz 5
 usage_error "01 bad input: --bug typo" $MPIRUN -np 3 $L01 --bug rescale
+for np in 1 3; do
+  check "01 --device sim: online_softmax.cu kernels under the emulator, $np rank(s)" 0 '^check: PASS' \
+    $MPIRUN -np $np $L01 --device sim --reps 1 --cols 777 --keys 300
+done
+if $T/device_query | grep -qw cuda; then
+  check "01 --device cuda: online_softmax.cu kernels on the GPU (P=2)" 0 '^check: PASS' \
+    $MPIRUN -np 2 $L01 --device cuda --reps 1
+else
+  usage_error "01 --device cuda without a GPU names what is available" $MPIRUN -np 3 $L01 --device cuda
+fi

@@ -14,8 +14,12 @@
 //       sharded across ranks (Dao et al., "Flash-Decoding for long-context inference", 2023).
 // Why: every later lesson (ring attention, FlashAttention tiles, context parallelism) is
 //   this merge applied to blocks of a sequence.
+//   With --device sim or cuda, the same three steps run as CUDA kernels
+//   (online_softmax.cu: one warp per row merging (m, l) with __shfl_xor_sync; split-K
+//   flash-decoding in two kernels) — on the GPU, or on the CPU through the SIMT emulator.
 // Run:  make run L=01 NP=4
 //       mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000 --block 64
+//       mpirun -np 4 build/bin/01_online_softmax --device sim
 // Expect: three sections, each comparison against the single-process softmax printed with
 //   max abs / max rel error and its tolerance, the chain and allreduce timings, and
 //   "check: PASS". `--bug no-rescale` or `--bug no-inf-guard` plants the two classic
@@ -38,6 +42,7 @@
 #include "common/ops.h"
 #include "common/tensor.h"
 #include "common/trace.h"
+#include "lessons/01_online_softmax/online_softmax.h"
 
 using namespace ff;
 
@@ -100,6 +105,49 @@ static void two_pass_softmax(float* y, const float* x, int64_t n) {
   float l = 0.f;
   for (int64_t j = 0; j < n; j++) l += std::exp(x[j] - m);
   for (int64_t j = 0; j < n; j++) y[j] = std::exp(x[j] - m) / l;
+}
+
+// ----------------------------------------------------------------------------
+// The same algorithm as CUDA kernels (online_softmax.cu), for --device sim or cuda.
+
+struct LessonKernels {
+  decltype(&lesson01::sim::row_states) row_states;
+  decltype(&lesson01::sim::normalise) normalise;
+  decltype(&lesson01::sim::decode_partial) decode_partial;
+  decltype(&lesson01::sim::merge_states) merge_states;
+};
+
+static LessonKernels lesson_kernels(Device d) {
+#if FF_HAVE_CUDA
+  if (d == Device::cuda)
+    return {lesson01::cuda::row_states, lesson01::cuda::normalise, lesson01::cuda::decode_partial,
+            lesson01::cuda::merge_states};
+#endif
+  FF_CHECK(d == Device::sim, "no lesson kernels for device " << device_name(d));
+  return {lesson01::sim::row_states, lesson01::sim::normalise, lesson01::sim::decode_partial,
+          lesson01::sim::merge_states};
+}
+
+// The (m, l) of every row of x (rows, n), by the row_states kernel on x's device.
+static std::vector<SoftmaxState> device_row_states(const Tensor& x) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  Tensor state = Tensor::empty({rows, 2}, x.device());
+  lesson_kernels(x.device()).row_states(state.data(), x.data(), rows, n);
+  std::vector<float> h = state.to_vector();  // stage through the host
+  std::vector<SoftmaxState> out((size_t)rows);
+  for (int64_t r = 0; r < rows; r++) out[(size_t)r] = {h[(size_t)(2 * r)], h[(size_t)(2 * r + 1)]};
+  return out;
+}
+
+// y = exp(x - m) / l on x's device, with the states of the rows.
+static Tensor device_normalise(const Tensor& x, const std::vector<SoftmaxState>& states) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  std::vector<float> h;
+  for (const SoftmaxState& st : states) h.insert(h.end(), {st.m, st.l});
+  Tensor state = Tensor::from_vector(h, {rows, 2}).to(x.device());
+  Tensor y = Tensor::empty({rows, n}, x.device());
+  lesson_kernels(x.device()).normalise(y.data(), x.data(), state.data(), rows, n);
+  return y.to(Device::cpu);
 }
 
 // ----------------------------------------------------------------------------
@@ -240,9 +288,8 @@ int main(int argc, char** argv) {
   common.add_to(cli);
   cli.epilog("run:  mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000");
   cli.parse(argc, argv, comm);
-  usage_error_if(common.device == "sim" || common.device == "cuda", comm,
-                 "--device " + common.device +
-                     " is not available in this build (available: cpu, auto)");
+  const Device dev = common.resolve_device(comm);
+  const bool on_device = dev != Device::cpu;  // run the CUDA kernels of online_softmax.cu
   comm.set_timeout(common.timeout);
   g_bug = bug == "no-rescale" ? Bug::no_rescale : bug == "no-inf-guard" ? Bug::no_inf_guard
                                                                          : Bug::none;
@@ -263,6 +310,9 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
                   P, (long long)rows, (long long)cols, (long long)block);
+      if (on_device)
+        std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
+                    device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
       std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
       if (rows > 1) {
         double naive_l = 0;
@@ -293,6 +343,19 @@ int main(int argc, char** argv) {
                      tol_str(atol_x, rtol_x).c_str());
       }
     }
+    if (on_device) {
+      // The kernels: (m, l) per row from 32 lanes merged by shuffles, then y = exp(x - m) / l.
+      // And the library's own softmax kernel on the device (kernels/cuda/softmax.cu).
+      Trace::Scope span(trace(), "single-process on device", "compute");
+      Tensor xd = x.to(dev);
+      Tensor y_kernel = device_normalise(xd, device_row_states(xd));
+      std::string what = std::string("row_states kernel (") + device_name(dev) + ") vs library";
+      check.report(what.c_str(), compare(y_kernel, reference, atol_x, rtol_x),
+                   tol_str(atol_x, rtol_x).c_str());
+      what = std::string("library softmax on ") + device_name(dev) + " vs cpu";
+      check.report(what.c_str(), compare(softmax(xd).to(Device::cpu), reference, atol_x, rtol_x),
+                   tol_str(atol_x, rtol_x).c_str());
+    }
 
     // ---------------- [2] distributed over columns
     int64_t c0, c1;
@@ -302,7 +365,10 @@ int main(int argc, char** argv) {
     std::vector<SoftmaxState> local((size_t)rows);
     {
       Trace::Scope span(trace(), "fold local columns", "compute");
-      for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
+      if (on_device)
+        local = device_row_states(xr.to(dev));
+      else
+        for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
     }
     if (rank == 0) {
       long long lo = cols / P, hi = (cols + P - 1) / P;
@@ -339,8 +405,11 @@ int main(int argc, char** argv) {
     }
     auto gather_softmax = [&](const std::vector<SoftmaxState>& merged) {
       Tensor yr = Tensor::empty({rows, w});
-      for (int64_t r = 0; r < rows; r++)
-        normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
+      if (on_device)
+        yr = device_normalise(xr.to(dev), merged);
+      else
+        for (int64_t r = 0; r < rows; r++)
+          normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
       std::vector<float> all((size_t)(rows * cols));
       comm.allgatherv(yr.data(), yr.nbytes(), all.data(), slice_bytes);
       Tensor y = Tensor::empty({rows, cols});  // reassemble: slice q is (rows, w_q)
@@ -371,7 +440,21 @@ int main(int argc, char** argv) {
     // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
     const int64_t width = 2 + dv;
     std::vector<float> mlo((size_t)(nq * width));
-    {
+    if (on_device) {
+      // On the device: scores with the library's matmul kernel, then flash-decoding's two
+      // kernels: each chunk of ~kKeysPerChunk keys folded into (m, l, o) by its own block,
+      // then the chunks merged. The rank's state goes to the host for MPI.
+      Trace::Scope span(trace(), "local attention on device", "compute");
+      constexpr int64_t kKeysPerChunk = 128;
+      const int64_t nk = k1 - k0, splits = std::max<int64_t>(1, (nk + kKeysPerChunk - 1) / kKeysPerChunk);
+      Tensor s = scale * matmul(q.to(dev), transpose(k_local.to(dev), 0, 1));  // (nq, nk)
+      Tensor vd = v_local.to(dev);
+      Tensor partial = Tensor::empty({nq, splits, width}, dev), state = Tensor::empty({nq, width}, dev);
+      const LessonKernels kern = lesson_kernels(dev);
+      kern.decode_partial(partial.data(), s.data(), vd.data(), nq, nk, dv, splits);
+      kern.merge_states(state.data(), partial.data(), nq, dv, splits);
+      mlo = state.to_vector();
+    } else {
       Trace::Scope span(trace(), "local attention", "compute");
       for (int64_t i = 0; i < nq; i++) {
         float* st = &mlo[(size_t)(i * width)];

@@ -1,0 +1,207 @@
+// make bench — kernel throughput on every device this machine has, measured in one run.
+//
+//   build/tests/bench_kernels [--quick]
+//
+// Per kernel and device: the median time of a few repetitions (after a warm-up), and
+//   matmul:               GFLOP/s (2·M·N·K per product); on cuda also the ratio to cuBLAS
+//                         SGEMM on the same shape, timed in this run;
+//   bandwidth-bound ones: GB/s of the bytes the kernel must read and write at least once;
+//                         on cuda also the ratio to a cudaMemcpy device-to-device moving
+//                         the same number of bytes, timed in this run.
+// Each device gets shapes it can finish in about a second: the sim device runs every CUDA
+// thread as a fiber on the CPU, so its figures say how fast the emulator is (it is a
+// teaching and testing device), not how fast the kernel would be on a GPU. The last lines
+// time the emulator itself: a 256-thread block with 8 barriers.
+//
+// Figures only: nothing here is asserted. Tests check correctness (make test).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/kernels.h"
+#include "kernels/simt.h"
+#include "kernels/simt_emulator.h"
+
+using namespace ff;
+
+#if FF_HAVE_CUDA
+// tests/bench/cublas_reference.cu
+double cublas_sgemm_ms(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
+                       int reps);
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median milliseconds of fn() over `reps` runs after one warm-up, synchronising the device.
+double median_ms(Device d, int reps, const std::function<void()>& fn) {
+  fn();
+  device_synchronize(d);
+  std::vector<double> t;
+  for (int i = 0; i < reps; i++) {
+    auto t0 = Clock::now();
+    fn();
+    device_synchronize(d);
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int reps_for(Device d) { return d == Device::sim ? 3 : 10; }
+
+void row(const std::string& kernel, Device d, const std::string& shape, double ms,
+         const std::string& throughput, const std::string& vs) {
+  std::printf("%-22s %-5s %-18s %10.3f ms  %16s  %s\n", kernel.c_str(), device_name(d),
+              shape.c_str(), ms, throughput.c_str(), vs.c_str());
+  std::fflush(stdout);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// The cudaMemcpy device-to-device time for `bytes` of reads plus writes (bytes / 2 copied).
+double memcpy_ms(Device d, size_t bytes) {
+  size_t half = std::max<size_t>(bytes / 2, 4);
+  Tensor a = Tensor::zeros({(int64_t)(half / 4)}, d), b = Tensor::zeros({(int64_t)(half / 4)}, d);
+  return median_ms(d, reps_for(d), [&] { device_memcpy(b.raw(), d, a.raw(), d, a.nbytes()); });
+}
+
+// ----------------------------------------------------------------------------
+// matmul: the three versions side by side, and cuBLAS on cuda
+
+using MatmulFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, bool, bool, bool);
+
+void bench_matmul(Device d, int64_t n) {
+  std::vector<std::pair<std::string, MatmulFn>> versions;
+  if (d == Device::cpu) versions = {{"matmul (cpu loop)", kernels_for(Device::cpu).matmul}};
+  if (d == Device::sim)
+    versions = {{"matmul v1 naive", sim::matmul_v1},
+                {"matmul v2 smem tiles", sim::matmul_v2},
+                {"matmul v3 2-D reg tiles", sim::matmul_v3}};
+#if FF_HAVE_CUDA
+  if (d == Device::cuda)
+    versions = {{"matmul v1 naive", cuda::matmul_v1},
+                {"matmul v2 smem tiles", cuda::matmul_v2},
+                {"matmul v3 2-D reg tiles", cuda::matmul_v3}};
+#endif
+  Tensor a = randn({n, n}, 1, d), b = randn({n, n}, 2, d), c = Tensor::zeros({n, n}, d);
+  const double flop = 2.0 * n * n * n;
+  std::string shape = std::to_string(n) + "^3";
+  double cublas = 0;
+#if FF_HAVE_CUDA
+  if (d == Device::cuda) {
+    cublas = cublas_sgemm_ms(a.data(), b.data(), c.data(), n, n, n, reps_for(d));
+    row("matmul cuBLAS SGEMM", d, shape, cublas, fmt("%.1f GFLOP/s", flop / cublas / 1e6),
+        "(reference)");
+  }
+#endif
+  for (auto& [name, fn] : versions) {
+    double ms = median_ms(d, reps_for(d), [&] {
+      fn(c.data(), a.data(), b.data(), 1, n, n, n, 0, 0, false, false, false);
+    });
+    row(name, d, shape, ms, fmt("%.2f GFLOP/s", flop / ms / 1e6),
+        cublas > 0 ? fmt("%.2f of cuBLAS", cublas / ms) : "");
+  }
+}
+
+// ----------------------------------------------------------------------------
+// bandwidth-bound kernels: (N rows, C columns) of float
+
+void bench_bandwidth(Device d, int64_t N, int64_t C) {
+  const KernelTable& k = kernels_for(d);
+  const int64_t n = N * C;
+  Tensor x = randn({N, C}, 3, d), y = randn({N, C}, 4, d), out = Tensor::zeros({N, C}, d);
+  Tensor w = randn({C}, 5, d), rowbuf = Tensor::zeros({N}, d), rowbuf2 = Tensor::zeros({N}, d);
+  Tensor targets = randint({N}, 6, C, d), idx = randint({N}, 7, N, d);
+  const double F = sizeof(float);
+  std::string shape = std::to_string(N) + "x" + std::to_string(C);
+  struct Case {
+    const char* name;
+    double bytes;  // minimal bytes read + written
+    std::function<void()> run;
+  };
+  std::vector<Case> cases = {
+      {"binary add", 3 * F * n,
+       [&] { k.binary(BinaryOp::add, out.data(), x.data(), y.data(), n, C, Broadcast::same); }},
+      {"transpose", 2 * F * n, [&] { k.transpose(out.data(), x.data(), 1, N, 1, C, 1); }},
+      {"reduce sum (rows)", F * (n + N),
+       [&] { k.reduce(ReduceOp::sum, rowbuf.data(), x.data(), N, C, 1); }},
+      {"softmax_forward", 2 * F * n, [&] { k.softmax_forward(out.data(), x.data(), N, C); }},
+      {"softmax_backward", 3 * F * n,
+       [&] { k.softmax_backward(out.data(), x.data(), y.data(), N, C); }},
+      {"rmsnorm_forward", F * (2 * n + C + N),
+       [&] { k.rmsnorm_forward(out.data(), rowbuf.data(), x.data(), w.data(), N, C, 1e-5f); }},
+      {"cross_entropy_fwd", F * (n + 2 * N) + 8.0 * N,
+       [&] {
+         k.cross_entropy_forward(rowbuf.data(), rowbuf2.data(), x.data(), targets.index_data(), N, C);
+       }},
+      {"index_select_rows", 2 * F * n + 8.0 * N,
+       [&] { k.index_select_rows(out.data(), x.data(), idx.index_data(), N, C); }},
+  };
+  for (const Case& c : cases) {
+    double ms = median_ms(d, reps_for(d), c.run);
+    double gbs = c.bytes / ms / 1e6;
+    std::string vs;
+    if (d == Device::cuda) vs = fmt("%.2f of cudaMemcpy", gbs / (c.bytes / memcpy_ms(d, (size_t)c.bytes) / 1e6));
+    row(c.name, d, shape, ms, fmt("%.2f GB/s", gbs), vs);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// the emulator itself
+
+__global__ void eight_barriers(float* out) {
+  __shared__ float s[256];
+  float v = (float)threadIdx.x;
+  for (int i = 0; i < 8; i++) {
+    s[threadIdx.x] = v;
+    __syncthreads();
+    v += s[(threadIdx.x + 1) % blockDim.x];
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+void bench_emulator(int64_t blocks) {
+  std::vector<float> out((size_t)blocks * 256);
+  double ms = median_ms(Device::sim, 5, [&] {
+    SIMT_LAUNCH(eight_barriers, dim3((unsigned)blocks), dim3(256), 0, 0, out.data());
+  });
+  std::printf("emulator: a 256-thread block with 8 barriers takes %.1f us; %.1f M emulated "
+              "threads/s (%lld blocks per launch, shuffled order)\n",
+              ms * 1e3 / (double)blocks, (double)blocks * 256 / ms / 1e3, (long long)blocks);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::printf("%-22s %-5s %-18s %13s  %16s  %s\n", "kernel", "dev", "shape", "median", "throughput",
+              "in this run");
+  for (Device d : {Device::cpu, Device::sim, Device::cuda}) {
+    if (!device_available(d)) {
+      std::printf("(%s: not available here — %s)\n", device_name(d), device_unavailable_reason(d));
+      continue;
+    }
+    // Shapes each device finishes in about a second.
+    int64_t n = d == Device::cuda ? 4096 : d == Device::cpu ? 256 : 128;
+    int64_t N = d == Device::cuda ? 8192 : d == Device::cpu ? 1024 : 256;
+    int64_t C = d == Device::cuda ? 4096 : 1024;
+    if (quick) n = std::min<int64_t>(n, 64), N = std::min<int64_t>(N, 64), C = std::min<int64_t>(C, 256);
+    bench_matmul(d, n);
+    bench_bandwidth(d, N, C);
+  }
+  bench_emulator(quick ? 4 : 64);
+  return 0;
+}
