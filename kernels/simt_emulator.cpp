@@ -1,9 +1,13 @@
 // kernels/simt_emulator.cpp — blocks in sequence, threads as Boost.Context fibers.
 //
-// The scheduler runs phases. In a phase every runnable thread runs (in shuffled order)
-// until it blocks at a barrier or a warp collective, or ends. After a phase:
-//   1. warp collectives whose mask lanes have all arrived complete (their threads run again);
-//   2. otherwise, if every live thread waits at the same __syncthreads, the barrier opens;
+// The scheduler picks a warp with runnable threads — at random (seeded), or the lowest with
+// shuffling off — and runs those threads, in shuffled order, each until it blocks at a
+// barrier or a warp collective, or ends.
+//   1. A warp collective completes as soon as the last lane of its mask arrives: the warp is
+//      runnable again at once, so one warp can run ahead of the others (into the next loop
+//      iteration, the next row ...) exactly as far as the barriers allow, as on a GPU.
+//   2. When nothing is runnable: if every live thread waits at the same __syncthreads, the
+//      barrier opens;
 //   3. otherwise it is an error: divergence, or a warp collective that cannot complete.
 #include "kernels/simt_emulator.h"
 
@@ -213,73 +217,69 @@ static ctx::fiber make_fiber(Block& b, Thread& t, const std::function<void()>& b
 
 static bool lane_in(unsigned mask, unsigned lane) { return (mask >> lane) & 1u; }
 
-// Completes, for each warp, the collective that every lane of its mask has reached.
-// Returns whether any completed; throws on a collective that never can.
-static bool resolve_warps(Block& b) {
-  bool progressed = false;
-  size_t n = b.threads.size();
-  for (size_t w0 = 0; w0 < n; w0 += 32) {
-    size_t w1 = std::min(n, w0 + 32);
-    Thread* first = nullptr;
-    for (size_t i = w0; i < w1; i++)
-      if (b.threads[i].wait == Wait::warp) {
-        first = &b.threads[i];
-        break;
+// Completes the collective of the warp starting at thread w0, if every lane named in the
+// masks has reached it; returns whether it did. A lane named in a mask that has exited,
+// waits at __syncthreads or at a different collective is an error when `final` (nothing
+// else can run any more); before that, a lane that is still running may yet arrive.
+static bool resolve_warp(Block& b, size_t w0, bool final) {
+  size_t n = b.threads.size(), w1 = std::min(n, w0 + 32);
+  bool any = false;
+  for (size_t i = w0; i < w1; i++) {
+    Thread& t = b.threads[i];
+    if (t.wait != Wait::warp) continue;
+    any = true;
+    for (unsigned lane = 0; lane < 32; lane++) {
+      if (!lane_in(t.mask, lane)) continue;
+      if (w0 + lane >= n)
+        fail(b, t, "warp collective at " + site(t) + ": mask names lane " + std::to_string(lane) +
+                       ", which does not exist in a block of " + std::to_string(n) + " threads");
+      Thread& u = b.threads[w0 + lane];
+      if (u.wait == Wait::none) return false;  // still running: may yet arrive
+      if (u.wait == Wait::done) {
+        if (!final) return false;
+        fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                       " named in the mask has exited");
       }
-    if (!first) continue;
-    // Every lane named in the mask must be waiting at the same kind of collective, same mask.
-    for (size_t i = w0; i < w1; i++) {
-      Thread& t = b.threads[i];
-      if (t.wait != Wait::warp) continue;
-      for (unsigned lane = 0; lane < 32; lane++) {
-        if (!lane_in(t.mask, lane)) continue;
-        if (w0 + lane >= n)
-          fail(b, t, "warp collective at " + site(t) + ": mask names lane " + std::to_string(lane) +
-                         ", which does not exist in a block of " + std::to_string(n) + " threads");
-        Thread& u = b.threads[w0 + lane];
-        if (u.wait == Wait::none) return progressed;  // cannot happen after a phase; be safe
-        if (u.wait == Wait::done)
-          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
-                         " named in the mask has exited");
-        if (u.wait == Wait::barrier)
-          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
-                         " named in the mask waits at __syncthreads (" + site(u) + ")");
-        if (u.mask != t.mask || u.is_ballot != t.is_ballot || u.is_syncwarp != t.is_syncwarp ||
-            (!t.is_ballot && !t.is_syncwarp && u.kind != t.kind))
-          fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
-                         " is at a different collective or mask (" + site(u) + ")");
+      if (u.wait == Wait::barrier) {
+        if (!final) return false;
+        fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                       " named in the mask waits at __syncthreads (" + site(u) + ")");
       }
+      if (u.mask != t.mask || u.is_ballot != t.is_ballot || u.is_syncwarp != t.is_syncwarp ||
+          (!t.is_ballot && !t.is_syncwarp && u.kind != t.kind))
+        fail(b, t, "warp collective at " + site(t) + ": lane " + std::to_string(lane) +
+                       " is at a different collective or mask (" + site(u) + ")");
     }
-    // All present: compute every waiting lane's result from the deposited values.
-    for (size_t i = w0; i < w1; i++) {
-      Thread& t = b.threads[i];
-      if (t.wait != Wait::warp) continue;
-      if (t.is_ballot) {
-        uint64_t bits = 0;
-        for (unsigned lane = 0; lane < 32; lane++)
-          if (lane_in(t.mask, lane) && b.threads[w0 + lane].value) bits |= 1ull << lane;
-        t.result = bits;
-      } else if (!t.is_syncwarp) {
-        int width = t.width, lane = (int)t.lane, base = lane - lane % width, src = lane;
-        switch (t.kind) {
-          case Shfl::idx: src = base + ((t.arg % width) + width) % width; break;
-          case Shfl::bfly: src = lane ^ t.arg; break;
-          case Shfl::down: src = lane + t.arg; break;
-          case Shfl::up: src = lane - t.arg; break;
-        }
-        if (src < base || src >= base + width) src = lane;  // outside the segment: own value
-        if (!lane_in(t.mask, (unsigned)src))
-          fail(b, t, "shuffle at " + site(t) + " reads lane " + std::to_string(src) +
-                         ", which is not in the mask");
-        t.result = b.threads[w0 + (size_t)src].value;
-      }
-    }
-    for (size_t i = w0; i < w1; i++)
-      if (b.threads[i].wait == Wait::warp) b.threads[i].wait = Wait::none;
-    stats().warp_collectives++;
-    progressed = true;
   }
-  return progressed;
+  if (!any) return false;
+  // All present: compute every waiting lane's result from the deposited values.
+  for (size_t i = w0; i < w1; i++) {
+    Thread& t = b.threads[i];
+    if (t.wait != Wait::warp) continue;
+    if (t.is_ballot) {
+      uint64_t bits = 0;
+      for (unsigned lane = 0; lane < 32; lane++)
+        if (lane_in(t.mask, lane) && b.threads[w0 + lane].value) bits |= 1ull << lane;
+      t.result = bits;
+    } else if (!t.is_syncwarp) {
+      int width = t.width, lane = (int)t.lane, base = lane - lane % width, src = lane;
+      switch (t.kind) {
+        case Shfl::idx: src = base + ((t.arg % width) + width) % width; break;
+        case Shfl::bfly: src = lane ^ t.arg; break;
+        case Shfl::down: src = lane + t.arg; break;
+        case Shfl::up: src = lane - t.arg; break;
+      }
+      if (src < base || src >= base + width) src = lane;  // outside the segment: own value
+      if (!lane_in(t.mask, (unsigned)src))
+        fail(b, t, "shuffle at " + site(t) + " reads lane " + std::to_string(src) +
+                       ", which is not in the mask");
+      t.result = b.threads[w0 + (size_t)src].value;
+    }
+  }
+  for (size_t i = w0; i < w1; i++)
+    if (b.threads[i].wait == Wait::warp) b.threads[i].wait = Wait::none;
+  stats().warp_collectives++;
+  return true;
 }
 
 template <typename T>
@@ -384,8 +384,18 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
 #endif
   }
   stats().threads += n;
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; i++) order[i] = i;
+  // Scheduling unit: the warp, as on a GPU. Pick a warp that has runnable lanes (at random,
+  // or the lowest with shuffling off), run those lanes in shuffled order until each blocks
+  // at a barrier or a warp collective, or ends; the collective completes when its last lane
+  // arrives and the warp is runnable again. So a warp can run ahead of the others — past
+  // its shuffles, into the next row of a loop — as far as the barriers allow.
+  const size_t warps = (n + 31) / 32;
+  std::vector<std::vector<size_t>> ready(warps);  // the runnable lanes of each warp
+  auto all_ready = [&] {
+    for (size_t i = 0; i < n; i++) ready[i / 32].push_back(i);
+  };
+  all_ready();
+  std::vector<size_t> active, lanes;
 
   auto abandon = [&]() {  // unwind every suspended fiber, then report
     b.abandoning = true;
@@ -394,25 +404,42 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
   };
 
   for (;;) {
-    if (options().shuffle) std::shuffle(order.begin(), order.end(), rng);
-    for (size_t i : order) {
-      Thread& t = b.threads[i];
-      if (t.wait != Wait::none) continue;
-      run_thread(b, t);
-      if (b.error) {
-        abandon();
-        std::rethrow_exception(b.error);
+    for (;;) {
+      active.clear();
+      for (size_t w = 0; w < warps; w++)
+        if (!ready[w].empty()) active.push_back(w);
+      if (active.empty()) break;
+      const size_t w = options().shuffle ? active[(size_t)(rng() % active.size())] : active[0];
+      lanes.swap(ready[w]);
+      if (options().shuffle) std::shuffle(lanes.begin(), lanes.end(), rng);
+      else std::sort(lanes.begin(), lanes.end());
+      for (size_t i : lanes) {
+        run_thread(b, b.threads[i]);
+        if (b.error) {
+          abandon();
+          std::rethrow_exception(b.error);
+        }
       }
+      lanes.clear();
+      bool completed;
+      try {
+        completed = resolve_warp(b, w * 32, /*final=*/false);
+      } catch (...) {
+        abandon();
+        throw;
+      }
+      if (completed)
+        for (size_t i = w * 32; i < std::min(n, w * 32 + 32); i++)
+          if (b.threads[i].wait == Wait::none) ready[w].push_back(i);
     }
-    size_t done = 0, at_barrier = 0;
-    for (const Thread& t : b.threads) {
-      done += t.wait == Wait::done;
-      at_barrier += t.wait == Wait::barrier;
-    }
+    size_t done = 0;
+    for (const Thread& t : b.threads) done += t.wait == Wait::done;
     if (done == n) return;
     try {
-      if (resolve_warps(b)) continue;
-      // No warp collective can complete: every live thread must wait at one barrier.
+      // Nothing can run: a warp collective still waiting can never complete (error), and
+      // every live thread must wait at one barrier. (Collectives complete when their last
+      // lane arrives, so resolve_warp finds none to complete here, only errors.)
+      for (size_t w0 = 0; w0 < n; w0 += 32) resolve_warp(b, w0, /*final=*/true);
       const Thread* first = nullptr;
       for (const Thread& t : b.threads)
         if (t.wait == Wait::barrier) {
@@ -429,12 +456,12 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
           fail(b, t, "barrier divergence: waits at __syncthreads (" + site(t) + ") while thread " +
                          dim_str(first->state.thread_idx) + " waits at " + site(*first));
       }
-      (void)at_barrier;
     } catch (...) {
       abandon();
       throw;
     }
     for (Thread& t : b.threads) t.wait = Wait::none;  // the barrier opens
+    all_ready();
     stats().barriers++;
   }
 }

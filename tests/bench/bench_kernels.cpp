@@ -59,7 +59,7 @@ int reps_for(Device d) { return d == Device::sim ? 3 : 10; }
 
 void row(const std::string& kernel, Device d, const std::string& shape, double ms,
          const std::string& throughput, const std::string& vs) {
-  std::printf("%-22s %-5s %-18s %10.3f ms  %16s  %s\n", kernel.c_str(), device_name(d),
+  std::printf("%-24s %-5s %-16s %10.3f ms  %16s  %s\n", kernel.c_str(), device_name(d),
               shape.c_str(), ms, throughput.c_str(), vs.c_str());
   std::fflush(stdout);
 }
@@ -187,7 +187,7 @@ void bench_emulator(int64_t blocks) {
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  std::printf("%-22s %-5s %-18s %13s  %16s  %s\n", "kernel", "dev", "shape", "median", "throughput",
+  std::printf("%-24s %-5s %-16s %13s  %16s  %s\n", "kernel", "dev", "shape", "median", "throughput",
               "in this run");
   for (Device d : {Device::cpu, Device::sim, Device::cuda}) {
     if (!device_available(d)) {

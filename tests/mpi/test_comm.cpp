@@ -373,7 +373,7 @@ TEST_CASE("tensor overloads: ring send/recv and ssend, allreduce_sum, bcast, ref
 }
 
 TEST_CASE("tensor overloads stage sim tensors through the host") {
-  if (!device_available(Device::sim)) return;  // not in this build yet
+  REQUIRE(device_available(Device::sim));  // sim needs only the host compiler: always built
   Comm c = test_comm();
   const int r = c.rank(), P = c.size();
   Tensor t = Tensor::full({4}, (float)(r + 1), Device::sim);
@@ -383,6 +383,18 @@ TEST_CASE("tensor overloads stage sim tensors through the host") {
   Tensor b = r == 0 ? Tensor::full({3}, 2.5f, Device::sim) : Tensor::zeros({3}, Device::sim);
   c.bcast(b, 0);
   for (float x : b.to_vector()) CHECK(x == 2.5f);
+  // A ring shift: sim tensor out to r+1, into a sim tensor from r-1 (P = 1 sends to itself).
+  if (P > 1) {
+    Tensor out = Tensor::full({5}, (float)r, Device::sim), in = Tensor::zeros({5}, Device::sim);
+    Request rq = c.irecv(in.raw(), in.nbytes(), (r + P - 1) % P, 7);
+    c.send(out, (r + 1) % P, 7);
+    c.wait(rq);
+    for (float x : in.to_vector()) CHECK(x == (float)((r + P - 1) % P));
+    Tensor got = Tensor::zeros({5}, Device::sim);
+    if (r == 0) c.recv(got, P - 1, 8);
+    if (r == P - 1) c.send(out, 0, 8);
+    if (r == 0) for (float x : got.to_vector()) CHECK(x == (float)(P - 1));
+  }
 }
 
 // ----------------------------------------------------------------------------

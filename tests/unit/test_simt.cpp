@@ -40,6 +40,27 @@ __global__ void block_sum(const float* x, float* out, bool with_barriers) {
   if (t == 0) out[blockIdx.x] = s[0];
 }
 
+// Row sums of x (rows, 256), one block: each warp reduces its 32 values by shuffles and
+// leaves them in part[warp]; after a barrier thread 0 adds the 8 parts. The barrier at the
+// end of the loop keeps a fast warp from overwriting part[] with the next row's value before
+// thread 0 has read this row's: `trailing_barrier` false drops it.
+__global__ void rows_through_shared(const float* x, float* out, int rows, bool trailing_barrier) {
+  __shared__ float part[8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int row = 0; row < rows; row++) {
+    float v = x[row * 256 + threadIdx.x];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int w = 0; w < 8; w++) total += part[w];
+      out[row] = total;
+    }
+    if (trailing_barrier) __syncthreads();
+  }
+}
+
 __global__ void warp_sums(const float* x, float* down_out, float* xor_out, unsigned* ballot_out) {
   int t = threadIdx.x;
   float v = x[t], w = x[t];
@@ -136,6 +157,31 @@ TEST_CASE("simt: a missing __syncthreads in a reduction gives a wrong sum; with 
     for (int b = 0; b < 4; b++) wrong += out[b] != want[b];
   }
   CHECK(wrong >= 10);  // the shuffle makes (nearly) every block read partial sums too early
+}
+
+TEST_CASE("simt: a warp runs ahead after its shuffle: a missing trailing barrier is caught") {
+  // On a GPU nothing stops warp 3 from finishing its reads, looping and writing the next
+  // row's part[3] while thread 0 still reads this row's parts. The emulator completes a
+  // warp collective as soon as its last lane arrives and picks threads at random, so a
+  // warp can run ahead too, and the race shows.
+  OptionsGuard guard;
+  simt::options().shuffle = true;  // also under SIMT_SHUFFLE=0
+  // Row r is all r + 1, so a part left by row r + 1 changes row r's sum. About one row in
+  // ten sees a warp run ahead (a warp needs 6 turns — 5 shuffles and the store — before
+  // warp 0 gets 1), so 4 x 64 rows make a miss vanishingly unlikely.
+  const int rows = 64;
+  std::vector<float> x(rows * 256), want(rows), out(rows);
+  for (int i = 0; i < rows * 256; i++) x[i] = (float)(i / 256 + 1);
+  for (int r = 0; r < rows; r++) want[r] = 256.f * (float)(r + 1);
+  int wrong = 0;
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    simt::options().seed = seed;
+    SIMT_LAUNCH(rows_through_shared, dim3(1), dim3(256), 0, 0, x.data(), out.data(), rows, true);
+    CHECK(out == want);
+    SIMT_LAUNCH(rows_through_shared, dim3(1), dim3(256), 0, 0, x.data(), out.data(), rows, false);
+    for (int r = 0; r < rows; r++) wrong += out[r] != want[r];
+  }
+  CHECK(wrong > 0);
 }
 
 TEST_CASE("simt: warp shuffles (down, xor, idx, up with width) and ballot") {
