@@ -100,6 +100,8 @@ $(LIB): $(LIB_OBJS)
 lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) \
               $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
               $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))
+# Keep every object (make would delete the lessons' and programs' as intermediates).
+.SECONDARY:
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)

@@ -3,10 +3,12 @@
 // Model: the blocks of a grid run one after another. The threads of a block are fibers
 // (Boost.Context) on one OS thread. A fiber runs until it reaches a barrier
 // (__syncthreads), a warp collective (__shfl*_sync, __ballot_sync, __syncwarp) or its
-// end; then the next one runs. Between barriers the fibers run in a seeded random order
-// (reshuffled at every barrier), so a kernel that forgets a __syncthreads reads memory
-// that other threads have not written yet and gets a wrong result — as on a GPU, where the
-// order is unspecified too. With shuffling off, threads run in index order.
+// end; then another one runs. The scheduler picks a warp at random (seeded) and runs its
+// runnable threads in shuffled order; a warp collective completes as soon as its last lane
+// arrives, so a warp may run ahead of the others up to the next barrier. A kernel that
+// forgets a __syncthreads therefore reads memory other threads have not written yet (or
+// have already overwritten) and gets a wrong result — as on a GPU, where the order is
+// unspecified too. With shuffling off, warps and threads run in index order.
 //
 // Misuse is an error, never a hang: barrier divergence (threads waiting at different
 // barriers, or some waiting while others have exited), a warp collective whose mask names

@@ -19,8 +19,9 @@
 // Nothing overflows at any scale, since every exponent is <= 0.
 //
 // Parallelisation. The row kernels (rmsnorm forward, rmsnorm dx, cross-entropy forward) give
-// each row to a "row group" of blockDim.x threads, as softmax.cu does; threadIdx.x is the
-// thread's place in the row, threadIdx.y the row within the block:
+// each row to a "row group" of blockDim.x threads, as softmax.cu does: the two row layouts of
+// kernels/cuda/rows.h, which also holds row_sum() and the online-softmax merges. threadIdx.x
+// is the thread's place in the row, threadIdx.y the row within the block:
 //   version 1, row length <= 1024: ONE WARP PER ROW, blockDim (32, 4). Every row sum is five
 //     __shfl_xor_sync steps; no shared memory, no barrier. (RMSNorm rows are the model
 //     width, a few hundred to a few thousand; many of them, N = B * T.)
@@ -40,81 +41,16 @@
 
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/rows.h"
 #include "kernels/simt.h"
 
 namespace ff::SIMT_DEVICE_NS {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int64_t kWarpRowMaxC = 1024;      // version 1 (a warp per row) up to this row length
-constexpr unsigned kRowsPerBlock = 4;       // version 1: blockDim (32, 4)
-constexpr unsigned kLongRowThreads = 256;   // version 2: blockDim (256, 1)
-constexpr int kMaxWarpsPerRow = kLongRowThreads / 32;
-constexpr unsigned kDwThreads = 256;        // dw: columns per block
-constexpr int64_t kDwRowsPerChunk = 64;     // dw: rows summed by one thread before its atomicAdd
-constexpr int64_t kMaxGridY = 65535;        // gridDim.y limit
+constexpr int64_t kDwRowsPerChunk = 64;  // dw: rows summed by one thread before its atomicAdd
+constexpr int64_t kMaxGridY = 65535;     // gridDim.y limit
 
 // File-local (an anonymous namespace): other kernel files have helpers of the same names.
 namespace {
-
-// ----------------------------------------------------------------------------
-// row-group helpers (the same as softmax.cu's)
-
-// The rows of this thread's row group: a grid-stride loop over rows.
-__device__ __forceinline__ int64_t first_row() {
-  return (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-}
-__device__ __forceinline__ int64_t row_stride() { return (int64_t)gridDim.x * blockDim.y; }
-
-// The sum of v over the blockDim.x threads of a row, in every one of them.
-// warp_sum: shared memory of kMaxWarpsPerRow floats (used by version 2 only).
-__device__ float row_sum(float v, float* warp_sum) {
-  // butterfly within the warp: after offsets 16, 8, 4, 2, 1 every lane holds the warp's sum
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  if (blockDim.x == 32) return v;  // version 1: the warp is the row
-  // version 2 (blockDim.y == 1, so the whole block is on this row): lane 0 of warp w posts to
-  // slot w; every thread adds the slots in the same order, so all of them hold the same sum
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sum[warp] = v;
-  __syncthreads();
-  v = 0.f;
-  for (int w = 0; w < (int)blockDim.x / 32; w++) v += warp_sum[w];
-  __syncthreads();  // every thread has read the slots before the next row writes them
-  return v;
-}
-
-// exp(a - b) for a <= b, with a = -inf (a state that has seen nothing finite) giving 0, never
-// exp(-inf - -inf) = NaN.
-__device__ __forceinline__ float rescale(float a, float b) {
-  return a == -INFINITY ? 0.f : expf(a - b);
-}
-
-// (m, l) <- merge((m, l), (m2, l2)): m = max, each sum rescaled to the new max.
-__device__ __forceinline__ void merge_state(float& m, float& l, float m2, float l2) {
-  float m_new = fmaxf(m, m2);
-  l = l * rescale(m, m_new) + l2 * rescale(m2, m_new);
-  m = m_new;
-}
-
-// Merges the (m, l) of the blockDim.x threads of a row; every one of them gets the result.
-// warp_m, warp_l: shared memory of kMaxWarpsPerRow floats each (used by version 2 only).
-__device__ void row_merge_state(float& m, float& l, float* warp_m, float* warp_l) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    float m2 = __shfl_xor_sync(kFullMask, m, offset);
-    float l2 = __shfl_xor_sync(kFullMask, l, offset);
-    merge_state(m, l, m2, l2);
-  }
-  if (blockDim.x == 32) return;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) {
-    warp_m[warp] = m;
-    warp_l[warp] = l;
-  }
-  __syncthreads();
-  m = -INFINITY;
-  l = 0.f;
-  for (int w = 0; w < (int)blockDim.x / 32; w++) merge_state(m, l, warp_m[w], warp_l[w]);
-  __syncthreads();  // every thread has read the slots before the next row writes them
-}
 
 // ----------------------------------------------------------------------------
 // RMSNorm (row kernels: blockDim (32, 4) a warp per row, (256, 1) a block per row)
@@ -207,25 +143,10 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logit
   }
 }
 
-// ----------------------------------------------------------------------------
-// launch shapes
-
-// Version 1 or 2 of the row kernels by row length; the grid covers the rows, capped like the
-// elementwise grid (grid-stride loops take the rest).
-struct RowLaunch {
-  dim3 grid, block;
-};
-RowLaunch row_launch(int64_t N, int64_t C) {
-  const dim3 block = C <= kWarpRowMaxC ? dim3(32, kRowsPerBlock) : dim3(kLongRowThreads, 1);
-  const int64_t blocks = (N + block.y - 1) / block.y;
-  const int64_t max_blocks = kMaxElementwiseBlocks * kElementwiseBlock / (block.x * block.y);
-  return {dim3((unsigned)(blocks < max_blocks ? blocks : max_blocks)), block};
-}
-
 }  // namespace
 
 // ----------------------------------------------------------------------------
-// launchers
+// launchers (row_launch, in rows.h, picks version 1 or 2 of the row kernels by row length)
 
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
                      float eps) {
@@ -248,11 +169,10 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   int64_t rows_per_chunk = (N + kMaxGridY - 1) / kMaxGridY;
   if (rows_per_chunk < kDwRowsPerChunk) rows_per_chunk = kDwRowsPerChunk;
   const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
-  int64_t col_blocks = (C + kDwThreads - 1) / kDwThreads;
-  if (col_blocks > kMaxElementwiseBlocks) col_blocks = kMaxElementwiseBlocks;
-  const dim3 grid((unsigned)col_blocks, (unsigned)chunks);
-  SIMT_LAUNCH(rmsnorm_backward_dw_kernel, grid, dim3(kDwThreads), 0, 0, dw, dy, x, rstd, N, C,
-              rows_per_chunk);
+  // columns in grid.x: one thread each, the elementwise grid over C (capped, grid-stride)
+  const dim3 grid(elementwise_grid(C).x, (unsigned)chunks);
+  SIMT_LAUNCH(rmsnorm_backward_dw_kernel, grid, dim3(kElementwiseBlock), 0, 0, dw, dy, x, rstd, N,
+              C, rows_per_chunk);
   SIMT_CHECK_LAUNCH();
 }
 

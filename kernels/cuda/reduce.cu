@@ -9,7 +9,8 @@
 // Two layouts, by where the reduced dim lies in memory:
 //   inner == 1 (the last dim, e.g. a sum over features): the n values of an output are
 //     contiguous, so a ROW GROUP of threads shares each row — consecutive threads read
-//     consecutive columns (coalesced) and combine their partial results by warp shuffles.
+//     consecutive columns (coalesced) and combine their partial results by warp shuffles
+//     (the two row layouts of kernels/cuda/rows.h, with their helpers):
 //       version 1, n <= 1024: one warp per row, blockDim (32, 4) = 4 rows per block;
 //         5 __shfl_xor_sync steps, no shared memory, no barrier.
 //       version 2, n > 1024: one block per row, blockDim (256, 1) = 8 warps; each warp
@@ -21,31 +22,21 @@
 //     consecutive addresses: coalesced without any cooperation between threads.
 // All loops are grid-stride, so any size runs on a bounded grid. Sums accumulate in float
 // (the cpu kernel in double); max is exact: fmaxf ignores NaN as std::fmax does.
+#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/rows.h"
 #include "kernels/simt.h"
 
 namespace ff::SIMT_DEVICE_NS {
-
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int64_t kWarpRowMaxN = 1024;     // version 1 (a warp per row) up to this row length
-constexpr unsigned kRowsPerBlock = 4;       // version 1: blockDim (32, 4)
-constexpr unsigned kLongRowThreads = 256;   // version 2: blockDim (256, 1)
-constexpr int kMaxWarpsPerRow = kLongRowThreads / 32;
 
 // File-local (an anonymous namespace): other kernel files may have helpers of the same names.
 namespace {
 
 // ----------------------------------------------------------------------------
-// row-group helpers (inner == 1): threadIdx.x is the place in the row, threadIdx.y the row
-// within the block
-
-__device__ __forceinline__ int64_t first_row() {
-  return (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-}
-__device__ __forceinline__ int64_t row_stride() { return (int64_t)gridDim.x * blockDim.y; }
+// the reduction op
 
 __device__ __forceinline__ float combine(ReduceOp op, float a, float b) {
   return op == ReduceOp::sum ? a + b : fmaxf(a, b);
@@ -55,38 +46,22 @@ __device__ __forceinline__ float identity(ReduceOp op) {
   return op == ReduceOp::sum ? 0.f : -INFINITY;
 }
 
+// ----------------------------------------------------------------------------
+// row-group helpers (inner == 1), on rows.h's row_reduce: threadIdx.x is the place in the row,
+// threadIdx.y the row within the block
+
 // Combines v over the blockDim.x threads of a row; every one of them gets the result.
 // warp_part: shared memory of kMaxWarpsPerRow floats (used by version 2 only).
-__device__ float row_combine(ReduceOp op, float v, float* warp_part) {
-  // butterfly within the warp: after offsets 16, 8, 4, 2, 1 every lane holds the warp's result
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = combine(op, v, __shfl_xor_sync(kFullMask, v, offset));
-  if (blockDim.x == 32) return v;  // version 1: the warp is the row
-  // version 2 (blockDim.y == 1, so the whole block is on this row): lane 0 of warp w posts to
-  // slot w; every thread combines the slots in the same order
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_part[warp] = v;
-  __syncthreads();
-  v = identity(op);
-  for (int w = 0; w < (int)blockDim.x / 32; w++) v = combine(op, v, warp_part[w]);
-  __syncthreads();  // every thread has read the slots before the next row writes them
-  return v;
+__device__ __forceinline__ float row_combine(ReduceOp op, float v, float* warp_part) {
+  return row_reduce(v, identity(op), [op](float a, float b) { return combine(op, a, b); },
+                    warp_part);
 }
 
-// The smallest j over the blockDim.x threads of a row, in every one of them.
-// warp_part: shared memory of kMaxWarpsPerRow (version 2 only).
-__device__ long long row_min(long long j, long long* warp_part) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    long long other = __shfl_xor_sync(kFullMask, j, offset);
-    j = other < j ? other : j;
-  }
-  if (blockDim.x == 32) return j;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_part[warp] = j;
-  __syncthreads();
-  for (int w = 0; w < (int)blockDim.x / 32; w++) j = warp_part[w] < j ? warp_part[w] : j;
-  __syncthreads();
-  return j;
+// The smallest j over the blockDim.x threads of a row, in every one of them (LLONG_MAX is the
+// identity of min). warp_part: shared memory of kMaxWarpsPerRow (version 2 only).
+__device__ __forceinline__ long long row_min(long long j, long long* warp_part) {
+  return row_reduce(j, LLONG_MAX, [](long long a, long long b) { return b < a ? b : a; },
+                    warp_part);
 }
 
 // ----------------------------------------------------------------------------
@@ -155,22 +130,10 @@ __global__ void max_backward_columns_kernel(float* dx, const float* x, const flo
   }
 }
 
-// ----------------------------------------------------------------------------
-// launchers
-
-// Version 1 or 2 by row length; the grid covers the rows, capped like the elementwise grid
-// (grid-stride loops take the rest).
-struct RowLaunch {
-  dim3 grid, block;
-};
-RowLaunch row_launch(int64_t rows, int64_t n) {
-  const dim3 block = n <= kWarpRowMaxN ? dim3(32, kRowsPerBlock) : dim3(kLongRowThreads, 1);
-  const int64_t blocks = (rows + block.y - 1) / block.y;
-  const int64_t max_blocks = kMaxElementwiseBlocks * kElementwiseBlock / (block.x * block.y);
-  return {dim3((unsigned)(blocks < max_blocks ? blocks : max_blocks)), block};
-}
-
 }  // namespace
+
+// ----------------------------------------------------------------------------
+// launchers (row_launch, in rows.h, picks version 1 or 2 by row length)
 
 void reduce(ReduceOp op, float* out, const float* in, int64_t outer, int64_t n, int64_t inner) {
   if (outer * inner == 0) return;  // no outputs (n == 0 still writes 0 or -inf, as cpu)

@@ -25,95 +25,30 @@
 //   softmax:      dx = y * (dy - sum_j dy_j y_j)
 //   log_softmax:  dx = dy - exp(y) * sum_j dy_j
 //
-// Parallelisation — a row is owned by a "row group" of blockDim.x threads; threadIdx.x is
-// the thread's place in the row, threadIdx.y the row within the block:
-//   version 1, C <= 1024: ONE WARP PER ROW, blockDim (32, 4) = 4 rows per block. Each lane
-//     reads <= 32 columns; every reduction is 5 shuffles; no shared memory, no barrier.
-//     Short rows (attention scores over <= 1024 keys, N = B * heads * T of them) are many,
-//     so one warp each keeps the GPU full without block-wide synchronisation.
-//   version 2, C > 1024: ONE BLOCK PER ROW, blockDim (256, 1) = 8 warps. A warp alone would
-//     walk > 32 columns per lane, and long rows are usually few (vocabulary-sized logits),
-//     so more threads per row are needed to fill the GPU. Each warp reduces by shuffles,
-//     the 8 warp results go through shared memory, and __syncthreads is only ever reached
-//     in this layout (blockDim.y == 1, so the whole block agrees on the row).
+// Parallelisation: the two row layouts of kernels/cuda/rows.h, which also holds rescale(),
+// merge_state(), row_merge_state() and row_sum(). A row is owned by a "row group" of
+// blockDim.x threads; threadIdx.x is the thread's place in the row, threadIdx.y the row
+// within the block:
+//   version 1, C <= 1024: ONE WARP PER ROW, blockDim (32, 4) = 4 rows per block; every
+//     reduction is 5 shuffles, no shared memory, no barrier. For attention scores over
+//     <= 1024 keys: short rows, but many (N = B * heads * T).
+//   version 2, C > 1024: ONE BLOCK PER ROW, blockDim (256, 1) = 8 warps; the 8 warp results
+//     go through shared memory. For vocabulary-sized logits: long rows, usually few.
 // Both: grid-stride over rows, so any N runs on a bounded grid. Consecutive threads read
 // consecutive columns, so every sweep over a row is coalesced.
 #include <cmath>
 
-#include "kernels/cuda/grid.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/rows.h"
 #include "kernels/simt.h"
 
 namespace ff::SIMT_DEVICE_NS {
-
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int64_t kWarpRowMaxC = 1024;  // version 1 (a warp per row) up to this row length
-constexpr unsigned kRowsPerBlock = 4;    // version 1: blockDim (32, 4)
-constexpr unsigned kLongRowThreads = 256;  // version 2: blockDim (256, 1)
-constexpr int kMaxWarpsPerRow = kLongRowThreads / 32;
 
 // File-local (an anonymous namespace): other kernel files may have helpers of the same names.
 namespace {
 
 // ----------------------------------------------------------------------------
-// row-group helpers
-
-// The rows of this thread's row group: a grid-stride loop over rows.
-__device__ __forceinline__ int64_t first_row() {
-  return (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
-}
-__device__ __forceinline__ int64_t row_stride() { return (int64_t)gridDim.x * blockDim.y; }
-
-// exp(a - b) for a <= b, with a = -inf (a state that has seen nothing finite) giving 0, never
-// exp(-inf - -inf) = NaN.
-__device__ __forceinline__ float rescale(float a, float b) {
-  return a == -INFINITY ? 0.f : expf(a - b);
-}
-
-// (m, l) <- merge((m, l), (m2, l2)): m = max, each sum rescaled to the new max.
-__device__ __forceinline__ void merge_state(float& m, float& l, float m2, float l2) {
-  float m_new = fmaxf(m, m2);
-  l = l * rescale(m, m_new) + l2 * rescale(m2, m_new);
-  m = m_new;
-}
-
-// Merges the (m, l) of the blockDim.x threads of a row; every one of them gets the result.
-// warp_m, warp_l: shared memory of kMaxWarpsPerRow floats each (used by version 2 only).
-__device__ void row_merge_state(float& m, float& l, float* warp_m, float* warp_l) {
-  // butterfly within the warp: after offsets 16, 8, 4, 2, 1 every lane holds the warp's state
-  for (int offset = 16; offset > 0; offset /= 2) {
-    float m2 = __shfl_xor_sync(kFullMask, m, offset);
-    float l2 = __shfl_xor_sync(kFullMask, l, offset);
-    merge_state(m, l, m2, l2);
-  }
-  if (blockDim.x == 32) return;  // version 1: the warp is the row
-  // version 2: lane 0 of warp w posts to slot w; every thread merges the slots in the same
-  // order, so all of them hold the same (m, l)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) {
-    warp_m[warp] = m;
-    warp_l[warp] = l;
-  }
-  __syncthreads();
-  m = -INFINITY;
-  l = 0.f;
-  for (int w = 0; w < (int)blockDim.x / 32; w++) merge_state(m, l, warp_m[w], warp_l[w]);
-  __syncthreads();  // every thread has read the slots before the next row writes them
-}
-
-// The sum of v over the blockDim.x threads of a row, in every one of them.
-// warp_sum: shared memory of kMaxWarpsPerRow floats (used by version 2 only).
-__device__ float row_sum(float v, float* warp_sum) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  if (blockDim.x == 32) return v;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sum[warp] = v;
-  __syncthreads();
-  v = 0.f;
-  for (int w = 0; w < (int)blockDim.x / 32; w++) v += warp_sum[w];
-  __syncthreads();  // every thread has read the slots before the next row writes them
-  return v;
-}
+// the online softmax of a row (rescale and the merges are in rows.h)
 
 // Pass 1 of the forward kernels: the max m and the sum l = sum_j exp(x_j - m) of row xr (C),
 // in one read of the row (the online softmax), then merged across the row group.
@@ -190,22 +125,10 @@ __global__ void log_softmax_backward_kernel(float* dx, const float* y, const flo
   }
 }
 
-// ----------------------------------------------------------------------------
-// launchers
-
-// Version 1 or 2 by row length; the grid covers the rows, capped like the elementwise grid
-// (grid-stride loops take the rest).
-struct RowLaunch {
-  dim3 grid, block;
-};
-RowLaunch row_launch(int64_t N, int64_t C) {
-  const dim3 block = C <= kWarpRowMaxC ? dim3(32, kRowsPerBlock) : dim3(kLongRowThreads, 1);
-  const int64_t blocks = (N + block.y - 1) / block.y;
-  const int64_t max_blocks = kMaxElementwiseBlocks * kElementwiseBlock / (block.x * block.y);
-  return {dim3((unsigned)(blocks < max_blocks ? blocks : max_blocks)), block};
-}
-
 }  // namespace
+
+// ----------------------------------------------------------------------------
+// launchers (row_launch, in rows.h, picks version 1 or 2 by row length)
 
 void softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
   if (N * C == 0) return;
