@@ -58,35 +58,47 @@ inline Tensor scratch(int64_t n, Device d) {
   return Tensor::full({n}, std::nanf(""), Device::cpu).to(d);
 }
 
-// Requires |got[i] - want[i]| <= atol + rtol * |want[i]| for every i (NaN and inf must match
-// exactly), and reports the worst element with its index.
-inline void require_close(const std::vector<float>& got, const std::vector<float>& want,
-                          double atol, double rtol, const std::string& what) {
+// Requires |got[i] - want[i]| <= tol[i] for every i (NaN and inf must match exactly: an
+// element the kernel never wrote stays NaN and fails). Reports the worst element (largest
+// error / tolerance), with its row and column when the data has rows of C > 0 elements.
+inline void require_within(const std::vector<float>& got, const std::vector<float>& want,
+                           const std::vector<double>& tol, int64_t C, const std::string& what) {
   REQUIRE_MESSAGE(got.size() == want.size(), what << ": sizes differ");
   size_t bad = 0, worst = 0;
-  double worst_excess = -1;
+  double worst_ratio = -1;
   for (size_t i = 0; i < got.size(); i++) {
-    double g = got[i], w = want[i];
+    double g = got[i], w = want[i], ratio = 0;  // ratio: error / tolerance
     bool ok;
-    double excess = 0;
-    if (std::isnan(w) || std::isnan(g)) ok = std::isnan(w) && std::isnan(g);
-    else if (std::isinf(w) || std::isinf(g)) ok = g == w;
-    else {
-      excess = std::fabs(g - w) - (atol + rtol * std::fabs(w));
-      ok = excess <= 0;
+    if (std::isnan(w) || std::isnan(g)) {
+      ok = std::isnan(w) && std::isnan(g);
+    } else if (std::isinf(w) || std::isinf(g)) {
+      ok = g == w;
+    } else {
+      ok = std::fabs(g - w) <= tol[i];
+      ratio = std::fabs(g - w) / (tol[i] > 0 ? tol[i] : 1e-300);
     }
     if (!ok) {
       bad++;
-      if (excess > worst_excess || std::isnan(excess) || worst_excess < 0) worst = i, worst_excess = excess;
+      if (ratio > worst_ratio || worst_ratio < 0) worst = i, worst_ratio = ratio;
     }
   }
   if (bad) {
     std::ostringstream os;
     os << what << " on " << ff::device_name(device_under_test()) << ": " << bad << " of "
-       << got.size() << " elements differ from cpu; worst at [" << worst << "]: got "
-       << got[worst] << ", want " << want[worst] << " (atol " << atol << ", rtol " << rtol << ")";
+       << got.size() << " elements differ from cpu; worst at ";
+    if (C > 0) os << "row " << worst / (size_t)C << " col " << worst % (size_t)C;
+    else os << "[" << worst << "]";
+    os << ": got " << got[worst] << ", want " << want[worst] << " (tolerance " << tol[worst] << ")";
     FAIL(os.str());
   }
+}
+
+// The same with one tolerance for all: |got[i] - want[i]| <= atol + rtol * |want[i]|.
+inline void require_close(const std::vector<float>& got, const std::vector<float>& want,
+                          double atol, double rtol, const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); i++) tol[i] = atol + rtol * std::fabs((double)want[i]);
+  require_within(got, want, tol, 0, what);
 }
 inline void require_close(const Tensor& got, const Tensor& want, double atol, double rtol,
                           const std::string& what) {

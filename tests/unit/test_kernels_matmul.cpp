@@ -77,28 +77,6 @@ std::string describe(const std::string& name, const MatmulCase& t) {
          (t.accumulate ? " accumulate" : " assign");
 }
 
-// Requires |got[i] - want[i]| <= tol[i] for every i, and reports the worst element.
-void require_within(const std::vector<float>& got, const std::vector<float>& want,
-                    const std::vector<double>& tol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, worst = 0;
-  double worst_excess = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    double excess = std::fabs((double)got[i] - want[i]) - tol[i];
-    if (!(excess <= 0)) {  // NaN (an element never written) counts as bad
-      if (bad == 0 || !(excess <= worst_excess)) worst = i, worst_excess = excess;
-      bad++;
-    }
-  }
-  if (bad) {
-    std::ostringstream os;
-    os << what << " on " << device_name(kt::device_under_test()) << ": " << bad << " of "
-       << got.size() << " elements differ from cpu; worst at [" << worst << "]: got "
-       << got[worst] << ", want " << want[worst] << " (tolerance " << tol[worst] << ")";
-    FAIL(os.str());
-  }
-}
-
 // Runs one version and the cpu matmul on the same inputs and compares them.
 void check_matmul(const MatmulVersion& v, const MatmulCase& t, uint64_t seed) {
   Device d = kt::device_under_test();
@@ -141,7 +119,7 @@ void check_matmul(const MatmulVersion& v, const MatmulCase& t, uint64_t seed) {
   kt::require_close(std::vector<float>(got.begin() + nc, got.end()),
                     std::vector<float>(kGuard, kGuardValue), 0, 0, what + ": guard after c");
   got.resize(nc);
-  require_within(got, want, tol, what);
+  kt::require_within(got, want, tol, 0, what);
 }
 
 // (M, Nc, K): 1x1x1; K = 1 and 7 below the K-step of v3 (8), 33 .. 100 above it and above

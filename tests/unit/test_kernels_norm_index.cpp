@@ -49,39 +49,6 @@ constexpr double kExpUlps = 3;
 // exp(z - lse) of -100 and below is subnormal or 0, where a relative bound means nothing.
 constexpr double kUnderflowAtol = 1e-37;
 
-// |got[i] - want[i]| <= tol[i] for every i (NaN and inf must match exactly); reports the
-// worst element with its row and column.
-void require_within(const std::vector<float>& got, const std::vector<float>& want,
-                    const std::vector<double>& tol, int64_t C, const std::string& what) {
-  REQUIRE_MESSAGE(got.size() == want.size(), what << ": sizes differ");
-  size_t bad = 0, worst = 0;
-  double worst_ratio = -1;
-  for (size_t i = 0; i < got.size(); i++) {
-    double g = got[i], w = want[i], ratio = 0;  // ratio: error / tolerance
-    bool ok;
-    if (std::isnan(w) || std::isnan(g)) {
-      ok = std::isnan(w) && std::isnan(g);
-    } else if (std::isinf(w) || std::isinf(g)) {
-      ok = g == w;
-    } else {
-      ok = std::fabs(g - w) <= tol[i];
-      ratio = std::fabs(g - w) / (tol[i] > 0 ? tol[i] : 1e-300);
-    }
-    if (!ok) {
-      bad++;
-      if (ratio > worst_ratio || worst_ratio < 0) worst = i, worst_ratio = ratio;
-    }
-  }
-  if (bad) {
-    std::ostringstream os;
-    os << what << " on " << device_name(kt::device_under_test()) << ": " << bad << " of "
-       << got.size() << " elements differ from cpu; worst at row " << worst / C << " col "
-       << worst % C << ": got " << got[worst] << ", want " << want[worst] << " (tolerance "
-       << tol[worst] << ")";
-    FAIL(os.str());
-  }
-}
-
 std::string shape_str(int64_t N, int64_t C) { return std::to_string(N) + "x" + std::to_string(C); }
 
 // An int64 output buffer on device d filled with -7, so an index the kernel forgets to write
@@ -178,9 +145,9 @@ void check_rmsnorm_backward(const std::vector<float>& x, const std::vector<float
   Tensor rstdd = kt::upload(rstd, d), dx = kt::scratch(N * C, d), dw = kt::scratch(C, d);
   kt::dut_kernels().rmsnorm_backward(dx.data(), dw.data(), dyd.data(), xd.data(), wd.data(),
                                      rstdd.data(), N, C);
-  require_within(dx.to_vector(), want_dx, tol_dx, C,
+  kt::require_within(dx.to_vector(), want_dx, tol_dx, C,
                  "rmsnorm_backward dx " + shape_str(N, C) + what);
-  require_within(dw.to_vector(), want_dw, tol_dw, C,
+  kt::require_within(dw.to_vector(), want_dw, tol_dw, C,
                  "rmsnorm_backward dw " + shape_str(N, C) + what);
 }
 
@@ -214,9 +181,9 @@ void check_cross_entropy_forward(const std::vector<float>& z, const std::vector<
   Tensor loss = kt::scratch(N, d), lse = kt::scratch(N, d);
   kt::dut_kernels().cross_entropy_forward(loss.data(), lse.data(), zd.data(), td.index_data(), N,
                                           V);
-  require_within(lse.to_vector(), want_lse, tol_lse, 1,
+  kt::require_within(lse.to_vector(), want_lse, tol_lse, 1,
                  "cross_entropy_forward lse " + shape_str(N, V) + what);
-  require_within(loss.to_vector(), want_loss, tol_loss, 1,
+  kt::require_within(loss.to_vector(), want_loss, tol_loss, 1,
                  "cross_entropy_forward loss " + shape_str(N, V) + what);
 }
 
@@ -241,7 +208,7 @@ void check_cross_entropy_backward(const std::vector<float>& z, const std::vector
   Tensor dlossd = kt::upload(dloss, d), dz = kt::scratch(N * V, d);
   kt::dut_kernels().cross_entropy_backward(dz.data(), zd.data(), lsed.data(), td.index_data(),
                                            dlossd.data(), N, V);
-  require_within(dz.to_vector(), want, tol, V,
+  kt::require_within(dz.to_vector(), want, tol, V,
                  "cross_entropy_backward " + shape_str(N, V) + what);
 }
 
@@ -295,7 +262,7 @@ void check_index_add(int64_t R, int64_t M, int64_t C, const std::vector<int64_t>
   }
   Tensor dstd = kt::upload(dst, d), srcd = kt::upload(src, d), idxd = kt::upload_indices(idx, d);
   kt::dut_kernels().index_add_rows(dstd.data(), srcd.data(), idxd.index_data(), M, C);
-  require_within(dstd.to_vector(), want, tol, C,
+  kt::require_within(dstd.to_vector(), want, tol, C,
                  "index_add_rows " + shape_str(M, C) + " into " + std::to_string(R) + " rows" +
                      (integers ? " integers" : " floats") + what);
 }

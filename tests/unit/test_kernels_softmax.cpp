@@ -47,39 +47,6 @@ double sum_tolerance(double chain, double abs_sum, double result) {
   return chain * kEps * abs_sum + 0.5 * kEps * std::fabs(result);
 }
 
-// |got[i] - want[i]| <= tol[i] for every i (NaN and inf must match exactly); reports the
-// worst element with its row and column.
-void require_within(const std::vector<float>& got, const std::vector<float>& want,
-                    const std::vector<double>& tol, int64_t C, const std::string& what) {
-  REQUIRE_MESSAGE(got.size() == want.size(), what << ": sizes differ");
-  size_t bad = 0, worst = 0;
-  double worst_ratio = -1;
-  for (size_t i = 0; i < got.size(); i++) {
-    double g = got[i], w = want[i], ratio = 0;  // ratio: error / tolerance
-    bool ok;
-    if (std::isnan(w) || std::isnan(g)) {
-      ok = std::isnan(w) && std::isnan(g);
-    } else if (std::isinf(w) || std::isinf(g)) {
-      ok = g == w;
-    } else {
-      ok = std::fabs(g - w) <= tol[i];
-      ratio = std::fabs(g - w) / (tol[i] > 0 ? tol[i] : 1e-300);
-    }
-    if (!ok) {
-      bad++;
-      if (ratio > worst_ratio || worst_ratio < 0) worst = i, worst_ratio = ratio;
-    }
-  }
-  if (bad) {
-    std::ostringstream os;
-    os << what << " on " << device_name(kt::device_under_test()) << ": " << bad << " of "
-       << got.size() << " elements differ from cpu; worst at row " << worst / C << " col "
-       << worst % C << ": got " << got[worst] << ", want " << want[worst] << " (tolerance "
-       << tol[worst] << ")";
-    FAIL(os.str());
-  }
-}
-
 std::string shape_str(int64_t N, int64_t C) { return std::to_string(N) + "x" + std::to_string(C); }
 
 // ---- one check per kernel: dut vs cpu on the same inputs x (N, C)
@@ -114,7 +81,7 @@ void check_log_softmax_forward(const std::vector<float>& x, int64_t N, int64_t C
   }
   Tensor xd = kt::upload(x, d), y = kt::scratch(N * C, d);
   kt::dut_kernels().log_softmax_forward(y.data(), xd.data(), N, C);
-  require_within(y.to_vector(), want, tol, C, "log_softmax_forward " + shape_str(N, C) + what);
+  kt::require_within(y.to_vector(), want, tol, C, "log_softmax_forward " + shape_str(N, C) + what);
 }
 
 // dx = y (dy - dot), dot = sum_j dy_j y_j: the float dot is within (chain + 1) eps sum|dy y|
@@ -138,7 +105,7 @@ void check_softmax_backward(const std::vector<float>& y, const std::vector<float
   }
   Tensor yd = kt::upload(y, d), dyd = kt::upload(dy, d), dx = kt::scratch(N * C, d);
   kt::dut_kernels().softmax_backward(dx.data(), yd.data(), dyd.data(), N, C);
-  require_within(dx.to_vector(), want, tol, C, "softmax_backward " + shape_str(N, C) + what);
+  kt::require_within(dx.to_vector(), want, tol, C, "softmax_backward " + shape_str(N, C) + what);
 }
 
 // dx = dy - exp(y) s, s = sum_j dy_j: the float s is within chain * eps * sum|dy| (+ eps/2 |s|
@@ -161,7 +128,7 @@ void check_log_softmax_backward(const std::vector<float>& y, const std::vector<f
   }
   Tensor yd = kt::upload(y, d), dyd = kt::upload(dy, d), dx = kt::scratch(N * C, d);
   kt::dut_kernels().log_softmax_backward(dx.data(), yd.data(), dyd.data(), N, C);
-  require_within(dx.to_vector(), want, tol, C, "log_softmax_backward " + shape_str(N, C) + what);
+  kt::require_within(dx.to_vector(), want, tol, C, "log_softmax_backward " + shape_str(N, C) + what);
 }
 
 // All four softmax kernels on x; the backward ones get the cpu forward output as y.
@@ -206,7 +173,7 @@ void check_reduce(ReduceOp op, const std::vector<float>& x, int64_t outer, int64
       for (int64_t j = 0; j < n; j++) abs_sum += std::fabs(x[(o * n + j) * inner + i]);
       tol[o * inner + i] = sum_tolerance(chain, abs_sum, want[o * inner + i]);
     }
-  require_within(out.to_vector(), want, tol, inner, label);
+  kt::require_within(out.to_vector(), want, tol, inner, label);
 }
 
 // dx is routed by comparisons and copies: bit-exact. y is the cpu max, dy random.
