@@ -5,7 +5,9 @@
 // barrier or a warp collective, or ends.
 //   1. A warp collective completes as soon as the last lane of its mask arrives: the warp is
 //      runnable again at once, so one warp can run ahead of the others (into the next loop
-//      iteration, the next row ...) exactly as far as the barriers allow, as on a GPU.
+//      iteration, the next row ...) exactly as far as the barriers allow, as on a GPU. In
+//      half of the blocks the warp that just ran is favoured ("run-ahead"), which makes
+//      such schedules common rather than rare.
 //   2. When nothing is runnable: if every live thread waits at the same __syncthreads, the
 //      barrier opens;
 //   3. otherwise it is an error: divergence, or a warp collective that cannot complete.
@@ -396,6 +398,12 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
   };
   all_ready();
   std::vector<size_t> active, lanes;
+  // Half of the blocks (at random) are scheduled "run-ahead": the warp that just ran keeps
+  // running with probability 7/8 while it can, so it gets many turns — past its shuffles,
+  // through a whole loop iteration — before a slower warp gets one. That is the schedule
+  // that exposes a shared buffer reused without a barrier; the uniform one interleaves finely.
+  const bool run_ahead = options().shuffle && (rng() & 1);
+  size_t last = SIZE_MAX;
 
   auto abandon = [&]() {  // unwind every suspended fiber, then report
     b.abandoning = true;
@@ -409,7 +417,9 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
       for (size_t w = 0; w < warps; w++)
         if (!ready[w].empty()) active.push_back(w);
       if (active.empty()) break;
-      const size_t w = options().shuffle ? active[(size_t)(rng() % active.size())] : active[0];
+      size_t w = options().shuffle ? active[(size_t)(rng() % active.size())] : active[0];
+      if (run_ahead && last < warps && !ready[last].empty() && rng() % 8 != 0) w = last;
+      last = w;
       lanes.swap(ready[w]);
       if (options().shuffle) std::shuffle(lanes.begin(), lanes.end(), rng);
       else std::sort(lanes.begin(), lanes.end());

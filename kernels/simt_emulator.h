@@ -5,7 +5,8 @@
 // (__syncthreads), a warp collective (__shfl*_sync, __ballot_sync, __syncwarp) or its
 // end; then another one runs. The scheduler picks a warp at random (seeded) and runs its
 // runnable threads in shuffled order; a warp collective completes as soon as its last lane
-// arrives, so a warp may run ahead of the others up to the next barrier. A kernel that
+// arrives, so a warp may run ahead of the others up to the next barrier (and in half of the
+// blocks, picked at random, the warp that just ran is favoured, so it often does). A kernel that
 // forgets a __syncthreads therefore reads memory other threads have not written yet (or
 // have already overwritten) and gets a wrong result — as on a GPU, where the order is
 // unspecified too. With shuffling off, warps and threads run in index order.
