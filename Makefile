@@ -149,7 +149,9 @@ plots: deps
 	@$(MAKE) --no-print-directory build
 	@bash scripts/make-plots.sh
 
+# Needs PyTorch (Debian's python3-torch): installed here when missing, as root.
 reference:
+	@FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
 	$(PYTHON) tests/reference/ops.py tests/reference/data
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the test suite on it.
