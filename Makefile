@@ -36,18 +36,28 @@ LIB_OBJS    := $(LIB_SRCS:%.cpp=$(BUILD)/obj/%.o) $(CUDA_SRCS:%.cu=$(BUILD)/obj/
 NO_CUDA   ?= 0
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(NO_CUDA),1)
-NVCC      :=
+override NVCC :=
 endif
 # SASS for each architecture, plus PTX of the last one so newer GPUs can JIT it.
 CUDA_ARCH ?= 80 90
 GENCODE   := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+# nvcc may be a wrapper script (e.g. /usr/local/bin/nvcc): ask nvcc itself where its toolkit is
+# (the TOP= line of --dryrun), then find the static CUDA runtime there. Without it, no cuda device.
 ifneq ($(NVCC),)
-CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_HOME   := $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p' | head -n1))
+CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart_static.a \
+                                            $(CUDA_HOME)/lib64/libcudart_static.a $(CUDA_HOME)/lib/libcudart_static.a)))
+ifeq ($(CUDA_LIBDIR),)
+NO_CUDA_WHY := nvcc at $(NVCC) but no libcudart_static.a under '$(CUDA_HOME)'
+override NVCC :=
+endif
+endif
+ifneq ($(NVCC),)
 NVCCFLAGS ?= -O2 -g -lineinfo
 LIB_OBJS  += $(CUDA_SRCS:%.cu=$(BUILD)/obj/cuda/%.o) $(BUILD)/obj/cuda/kernels/cuda_runtime.o
 FLAGS     += -DFF_HAVE_CUDA=1
-LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+LDLIBS    += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread
 endif
 LIB         := $(BUILD)/lib/libfivefold.a
 LESSONS     := $(notdir $(wildcard lessons/[0-9][0-9]_*))
@@ -70,7 +80,7 @@ found:
 ifneq ($(NVCC),)
 	@echo "✓ nvcc found ($(NVCC)): kernels/cuda/*.cu build for devices sim and cuda (sm $(CUDA_ARCH))"
 else
-	@echo "✗ nvcc not found$(if $(filter 1,$(NO_CUDA)), (NO_CUDA=1)): building devices cpu and sim only"
+	@echo "✗ no cuda device ($(or $(NO_CUDA_WHY),$(if $(filter 1,$(NO_CUDA)),NO_CUDA=1,nvcc not found))): building devices cpu and sim only"
 endif
 
 deps:
