@@ -89,7 +89,31 @@ struct KernelTable {
   // out (n) = mask[i % mask_n] != 0 ? value : x[i]
   void (*masked_fill)(float* out, const float* x, const float* mask, int64_t n, int64_t mask_n,
                       float value);
+
+  // ---- attention blocks, FlashAttention-2 style (lesson 02; the readable definition is
+  // kernels/cpu/attention.cpp). q, o, dq, dout are (BH, Sq, D); k, v, dk, dv (BH, Sk, D);
+  // m, l, lse, delta (BH, Sq): BH independent (batch, head) pairs. qpos (Sq) and kpos (Sk) are
+  // the tokens' GLOBAL positions; with causal, query i sees key j iff kpos[j] <= qpos[i].
+  // Both kernels walk kAttentionTile x kAttentionTile tiles of (query, key) and skip a tile
+  // whose keys are all in the future of all its queries (min kpos > max qpos).
+  // Forward: folds one KV block into the running state of every query row: o (unnormalised,
+  // sum of exp(s - m) v), running max m and normaliser l; start from o = 0, m = -inf, l = 0.
+  void (*flash_forward_block)(float* o, float* m, float* l, const float* q, const float* k,
+                              const float* v, const int64_t* qpos, const int64_t* kpos, int64_t BH,
+                              int64_t Sq, int64_t Sk, int64_t D, float scale, bool causal);
+  // Backward of one (Q block, KV block) pair from the saved lse = m + log l (P = exp(s - lse)
+  // recomputed) and delta = rowsum(dout * o). ACCUMULATES (unlike the other backward kernels):
+  // dq += dS K * scale, dk += dS^T Q * scale, dv += P^T dout, so a ring can sum over blocks.
+  void (*flash_backward_block)(float* dq, float* dk, float* dv, const float* q, const float* k,
+                               const float* v, const float* dout, const float* lse,
+                               const float* delta, const int64_t* qpos, const int64_t* kpos,
+                               int64_t BH, int64_t Sq, int64_t Sk, int64_t D, float scale,
+                               bool causal);
 };
+
+// The tile edge of the attention kernels (queries and keys), the same on every device, so the
+// tiles skipped under a causal mask — the work a rank does — do not depend on the device.
+constexpr int64_t kAttentionTile = 16;
 
 // The kernels of device d. Throws if d has none in this build.
 const KernelTable& kernels_for(Device d);
@@ -101,7 +125,7 @@ const KernelTable& kernels_for(Device d);
         softmax_backward, log_softmax_forward, log_softmax_backward, matmul, transpose,      \
         copy_block, rmsnorm_forward, rmsnorm_backward, cross_entropy_forward,                \
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
-        masked_fill                                                                          \
+        masked_fill, flash_forward_block, flash_backward_block                               \
   }
 
 }  // namespace ff

@@ -14,4 +14,14 @@ for np in 1 2 3 4 5 6 7 8; do
   $MPIRUN -np $np "$BUILD/bin/01_online_softmax" --reps 200 --csv "$DATA/01_merge.csv" >/dev/null
 done
 $PYTHON plots/01_online_softmax.py "$DATA/01_merge.csv" "$OUT/01_online_softmax.png"
+# Lesson 02: per-rank causal work for the three layouts; ring timelines, evenodd vs async.
+echo "+ lesson 02 at P=4"
+L02="$BUILD/bin/02_ring_attention"
+rm -f "$DATA/02_work.csv"
+$MPIRUN -np 4 "$L02" --causal --seq 256 --csv "$DATA/02_work.csv" >/dev/null
+for order in evenodd async; do
+  $MPIRUN -np 4 "$L02" --seq 1024 --dim 64 --order $order --trace "$DATA/02_$order.json" >/dev/null
+done
+$PYTHON plots/02_ring_attention.py "$DATA/02_work.csv" "$DATA/02_evenodd.json" "$DATA/02_async.json" "$OUT"
+
 echo "figures in $OUT/:"; ls -1 "$OUT"

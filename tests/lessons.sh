@@ -39,3 +39,54 @@ if $T/device_query | grep -qw cuda; then
 else
   usage_error "01 --device cuda without a GPU names what is available" $MPIRUN -np 3 $L01 --device cuda
 fi
+
+L02=$B/02_ring_attention
+echo "== lesson 02: ring attention"
+# every world size x mask x order, each layout in turn (one check line per combination)
+for np in 1 2 3 4; do
+  for order in evenodd async; do
+    for mode in "--causal" ""; do
+      check "02 P=$np, $order, ${mode:-non-causal}: contiguous, zigzag, striped all PASS" 0 '^check: PASS' \
+        bash -c "for l in contiguous zigzag striped; do $MPIRUN -np $np $L02 --order $order $mode --layout \$l || exit 1; done"
+    done
+  done
+done
+check "02 S not divisible by P or 2P: uneven blocks (P=3, S=50, every layout, causal)" 0 '^check: PASS' \
+  bash -c "for l in contiguous zigzag striped; do $MPIRUN -np 3 $L02 --causal --seq 50 --dim 8 --layout \$l --order async || exit 1; done"
+check "02 batch, heads, odd head dim, S = 2P exactly (P=4, zigzag)" 0 '^check: PASS' \
+  $MPIRUN -np 4 $L02 --causal --batch 2 --heads 3 --seq 8 --dim 5 --layout zigzag
+check "02 balance: zigzag and striped give max/mean <= 1.05, contiguous does not (P=4, S=256)" 0 \
+  '^\* zigzag .* max/mean 1\.0[0-5]' \
+  bash -c "out=\$($MPIRUN -np 4 $L02 --causal --seq 256 --layout zigzag) || exit 1; echo \"\$out\" | sed 's/^ *//'; \
+           echo \"\$out\" | grep -Eq '^ +striped .* max/mean 1\.0[0-5]' && echo \"\$out\" | grep -Eq '^ +contiguous .* max/mean 1\.[3-9]'"
+check "02 --order naive: Ssend to r+1 first on every rank deadlocks; the watchdog names it" 1 \
+  'error: rank [0-9]: no progress for 2 s in ssend with peer [0-9] \(tag 0, [0-9]+ bytes\) — likely deadlock' \
+  timeout 20 $MPIRUN -np 3 $L02 --order naive --timeout 2
+check "02 --order naive on one rank: nothing to send, no deadlock" 0 '^check: PASS' \
+  $MPIRUN -np 1 $L02 --order naive --causal
+check "02 planted bug: dK/dV accumulated where computed, not travelling (P=3)" 1 \
+  'dK .*FAIL' $MPIRUN -np 3 $L02 --causal --bug dkv-local --seq 48
+check "02 planted bug: delta term dropped from dS = P (dP - delta)" 1 'dQ .*FAIL' \
+  $MPIRUN -np 2 $L02 --bug no-delta
+check "02 planted bug: P recomputed from m instead of lse" 1 'dV .*FAIL' \
+  $MPIRUN -np 2 $L02 --causal --bug lse-no-log
+check "02 --mask local: causal mask from local indices leaks future tokens" 1 'o   = .*FAIL' \
+  $MPIRUN -np 4 $L02 --causal --mask local
+check "02 --dump: numpy recomputes attention forward and backward from the dump (P=3, zigzag)" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d02 && $MPIRUN -np 3 $L02 --causal --layout zigzag --seq 30 --dump $LOG/d02 >/dev/null && $PYTHON tests/check_dump_02.py $LOG/d02 3"
+check "02 --trace: Chrome JSON with one track per rank (async order)" 0 '^trace ok: 4 ranks' \
+  bash -c "$MPIRUN -np 4 $L02 --order async --causal --trace $LOG/t02.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t02.json - 4"
+check "02 --help lists every flag with its default" 0 '--layout .*\(default: contiguous\)' $MPIRUN -np 2 $L02 --help
+usage_error "02 bad input: --seq shorter than P" $MPIRUN -np 4 $L02 --seq 3
+usage_error "02 bad input: zigzag needs 2P tokens" $MPIRUN -np 4 $L02 --layout zigzag --seq 7
+usage_error "02 bad input: --order typo" $MPIRUN -np 2 $L02 --order ring
+usage_error "02 bad input: --bug dkv-local with unequal blocks" $MPIRUN -np 3 $L02 --bug dkv-local --seq 50
+usage_error "02 bad input: --dim over the kernels' 128 on sim" $MPIRUN -np 2 $L02 --device sim --dim 200
+for np in 2 3; do
+  check "02 --device sim: attention.cu kernels under the emulator, P=$np, causal zigzag async, S=40" 0 '^check: PASS' \
+    $MPIRUN -np $np $L02 --device sim --causal --layout zigzag --order async --seq 40
+done
+if $T/device_query | grep -qw cuda; then
+  check "02 --device cuda: attention.cu kernels on the GPU (P=2)" 0 '^check: PASS' \
+    $MPIRUN -np 2 $L02 --device cuda --causal --layout striped
+fi

@@ -19,6 +19,11 @@ named <case>_<tensor>.npy (float32, except the int64 targets):
                    b1 (32), w2 (32, 10),
                    b2 (10), targets (8)
                    loss = cross_entropy(silu(x @ w1 + b1) @ w2 + b2, targets)
+  attention        q, k, v (2, 20, 8), scale ()  dy         o, lse, dq, dk, dv
+  attention_causal the same, causal                         (2 = batch x heads; 20 tokens)
+                   o = softmax(q k^T * scale + mask) v, lse = logsumexp of the masked scores;
+                   causal: query i sees key j <= i. For the flash_forward_block and
+                   flash_backward_block kernels (tests/unit/test_kernels_attention.cpp).
 
 Inputs are float32, drawn by numpy from a fixed seed; the C++ test loads them from the
 files (it does not reproduce the RNG). The reference math runs in float64 on those exact
@@ -149,6 +154,25 @@ def main():
              {"x": f32(8, 16), "w1": f32(16, 32, scale=16 ** -0.5), "b1": f32(32, scale=0.1),
               "w2": f32(32, 10, scale=32 ** -0.5), "b2": f32(10, scale=0.1)},
              dy_value=1.0)
+
+    # ---- attention (lesson 02's flash blocks), non-causal and causal. Appended last, so the
+    # cases above draw the same random numbers as before. scale = 1/sqrt(D) rounded to float32,
+    # saved, and used at that value (as rmsnorm's eps).
+    attn_scale = np.float32(1.0 / np.sqrt(8.0))
+
+    def attention(causal):
+        def fn(q, k, v):
+            s = q @ k.transpose(-1, -2) * float(attn_scale)
+            if causal:
+                n = s.shape[-1]
+                hidden = torch.ones(n, n, dtype=torch.bool).triu(1)  # key j > query i
+                s = s.masked_fill(hidden, float("-inf"))
+            return {"o": torch.softmax(s, -1) @ v, "lse": torch.logsumexp(s, -1)}
+        return fn
+
+    for case, causal in (("attention", False), ("attention_causal", True)):
+        run_case(case, attention(causal), {"q": f32(2, 20, 8), "k": f32(2, 20, 8), "v": f32(2, 20, 8)},
+                 extra={"scale": np.array(attn_scale, dtype=np.float32)})
 
     total = sum(os.path.getsize(p) for p in written)
     print(f"wrote {len(written)} files, {total} bytes, to {out}")
