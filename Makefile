@@ -7,7 +7,8 @@
 #   make plots      regenerate the figures into plots/out/ from real runs
 #   make reference  regenerate the PyTorch golden data in tests/reference/data/
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
-#   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present)
+#   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
+#                   and lesson 04's all-to-alls as ratios to MPI_Alltoallv
 #   make clean
 #
 # Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
@@ -140,6 +141,7 @@ $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 bench: deps
 	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
 	$(BUILD)/tests/bench_kernels
+	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 
 test: deps
 	@$(MAKE) --no-print-directory build
@@ -176,6 +178,6 @@ clean:
 	rm -rf $(BUILD) plots/out
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -190,7 +190,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   int64_t M = a.size(-2), Kd = a.size(-1), N = b.size(-1);
   FF_CHECK(b.size(-2) == Kd, "matmul: inner dimensions differ: " << shape_str(a.shape()) << " @ "
                                                                   << shape_str(b.shape()));
-  int64_t B = a.numel() / std::max<int64_t>(M * Kd, 1);
+  int64_t B = 1;  // the product of the leading dims (not numel / (M K): K may be 0)
+  for (int64_t i = 0; i + 2 < a.dim(); i++) B *= a.size(i);
   bool shared_b = b.dim() == 2;
   if (!shared_b) {
     FF_CHECK(b.dim() == a.dim() && std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),

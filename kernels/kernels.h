@@ -109,6 +109,35 @@ struct KernelTable {
                                const float* delta, const int64_t* qpos, const int64_t* kpos,
                                int64_t BH, int64_t Sq, int64_t Sk, int64_t D, float scale,
                                bool causal);
+
+  // ---- mixture of experts: permute -> grouped GEMM -> unpermute (lessons 03, 04; the readable
+  // definitions are in kernels/cpu/moe.cpp). T tokens, each routed to k experts of G: routing
+  // SLOT s = t * k + j is token t's j-th choice, topk_idx[s] its expert. PACKED order sorts the
+  // T * k slots by expert, stably (slots of one expert keep their slot order), so that each
+  // expert's rows are contiguous: group e is packed rows [off_e, off_e + group_sizes[e]),
+  // off_e = sum of the sizes before e.
+  // group_sizes (G) = slots per expert (the histogram); src_token (T*k): packed row -> its
+  // token; pos (T*k): slot -> its packed row (the inverse permutation).
+  void (*moe_permute_plan)(int64_t* group_sizes, int64_t* src_token, int64_t* pos,
+                           const int64_t* topk_idx, int64_t T, int64_t k, int64_t G);
+  // c (M, Nc) (+)= rows of a (M, K) in group e times w_e, w (G, K, Nc) — or w (G, Nc, K) used
+  // transposed when trans_w. group_sizes (G) sum to M. ("ragged dot", grouped GEMM)
+  void (*grouped_gemm)(float* c, const float* a, const float* w, const int64_t* group_sizes,
+                       int64_t G, int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate);
+  // dw (G, K, Nc) (+)= per group a_e^T dc_e, a (M, K), dc (M, Nc): the weight gradient of
+  // grouped_gemm. An empty group gets exactly 0 (or is left as is when accumulating).
+  void (*grouped_gemm_dw)(float* dw, const float* a, const float* dc, const int64_t* group_sizes,
+                          int64_t G, int64_t M, int64_t K, int64_t Nc, bool accumulate);
+  // y (T, d) = sum_j gates[t*k + j] * yp[pos[t*k + j]], yp (T*k, d) packed; gates == nullptr
+  // means all 1 (then it is the backward of the permute: dx = sum of the token's packed rows).
+  // A gather, so deterministic: no atomics.
+  void (*moe_combine)(float* y, const float* yp, const int64_t* pos, const float* gates, int64_t T,
+                      int64_t k, int64_t d);
+  // Backward of moe_combine with gates: dyp[pos[s]] = gates[s] * dy[t] (assigned; every packed
+  // row is one slot's), dgates[s] = <dy[t], yp[pos[s]]>.
+  void (*moe_combine_backward)(float* dyp, float* dgates, const float* dy, const float* yp,
+                               const int64_t* pos, const float* gates, int64_t T, int64_t k,
+                               int64_t d);
 };
 
 // The tile edge of the attention kernels (queries and keys), the same on every device, so the
@@ -125,7 +154,8 @@ const KernelTable& kernels_for(Device d);
         softmax_backward, log_softmax_forward, log_softmax_backward, matmul, transpose,      \
         copy_block, rmsnorm_forward, rmsnorm_backward, cross_entropy_forward,                \
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
-        masked_fill, flash_forward_block, flash_backward_block                               \
+        masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
+        grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward                     \
   }
 
 }  // namespace ff

@@ -122,6 +122,8 @@ inline int __float_as_int(float f) {
   __builtin_memcpy(&i, &f, sizeof i);
   return i;
 }
+// Integer intrinsics: the number of set bits (of a ballot mask, say).
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 
 namespace ff {
 using simt_stream_t = void*;

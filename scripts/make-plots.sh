@@ -24,4 +24,19 @@ for order in evenodd async; do
 done
 $PYTHON plots/02_ring_attention.py "$DATA/02_work.csv" "$DATA/02_evenodd.json" "$DATA/02_async.json" "$OUT"
 
+# Lesson 03: tokens per expert and the permute -> grouped GEMM -> unpermute picture.
+echo "+ lesson 03"
+rm -f "$DATA/03_smoe.csv"
+$MPIRUN -np 1 "$BUILD/bin/03_smoe" --csv "$DATA/03_smoe.csv" >/dev/null
+$PYTHON plots/03_smoe.py "$DATA/03_smoe.csv" "$OUT"
+
+# Lesson 04: the dispatch traffic matrix, and the all-to-all timings at P = 2 and 4.
+echo "+ lesson 04 at P=4"
+rm -f "$DATA/04_traffic.csv" "$DATA/04_a2a.csv"
+$MPIRUN -np 4 "$BUILD/bin/04_gshard" --csv "$DATA/04_traffic.csv" >/dev/null
+for np in 2 4; do
+  $MPIRUN -np $np "$BUILD/bin/04_gshard" --bench --reps 20 --csv "$DATA/04_a2a.csv" >/dev/null
+done
+$PYTHON plots/04_gshard.py "$DATA/04_traffic.csv" "$DATA/04_a2a.csv" "$OUT"
+
 echo "figures in $OUT/:"; ls -1 "$OUT"

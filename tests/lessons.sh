@@ -90,3 +90,60 @@ if $T/device_query | grep -qw cuda; then
   check "02 --device cuda: attention.cu kernels on the GPU (P=2)" 0 '^check: PASS' \
     $MPIRUN -np 2 $L02 --device cuda --causal --layout striped
 fi
+
+L03=$B/03_smoe
+echo "== lesson 03: sparse MoE"
+for gate in softmax-topk topk-softmax; do
+  check "03 $gate: default demo, loop == grouped, backward == autograd" 0 '^check: PASS' $MPIRUN -np 1 $L03 --gate $gate
+  check "03 $gate: k = 1, k = N, one expert, odd sizes" 0 '^check: PASS' \
+    bash -c "$MPIRUN -np 1 $L03 --gate $gate --topk 1 && $MPIRUN -np 1 $L03 --gate $gate --topk 8 --alpha 1 && \
+             $MPIRUN -np 1 $L03 --gate $gate --experts 1 --topk 1 && $MPIRUN -np 1 $L03 --gate $gate --batch 3 --tokens 7 --dim 5 --ffn 3 --experts 5 --topk 3"
+  check "03 $gate: starved experts get no tokens and exactly zero gradient" 0 'dW exactly 0 +PASS' \
+    $MPIRUN -np 1 $L03 --gate $gate --starve 3 --alpha 1
+done
+check "03 planted bug: gate weight applied twice in the expert backward" 1 'd experts_w2 .*FAIL' \
+  $MPIRUN -np 1 $L03 --bug gate-twice
+check "03 planted bug: SiLU' without the upstream gradient" 1 'd experts_w1 .*FAIL' \
+  $MPIRUN -np 1 $L03 --bug silu-no-upstream
+check "03 planted bug: router path missing from dx" 1 'dx .*FAIL' \
+  $MPIRUN -np 1 $L03 --bug no-router-path --gate topk-softmax
+check "03 --dump: numpy recomputes the layer and its gradients" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d03 && $MPIRUN -np 1 $L03 --gate topk-softmax --starve 2 --alpha 0.5 --dump $LOG/d03 >/dev/null && $PYTHON tests/check_dump_03.py $LOG/d03"
+check "03 --help lists every flag with its default" 0 '--gate .*\(default: softmax-topk\)' $MPIRUN -np 1 $L03 --help
+usage_error "03 bad input: more than one rank" $MPIRUN -np 2 $L03
+usage_error "03 bad input: --topk larger than --experts" $MPIRUN -np 1 $L03 --experts 4 --topk 5
+usage_error "03 bad input: --starve leaves fewer than k experts" $MPIRUN -np 1 $L03 --experts 4 --topk 2 --starve 3
+usage_error "03 bad input: --gate typo" $MPIRUN -np 1 $L03 --gate softmax
+check "03 --device sim: router top-k, permute, grouped GEMM and combine kernels under the emulator" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 1 $L03 --device sim && $MPIRUN -np 1 $L03 --device sim --gate topk-softmax --starve 2 --tokens 9"
+if $T/device_query | grep -qw cuda; then
+  check "03 --device cuda" 0 '^check: PASS' $MPIRUN -np 1 $L03 --device cuda
+fi
+
+L04=$B/04_gshard
+echo "== lesson 04: GShard expert parallelism"
+for np in 1 2 3 4; do
+  check "04 P=$np, N=12: ordered, async, library all PASS (exact dispatch/combine, grads == lesson 03)" 0 '^check: PASS' \
+    bash -c "for a in ordered async library; do $MPIRUN -np $np $L04 --experts 12 --a2a \$a || exit 1; done"
+done
+check "04 starved experts: zero-size messages, both gates (P=3, N=6, 3 starved)" 0 '^check: PASS' \
+  bash -c "for a in ordered async library; do for g in softmax-topk topk-softmax; do $MPIRUN -np 3 $L04 --experts 6 --starve 3 --gate \$g --a2a \$a || exit 1; done; done"
+check "04 k = N (every token to every rank), P=4" 0 '^check: PASS' $MPIRUN -np 4 $L04 --experts 4 --topk 4 --alpha 1
+check "04 ordered with synchronous sends at P=3 and P=4, odd sizes" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 3 $L04 --a2a ordered --experts 3 --topk 1 --tokens 7 --dim 5 && $MPIRUN -np 4 $L04 --a2a ordered --experts 8 --batch 3 --tokens 5"
+check "04 the three all-to-alls give bitwise-identical y, dx and gradients (P=3)" 0 '^identical' \
+  bash -c "for a in ordered async library; do rm -rf $LOG/d04\$a; $MPIRUN -np 3 $L04 --experts 6 --starve 2 --a2a \$a --dump $LOG/d04\$a >/dev/null || exit 1; done; \
+           for f in y dx aux_loss d_router_w d_router_b d_experts_w1 d_experts_w2 d_experts_w3 topk_idx; do \
+             cmp $LOG/d04ordered/\$f.npy $LOG/d04async/\$f.npy && cmp $LOG/d04ordered/\$f.npy $LOG/d04library/\$f.npy || exit 1; done; echo identical"
+check "04 --dump: numpy recomputes the layer on all ranks' tokens (lesson 03's check)" 0 '^dump ok' \
+  $PYTHON tests/check_dump_03.py $LOG/d04async
+check "04 --bench: the three all-to-alls timed, as ratios to MPI_Alltoallv" 0 'ordered/lib' \
+  $MPIRUN -np 3 $L04 --bench --reps 2
+usage_error "04 bad input: N not a multiple of P" $MPIRUN -np 4 $L04 --experts 6
+usage_error "04 bad input: --a2a typo" $MPIRUN -np 2 $L04 --a2a ring
+usage_error "04 bad input: --topk larger than --experts" $MPIRUN -np 2 $L04 --experts 4 --topk 6
+check "04 --device sim: MoE kernels under the emulator (P=2)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L04 --device sim --starve 1 --a2a async
+if $T/device_query | grep -qw cuda; then
+  check "04 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L04 --device cuda
+fi

@@ -24,6 +24,16 @@ named <case>_<tensor>.npy (float32, except the int64 targets):
                    o = softmax(q k^T * scale + mask) v, lse = logsumexp of the masked scores;
                    causal: query i sees key j <= i. For the flash_forward_block and
                    flash_backward_block kernels (tests/unit/test_kernels_attention.cpp).
+  moe_softmax_topk x (10, 6), router_w (6, 4),  dy         y, aux (), topk_idx (10, 2) int64,
+  moe_topk_softmax router_b (4), w1, w3          (10, 6)    gates (10, 2), dx, d_router_w,
+                   (4, 6, 8), w2 (4, 8, 6),                d_router_b, d_w1, d_w2, d_w3
+                   alpha (), k = 2
+                   The sparse MoE layer of common/moe.h (lesson 03): z = x router_w + router_b,
+                   p = softmax(z); softmax_topk: idx = topk(p, 2), g = p[idx]; topk_softmax:
+                   idx = topk(z, 2), g = softmax(z[idx]); y_t = sum_j g_tj E_idx_tj(x_t), E a
+                   SwiGLU expert (silu(x w1) * (x w3)) w2; aux = alpha N sum_i f_i P_i with
+                   f_i = count_i / (k T) a constant and P_i = mean_t p_ti differentiable. The
+                   gradients are of L = sum(y * dy) + aux (tests/unit/test_moe.cpp).
 
 Inputs are float32, drawn by numpy from a fixed seed; the C++ test loads them from the
 files (it does not reproduce the RNG). The reference math runs in float64 on those exact
@@ -173,6 +183,60 @@ def main():
     for case, causal in (("attention", False), ("attention_causal", True)):
         run_case(case, attention(causal), {"q": f32(2, 20, 8), "k": f32(2, 20, 8), "v": f32(2, 20, 8)},
                  extra={"scale": np.array(attn_scale, dtype=np.float32)})
+
+    # ---- the mixture-of-experts layer (lesson 03), for both gates. Appended after attention,
+    # so every case above keeps its random numbers. The experts run densely on every token
+    # here and the chosen outputs are gathered (not common/moe.cpp's permute or loop form).
+    moe_alpha = np.float32(0.5)  # not 1: a missing alpha factor must show
+
+    def moe_layer(gate, k):
+        def fn(x, router_w, router_b, w1, w3, w2):
+            T, N = x.shape[0], router_w.shape[1]
+            z = x @ router_w + router_b
+            p = torch.softmax(z, -1)
+            if gate == "softmax_topk":
+                g, idx = torch.topk(p, k, dim=-1)  # descending, no renormalisation
+            else:
+                vals, idx = torch.topk(z, k, dim=-1)
+                g = torch.softmax(vals, -1)
+            h = torch.nn.functional.silu(torch.einsum("td,edf->tef", x, w1)) * \
+                torch.einsum("td,edf->tef", x, w3)
+            out = torch.einsum("tef,efd->ted", h, w2)         # every expert on every token
+            chosen = out[torch.arange(T)[:, None], idx]        # (T, k, d)
+            y = (g[..., None] * chosen).sum(1)
+            count = torch.nn.functional.one_hot(idx, N).sum((0, 1)).to(torch.float64)
+            f = count / (k * T)                                # a constant: no gradient
+            aux = float(moe_alpha) * N * (f * p.mean(0)).sum()
+            return y, aux, idx, g
+        return fn
+
+    def moe_case(case, gate, T=10, d=6, f=8, N=4, k=2):
+        # Draw until every token's ranking among its top k + 1 logits is decided by a margin
+        # of 1e-3 (float32 logits are within ~1e-6 of these): the C++ routing must equal this
+        # one exactly. The draws are deterministic, so the same inputs come out every run.
+        while True:
+            inputs = {"x": f32(T, d), "router_w": f32(d, N, scale=d ** -0.5),
+                      "router_b": f32(N, scale=0.1), "w1": f32(N, d, f, scale=d ** -0.5),
+                      "w3": f32(N, d, f, scale=d ** -0.5), "w2": f32(N, f, d, scale=f ** -0.5)}
+            z = inputs["x"].astype(np.float64) @ inputs["router_w"] + inputs["router_b"]
+            top = -np.sort(-z, axis=-1)[:, :min(k + 1, N)]
+            if (top[:, :-1] - top[:, 1:]).min() > 1e-3:
+                break
+        for name, a in inputs.items():
+            save(case, name, a)
+        leaves = {name: leaf(a) for name, a in inputs.items()}
+        y, aux, idx, g = moe_layer(gate, k)(**leaves)
+        dy = f32(T, d)
+        save(case, "dy", dy)
+        ((y * torch.from_numpy(dy.astype(np.float64))).sum() + aux).backward()
+        for name, value in (("y", y), ("aux", aux), ("topk_idx", idx), ("gates", g),
+                            ("alpha", np.array(moe_alpha))):
+            save(case, name, value)
+        for name, t in leaves.items():
+            save(case, "d" + name if name == "x" else "d_" + name, t.grad)
+
+    moe_case("moe_softmax_topk", "softmax_topk")
+    moe_case("moe_topk_softmax", "topk_softmax")
 
     total = sum(os.path.getsize(p) for p in written)
     print(f"wrote {len(written)} files, {total} bytes, to {out}")

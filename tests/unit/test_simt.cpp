@@ -79,6 +79,15 @@ __global__ void shfl_idx_and_up(const int* x, int* idx_out, int* up_out) {
   up_out[t] = __shfl_up_sync(0xffffffffu, x[t], 1, 8);   // segments of 8 lanes
 }
 
+// Stream compaction within a warp: lane l with keep[l] writes to slot (the number of kept
+// lanes below l), found from the warp's ballot with __popc; lane 0 writes the warp's count.
+__global__ void warp_compact(const int* keep, int* slot_out, int* count_out) {
+  int t = threadIdx.x, lane = t % 32;
+  unsigned mask = __ballot_sync(0xffffffffu, keep[t] != 0);
+  slot_out[t] = keep[t] ? __popc(mask & ((1u << lane) - 1u)) : -1;
+  if (lane == 0) count_out[t / 32] = __popc(mask);
+}
+
 __global__ void histogram(const int* x, int n, int* bins, float* total) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
@@ -182,6 +191,25 @@ TEST_CASE("simt: a warp runs ahead after its shuffle: a missing trailing barrier
     for (int r = 0; r < rows; r++) wrong += out[r] != want[r];
   }
   CHECK(wrong > 0);
+}
+
+TEST_CASE("simt: __popc of a ballot ranks a warp's matching lanes (warp compaction)") {
+  std::vector<int> keep(64), slot(64), count(2);
+  for (int t = 0; t < 64; t++) keep[t] = (t * 7) % 5 < 2 || t == 31;  // lane 31: the top bit
+  keep[32] = 1;                                                      // lane 0 of warp 1
+  SIMT_LAUNCH(warp_compact, dim3(1), dim3(64), 0, 0, keep.data(), slot.data(), count.data());
+  for (int w = 0; w < 2; w++) {
+    int kept = 0;
+    for (int l = 0; l < 32; l++) {
+      const int t = w * 32 + l;
+      CHECK(slot[t] == (keep[t] ? kept : -1));
+      kept += keep[t];
+    }
+    CHECK(count[w] == kept);
+  }
+  CHECK(__popc(0u) == 0);
+  CHECK(__popc(0xffffffffu) == 32);
+  CHECK(__popc(0x80000001u) == 2);
 }
 
 TEST_CASE("simt: warp shuffles (down, xor, idx, up with width) and ballot") {

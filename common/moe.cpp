@@ -1,0 +1,296 @@
+// common/moe.cpp — the mixture-of-experts layer of common/moe.h: routing, the load-balance
+// loss, the expert path (permute -> grouped GEMM -> combine) and its hand-written backward,
+// and the autograd reference. The math of the backward is written out in
+// lessons/03_smoe/README.md; the comments here name each step.
+#include "common/moe.h"
+
+#include <cmath>
+
+#include "common/check.h"
+#include "common/ops.h"
+#include "kernels/kernels.h"
+
+namespace ff::moe {
+
+const char* gate_name(Gate g) {
+  return g == Gate::softmax_topk ? "softmax-topk" : "topk-softmax";
+}
+
+Params init_params(const Config& c, uint64_t seed, int64_t starved, Device dev) {
+  const int64_t N = c.experts, d = c.dim, f = c.ffn;
+  FF_CHECK(starved >= 0 && starved < N, "starved experts must be in [0, " << N << ")");
+  Params p;
+  p.router_w = (randn({d, N}, seed) * (1.f / std::sqrt((float)d))).to(dev);
+  std::vector<float> b((size_t)N, 0.f);
+  for (int64_t i = N - starved; i < N; i++) b[(size_t)i] = -30.f;
+  p.router_b = Tensor::from_vector(b, {N}, dev);
+  p.w1 = (randn({N, d, f}, seed + 1) * (1.f / std::sqrt((float)d))).to(dev);
+  p.w3 = (randn({N, d, f}, seed + 2) * (1.f / std::sqrt((float)d))).to(dev);
+  p.w2 = (randn({N, f, d}, seed + 3) * (1.f / std::sqrt((float)f))).to(dev);
+  return p;
+}
+
+Params slice_experts(const Params& p, int64_t e0, int64_t e1) {
+  return {p.router_w, p.router_b, slice(p.w1, 0, e0, e1), slice(p.w3, 0, e0, e1),
+          slice(p.w2, 0, e0, e1)};
+}
+
+// ----------------------------------------------------------------------------
+// routing and the load-balance loss
+
+Routing route(const Config& c, const Params& p, const Tensor& x) {
+  Routing r;
+  r.logits = add(matmul(x, p.router_w), p.router_b);
+  r.probs = softmax(r.logits);
+  if (c.gate == Gate::softmax_topk) {
+    // the k largest probabilities are the gates, as they are: they sum to less than 1
+    auto [vals, idx] = topk(r.probs, c.topk);
+    r.gates = vals, r.idx = idx;
+  } else {
+    // the k largest logits, renormalised among themselves: the gates sum to 1
+    auto [vals, idx] = topk(r.logits, c.topk);
+    r.gates = softmax(vals), r.idx = idx;
+  }
+  return r;
+}
+
+LoadStats load_stats(const Config& c, const Routing& r) {
+  LoadStats s;
+  s.count.assign((size_t)c.experts, 0.0);
+  for (int64_t e : r.idx.to_index_vector()) s.count[(size_t)e] += 1;
+  std::vector<float> ps = sum(r.probs, 0).to_vector();
+  s.prob_sum.assign(ps.begin(), ps.end());
+  s.tokens = (double)r.probs.size(0);
+  return s;
+}
+
+// L_aux = alpha * N * sum_i f_i P_i, f_i = count_i / (k T), P_i = prob_sum_i / T (Switch
+// Transformer, eq. 4; Mixtral's form with top-k). With perfectly uniform routing f_i = P_i =
+// 1/N and L_aux = alpha; any imbalance the router is confident about raises it.
+double aux_loss(const Config& c, const LoadStats& g) {
+  double loss = 0;
+  for (int64_t i = 0; i < c.experts; i++) {
+    double f = g.count[(size_t)i] / ((double)c.topk * g.tokens);
+    double P = g.prob_sum[(size_t)i] / g.tokens;
+    loss += f * P;
+  }
+  return c.alpha * (double)c.experts * loss;
+}
+
+// ----------------------------------------------------------------------------
+// the expert path
+
+Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_sizes,
+                       ExpertCache* cache) {
+  const int64_t M = xp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
+  const Device dev = xp.device();
+  const KernelTable& K = kernels_for(dev);
+  cache->xp = xp;
+  cache->group_sizes = group_sizes;
+  cache->a = Tensor::empty({M, f}, dev);
+  cache->b = Tensor::empty({M, f}, dev);
+  Tensor yp = Tensor::empty({M, d}, dev);
+  if (M == 0) {  // no rows at all (a rank that receives no tokens in lesson 04)
+    cache->h = cache->a;
+    return yp;
+  }
+  // a = xp W1_e, b = xp W3_e for the rows of each group e: one grouped GEMM each
+  K.grouped_gemm(cache->a.data(), xp.data(), p.w1.data(), group_sizes.index_data(), G, M, d, f,
+                 /*trans_w=*/false, /*accumulate=*/false);
+  K.grouped_gemm(cache->b.data(), xp.data(), p.w3.data(), group_sizes.index_data(), G, M, d, f,
+                 false, false);
+  cache->h = mul(silu(cache->a), cache->b);  // SwiGLU
+  K.grouped_gemm(yp.data(), cache->h.data(), p.w2.data(), group_sizes.index_data(), G, M, f, d,
+                 false, false);
+  return yp;
+}
+
+// With dyp = dL/d(expert output) of each packed row (the gate already applied, once):
+//   yp = h W2        ->  dH  = dyp W2^T,           dW2 = h^T dyp
+//   h = silu(a) * b  ->  dA  = dH * b * silu'(a),   dB  = dH * silu(a)
+//                        silu'(a) = s (1 + a (1 - s)), s = sigmoid(a)
+//   a = xp W1, b = xp W3 -> dW1 = xp^T dA, dW3 = xp^T dB, dxp = dA W1^T + dB W3^T
+// every product per group, by the grouped GEMM kernels.
+ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
+                             Bug bug) {
+  const int64_t M = dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
+  const Device dev = dyp.device();
+  const KernelTable& K = kernels_for(dev);
+  const int64_t* gs = cache.group_sizes.index_data();
+  ExpertGrads g;
+  g.dw1 = Tensor::zeros({G, d, f}, dev);
+  g.dw3 = Tensor::zeros({G, d, f}, dev);
+  g.dw2 = Tensor::zeros({G, f, d}, dev);
+  g.dxp = Tensor::empty({M, d}, dev);
+  if (M == 0) return g;
+  Tensor dh = Tensor::empty({M, f}, dev);
+  K.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
+  K.grouped_gemm_dw(g.dw2.data(), cache.h.data(), dyp.data(), gs, G, M, f, d, false);
+
+  Tensor s = silu(cache.a);
+  Tensor db = mul(dh, s);
+  // dA = silu'(a) * (dH * b): the kernel multiplies its "upstream" argument by silu'(a)
+  Tensor upstream = bug == Bug::silu_no_upstream ? cache.b : mul(dh, cache.b);
+  Tensor da = Tensor::empty({M, f}, dev);
+  K.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), upstream.data(), M * f);
+
+  K.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), da.data(), gs, G, M, d, f, false);
+  K.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), db.data(), gs, G, M, d, f, false);
+  K.grouped_gemm(g.dxp.data(), da.data(), p.w1.data(), gs, G, M, f, d, /*trans_w=*/true, false);
+  K.grouped_gemm(g.dxp.data(), db.data(), p.w3.data(), gs, G, M, f, d, true, /*accumulate=*/true);
+  return g;
+}
+
+// ----------------------------------------------------------------------------
+// the layer
+
+Forward forward(const Config& c, const Params& p, const Tensor& x) {
+  const int64_t T = x.size(0), d = x.size(1), k = c.topk, N = c.experts;
+  const Device dev = x.device();
+  const KernelTable& K = kernels_for(dev);
+  Forward f;
+  f.routing = route(c, p, x);
+  // permute: counting sort of the T*k routing slots by expert
+  f.group_sizes = Tensor::empty({N}, dev, DType::i64);
+  f.src_token = Tensor::empty({T * k}, dev, DType::i64);
+  f.pos = Tensor::empty({T * k}, dev, DType::i64);
+  K.moe_permute_plan(f.group_sizes.index_data(), f.src_token.index_data(), f.pos.index_data(),
+                     f.routing.idx.index_data(), T, k, N);
+  Tensor xp = index_select(x, f.src_token);  // packed rows (T*k, d), grouped by expert
+  f.yp = experts_forward(p, xp, f.group_sizes, &f.cache);
+  // unpermute and combine: y_t = sum_j g_tj * yp[pos[t*k + j]]
+  f.y = Tensor::empty({T, d}, dev);
+  K.moe_combine(f.y.data(), f.yp.data(), f.pos.index_data(), f.routing.gates.data(), T, k, d);
+  f.stats = load_stats(c, f.routing);
+  f.aux = aux_loss(c, f.stats);
+  return f;
+}
+
+// The loop form, shared by forward_loop and the autograd reference: for each expert, the
+// routing slots that chose it (host index lists), its tokens' rows, its FFN, and the result
+// added back into the tokens' rows weighted by the slots' gates. `gates` may carry autograd.
+static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int64_t>& idx,
+                         const Tensor& gates, int64_t k) {
+  const int64_t T = x.size(0), d = x.size(1), f = p.w1.size(2), N = p.w1.size(0);
+  const Device dev = x.device();
+  Tensor y = Tensor::zeros({T, d}, dev);
+  Tensor gate_rows = reshape(gates, {T * k, 1});
+  for (int64_t e = 0; e < N; e++) {
+    std::vector<int64_t> tokens, slots;
+    for (int64_t s = 0; s < T * k; s++)
+      if (idx[(size_t)s] == e) tokens.push_back(s / k), slots.push_back(s);
+    if (tokens.empty()) continue;  // an expert nobody chose: no work, no gradient
+    const int64_t n = (int64_t)tokens.size();
+    Tensor tok = Tensor::from_indices(tokens, {n}, dev);
+    Tensor xe = index_select(x, tok);                                           // (n, d)
+    Tensor w1 = reshape(slice(p.w1, 0, e, e + 1), {d, f});
+    Tensor w3 = reshape(slice(p.w3, 0, e, e + 1), {d, f});
+    Tensor w2 = reshape(slice(p.w2, 0, e, e + 1), {f, d});
+    Tensor out = matmul(mul(silu(matmul(xe, w1)), matmul(xe, w3)), w2);         // E_e(x)
+    Tensor g = index_select(gate_rows, Tensor::from_indices(slots, {n}, dev));  // (n, 1)
+    y = index_add(y, tok, mul(out, g));
+  }
+  return y;
+}
+
+Tensor forward_loop(const Config& c, const Params& p, const Tensor& x, const Routing& r) {
+  return loop_layer(p, x, r.idx.to_index_vector(), r.gates, c.topk);
+}
+
+// dL/dz from dL/dg, plus the load-balance loss's path. Small (T, N) arithmetic: on the host.
+//   L_aux through p: dL_aux/dp_ti = alpha N f_i / T_total (f_i carries no gradient)
+//   softmax-topk: g_tj = p_t[idx_tj], so dp_t = aux_t + scatter(dg_t at idx_t), and through
+//                 the softmax, dz_t = p_t * (dp_t - <dp_t, p_t>)
+//   topk-softmax: g_t = softmax(z_t[idx_t]), so dz_t[idx_tj] += g_tj (dg_tj - <dg_t, g_t>);
+//                 the aux path still goes through the full softmax p_t
+Tensor router_dlogits(const Config& c, const Routing& r, const Tensor& dgates,
+                      const LoadStats& global) {
+  const int64_t T = r.probs.size(0), N = c.experts, k = c.topk;
+  const std::vector<float> p = r.probs.to_vector(), g = r.gates.to_vector(),
+                           dg = dgates.to_vector();
+  const std::vector<int64_t> idx = r.idx.to_index_vector();
+  std::vector<double> daux((size_t)N);
+  for (int64_t i = 0; i < N; i++)
+    daux[(size_t)i] = c.alpha * (double)N * (global.count[(size_t)i] / ((double)k * global.tokens)) /
+                      global.tokens;
+  std::vector<float> dz((size_t)(T * N));
+  std::vector<double> dp((size_t)N);
+  for (int64_t t = 0; t < T; t++) {
+    const float* pt = &p[(size_t)(t * N)];
+    dp = daux;
+    if (c.gate == Gate::softmax_topk)
+      for (int64_t j = 0; j < k; j++) dp[(size_t)idx[(size_t)(t * k + j)]] += dg[(size_t)(t * k + j)];
+    double dot = 0;
+    for (int64_t i = 0; i < N; i++) dot += dp[(size_t)i] * pt[i];
+    for (int64_t i = 0; i < N; i++) dz[(size_t)(t * N + i)] = (float)(pt[i] * (dp[(size_t)i] - dot));
+    if (c.gate == Gate::topk_softmax) {
+      double gdg = 0;
+      for (int64_t j = 0; j < k; j++) gdg += (double)g[(size_t)(t * k + j)] * dg[(size_t)(t * k + j)];
+      for (int64_t j = 0; j < k; j++) {
+        const size_t s = (size_t)(t * k + j);
+        dz[(size_t)(t * N + idx[s])] += (float)(g[s] * (dg[s] - gdg));
+      }
+    }
+  }
+  return Tensor::from_vector(dz, {T, N}, r.probs.device());
+}
+
+Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
+               const Tensor& dy, const LoadStats& global, Bug bug) {
+  const int64_t T = x.size(0), d = x.size(1), k = c.topk;
+  const Device dev = x.device();
+  const KernelTable& K = kernels_for(dev);
+  // 1. combine: y_t = sum_j g_tj yp_s  ->  dyp_s = g_tj dy_t,  dL/dg_tj = <dy_t, yp_s>
+  Tensor dyp = Tensor::empty({T * k, d}, dev), dg = Tensor::empty({T, k}, dev);
+  K.moe_combine_backward(dyp.data(), dg.data(), dy.data(), f.yp.data(), f.pos.index_data(),
+                         f.routing.gates.data(), T, k, d);
+  if (bug == Bug::gate_twice) {  // scale each packed row by its slot's gate once more
+    std::vector<float> gp((size_t)(T * k)), gh = f.routing.gates.to_vector();
+    std::vector<int64_t> pos = f.pos.to_index_vector();
+    for (int64_t s = 0; s < T * k; s++) gp[(size_t)pos[(size_t)s]] = gh[(size_t)s];
+    dyp = mul(dyp, Tensor::from_vector(gp, {T * k, 1}, dev));
+  }
+  // 2. experts, on the packed rows
+  ExpertGrads eg = experts_backward(p, f.cache, dyp, bug);
+  // 3. permute: xp = x[src_token]  ->  dx_t = sum of the packed rows of token t's k slots
+  Tensor dx_experts = Tensor::empty({T, d}, dev);
+  K.moe_combine(dx_experts.data(), eg.dxp.data(), f.pos.index_data(), nullptr, T, k, d);
+  // 4. router: z = x W_g + b  ->  dW_g = x^T dz,  db = sum_t dz_t,  dx += dz W_g^T
+  Tensor dz = router_dlogits(c, f.routing, dg, global);
+  Grads g;
+  g.router_w = matmul(transpose(x, 0, 1), dz);
+  g.router_b = sum(dz, 0);
+  Tensor dx_router = matmul(dz, transpose(p.router_w, 0, 1));
+  g.dx = bug == Bug::no_router_path ? dx_experts : add(dx_experts, dx_router);
+  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
+  return g;
+}
+
+Reference autograd_reference(const Config& c, const Params& params, const Tensor& x0,
+                             const Tensor& dy) {
+  auto leaf = [](const Tensor& t) { return t.to(Device::cpu).clone().requires_grad_(); };
+  Params p{leaf(params.router_w), leaf(params.router_b), leaf(params.w1), leaf(params.w3),
+           leaf(params.w2)};
+  Tensor x = leaf(x0);
+  Routing r = route(c, p, x);  // the same ops as the layer's router, now recording autograd
+  std::vector<int64_t> idx = r.idx.to_index_vector();
+  Tensor y = loop_layer(p, x, idx, r.gates, c.topk);
+  // L_aux = alpha N sum_i f_i P_i, with f_i a constant and P_i = mean_t p_ti differentiable
+  LoadStats s = load_stats(c, r);
+  std::vector<float> f((size_t)c.experts);
+  for (int64_t i = 0; i < c.experts; i++)
+    f[(size_t)i] = (float)(s.count[(size_t)i] / ((double)c.topk * s.tokens));
+  Tensor aux = scale(sum_all(mul(mean(r.probs, 0), Tensor::from_vector(f, {c.experts}))),
+                     (float)(c.alpha * (double)c.experts));
+  add(sum_all(mul(y, dy.to(Device::cpu))), aux).backward();
+  Reference ref;
+  ref.y = y.detach();
+  ref.aux = aux.item();
+  ref.idx = r.idx;
+  ref.gates = r.gates.detach();
+  ref.grads = {x.grad(), p.router_w.grad(), p.router_b.grad(), p.w1.grad(), p.w2.grad(),
+               p.w3.grad()};
+  return ref;
+}
+
+}  // namespace ff::moe

@@ -1,0 +1,123 @@
+// common/moe.h — a sparse mixture-of-experts layer with a hand-written backward: taught in
+// lesson 03, distributed over expert-parallel ranks in lesson 04 (so it lives here).
+//
+//   z = x W_g + b_g                       router logits (T, N), x (T, d)
+//   p = softmax(z)                        over all N experts (also feeds the aux loss)
+//   gate softmax-topk: idx = topk(p, k),  g = p[idx]              (no renormalisation)
+//   gate topk-softmax: idx = topk(z, k),  g = softmax(z[idx])     (Mixtral)
+//   E_i(u) = (silu(u W1_i) * (u W3_i)) W2_i        SwiGLU expert, W1, W3 (d, f), W2 (f, d)
+//   y_t = sum_{j < k} g_tj E_{idx_tj}(x_t)
+//   L_aux = alpha * N * sum_i f_i P_i,  f_i = count_i / (k T),  P_i = (1/T) sum_t p_ti
+//
+// Tensors live on the layer's device (cpu, sim, cuda); the expert path runs the MoE kernels
+// of kernels/kernels.h (permute plan, grouped GEMM, combine).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace ff::moe {
+
+enum class Gate { softmax_topk, topk_softmax };
+const char* gate_name(Gate g);
+
+// Mistakes a lesson can plant in the hand-written backward, to watch the check catch them.
+enum class Bug {
+  none,
+  gate_twice,         // the gate factor applied to the expert gradient a second time
+  silu_no_upstream,   // dA = silu'(a) * b, forgetting the upstream dH
+  no_router_path,     // dx without the router's term dz W_g^T
+};
+
+struct Config {
+  int64_t experts = 8, topk = 2, dim = 16, ffn = 32;
+  Gate gate = Gate::softmax_topk;
+  double alpha = 0.01;  // weight of the load-balance loss
+};
+
+struct Params {
+  Tensor router_w;  // (d, N)
+  Tensor router_b;  // (N)
+  Tensor w1, w3;    // (N, d, f)
+  Tensor w2;        // (N, f, d)
+};
+// Random weights (counter-based RNG, so every rank can build the same ones), scaled by
+// 1/sqrt(fan-in); router bias 0, except the last `starved` experts get -30: they are never
+// picked (their softmax probability is ~1e-13), which exercises experts with no tokens.
+Params init_params(const Config& c, uint64_t seed, int64_t starved, Device dev);
+// Experts [e0, e1) of p, with the router (lesson 04: the experts one rank holds).
+Params slice_experts(const Params& p, int64_t e0, int64_t e1);
+
+// The router's decisions, and what the backward needs from them.
+struct Routing {
+  Tensor logits;  // z (T, N)
+  Tensor probs;   // p (T, N)
+  Tensor idx;     // (T, k) int64, descending by the gate's ranking
+  Tensor gates;   // g (T, k)
+};
+Routing route(const Config& c, const Params& p, const Tensor& x);
+
+// The sums behind the load-balance loss. Sums, not means, so ranks can add theirs up
+// (lesson 04: the loss is over all tokens of all ranks).
+struct LoadStats {
+  std::vector<double> count;     // routing slots that chose expert i
+  std::vector<double> prob_sum;  // sum_t p_ti
+  double tokens = 0;             // T
+};
+LoadStats load_stats(const Config& c, const Routing& r);
+double aux_loss(const Config& c, const LoadStats& global);
+
+// ---- the expert path on packed rows (sorted by expert), shared with lesson 04
+struct ExpertCache {
+  Tensor xp, a, b, h;   // packed inputs (M, d); a = xp W1, b = xp W3, h = silu(a) * b (M, f)
+  Tensor group_sizes;   // (G) int64, on the device
+};
+// yp (M, d) = E_e(xp rows of group e) for every group, G = p.w1.size(0) experts.
+Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_sizes,
+                       ExpertCache* cache);
+struct ExpertGrads {
+  Tensor dxp, dw1, dw2, dw3;
+};
+ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
+                             Bug bug = Bug::none);
+
+// ---- the whole layer, single process
+struct Forward {
+  Routing routing;
+  Tensor group_sizes, src_token, pos;  // the permute plan (device, int64)
+  ExpertCache cache;
+  Tensor yp;                           // expert outputs, packed (T*k, d)
+  Tensor y;                            // (T, d)
+  LoadStats stats;
+  double aux = 0;
+};
+// The fast form: sort the routing slots by expert, one grouped GEMM per weight, combine.
+Forward forward(const Config& c, const Params& p, const Tensor& x);
+// The readable form: for each expert, the list of (token, slot) that chose it; the same y.
+Tensor forward_loop(const Config& c, const Params& p, const Tensor& x, const Routing& r);
+
+struct Grads {
+  Tensor dx, router_w, router_b, w1, w2, w3;
+};
+// Gradients of L = sum(y * dy) + L_aux. `global` are the load statistics the loss was
+// computed from (the local ones in one process; all ranks' in lesson 04).
+Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
+               const Tensor& dy, const LoadStats& global, Bug bug = Bug::none);
+// The router's part of the backward, given dL/dg (T, k): dL/dz (T, N), including the
+// load-balance loss's path through p.
+Tensor router_dlogits(const Config& c, const Routing& r, const Tensor& dgates,
+                      const LoadStats& global);
+
+// The same layer through the autograd core (loop form, ops only): the reference the
+// hand-written backward is checked against.
+struct Reference {
+  Tensor y;
+  double aux = 0;
+  Grads grads;
+  Tensor idx, gates;
+};
+Reference autograd_reference(const Config& c, const Params& p, const Tensor& x, const Tensor& dy);
+
+}  // namespace ff::moe

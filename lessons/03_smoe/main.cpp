@@ -1,0 +1,250 @@
+// Lesson 03 — a sparse mixture of experts, forward and hand-written backward.
+//
+// What: a router picks k of N SwiGLU experts for every token; the token's output is the
+//   gate-weighted sum of those experts' outputs (Shazeer et al. 2017; Switch Transformer,
+//   Fedus et al. 2021; Mixtral, Jiang et al. 2024). A load-balance loss keeps the router from
+//   sending everything to a few experts. The layer is common/moe.cpp (lesson 04 distributes
+//   it); this program runs it, shows the routing, and checks it:
+//   [1] routing: the gate variant, tokens per expert, the load-balance loss.
+//   [2] forward, two ways that must agree: the readable loop over experts with index lists,
+//       and the fast one — sort the routing slots by expert (permute), one grouped GEMM per
+//       weight matrix over the packed rows ("ragged dot"), unsort with the gate weights.
+//   [3] backward by hand — combine, SwiGLU, grouped GEMM weight gradients, the router
+//       through the gate's softmax Jacobian, the load-balance loss's path — against autograd
+//       of the same layer.
+// Why: lecture versions of this backward are often wrong (the gate applied twice, SiLU'
+//   without the upstream gradient, the router path to x forgotten). --bug plants each one;
+//   the check catches it. Finite differences and PyTorch goldens check the same code in
+//   tests/unit/test_moe.cpp.
+// Run:  make run L=03
+//       mpirun -np 1 build/bin/03_smoe --experts 8 --topk 2 --gate topk-softmax
+// Expect: the routing table, "loop vs grouped" and each gradient against autograd with its
+//   tolerance, "check: PASS".
+#include <mpi.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cli.h"
+#include "common/comm.h"
+#include "common/moe.h"
+#include "common/npy.h"
+#include "common/ops.h"
+#include "common/tensor.h"
+#include "common/trace.h"
+
+using namespace ff;
+
+static double max_abs(const Tensor& t) {
+  double m = 0;
+  for (float v : t.to_vector()) m = std::max(m, (double)std::fabs(v));
+  return m;
+}
+
+struct Checker {
+  int failures = 0;
+  void report(const char* what, const Tensor& got, const Tensor& want, double atol) {
+    Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, 0.0);
+    if (!d.pass) failures++;
+    std::printf("    %-34s max abs err %.2e  (tol %.1e, values up to %6.3f)  %s\n", what,
+                d.max_abs, atol, max_abs(want), d.pass ? "PASS" : "FAIL");
+  }
+  void report_scalar(const char* what, double got, double want, double atol) {
+    bool pass = std::fabs(got - want) <= atol;
+    if (!pass) failures++;
+    std::printf("    %-34s %.7g vs %.7g  (tol %.1e)  %s\n", what, got, want, atol,
+                pass ? "PASS" : "FAIL");
+  }
+};
+
+int main(int argc, char** argv) {
+  Comm comm = Comm::world(&argc, &argv);
+  moe::Config c;
+  int64_t batch = 2, tokens = 16, starve = 0;
+  std::string gate = "softmax-topk", bug = "none";
+  CommonFlags common;
+  Cli cli("03_smoe",
+          "Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
+          "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
+          "autograd. Single process (lesson 04 distributes it).");
+  cli.flag("--batch", &batch, "batch size B", 1, 4096);
+  cli.flag("--tokens", &tokens, "tokens per sequence T (B*T tokens in all)", 1, 1 << 16);
+  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
+  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
+  cli.flag("--experts", &c.experts, "experts N", 1, 1024);
+  cli.flag("--topk", &c.topk, "experts per token k (1..N)", 1, 1024);
+  cli.choice("--gate", &gate, {"softmax-topk", "topk-softmax"},
+             "softmax over N then top-k (no renormalisation), or top-k logits then softmax");
+  cli.flag("--alpha", &c.alpha, "weight of the load-balance loss", 0.0, 100.0);
+  cli.flag("--starve", &starve, "give the last S experts router bias -30: they get no tokens", 0,
+           1023);
+  cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
+             "plant a backward mistake to watch the check fail");
+  common.add_to(cli);
+  cli.epilog("run:  mpirun -np 1 build/bin/03_smoe --experts 8 --topk 2 --gate topk-softmax");
+  cli.parse(argc, argv, comm);
+  usage_error_if(comm.size() != 1, comm,
+                 "lesson 03 is one process (got " + std::to_string(comm.size()) +
+                     " ranks): run it with mpirun -np 1; lesson 04 spreads the experts over ranks");
+  usage_error_if(c.topk > c.experts, comm,
+                 "--topk " + std::to_string(c.topk) + " is more than --experts " +
+                     std::to_string(c.experts) + ": k must be in 1..N");
+  usage_error_if(starve >= c.experts || c.experts - starve < c.topk, comm,
+                 "--starve " + std::to_string(starve) + " leaves " +
+                     std::to_string(c.experts - starve) + " experts for top-" +
+                     std::to_string(c.topk) + ": at least k must stay reachable");
+  c.gate = gate == "softmax-topk" ? moe::Gate::softmax_topk : moe::Gate::topk_softmax;
+  const moe::Bug the_bug = bug == "gate-twice"         ? moe::Bug::gate_twice
+                           : bug == "silu-no-upstream" ? moe::Bug::silu_no_upstream
+                           : bug == "no-router-path"   ? moe::Bug::no_router_path
+                                                       : moe::Bug::none;
+  const Device dev = common.resolve_device(comm);
+  comm.set_timeout(common.timeout);
+  if (!common.trace.empty()) trace().enable(comm);
+
+  try {
+    const uint64_t seed = (uint64_t)common.seed;
+    const int64_t T = batch * tokens, N = c.experts, k = c.topk, d = c.dim, f = c.ffn;
+    moe::Params p = moe::init_params(c, seed, starve, dev);
+    Tensor x = randn({T, d}, seed + 10).to(dev);   // the (B, T, d) input, as B*T rows
+    Tensor dy = randn({T, d}, seed + 11).to(dev);  // the upstream gradient: L = sum(y * dy) + aux
+    std::printf("== 03 sparse MoE: %lld tokens (B=%lld x T=%lld), d=%lld, f=%lld, N=%lld experts, "
+                "top-%lld, gate %s, alpha %g, device %s\n", (long long)T, (long long)batch,
+                (long long)tokens, (long long)d, (long long)f, (long long)N, (long long)k,
+                moe::gate_name(c.gate), c.alpha, device_name(dev));
+
+    // ---------------- [1] routing
+    moe::Forward fw;
+    {
+      Trace::Scope span(trace(), "forward (permute, grouped GEMM, combine)", "compute");
+      fw = moe::forward(c, p, x);
+    }
+    const std::vector<int64_t> sizes = fw.group_sizes.to_index_vector();
+    std::printf("[1] routing: %s, %lld slots (token, choice)\n",
+                c.gate == moe::Gate::softmax_topk
+                    ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
+                    : "g = softmax of the top-k logits (gates sum to 1)",
+                (long long)(T * k));
+    std::printf("    tokens per expert:");
+    for (int64_t e = 0; e < N && e < 16; e++) std::printf(" %lld", (long long)sizes[(size_t)e]);
+    std::printf("%s   (uniform: %.1f)\n", N > 16 ? " ..." : "", (double)(T * k) / (double)N);
+    const int64_t empty = std::count(sizes.begin(), sizes.end(), 0);
+    if (empty)
+      std::printf("    %lld expert%s received no tokens: no work, and a weight gradient of exactly "
+                  "0\n", (long long)empty, empty == 1 ? "" : "s");
+    std::printf("    load-balance loss alpha*N*sum_i f_i P_i = %.6g  (alpha = %g when perfectly "
+                "uniform)\n", fw.aux, c.alpha);
+
+    // ---------------- [2] forward two ways
+    Checker check;
+    // Both sides compute each expert output with the same float32 dot products of length d
+    // and f; they differ in the GEMM kernels' summation order and in how the k gated terms are
+    // added: n = d + f + k terms, each off by eps relative, bound |dy| by n * eps * max|y| * 4
+    // (the 4 for silu's exp and the products around it).
+    const double eps = FLT_EPSILON;
+    std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
+    Tensor y_loop = moe::forward_loop(c, p, x, fw.routing);
+    check.report("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
+
+    // ---------------- [3] backward
+    std::printf("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
+    moe::Grads g;
+    {
+      Trace::Scope span(trace(), "backward (hand-written)", "compute");
+      g = moe::backward(c, p, x, fw, dy, fw.stats, the_bug);
+    }
+    moe::Reference ref = moe::autograd_reference(c, p, x, dy);
+    // Every gradient is a float32 sum over at most n = T*k + d + f + N terms (rows of a packed
+    // group, a hidden or model dimension, the experts in the router's Jacobian), computed in a
+    // different order on each side: tolerance 4 * n * eps times the largest value.
+    const double n = (double)(T * k + d + f + N);
+    auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
+    check.report("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
+    check.report_scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
+    check.report("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
+    check.report("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
+    check.report("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
+    check.report("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
+    check.report("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
+    check.report("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
+    if (empty) {
+      // an expert with no tokens: exactly zero, not merely small (and no NaN)
+      std::vector<float> w1g = g.w1.to_vector();
+      bool zero = true;
+      for (int64_t e = 0; e < N; e++)
+        if (sizes[(size_t)e] == 0)
+          for (int64_t i = 0; i < d * f; i++) zero = zero && w1g[(size_t)(e * d * f + i)] == 0.f;
+      if (!zero) check.failures++;
+      std::printf("    %-34s %s\n", "experts with no tokens: dW exactly 0", zero ? "PASS" : "FAIL");
+    }
+
+    // ---------------- outputs
+    if (!common.dump.empty()) {
+      const std::string& dir = common.dump;
+      std::filesystem::create_directories(dir);
+      auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
+        save_npy(dir + "/" + name + ".npy", t.to(Device::cpu).view(shape));
+      };
+      save("x", x, {batch, tokens, d});
+      save("dy", dy, {batch, tokens, d});
+      save("y", fw.y, {batch, tokens, d});
+      save("router_w", p.router_w, {d, N});
+      save("router_b", p.router_b, {N});
+      save("experts_w1", p.w1, {N, d, f});
+      save("experts_w3", p.w3, {N, d, f});
+      save("experts_w2", p.w2, {N, f, d});
+      save_npy(dir + "/aux_loss.npy", Tensor::from_vector({(float)fw.aux}, {}));
+      save("topk_idx", fw.routing.idx, {batch, tokens, k});
+      save("topk_val", fw.routing.gates, {batch, tokens, k});
+      save("dx", g.dx, {batch, tokens, d});
+      save("d_router_w", g.router_w, {d, N});
+      save("d_router_b", g.router_b, {N});
+      save("d_experts_w1", g.w1, {N, d, f});
+      save("d_experts_w3", g.w3, {N, d, f});
+      save("d_experts_w2", g.w2, {N, f, d});
+      std::ofstream meta(dir + "/meta.json");
+      FF_CHECK(meta, "cannot write " << dir << "/meta.json");
+      meta << "{\"gate\": \"" << moe::gate_name(c.gate) << "\", \"k\": " << k << ", \"N\": " << N
+           << ", \"alpha\": " << c.alpha << ", \"P\": 1, \"d\": " << d << ", \"f\": " << f
+           << "}\n";
+      std::printf("    wrote x, dy, y, router_w, router_b, experts_w1/w2/w3, aux_loss, topk_idx, "
+                  "topk_val and the gradients (.npy) and meta.json to %s\n", dir.c_str());
+    }
+    if (!common.csv.empty()) {
+      // series tokens: x = expert, y = slots; series route: x = slot, y = expert, packed row
+      const bool fresh = !std::filesystem::exists(common.csv);
+      FILE* fcsv = std::fopen(common.csv.c_str(), "a");
+      FF_CHECK(fcsv, "cannot write " << common.csv);
+      if (fresh) std::fprintf(fcsv, "series,gate,N,k,T,a,b,c\n");
+      for (int64_t e = 0; e < N; e++)
+        std::fprintf(fcsv, "tokens,%s,%lld,%lld,%lld,%lld,%lld,0\n", moe::gate_name(c.gate),
+                     (long long)N, (long long)k, (long long)T, (long long)e,
+                     (long long)sizes[(size_t)e]);
+      const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(),
+                                 pos = fw.pos.to_index_vector();
+      for (int64_t s = 0; s < T * k; s++)
+        std::fprintf(fcsv, "route,%s,%lld,%lld,%lld,%lld,%lld,%lld\n", moe::gate_name(c.gate),
+                     (long long)N, (long long)k, (long long)T, (long long)s,
+                     (long long)idx[(size_t)s], (long long)pos[(size_t)s]);
+      std::fclose(fcsv);
+    }
+    if (!common.trace.empty()) {
+      trace().write_chrome_json(comm, common.trace);
+      std::printf("    wrote trace %s\n", common.trace.c_str());
+    }
+    std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
+                check.failures, check.failures == 1 ? "" : "s");
+    Comm::exit_all(check.failures ? 1 : 0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}

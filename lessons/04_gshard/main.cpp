@@ -1,0 +1,582 @@
+// Lesson 04 — GShard expert parallelism: the MoE layer of lesson 03 with its experts spread
+// over the ranks, tokens moved by an all-to-all written by hand.
+//
+// What: P ranks, N experts, rank q holds experts [q N/P, (q+1) N/P). Tokens are data-parallel:
+//   every rank routes its own batch with the (replicated) router. Then (Lepikhin et al.,
+//   "GShard", 2020):
+//     dispatch  each rank sorts its routing slots by expert (lesson 03's permute); since the
+//               experts of one rank are consecutive, the packed rows are also grouped by
+//               destination rank: one contiguous block per peer -> all-to-all
+//     experts   each rank regroups what it received by local expert (rows from rank 0 first,
+//               then rank 1, ...) and runs lesson 03's grouped GEMMs
+//     combine   the outputs go back along the same routes (the reverse all-to-all) and each
+//               rank forms y_t = sum_j g_tj E(x_t) as in lesson 03
+//   The backward retraces the routes: dy is dispatched, the experts' backward runs where the
+//   experts live (their gradients stay there), dx comes back by the reverse all-to-all; the
+//   router is replicated, so its gradients are all-reduced.
+//   The all-to-all, by hand (--a2a):
+//     ordered  P-1 rounds of pairwise exchanges with synchronous sends, the lower rank of each
+//              pair sending first;
+//     async    every irecv and isend posted at once, then waited;
+//     library  MPI_Alltoallv.
+// Why: expert parallelism is how MoE models scale past one device's memory; the all-to-all is
+//   its whole communication cost, twice per layer forward and twice backward.
+// Run:  make run L=04 NP=4
+//       mpirun -np 4 build/bin/04_gshard --experts 8 --topk 2 --a2a ordered
+//       mpirun -np 4 build/bin/04_gshard --bench      (all-to-all timings, as in make bench)
+// Expect: the traffic matrix, the exact data-movement checks, y / dx / router / expert
+//   gradients against the single-process lesson-03 layer on all ranks' tokens, "check: PASS".
+#include <mpi.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cli.h"
+#include "common/comm.h"
+#include "common/moe.h"
+#include "common/npy.h"
+#include "common/ops.h"
+#include "common/tensor.h"
+#include "common/trace.h"
+#include "kernels/kernels.h"
+
+using namespace ff;
+
+enum class A2A { ordered, async, library };
+
+// ----------------------------------------------------------------------------
+// All-to-all, three ways. send holds one block per peer, back to back in rank order, block q
+// of send_bytes[q] bytes; recv gets block p (recv_bytes[p] bytes) from every rank p, likewise.
+// Both sides know every size beforehand (the routing counts are exchanged first), so a block
+// of 0 bytes is simply not sent — and not expected — on both sides.
+
+static std::vector<size_t> offsets(const std::vector<size_t>& bytes) {
+  std::vector<size_t> off(bytes.size() + 1, 0);
+  for (size_t i = 0; i < bytes.size(); i++) off[i + 1] = off[i] + bytes[i];
+  return off;
+}
+
+// ordered: in round s = 0..P-1, rank r is paired with q = (s - r) mod P — the pairing is
+// symmetric ((s - q) mod P = r), so each round is a set of disjoint pairs, and over the P rounds
+// every pair meets exactly once (r + q = s mod P); q == r is the self block, a local copy.
+// In each pair the LOWER rank Ssends first and then receives, the higher one receives first:
+// each Ssend meets a receive its partner has already posted or is about to post, so a pair
+// never waits on itself. Across pairs, a rank stuck in round s waits for a partner that is in a
+// round < s, still finishing an earlier pair; following such waits only goes to earlier
+// rounds, so it ends — at round 0, which everyone starts in. No cycle, no deadlock, for any P.
+static void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_bytes,
+                        char* recv, const std::vector<size_t>& recv_bytes, int tag) {
+  const int r = comm.rank(), P = comm.size();
+  const std::vector<size_t> so = offsets(send_bytes), ro = offsets(recv_bytes);
+  for (int s = 0; s < P; s++) {
+    const int q = ((s - r) % P + P) % P;
+    if (q == r) {
+      if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
+      continue;
+    }
+    auto do_send = [&] {
+      if (send_bytes[(size_t)q]) comm.ssend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag);
+    };
+    auto do_recv = [&] {
+      if (recv_bytes[(size_t)q]) comm.recv(recv + ro[(size_t)q], recv_bytes[(size_t)q], q, tag);
+    };
+    if (r < q) do_send(), do_recv();
+    else do_recv(), do_send();
+  }
+}
+
+// async: post every receive, then every send, then wait for all of them. MPI orders nothing
+// here, so there is nothing to deadlock on; it is the library's job to progress them all.
+static void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes,
+                      char* recv, const std::vector<size_t>& recv_bytes, int tag) {
+  const int r = comm.rank(), P = comm.size();
+  const std::vector<size_t> so = offsets(send_bytes), ro = offsets(recv_bytes);
+  std::vector<Request> reqs;
+  for (int q = 0; q < P; q++)
+    if (q != r && recv_bytes[(size_t)q])
+      reqs.push_back(comm.irecv(recv + ro[(size_t)q], recv_bytes[(size_t)q], q, tag));
+  for (int q = 0; q < P; q++)
+    if (q != r && send_bytes[(size_t)q])
+      reqs.push_back(comm.isend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag));
+  if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
+  comm.wait_all(reqs);
+}
+
+static void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
+                       void* recv, const std::vector<size_t>& recv_bytes, int tag) {
+  Trace::Scope span(trace(), "all-to-all", "comm");
+  const char* s = static_cast<const char*>(send);
+  char* d = static_cast<char*>(recv);
+  switch (how) {
+    case A2A::ordered: a2a_ordered(comm, s, send_bytes, d, recv_bytes, tag); break;
+    case A2A::async: a2a_async(comm, s, send_bytes, d, recv_bytes, tag); break;
+    case A2A::library: comm.alltoallv(s, send_bytes, d, recv_bytes); break;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// The routes. counts[p][e] = routing slots of rank p that chose expert e, known everywhere
+// after one allgather. Everything about who sends what to whom follows from it.
+
+struct Routes {
+  int P = 1, rank = 0;
+  int64_t N = 0, E = 0;                      // experts in all, per rank
+  std::vector<std::vector<int64_t>> counts;  // [P][N]
+  int64_t rows_to(int q) const {             // rows this rank sends to rank q
+    int64_t n = 0;
+    for (int64_t e = q * E; e < (q + 1) * E; e++) n += counts[(size_t)rank][(size_t)e];
+    return n;
+  }
+  int64_t rows_from(int p) const {           // rows this rank receives from rank p
+    int64_t n = 0;
+    for (int64_t e = rank * E; e < (rank + 1) * E; e++) n += counts[(size_t)p][(size_t)e];
+    return n;
+  }
+  std::vector<size_t> bytes(bool to, int64_t width) const {
+    std::vector<size_t> b((size_t)P);
+    for (int q = 0; q < P; q++) b[(size_t)q] = (size_t)((to ? rows_to(q) : rows_from(q)) * width) * sizeof(float);
+    return b;
+  }
+  // The received rows arrive grouped by source, each source's rows sorted by local expert.
+  // The experts want them grouped by local expert: for expert e, source 0's rows of e, then
+  // source 1's, ... order[i] = the received row that becomes local packed row i.
+  std::vector<int64_t> regroup_order() const {
+    std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
+    int64_t row = 0;
+    for (int p = 0; p < P; p++)
+      for (int64_t e = 0; e < E; e++) {
+        start[(size_t)(p * E + e)] = row;
+        row += counts[(size_t)p][(size_t)(rank * E + e)];
+      }
+    std::vector<int64_t> order;
+    for (int64_t e = 0; e < E; e++)
+      for (int p = 0; p < P; p++)
+        for (int64_t i = 0; i < counts[(size_t)p][(size_t)(rank * E + e)]; i++)
+          order.push_back(start[(size_t)(p * E + e)] + i);
+    return order;
+  }
+  std::vector<int64_t> local_group_sizes() const {
+    std::vector<int64_t> g((size_t)E, 0);
+    for (int p = 0; p < P; p++)
+      for (int64_t e = 0; e < E; e++) g[(size_t)e] += counts[(size_t)p][(size_t)(rank * E + e)];
+    return g;
+  }
+};
+
+// Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
+static Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& sb,
+                            const std::vector<size_t>& rb, int64_t width, int tag) {
+  std::vector<float> send = rows.to_vector();
+  size_t total = 0;
+  for (size_t b : rb) total += b / sizeof(float);
+  std::vector<float> recv(total);
+  all_to_all(comm, how, send.data(), sb, recv.data(), rb, tag);
+  return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
+}
+
+// Rows of t in the order `order` (a gather); and the inverse scatter.
+static Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order) {
+  if (order.empty()) return Tensor::empty({0, t.size(1)}, t.device());
+  return index_select(t, Tensor::from_indices(order, {(int64_t)order.size()}, t.device()));
+}
+static Tensor put_rows(const Tensor& t, const std::vector<int64_t>& order) {
+  std::vector<int64_t> inv(order.size());
+  for (size_t i = 0; i < order.size(); i++) inv[(size_t)order[i]] = (int64_t)i;
+  return take_rows(t, inv);
+}
+
+// ----------------------------------------------------------------------------
+// The expert-parallel layer: forward and backward with the routes above.
+
+struct EPForward {
+  moe::Forward local;   // routing, permute plan, combine result of this rank's tokens
+  Routes routes;
+  std::vector<int64_t> order;  // regroup order of the received rows
+  Tensor xl;            // rows at this rank's experts, grouped by local expert
+  moe::ExpertCache cache;
+  Tensor yp_back;       // expert outputs back at the source, packed order
+  moe::LoadStats global;
+  double aux = 0;
+};
+
+static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe::Params& full,
+                            const moe::Params& mine, const Tensor& x) {
+  const int r = comm.rank(), P = comm.size();
+  const int64_t T = x.size(0), d = x.size(1), k = c.topk, N = c.experts, E = N / P;
+  const Device dev = x.device();
+  const KernelTable& K = kernels_for(dev);
+  EPForward f;
+  moe::Forward& L = f.local;
+  // route and permute, as in lesson 03: packed rows sorted by expert = grouped by destination
+  L.routing = moe::route(c, full, x);
+  L.group_sizes = Tensor::empty({N}, dev, DType::i64);
+  L.src_token = Tensor::empty({T * k}, dev, DType::i64);
+  L.pos = Tensor::empty({T * k}, dev, DType::i64);
+  K.moe_permute_plan(L.group_sizes.index_data(), L.src_token.index_data(), L.pos.index_data(),
+                     L.routing.idx.index_data(), T, k, N);
+  Tensor xp = index_select(x, L.src_token);
+  // the routing map: every rank's counts per expert, by one allgather
+  Routes& R = f.routes;
+  R.P = P, R.rank = r, R.N = N, R.E = E;
+  std::vector<int64_t> mine_counts = L.group_sizes.to_index_vector(), all((size_t)(P * N));
+  comm.allgather(mine_counts.data(), (size_t)N * sizeof(int64_t), all.data());
+  R.counts.assign((size_t)P, {});
+  for (int p = 0; p < P; p++) R.counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
+  // dispatch, regroup by local expert, run the experts
+  Tensor recv = exchange_rows(comm, how, xp, R.bytes(true, d), R.bytes(false, d), d, 1);
+  f.order = R.regroup_order();
+  f.xl = take_rows(recv, f.order);
+  std::vector<int64_t> gl = R.local_group_sizes();
+  Tensor gsizes = Tensor::from_indices(gl, {E}, dev);
+  Tensor yl;
+  {
+    Trace::Scope span(trace(), "experts forward", "compute");
+    yl = moe::experts_forward(mine, f.xl, gsizes, &f.cache);
+  }
+  // combine: back in received order, back to the sources, then y_t = sum_j g_tj yp[pos]
+  f.yp_back = exchange_rows(comm, how, put_rows(yl, f.order), R.bytes(false, d), R.bytes(true, d), d, 2);
+  L.yp = f.yp_back;
+  L.y = Tensor::empty({T, d}, dev);
+  K.moe_combine(L.y.data(), L.yp.data(), L.pos.index_data(), L.routing.gates.data(), T, k, d);
+  // the load-balance loss over ALL tokens: add up the ranks' sums
+  L.stats = moe::load_stats(c, L.routing);
+  f.global = L.stats;
+  comm.allreduce(f.global.count.data(), (int)N, MPI_DOUBLE, MPI_SUM);
+  comm.allreduce(f.global.prob_sum.data(), (int)N, MPI_DOUBLE, MPI_SUM);
+  comm.allreduce(&f.global.tokens, 1, MPI_DOUBLE, MPI_SUM);
+  f.aux = moe::aux_loss(c, f.global);
+  return f;
+}
+
+static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const moe::Params& full,
+                              const moe::Params& mine, const Tensor& x, const EPForward& f,
+                              const Tensor& dy) {
+  const int64_t T = x.size(0), d = x.size(1), k = c.topk;
+  const Device dev = x.device();
+  const KernelTable& K = kernels_for(dev);
+  const moe::Forward& L = f.local;
+  const Routes& R = f.routes;
+  // combine backward at the source: dyp (packed) and dL/dg
+  Tensor dyp = Tensor::empty({T * k, d}, dev), dg = Tensor::empty({T, k}, dev);
+  K.moe_combine_backward(dyp.data(), dg.data(), dy.data(), L.yp.data(), L.pos.index_data(),
+                         L.routing.gates.data(), T, k, d);
+  // dyp travels the dispatch route to the experts; their backward runs there
+  Tensor dyl = take_rows(exchange_rows(comm, how, dyp, R.bytes(true, d), R.bytes(false, d), d, 3), f.order);
+  moe::ExpertGrads eg;
+  {
+    Trace::Scope span(trace(), "experts backward", "compute");
+    eg = moe::experts_backward(mine, f.cache, dyl);
+  }
+  // dxp comes home by the combine route; dx_t = sum of its slots' rows
+  Tensor dxp = exchange_rows(comm, how, put_rows(eg.dxp, f.order), R.bytes(false, d), R.bytes(true, d), d, 4);
+  Tensor dx_experts = Tensor::empty({T, d}, dev);
+  K.moe_combine(dx_experts.data(), dxp.data(), L.pos.index_data(), nullptr, T, k, d);
+  // the router, replicated: local gradient, then the sum over ranks (its loss is global)
+  Tensor dz = moe::router_dlogits(c, L.routing, dg, f.global);
+  moe::Grads g;
+  g.router_w = matmul(transpose(x, 0, 1), dz);
+  g.router_b = sum(dz, 0);
+  comm.allreduce_sum(g.router_w);
+  comm.allreduce_sum(g.router_b);
+  g.dx = add(dx_experts, matmul(dz, transpose(full.router_w, 0, 1)));
+  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
+  return g;
+}
+
+// ----------------------------------------------------------------------------
+// --bench: the three all-to-alls on uniform blocks of several sizes, as ratios to MPI's.
+
+static void bench(Comm& comm, int64_t reps, const std::string& csv) {
+  const int r = comm.rank(), P = comm.size();
+  if (r == 0)
+    std::printf("all-to-all, P=%d, median of %lld (slowest rank), bytes per peer block\n"
+                "  %12s %12s %12s %12s %10s %10s\n", P, (long long)reps, "bytes", "library us",
+                "ordered us", "async us", "ordered/lib", "async/lib");
+  FILE* f = nullptr;
+  if (r == 0 && !csv.empty()) {
+    const bool fresh = !std::filesystem::exists(csv);
+    f = std::fopen(csv.c_str(), "a");
+    FF_CHECK(f, "cannot write " << csv);
+    if (fresh) std::fprintf(f, "series,P,bytes,impl,us\n");
+  }
+  for (size_t bytes : {size_t(64), size_t(1) << 10, size_t(16) << 10, size_t(256) << 10,
+                       size_t(1) << 20}) {
+    std::vector<char> send(bytes * (size_t)P, (char)r), recv(bytes * (size_t)P);
+    std::vector<size_t> b((size_t)P, bytes);
+    double us[3];
+    for (int impl = 0; impl < 3; impl++) {
+      std::vector<double> t;
+      for (int64_t i = 0; i < reps; i++) {
+        comm.barrier();
+        double t0 = MPI_Wtime();
+        all_to_all(comm, (A2A)impl, send.data(), b, recv.data(), b, 9);
+        double dt = (MPI_Wtime() - t0) * 1e6;
+        comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
+        t.push_back(dt);
+      }
+      std::sort(t.begin(), t.end());
+      us[impl] = t[t.size() / 2];
+    }
+    if (r == 0) {
+      std::printf("  %12zu %12.1f %12.1f %12.1f %10.2f %10.2f\n", bytes, us[2], us[0], us[1],
+                  us[0] / us[2], us[1] / us[2]);
+      if (f)
+        for (int impl = 0; impl < 3; impl++)
+          std::fprintf(f, "a2a,%d,%zu,%s,%.3f\n", P, bytes,
+                       impl == 0 ? "ordered" : impl == 1 ? "async" : "library", us[impl]);
+    }
+  }
+  if (f) std::fclose(f);
+}
+
+// ----------------------------------------------------------------------------
+
+static double max_abs(const Tensor& t) {
+  double m = 0;
+  for (float v : t.to_vector()) m = std::max(m, (double)std::fabs(v));
+  return m;
+}
+
+struct Checker {
+  Comm& comm;
+  int failures = 0;
+  // every rank compares its part; the worst over ranks is printed on rank 0
+  void report(const char* what, const Tensor& got, const Tensor& want, double atol) {
+    Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, 0.0);
+    double v[3] = {d.max_abs, max_abs(want), d.pass ? 0.0 : 1.0};
+    comm.allreduce(v, 3, MPI_DOUBLE, MPI_MAX);
+    finish(what, v[2] == 0.0, [&] {
+      std::printf("max abs err %.2e  (tol %.1e, values up to %6.3f)", v[0], atol, v[1]);
+    });
+  }
+  void report_exact(const char* what, const Tensor& got, const Tensor& want) {
+    int bad = got.shape() != want.shape() || !bitwise_equal(got.to(Device::cpu), want.to(Device::cpu));
+    comm.allreduce(&bad, 1, MPI_INT, MPI_MAX);
+    finish(what, !bad, [] { std::printf("bitwise equal on every rank"); });
+  }
+  template <typename Fn>
+  void finish(const char* what, bool pass, Fn detail) {
+    if (!pass) failures++;
+    if (comm.rank() == 0) {
+      std::printf("    %-40s ", what);
+      detail();
+      std::printf("  %s\n", pass ? "PASS" : "FAIL");
+    }
+  }
+};
+
+int main(int argc, char** argv) {
+  Comm comm = Comm::world(&argc, &argv);
+  const int rank = comm.rank(), P = comm.size();
+  moe::Config c;
+  int64_t batch = 2, tokens = 16, starve = 0, reps = 20;
+  std::string gate = "softmax-topk", a2a = "ordered";
+  bool do_bench = false;
+  CommonFlags common;
+  Cli cli("04_gshard",
+          "GShard expert parallelism: lesson 03's MoE layer with N/P experts per rank, tokens\n"
+          "dispatched and combined by a hand-written all-to-all, checked against the single-\n"
+          "process layer on all ranks' tokens.");
+  cli.flag("--batch", &batch, "batch size PER RANK", 1, 4096);
+  cli.flag("--tokens", &tokens, "tokens per sequence T", 1, 1 << 16);
+  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
+  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
+  cli.flag("--experts", &c.experts, "experts N (a multiple of the world size P)", 1, 1024);
+  cli.flag("--topk", &c.topk, "experts per token k (1..N)", 1, 1024);
+  cli.choice("--gate", &gate, {"softmax-topk", "topk-softmax"},
+             "softmax over N then top-k, or top-k logits then softmax");
+  cli.flag("--alpha", &c.alpha, "weight of the load-balance loss", 0.0, 100.0);
+  cli.flag("--starve", &starve, "give the last S experts router bias -30: they get no tokens", 0,
+           1023);
+  cli.choice("--a2a", &a2a, {"ordered", "async", "library"},
+             "all-to-all: pairwise Ssend rounds, all isend/irecv at once, or MPI_Alltoallv");
+  cli.toggle("--bench", &do_bench, "time the three all-to-alls instead (ratios to MPI's)");
+  cli.flag("--reps", &reps, "--bench repetitions (median reported)", 1, 100000);
+  common.add_to(cli);
+  cli.epilog("run:  mpirun -np 4 build/bin/04_gshard --experts 8 --topk 2 --a2a ordered");
+  cli.parse(argc, argv, comm);
+  usage_error_if(!do_bench && c.experts % P != 0, comm,
+                 "--experts " + std::to_string(c.experts) + " is not a multiple of the " +
+                     std::to_string(P) + " ranks: every rank holds N/P experts");
+  usage_error_if(c.topk > c.experts, comm,
+                 "--topk " + std::to_string(c.topk) + " is more than --experts " +
+                     std::to_string(c.experts) + ": k must be in 1..N");
+  usage_error_if(starve >= c.experts || c.experts - starve < c.topk, comm,
+                 "--starve " + std::to_string(starve) + " leaves " +
+                     std::to_string(c.experts - starve) + " experts for top-" +
+                     std::to_string(c.topk) + ": at least k must stay reachable");
+  c.gate = gate == "softmax-topk" ? moe::Gate::softmax_topk : moe::Gate::topk_softmax;
+  const A2A how = a2a == "async" ? A2A::async : a2a == "library" ? A2A::library : A2A::ordered;
+  const Device dev = common.resolve_device(comm);
+  comm.set_timeout(common.timeout);
+
+  try {
+    if (do_bench) {
+      bench(comm, reps, common.csv);
+      Comm::exit_all(0);
+    }
+    const uint64_t seed = (uint64_t)common.seed;
+    const int64_t T = batch * tokens, N = c.experts, E = N / P, k = c.topk, d = c.dim, f = c.ffn;
+    const int64_t T_all = T * P;
+    // Every rank builds the same full parameters (counter-based RNG) and keeps its experts.
+    moe::Params full = moe::init_params(c, seed, starve, dev);
+    moe::Params mine = moe::slice_experts(full, rank * E, (rank + 1) * E);
+    // Rank r's batch: rows [r T, (r+1) T) of one global (P B T, d) input; likewise dy.
+    Tensor x = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 10).to(dev);
+    Tensor dy = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 11).to(dev);
+    if (rank == 0)
+      std::printf("== 04 GShard EP: P=%d ranks, %lld experts (%lld per rank), top-%lld, gate %s, "
+                  "%lld tokens per rank, d=%lld f=%lld, all-to-all %s, device %s\n", P,
+                  (long long)N, (long long)E, (long long)k, moe::gate_name(c.gate), (long long)T,
+                  (long long)d, (long long)f, a2a.c_str(), device_name(dev));
+    if (!common.trace.empty()) trace().enable(comm);
+    comm.barrier();
+    const double t0 = MPI_Wtime();
+    EPForward fw = ep_forward(comm, how, c, full, mine, x);
+    moe::Grads g = ep_backward(comm, how, c, full, mine, x, fw, dy);
+    double ms = (MPI_Wtime() - t0) * 1e3;
+    comm.allreduce(&ms, 1, MPI_DOUBLE, MPI_MAX);
+
+    const Routes& R = fw.routes;
+    if (rank == 0) {
+      std::printf("routing map (rows = source rank, columns = destination rank: routing slots "
+                  "sent), from one allgather of the per-expert counts\n");
+      for (int p = 0; p < P && p < 8; p++) {
+        std::printf("    rank %d ->", p);
+        for (int q = 0; q < P && q < 8; q++) {
+          int64_t n = 0;
+          for (int64_t e = q * E; e < (q + 1) * E; e++) n += R.counts[(size_t)p][(size_t)e];
+          std::printf(" %6lld", (long long)n);
+        }
+        std::printf("%s\n", P > 8 ? " ..." : "");
+      }
+      std::printf("    forward + backward %.2f ms (slowest rank): 4 all-to-alls, 2 allreduces of "
+                  "the router gradient\n", ms);
+    }
+
+    // ---- the reference: lesson 03's layer, one process, on all ranks' tokens
+    Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
+    moe::Forward ref = moe::forward(c, full, x_all);
+    moe::Grads rg = moe::backward(c, full, x_all, ref, dy_all, ref.stats);
+    // reference rows of this rank's experts: packed rows [first row of expert rE, ... of (r+1)E)
+    const std::vector<int64_t> rsizes = ref.group_sizes.to_index_vector();
+    int64_t e_row0 = 0, e_row1 = 0;
+    for (int64_t e = 0; e < (rank + 1) * E; e++) (e < rank * E ? e_row0 : e_row1) += rsizes[(size_t)e];
+    e_row1 += e_row0;
+    std::vector<int64_t> rows_here;
+    for (int64_t i = e_row0; i < e_row1; i++) rows_here.push_back(i);
+    // reference packed rows of this rank's tokens' slots, in this rank's packed order
+    const std::vector<int64_t> rpos = ref.pos.to_index_vector(), lpos = fw.local.pos.to_index_vector();
+    std::vector<int64_t> mine_in_ref((size_t)(T * k));
+    for (int64_t s = 0; s < T * k; s++) mine_in_ref[(size_t)lpos[(size_t)s]] = rpos[(size_t)(rank * T * k + s)];
+
+    Checker check{comm};
+    const double eps = FLT_EPSILON, n = (double)(T_all * k + d + f + N);
+    auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
+    if (rank == 0) std::printf("data movement (must be exact: the all-to-all only copies)\n");
+    check.report_exact("dispatch: rows at each expert", fw.xl, take_rows(ref.cache.xp, rows_here));
+    check.report_exact("combine: expert outputs back at source", fw.yp_back,
+                       take_rows(ref.yp, mine_in_ref));
+    if (rank == 0)
+      std::printf("against lesson 03's layer on all %lld tokens in one process (worst rank)\n",
+                  (long long)T_all);
+    Tensor my_rows = slice(ref.y, 0, rank * T, (rank + 1) * T);
+    check.report("y", fw.local.y, my_rows, tol(ref.y));
+    double aux_err = std::fabs(fw.aux - ref.aux);
+    bool aux_ok = aux_err <= 8.0 * n * eps * std::max(ref.aux, 1e-3);
+    check.finish("aux loss (f_i, P_i summed over ranks)", [&] {
+      int bad = !aux_ok;
+      comm.allreduce(&bad, 1, MPI_INT, MPI_MAX);
+      return bad == 0;
+    }(), [&] { std::printf("%.7g vs %.7g", fw.aux, ref.aux); });
+    check.report("dx", g.dx, slice(rg.dx, 0, rank * T, (rank + 1) * T), tol(rg.dx));
+    check.report("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
+    check.report("d router_b (allreduced)", g.router_b, rg.router_b, tol(rg.router_b));
+    check.report("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
+    check.report("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
+    check.report("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
+
+    // ---- outputs
+    auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
+      std::vector<float> mine_v = t.to_vector(), all(mine_v.size() * (size_t)P);
+      comm.allgather(mine_v.data(), mine_v.size() * sizeof(float), all.data());
+      Shape s = t.shape();
+      s[0] *= P;
+      return Tensor::from_vector(all, s);
+    };
+    if (!common.dump.empty()) {
+      Tensor y_all = gather_rows(fw.local.y), dx_all = gather_rows(g.dx);
+      Tensor gates_all = gather_rows(fw.local.routing.gates);
+      std::vector<int64_t> idx = fw.local.routing.idx.to_index_vector(), idx_all(idx.size() * (size_t)P);
+      comm.allgather(idx.data(), idx.size() * sizeof(int64_t), idx_all.data());
+      Tensor w1_all = gather_rows(g.w1), w3_all = gather_rows(g.w3), w2_all = gather_rows(g.w2);
+      if (rank == 0) {
+        const std::string& dir = common.dump;
+        std::filesystem::create_directories(dir);
+        const int64_t B_all = batch * P;
+        auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
+          save_npy(dir + "/" + name + ".npy", t.to(Device::cpu).view(shape));
+        };
+        save("x", x_all, {B_all, tokens, d});
+        save("dy", dy_all, {B_all, tokens, d});
+        save("y", y_all, {B_all, tokens, d});
+        save("router_w", full.router_w, {d, N});
+        save("router_b", full.router_b, {N});
+        save("experts_w1", full.w1, {N, d, f});
+        save("experts_w3", full.w3, {N, d, f});
+        save("experts_w2", full.w2, {N, f, d});
+        save_npy(dir + "/aux_loss.npy", Tensor::from_vector({(float)fw.aux}, {}));
+        save("topk_idx", Tensor::from_indices(idx_all, {B_all, tokens, k}), {B_all, tokens, k});
+        save("topk_val", gates_all, {B_all, tokens, k});
+        save("dx", dx_all, {B_all, tokens, d});
+        save("d_router_w", g.router_w, {d, N});
+        save("d_router_b", g.router_b, {N});
+        save("d_experts_w1", w1_all, {N, d, f});
+        save("d_experts_w3", w3_all, {N, d, f});
+        save("d_experts_w2", w2_all, {N, f, d});
+        std::ofstream meta(dir + "/meta.json");
+        FF_CHECK(meta, "cannot write " << dir << "/meta.json");
+        meta << "{\"gate\": \"" << moe::gate_name(c.gate) << "\", \"k\": " << k << ", \"N\": " << N
+             << ", \"alpha\": " << c.alpha << ", \"P\": " << P << ", \"d\": " << d
+             << ", \"f\": " << f << ", \"a2a\": \"" << a2a << "\"}\n";
+        std::printf("    wrote the lesson-03 dump names (x = all ranks' batches in rank order) to "
+                    "%s\n", dir.c_str());
+      }
+    }
+    if (!common.csv.empty() && rank == 0) {
+      // series traffic: a = source rank, b = destination rank, c = routing slots sent
+      const bool fresh = !std::filesystem::exists(common.csv);
+      FILE* fc = std::fopen(common.csv.c_str(), "a");
+      FF_CHECK(fc, "cannot write " << common.csv);
+      if (fresh) std::fprintf(fc, "series,P,N,k,a,b,c\n");
+      for (int p = 0; p < P; p++)
+        for (int q = 0; q < P; q++) {
+          int64_t cnt = 0;
+          for (int64_t e = q * E; e < (q + 1) * E; e++) cnt += R.counts[(size_t)p][(size_t)e];
+          std::fprintf(fc, "traffic,%d,%lld,%lld,%d,%d,%lld\n", P, (long long)N, (long long)k, p,
+                       q, (long long)cnt);
+        }
+      std::fclose(fc);
+    }
+    if (!common.trace.empty()) {
+      trace().write_chrome_json(comm, common.trace);
+      if (rank == 0) std::printf("    wrote trace %s\n", common.trace.c_str());
+    }
+    if (rank == 0)
+      std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
+                  check.failures, check.failures == 1 ? "" : "s");
+    Comm::exit_all(check.failures ? 1 : 0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}
