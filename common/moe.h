@@ -18,6 +18,11 @@
 
 #include "common/tensor.h"
 
+namespace ff {
+class Cli;
+class Comm;
+}  // namespace ff
+
 namespace ff::moe {
 
 enum class Gate { softmax_topk, topk_softmax };
@@ -36,6 +41,17 @@ struct Config {
   Gate gate = Gate::softmax_topk;
   double alpha = 0.01;  // weight of the load-balance loss
 };
+
+// The layer's flags, the same in lessons 03 and 04: --batch --tokens --dim --ffn --experts
+// --topk --gate --alpha --starve. check_flags() runs after parsing: it sets c->gate and
+// rejects k > N and a --starve that leaves fewer than k experts (usage errors on every rank).
+struct Flags {
+  int64_t batch = 2, tokens = 16, starve = 0;
+  std::string gate = "softmax-topk";
+};
+void add_flags(Cli& cli, Config* c, Flags* f, const std::string& batch_help,
+               const std::string& experts_help);
+void check_flags(const Comm& comm, Config* c, const Flags& f);
 
 struct Params {
   Tensor router_w;  // (d, N)

@@ -384,30 +384,6 @@ static Reference reference(const Config& c, uint64_t seed) {
 // ----------------------------------------------------------------------------
 // Reporting
 
-static double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float x : t.to_vector()) m = std::max(m, (double)std::fabs(x));
-  return m;
-}
-
-struct Checker {
-  Comm& comm;
-  int failures = 0;
-  // Every rank compares its slice; the worst over ranks is printed on rank 0, with the size
-  // of the values for scale. (No relative error: gradients that are exactly 0 in the
-  // reference — the first token's dQ under a causal mask — make it meaningless.)
-  void report(const char* what, const Tensor& got, const Tensor& want, double atol) {
-    Diff d = compare(got, want, atol, 0.0);
-    double v[3] = {d.max_abs, max_abs(want), d.pass ? 0.0 : 1.0};
-    comm.allreduce(v, 3, MPI_DOUBLE, MPI_MAX);
-    bool pass = v[2] == 0.0;
-    if (!pass) failures++;
-    if (comm.rank() == 0)
-      std::printf("    %-36s max abs err %.2e  (tol %.1e, values up to %5.2f)  %s\n", what, v[0],
-                  atol, v[1], pass ? "PASS" : "FAIL");
-  }
-};
-
 // "0-15" / "0-7,56-63" / "1,5,9,... (16 tokens)": the positions a rank holds, compactly.
 static std::string describe_positions(const std::vector<int64_t>& pos) {
   std::vector<std::pair<int64_t, int64_t>> runs;
@@ -589,16 +565,16 @@ int main(int argc, char** argv) {
     if (rank == 0)
       std::printf("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
                   "autograd attention (worst rank shown)\n");
-    Checker check{comm};
+    CheckReport check(comm);
     Tensor lse4 = reshape(lse, {c.B, c.H, (int64_t)me.pos.size(), 1});
-    check.report("o   = softmax(QK^T/sqrt(D)+mask) V", o.to(Device::cpu), take_tokens(R.o, me.pos),
+    check.close("o   = softmax(QK^T/sqrt(D)+mask) V", o.to(Device::cpu), take_tokens(R.o, me.pos),
                  tol_o);
-    check.report("lse = m + log l", lse4.to(Device::cpu), take_tokens(R.lse, me.pos), tol_lse);
-    check.report("dQ  (accumulated at home)", dq.to(Device::cpu), take_tokens(R.dq, me.pos),
+    check.close("lse = m + log l", lse4.to(Device::cpu), take_tokens(R.lse, me.pos), tol_lse);
+    check.close("dQ  (accumulated at home)", dq.to(Device::cpu), take_tokens(R.dq, me.pos),
                  tol_dqk);
-    check.report("dK  (travelled with its block)", dk.to(Device::cpu), take_tokens(R.dk, me.pos),
+    check.close("dK  (travelled with its block)", dk.to(Device::cpu), take_tokens(R.dk, me.pos),
                  tol_dqk);
-    check.report("dV  (travelled with its block)", dv.to(Device::cpu), take_tokens(R.dv, me.pos),
+    check.close("dV  (travelled with its block)", dv.to(Device::cpu), take_tokens(R.dv, me.pos),
                  tol_dv);
 
     // ---------------- outputs: dump, csv, trace
@@ -645,10 +621,7 @@ int main(int argc, char** argv) {
       if (rank == 0)
         std::printf("    wrote trace %s (open in https://ui.perfetto.dev)\n", common.trace.c_str());
     }
-    if (rank == 0)
-      std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
-                  check.failures, check.failures == 1 ? "" : "s");
-    Comm::exit_all(check.failures ? 1 : 0);
+    Comm::exit_all(check.verdict());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

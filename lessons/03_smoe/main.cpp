@@ -42,49 +42,20 @@
 
 using namespace ff;
 
-static double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float v : t.to_vector()) m = std::max(m, (double)std::fabs(v));
-  return m;
-}
-
-struct Checker {
-  int failures = 0;
-  void report(const char* what, const Tensor& got, const Tensor& want, double atol) {
-    Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, 0.0);
-    if (!d.pass) failures++;
-    std::printf("    %-34s max abs err %.2e  (tol %.1e, values up to %6.3f)  %s\n", what,
-                d.max_abs, atol, max_abs(want), d.pass ? "PASS" : "FAIL");
-  }
-  void report_scalar(const char* what, double got, double want, double atol) {
-    bool pass = std::fabs(got - want) <= atol;
-    if (!pass) failures++;
-    std::printf("    %-34s %.7g vs %.7g  (tol %.1e)  %s\n", what, got, want, atol,
-                pass ? "PASS" : "FAIL");
-  }
-};
-
 int main(int argc, char** argv) {
   Comm comm = Comm::world(&argc, &argv);
   moe::Config c;
-  int64_t batch = 2, tokens = 16, starve = 0;
-  std::string gate = "softmax-topk", bug = "none";
+  moe::Flags mf;
+  std::string bug = "none";
+  int64_t& batch = mf.batch;
+  int64_t& tokens = mf.tokens;
+  const int64_t& starve = mf.starve;
   CommonFlags common;
   Cli cli("03_smoe",
           "Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
           "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
           "autograd. Single process (lesson 04 distributes it).");
-  cli.flag("--batch", &batch, "batch size B", 1, 4096);
-  cli.flag("--tokens", &tokens, "tokens per sequence T (B*T tokens in all)", 1, 1 << 16);
-  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
-  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
-  cli.flag("--experts", &c.experts, "experts N", 1, 1024);
-  cli.flag("--topk", &c.topk, "experts per token k (1..N)", 1, 1024);
-  cli.choice("--gate", &gate, {"softmax-topk", "topk-softmax"},
-             "softmax over N then top-k (no renormalisation), or top-k logits then softmax");
-  cli.flag("--alpha", &c.alpha, "weight of the load-balance loss", 0.0, 100.0);
-  cli.flag("--starve", &starve, "give the last S experts router bias -30: they get no tokens", 0,
-           1023);
+  moe::add_flags(cli, &c, &mf, "batch size B", "experts N");
   cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
              "plant a backward mistake to watch the check fail");
   common.add_to(cli);
@@ -93,14 +64,7 @@ int main(int argc, char** argv) {
   usage_error_if(comm.size() != 1, comm,
                  "lesson 03 is one process (got " + std::to_string(comm.size()) +
                      " ranks): run it with mpirun -np 1; lesson 04 spreads the experts over ranks");
-  usage_error_if(c.topk > c.experts, comm,
-                 "--topk " + std::to_string(c.topk) + " is more than --experts " +
-                     std::to_string(c.experts) + ": k must be in 1..N");
-  usage_error_if(starve >= c.experts || c.experts - starve < c.topk, comm,
-                 "--starve " + std::to_string(starve) + " leaves " +
-                     std::to_string(c.experts - starve) + " experts for top-" +
-                     std::to_string(c.topk) + ": at least k must stay reachable");
-  c.gate = gate == "softmax-topk" ? moe::Gate::softmax_topk : moe::Gate::topk_softmax;
+  moe::check_flags(comm, &c, mf);
   const moe::Bug the_bug = bug == "gate-twice"         ? moe::Bug::gate_twice
                            : bug == "silu-no-upstream" ? moe::Bug::silu_no_upstream
                            : bug == "no-router-path"   ? moe::Bug::no_router_path
@@ -143,7 +107,7 @@ int main(int argc, char** argv) {
                 "uniform)\n", fw.aux, c.alpha);
 
     // ---------------- [2] forward two ways
-    Checker check;
+    CheckReport check(comm);
     // Both sides compute each expert output with the same float32 dot products of length d
     // and f; they differ in the GEMM kernels' summation order and in how the k gated terms are
     // added: n = d + f + k terms, each off by eps relative, bound |dy| by n * eps * max|y| * 4
@@ -151,7 +115,7 @@ int main(int argc, char** argv) {
     const double eps = FLT_EPSILON;
     std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
     Tensor y_loop = moe::forward_loop(c, p, x, fw.routing);
-    check.report("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
+    check.close("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
 
     // ---------------- [3] backward
     std::printf("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
@@ -166,14 +130,14 @@ int main(int argc, char** argv) {
     // different order on each side: tolerance 4 * n * eps times the largest value.
     const double n = (double)(T * k + d + f + N);
     auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
-    check.report("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
-    check.report_scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
-    check.report("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
-    check.report("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
-    check.report("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
-    check.report("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
-    check.report("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
-    check.report("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
+    check.close("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
+    check.scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
+    check.close("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
+    check.close("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
+    check.close("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
+    check.close("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
+    check.close("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
+    check.close("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
     if (empty) {
       // an expert with no tokens: exactly zero, not merely small (and no NaN)
       std::vector<float> w1g = g.w1.to_vector();
@@ -181,8 +145,7 @@ int main(int argc, char** argv) {
       for (int64_t e = 0; e < N; e++)
         if (sizes[(size_t)e] == 0)
           for (int64_t i = 0; i < d * f; i++) zero = zero && w1g[(size_t)(e * d * f + i)] == 0.f;
-      if (!zero) check.failures++;
-      std::printf("    %-34s %s\n", "experts with no tokens: dW exactly 0", zero ? "PASS" : "FAIL");
+      check.holds("experts with no tokens: dW exactly 0", zero);
     }
 
     // ---------------- outputs
@@ -239,9 +202,7 @@ int main(int argc, char** argv) {
       trace().write_chrome_json(comm, common.trace);
       std::printf("    wrote trace %s\n", common.trace.c_str());
     }
-    std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
-                check.failures, check.failures == 1 ? "" : "s");
-    Comm::exit_all(check.failures ? 1 : 0);
+    Comm::exit_all(check.verdict());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

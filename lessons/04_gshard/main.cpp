@@ -339,63 +339,23 @@ static void bench(Comm& comm, int64_t reps, const std::string& csv) {
 
 // ----------------------------------------------------------------------------
 
-static double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float v : t.to_vector()) m = std::max(m, (double)std::fabs(v));
-  return m;
-}
-
-struct Checker {
-  Comm& comm;
-  int failures = 0;
-  // every rank compares its part; the worst over ranks is printed on rank 0
-  void report(const char* what, const Tensor& got, const Tensor& want, double atol) {
-    Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, 0.0);
-    double v[3] = {d.max_abs, max_abs(want), d.pass ? 0.0 : 1.0};
-    comm.allreduce(v, 3, MPI_DOUBLE, MPI_MAX);
-    finish(what, v[2] == 0.0, [&] {
-      std::printf("max abs err %.2e  (tol %.1e, values up to %6.3f)", v[0], atol, v[1]);
-    });
-  }
-  void report_exact(const char* what, const Tensor& got, const Tensor& want) {
-    int bad = got.shape() != want.shape() || !bitwise_equal(got.to(Device::cpu), want.to(Device::cpu));
-    comm.allreduce(&bad, 1, MPI_INT, MPI_MAX);
-    finish(what, !bad, [] { std::printf("bitwise equal on every rank"); });
-  }
-  template <typename Fn>
-  void finish(const char* what, bool pass, Fn detail) {
-    if (!pass) failures++;
-    if (comm.rank() == 0) {
-      std::printf("    %-40s ", what);
-      detail();
-      std::printf("  %s\n", pass ? "PASS" : "FAIL");
-    }
-  }
-};
-
 int main(int argc, char** argv) {
   Comm comm = Comm::world(&argc, &argv);
   const int rank = comm.rank(), P = comm.size();
   moe::Config c;
-  int64_t batch = 2, tokens = 16, starve = 0, reps = 20;
-  std::string gate = "softmax-topk", a2a = "ordered";
+  moe::Flags mf;
+  int64_t reps = 20;
+  std::string a2a = "ordered";
+  int64_t& batch = mf.batch;
+  int64_t& tokens = mf.tokens;
+  const int64_t& starve = mf.starve;
   bool do_bench = false;
   CommonFlags common;
   Cli cli("04_gshard",
           "GShard expert parallelism: lesson 03's MoE layer with N/P experts per rank, tokens\n"
           "dispatched and combined by a hand-written all-to-all, checked against the single-\n"
           "process layer on all ranks' tokens.");
-  cli.flag("--batch", &batch, "batch size PER RANK", 1, 4096);
-  cli.flag("--tokens", &tokens, "tokens per sequence T", 1, 1 << 16);
-  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
-  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
-  cli.flag("--experts", &c.experts, "experts N (a multiple of the world size P)", 1, 1024);
-  cli.flag("--topk", &c.topk, "experts per token k (1..N)", 1, 1024);
-  cli.choice("--gate", &gate, {"softmax-topk", "topk-softmax"},
-             "softmax over N then top-k, or top-k logits then softmax");
-  cli.flag("--alpha", &c.alpha, "weight of the load-balance loss", 0.0, 100.0);
-  cli.flag("--starve", &starve, "give the last S experts router bias -30: they get no tokens", 0,
-           1023);
+  moe::add_flags(cli, &c, &mf, "batch size PER RANK", "experts N (a multiple of the world size P)");
   cli.choice("--a2a", &a2a, {"ordered", "async", "library"},
              "all-to-all: pairwise Ssend rounds, all isend/irecv at once, or MPI_Alltoallv");
   cli.toggle("--bench", &do_bench, "time the three all-to-alls instead (ratios to MPI's)");
@@ -406,14 +366,7 @@ int main(int argc, char** argv) {
   usage_error_if(!do_bench && c.experts % P != 0, comm,
                  "--experts " + std::to_string(c.experts) + " is not a multiple of the " +
                      std::to_string(P) + " ranks: every rank holds N/P experts");
-  usage_error_if(c.topk > c.experts, comm,
-                 "--topk " + std::to_string(c.topk) + " is more than --experts " +
-                     std::to_string(c.experts) + ": k must be in 1..N");
-  usage_error_if(starve >= c.experts || c.experts - starve < c.topk, comm,
-                 "--starve " + std::to_string(starve) + " leaves " +
-                     std::to_string(c.experts - starve) + " experts for top-" +
-                     std::to_string(c.topk) + ": at least k must stay reachable");
-  c.gate = gate == "softmax-topk" ? moe::Gate::softmax_topk : moe::Gate::topk_softmax;
+  moe::check_flags(comm, &c, mf);
   const A2A how = a2a == "async" ? A2A::async : a2a == "library" ? A2A::library : A2A::ordered;
   const Device dev = common.resolve_device(comm);
   comm.set_timeout(common.timeout);
@@ -478,31 +431,26 @@ int main(int argc, char** argv) {
     std::vector<int64_t> mine_in_ref((size_t)(T * k));
     for (int64_t s = 0; s < T * k; s++) mine_in_ref[(size_t)lpos[(size_t)s]] = rpos[(size_t)(rank * T * k + s)];
 
-    Checker check{comm};
+    CheckReport check(comm);
     const double eps = FLT_EPSILON, n = (double)(T_all * k + d + f + N);
     auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
     if (rank == 0) std::printf("data movement (must be exact: the all-to-all only copies)\n");
-    check.report_exact("dispatch: rows at each expert", fw.xl, take_rows(ref.cache.xp, rows_here));
-    check.report_exact("combine: expert outputs back at source", fw.yp_back,
+    check.exact("dispatch: rows at each expert", fw.xl, take_rows(ref.cache.xp, rows_here));
+    check.exact("combine: expert outputs back at source", fw.yp_back,
                        take_rows(ref.yp, mine_in_ref));
     if (rank == 0)
       std::printf("against lesson 03's layer on all %lld tokens in one process (worst rank)\n",
                   (long long)T_all);
     Tensor my_rows = slice(ref.y, 0, rank * T, (rank + 1) * T);
-    check.report("y", fw.local.y, my_rows, tol(ref.y));
-    double aux_err = std::fabs(fw.aux - ref.aux);
-    bool aux_ok = aux_err <= 8.0 * n * eps * std::max(ref.aux, 1e-3);
-    check.finish("aux loss (f_i, P_i summed over ranks)", [&] {
-      int bad = !aux_ok;
-      comm.allreduce(&bad, 1, MPI_INT, MPI_MAX);
-      return bad == 0;
-    }(), [&] { std::printf("%.7g vs %.7g", fw.aux, ref.aux); });
-    check.report("dx", g.dx, slice(rg.dx, 0, rank * T, (rank + 1) * T), tol(rg.dx));
-    check.report("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
-    check.report("d router_b (allreduced)", g.router_b, rg.router_b, tol(rg.router_b));
-    check.report("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
-    check.report("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
-    check.report("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
+    check.close("y", fw.local.y, my_rows, tol(ref.y));
+    check.scalar("aux loss (f_i, P_i summed over ranks)", fw.aux, ref.aux,
+                 8.0 * n * eps * std::max(ref.aux, 1e-3));
+    check.close("dx", g.dx, slice(rg.dx, 0, rank * T, (rank + 1) * T), tol(rg.dx));
+    check.close("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
+    check.close("d router_b (allreduced)", g.router_b, rg.router_b, tol(rg.router_b));
+    check.close("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
+    check.close("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
+    check.close("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
 
     // ---- outputs
     auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
@@ -570,10 +518,7 @@ int main(int argc, char** argv) {
       trace().write_chrome_json(comm, common.trace);
       if (rank == 0) std::printf("    wrote trace %s\n", common.trace.c_str());
     }
-    if (rank == 0)
-      std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
-                  check.failures, check.failures == 1 ? "" : "s");
-    Comm::exit_all(check.failures ? 1 : 0);
+    Comm::exit_all(check.verdict());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -61,12 +61,6 @@ Problem make_problem(const std::string& name, int64_t T, int64_t d, int64_t f, i
   return pr;
 }
 
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float v : t.to_vector()) m = std::max(m, (double)std::fabs(v));
-  return m;
-}
-
 bool all_finite(const Tensor& t) {
   for (float v : t.to_vector())
     if (!std::isfinite(v)) return false;
