@@ -284,7 +284,7 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
   Tensor dk = Tensor::zeros(block_shape(c, n), c.dev), dv = dk.clone();  // travel with cur
   // async: dK/dV sent at step s must not be waited on before the next step has posted its
   // receive (else every rank waits on its successor: a cycle), so sends are waited one step late.
-  std::vector<float> dkv_in_prev, dkv_out_prev;
+  std::vector<float> dkv_out_prev;
   std::vector<Request> dkv_sends;
   for (int s = 0; s < P; s++) {
     const bool more = s < P - 1;
