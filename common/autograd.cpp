@@ -39,6 +39,26 @@ Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
   return out;
 }
 
+Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
+                    int weight_input,
+                    std::function<std::vector<Tensor>(const Tensor&)> input_backward,
+                    std::function<Tensor(const Tensor&)> weight_backward) {
+  FF_CHECK(weight_input >= 0 && weight_input < (int)inputs.size(),
+           name << ": weight input " << weight_input << " out of range");
+  auto full = [input_backward, weight_backward, weight_input](const Tensor& g) {
+    std::vector<Tensor> grads = input_backward(g);
+    grads[(size_t)weight_input] = weight_backward(g);
+    return grads;
+  };
+  out = record(out, name, std::move(inputs), full);
+  if (Node* node = out.impl()->grad_fn.get()) {
+    node->weight_input = weight_input;
+    node->input_backward = std::move(input_backward);
+    node->weight_backward = std::move(weight_backward);
+  }
+  return out;
+}
+
 // acc += g (both on the same device, same shape)
 static void accumulate(std::shared_ptr<TensorImpl>& acc, const Tensor& g) {
   if (!acc) {
@@ -65,7 +85,13 @@ static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads)
   }
 }
 
-void run_backward(const Tensor& root, const Tensor& grad_output) {
+void DeferredGrads::run() {
+  NoGradGuard no_grad;
+  for (auto& f : pending_) f();
+  pending_.clear();
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred) {
   FF_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
   FF_CHECK(grad_output.shape() == root.shape(),
            "backward: gradient shape " << shape_str(grad_output.shape()) << " != tensor shape "
@@ -105,7 +131,25 @@ void run_backward(const Tensor& root, const Tensor& grad_output) {
       continue;
     }
     Node* node = t->grad_fn.get();
-    std::vector<Tensor> in_grads = node->backward(g);
+    std::vector<Tensor> in_grads;
+    int w = node->weight_input;
+    if (deferred && w >= 0 && node->inputs[(size_t)w].requires_grad() &&
+        !node->inputs[(size_t)w].impl()->grad_fn) {
+      // "I" now, "W" later: the closure keeps the weight, the gradient and (through
+      // weight_backward's captures) the activation alive until it runs.
+      in_grads = node->input_backward(g);
+      std::shared_ptr<TensorImpl> weight = node->inputs[(size_t)w].impl_ptr();
+      size_t n_inputs = node->inputs.size();
+      deferred->pending_.push_back([weight, g, w, n_inputs, name = node->name,
+                                    fn = node->weight_backward] {
+        std::vector<Tensor> grads(n_inputs);
+        grads[(size_t)w] = fn(g);
+        apply_planted_bug(name, grads);
+        accumulate(weight->grad, grads[(size_t)w]);
+      });
+    } else {
+      in_grads = node->backward(g);
+    }
     FF_CHECK(in_grads.size() == node->inputs.size(),
              "backward of " << node->name << " returned " << in_grads.size() << " gradients for "
                             << node->inputs.size() << " inputs");

@@ -18,6 +18,29 @@ struct Node {
   std::string name;                // the op, e.g. "softmax"
   std::vector<Tensor> inputs;      // the tensors the op read
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+  // Ops with a weight (matmul's 2-D right operand) can split their backward in two, as
+  // zero-bubble pipeline schedules need: input gradients now ("I"), weight gradient later
+  // ("W"). Then weight_input >= 0, input_backward returns every gradient but the weight's
+  // (left undefined) and weight_backward returns the weight's alone; backward is both.
+  int weight_input = -1;
+  std::function<std::vector<Tensor>(const Tensor& grad_output)> input_backward;
+  std::function<Tensor(const Tensor& grad_output)> weight_backward;
+};
+
+// Weight gradients set aside by run_backward(root, g, &deferred), in the order the reverse
+// walk met them; run() computes them and accumulates them into the weights' .grad.
+// Holding them keeps alive what they need (the op's input activation and its output
+// gradient): a deferred W costs memory until it runs.
+class DeferredGrads {
+ public:
+  bool empty() const { return pending_.empty(); }
+  size_t size() const { return pending_.size(); }
+  void run();
+  void clear() { pending_.clear(); }
+
+ private:
+  friend void run_backward(const Tensor&, const Tensor&, DeferredGrads*);
+  std::vector<std::function<void()>> pending_;
 };
 
 // Whether ops record the tape (true unless a NoGradGuard is alive on this thread).
@@ -38,8 +61,18 @@ struct NoGradGuard {
 Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
               std::function<std::vector<Tensor>(const Tensor& grad_output)> backward);
 
+// The same for an op whose backward splits into input and weight parts (see Node): the
+// full backward is input_backward followed by weight_backward.
+Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
+                    int weight_input,
+                    std::function<std::vector<Tensor>(const Tensor& grad_output)> input_backward,
+                    std::function<Tensor(const Tensor& grad_output)> weight_backward);
+
 // Runs the reverse walk from `root`, seeded with `grad_output` (same shape as root).
-void run_backward(const Tensor& root, const Tensor& grad_output);
+// With `deferred`, every splittable op whose weight is a leaf computes only its input
+// gradients now and leaves the weight gradient in *deferred (the "I" of a zero-bubble
+// schedule; deferred->run() is its "W").
+void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred = nullptr);
 
 // ---- test-only: plant a bug in one op's backward, so tests can show a check catches it.
 namespace testing {

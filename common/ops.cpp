@@ -204,17 +204,22 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor c = Tensor::empty(out_shape, a.device());
   int64_t stride_b = shared_b ? 0 : Kd * N;
   K(a).matmul(c.data(), a.data(), b.data(), B, M, N, Kd, M * Kd, stride_b, false, false, false);
-  return record(c, "matmul", {a, b}, [a, b, B, M, N, Kd, shared_b, stride_b](const Tensor& g) -> Grads {
-    // dA = dC @ B^T ; dB = A^T @ dC (summed over the batch when B is shared)
+  // dA = dC @ B^T (the input gradient); dB = A^T @ dC (the weight gradient, summed over the
+  // batch when B is shared). Split, so that a zero-bubble pipeline can run dB later.
+  auto input_grad = [a, b, B, M, N, Kd, stride_b](const Tensor& g) -> Grads {
     Tensor da = Tensor::empty(a.shape(), a.device());
     K(a).matmul(da.data(), g.data(), b.data(), B, M, Kd, N, M * N, stride_b, false, true, false);
+    return {da, Tensor()};
+  };
+  auto weight_grad = [a, b, B, M, N, Kd, shared_b](const Tensor& g) -> Tensor {
     Tensor db = Tensor::empty(b.shape(), b.device());
     if (shared_b)
       K(a).matmul(db.data(), a.data(), g.data(), 1, Kd, N, B * M, 0, 0, true, false, false);
     else
       K(a).matmul(db.data(), a.data(), g.data(), B, Kd, N, M, M * Kd, M * N, true, false, false);
-    return {da, db};
-  });
+    return db;
+  };
+  return record_split(c, "matmul", {a, b}, 1, input_grad, weight_grad);
 }
 
 // ---------------------------------------------------------------------------

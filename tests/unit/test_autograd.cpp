@@ -193,3 +193,60 @@ TEST_CASE("autograd: a graph is freed when its tensors go out of scope (no cycle
   { Tensor y = sum_all(keep); }
   CHECK_FALSE(mid.expired());
 }
+
+// ---- the input/weight split of a backward (zero-bubble pipelines, lesson 07)
+namespace {
+// A two-layer block whose weights are leaves, each used twice (two deferred W's each).
+struct SplitNet {
+  Tensor x = leaf({5, 4}, 11), w1 = leaf({4, 6}, 12), w2 = leaf({6, 4}, 13);
+  Tensor forward() const { return matmul(silu(matmul(x, w1)), w2) + matmul(matmul(x, w1), w2) * 0.5f; }
+};
+}  // namespace
+
+TEST_CASE("autograd: a deferred backward gives input gradients now and the same weight gradients later") {
+  SplitNet full, split;  // the same values (same seeds)
+  Tensor g4 = randn({5, 4}, 15);
+  run_backward(full.forward(), g4);
+
+  DeferredGrads deferred;
+  run_backward(split.forward(), g4, &deferred);
+  CHECK(deferred.size() == 4);            // four matmuls with a leaf weight
+  CHECK_FALSE(split.w1.grad().defined());  // W has not run
+  CHECK_FALSE(split.w2.grad().defined());
+  REQUIRE(split.x.grad().defined());       // I has
+  CHECK(bitwise_equal(split.x.grad(), full.x.grad()));
+
+  deferred.run();
+  CHECK(deferred.empty());
+  CHECK(bitwise_equal(split.w1.grad(), full.w1.grad()));
+  CHECK(bitwise_equal(split.w2.grad(), full.w2.grad()));
+}
+
+TEST_CASE("autograd: a weight that is not a leaf is never deferred; without a queue nothing is") {
+  Tensor x = leaf({3, 4}, 21), w = leaf({4, 2}, 22);
+  Tensor w_used = scale(w, 2.f);  // an intermediate: its gradient must flow on now
+  DeferredGrads deferred;
+  run_backward(sum_all(matmul(x, w_used)), Tensor::full({}, 1.f), &deferred);
+  CHECK(deferred.empty());
+  REQUIRE(w.grad().defined());
+
+  Tensor x2 = leaf({3, 4}, 21), w2 = leaf({4, 2}, 22);
+  run_backward(sum_all(matmul(x2, w2)), Tensor::full({}, 1.f));
+  REQUIRE(w2.grad().defined());
+  // dL/dw (through w_used = 2w) is twice the direct one
+  CHECK(compare(w.grad(), scale(w2.grad(), 2.f), 1e-6, 1e-6).pass);
+}
+
+TEST_CASE("autograd: a planted bug in matmul's backward is caught on the deferred path too") {
+  SplitNet full, split;
+  Tensor g4 = randn({5, 4}, 15);
+  run_backward(full.forward(), g4);
+  {
+    testing::PlantedBug bug("matmul", testing::Bug::scale_by_1_01);
+    DeferredGrads deferred;
+    run_backward(split.forward(), g4, &deferred);
+    deferred.run();
+  }
+  CHECK_FALSE(compare(split.w2.grad(), full.w2.grad(), 1e-6, 1e-6).pass);
+  CHECK_FALSE(compare(split.x.grad(), full.x.grad(), 1e-6, 1e-6).pass);
+}
