@@ -1,0 +1,603 @@
+// Lesson 07 — pipeline schedules from GPipe to DualPipe: schedules as data, a simulator, and
+// a real MPI executor whose gradients equal the single-process run.
+//
+// What: a model of L residual blocks (RMSNorm -> Linear -> SiLU -> Linear, + x) is cut into
+//   stages, one per rank (two per rank for DualPipe and DualPipeV). A batch is split into M
+//   micro-batches; a schedule says, for each rank, in which order it runs the forwards (F),
+//   backwards (B), input-only backwards (I) and deferred weight gradients (W) of each
+//   micro-batch. The schedules themselves are data, built in common/schedule.cpp:
+//     gpipe      all forwards, then all backwards
+//     1f1b       warm-up forwards, then one forward / one backward, then the cool-down
+//     zb-h1      1F1B with B split into I and W, W's pushed into the cool-down bubble
+//     dualpipe   micro-batches enter at both ends; forward & backward pairs overlap
+//     dualpipev  DualPipe folded in a V: one direction, two stages per rank
+//   This file is the executor: it walks the rank's program, receives the activation (or the
+//   gradient) an op needs from the neighbouring stage, runs it through the core's autograd,
+//   and sends what the next op elsewhere needs. An I runs the backward with the weight
+//   gradients deferred (run_backward(..., &deferred)); its W runs them, first in first out.
+// Why: the bubble — the time a rank waits for its neighbours — is the cost of pipeline
+//   parallelism; each schedule trades memory and complexity to remove some of it.
+// Run:  make run L=07 NP=4
+//       mpirun -np 4 build/bin/07_dualpipe --schedule 1f1b --microbatches 8
+//       mpirun -np 1 build/bin/07_dualpipe --print-schedule --schedule dualpipe --stages 8 --microbatches 20
+//       mpirun -np 1 build/bin/07_dualpipe --simulate
+// Expect: the schedule, the measured bubble of each rank next to the simulator's and the
+//   formula's, loss and every parameter gradient against the single-process run, "check: PASS".
+#include <mpi.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/autograd.h"
+#include "common/check.h"
+#include "common/cli.h"
+#include "common/comm.h"
+#include "common/npy.h"
+#include "common/ops.h"
+#include "common/schedule.h"
+#include "common/tensor.h"
+#include "common/trace.h"
+
+using namespace ff;
+using pp::Kind;
+using pp::Op;
+using pp::Schedule;
+using pp::Step;
+
+// ----------------------------------------------------------------------------
+// The model: block l is  y = x + silu(rmsnorm(x, g_l) @ w1_l) @ w2_l, hidden width 2 dim.
+// Every rank can build any layer's parameters from the seed (counter-based RNG), so a stage
+// and its copy on another rank (DualPipe) start bit-identical.
+
+struct Layer {
+  Tensor g, w1, w2;
+};
+
+struct ModelConfig {
+  int64_t layers = 8, dim = 32, rows = 4;  // rows per micro-batch
+  uint64_t seed = 1234;
+  Device dev = Device::cpu;
+};
+
+static Layer make_layer(const ModelConfig& mc, int64_t l) {
+  NoGradGuard no_grad;
+  const int64_t d = mc.dim, h = 2 * mc.dim;
+  Layer L;
+  L.g = add_scalar(scale(randn({d}, mc.seed + 100 + (uint64_t)l), 0.1f), 1.f).to(mc.dev);
+  L.w1 = scale(randn({d, h}, mc.seed + 200 + (uint64_t)l), 1.f / std::sqrt((float)d)).to(mc.dev);
+  L.w2 = scale(randn({h, d}, mc.seed + 300 + (uint64_t)l), 1.f / std::sqrt((float)h)).to(mc.dev);
+  for (Tensor* t : {&L.g, &L.w1, &L.w2}) t->requires_grad_();
+  return L;
+}
+
+static Tensor run_layers(const std::vector<Layer>& layers, Tensor x) {
+  for (const Layer& L : layers) x = x + matmul(silu(matmul(rmsnorm(x, L.g), L.w1)), L.w2);
+  return x;
+}
+
+// Micro-batch gm (0..M-1): its input rows and regression targets, rows [gm R, (gm+1) R) of
+// one global (M R, dim) tensor each.
+static Tensor mb_input(const ModelConfig& mc, int64_t M, int gm) {
+  return randn_slice({M * mc.rows, mc.dim}, 0, gm * mc.rows, (gm + 1) * mc.rows, mc.seed + 1).to(mc.dev);
+}
+static Tensor mb_target(const ModelConfig& mc, int64_t M, int gm) {
+  return randn_slice({M * mc.rows, mc.dim}, 0, gm * mc.rows, (gm + 1) * mc.rows, mc.seed + 2).to(mc.dev);
+}
+// The loss of the batch is the mean over micro-batches of each one's mean squared error.
+static Tensor mb_loss(const Tensor& y, const Tensor& target, int64_t M) {
+  Tensor d = y - target;
+  return sum_all(d * d) * (1.f / (float)(y.numel() * M));
+}
+
+// ----------------------------------------------------------------------------
+// The executor
+
+enum class Bug { none, drop_w, no_copy_sum };
+
+struct Options {
+  bool sleep = true;      // --compute sleep: each op lasts its cost in units of unit_ms
+  double unit_ms = 10;
+  pp::Costs costs;
+  Bug bug = Bug::none;
+};
+
+// A message carries one (rows, dim) tensor plus, as its last float, the global index of the
+// micro-batch it belongs to: a receiver that gets another micro-batch than its program
+// expects (two programs disagreeing on a link's order) stops with an error.
+constexpr int kTagActivation = 1, kTagGradient = 2;
+
+class Executor {
+ public:
+  Executor(Comm& comm, const Schedule& s, const ModelConfig& mc, const Options& opt)
+      : comm_(comm), s_(s), mc_(mc), opt_(opt), r_(comm.rank()) {
+    const int64_t per_stage = mc.layers / s.num_stages();
+    for (int d = 0; d < (s.layout == pp::Layout::line ? 1 : 2); d++) {
+      Chunk c;
+      c.dir = d;
+      c.stage = s.stage_of(r_, d);
+      for (int64_t l = c.stage * per_stage; l < (c.stage + 1) * per_stage; l++)
+        c.layers.push_back(make_layer(mc, l));
+      chunks_.push_back(std::move(c));
+    }
+  }
+
+  struct Chunk {
+    int dir = 0, stage = 0;
+    std::vector<Layer> layers;
+  };
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  double local_loss() const { return loss_sum_; }
+  int peak_live() const { return peak_live_; }
+  struct OpSpan {
+    std::string name;
+    double start_us, end_us;
+  };
+  const std::vector<OpSpan>& spans() const { return spans_; }
+
+  void run() {
+    for (const Step& step : s_.ranks[(size_t)r_]) {
+      std::vector<Op> ops = step.paired ? std::vector<Op>{step.op, step.with} : std::vector<Op>{step.op};
+      // 1. everything the step needs from other ranks (a pair receives both, as DualPipe does)
+      std::vector<Tensor> inbox;
+      for (const Op& op : ops) inbox.push_back(receive_for(op));
+      // 2. compute, timed (and, with --compute sleep, stretched to the op's cost)
+      const double start = trace().now_us();
+      std::vector<Tensor> outbox;
+      for (size_t i = 0; i < ops.size(); i++) outbox.push_back(compute(ops[i], inbox[i]));
+      if (opt_.sleep) {
+        double cost = step.paired ? opt_.costs.FB
+                    : step.op.kind == Kind::F ? opt_.costs.F
+                    : step.op.kind == Kind::B ? opt_.costs.B
+                    : step.op.kind == Kind::I ? opt_.costs.I() : opt_.costs.W;
+        double left_us = start + cost * opt_.unit_ms * 1e3 - trace().now_us();
+        if (left_us > 0) std::this_thread::sleep_for(std::chrono::microseconds((int64_t)left_us));
+        else overran_++;
+      }
+      const double end = trace().now_us();
+      spans_.push_back({pp::to_string(step), start, end});
+      trace().add(pp::to_string(step), "compute", start, end);
+      // 3. send the results on (non-blocking: the next op does not wait for the neighbour)
+      for (size_t i = 0; i < ops.size(); i++) send_after(ops[i], outbox[i]);
+    }
+    comm_.wait_all(pending_);
+    pending_.clear();
+    outbox_.clear();
+  }
+  int overran() const { return overran_; }
+
+ private:
+  struct Live {  // what a micro-batch leaves on this stage between its F and its B (or W)
+    Tensor x;    // the stage's input, a leaf: its .grad is what goes back to the previous stage
+    Tensor y;    // the stage's output (the loss on the last stage), with its autograd graph
+  };
+
+  Chunk& chunk_of(int dir) { return chunks_[s_.layout == pp::Layout::line ? 0 : (size_t)dir]; }
+
+  // The neighbours of op's stage along its flow: -1 at the ends of the pipeline.
+  int prev_stage(const Op& op) const { return s_.stage_of(r_, op.dir) - 1; }
+  int next_stage(const Op& op) const {
+    int st = s_.stage_of(r_, op.dir) + 1;
+    return st < s_.num_stages() ? st : -1;
+  }
+
+  Tensor receive_for(const Op& op) {
+    const int f = s_.flow_of(op.dir), gm = s_.global_mb(op.dir, op.mb);
+    int from_stage = op.kind == Kind::F ? prev_stage(op) : (op.kind == Kind::W ? -1 : next_stage(op));
+    if (from_stage < 0) return Tensor();
+    int peer = s_.rank_of(f, from_stage);
+    bool grad = op.kind != Kind::F;
+    if (peer == r_) {  // the bottom of the V: the neighbouring stage is on this rank
+      auto& box = grad ? local_grads_ : local_acts_;
+      Tensor t = box.at(gm);
+      box.erase(gm);
+      return t;
+    }
+    std::vector<float> buf((size_t)(mc_.rows * mc_.dim + 1));
+    comm_.recv(buf.data(), buf.size() * sizeof(float), peer, grad ? kTagGradient : kTagActivation);
+    int got = (int)buf.back();
+    FF_CHECK(got == gm, "rank " << r_ << " received the " << (grad ? "gradient" : "activation")
+                                << " of micro-batch " << got << " from rank " << peer << " where its "
+                                << pp::to_string(op) << " expects micro-batch " << gm
+                                << ": the two ranks' programs disagree on the order of that link");
+    buf.pop_back();
+    return Tensor::from_vector(buf, {mc_.rows, mc_.dim}).to(mc_.dev);
+  }
+
+  // Runs op; returns what goes to the neighbouring stage (the output of F, the input gradient
+  // of B or I), undefined when nothing does.
+  Tensor compute(const Op& op, const Tensor& in) {
+    const int gm = s_.global_mb(op.dir, op.mb);
+    const bool last = next_stage(op) < 0;
+    const std::pair<int, int> key{op.dir, op.mb};
+    switch (op.kind) {
+      case Kind::F: {
+        Live lv;
+        lv.x = in.defined() ? in.detach() : mb_input(mc_, s_.M, gm);
+        if (in.defined()) lv.x.requires_grad_();
+        lv.y = run_layers(chunk_of(op.dir).layers, lv.x);
+        if (last) {
+          lv.y = mb_loss(lv.y, mb_target(mc_, s_.M, gm), s_.M);
+          loss_sum_ += lv.y.item();
+        }
+        live_[key] = lv;
+        peak_live_ = std::max(peak_live_, (int)live_.size());
+        return last ? Tensor() : lv.y.detach();
+      }
+      case Kind::B:
+      case Kind::I: {
+        Live& lv = live_.at(key);
+        Tensor dy = last ? Tensor::full({}, 1.f, mc_.dev) : in;
+        if (op.kind == Kind::B) {
+          run_backward(lv.y, dy);
+        } else {
+          DeferredGrads w;
+          run_backward(lv.y, dy, &w);
+          deferred_.push_back({key, std::move(w)});
+        }
+        Tensor dx = lv.x.requires_grad() ? lv.x.grad() : Tensor();
+        lv.y = Tensor();  // the graph is no longer needed (a deferred W holds what it uses)
+        if (op.kind == Kind::B) live_.erase(key);
+        return dx;
+      }
+      case Kind::W: {
+        FF_CHECK(!deferred_.empty() && deferred_.front().first == key,
+                 "rank " << r_ << ": " << pp::to_string(op) << " is not the oldest deferred W");
+        bool drop = opt_.bug == Bug::drop_w && deferred_.size() == 1;  // the rank's last W
+        if (!drop) deferred_.front().second.run();
+        deferred_.pop_front();
+        live_.erase(key);
+        return Tensor();
+      }
+    }
+    return Tensor();
+  }
+
+  void send_after(const Op& op, const Tensor& t) {
+    if (op.kind == Kind::W) return;
+    const int f = s_.flow_of(op.dir), gm = s_.global_mb(op.dir, op.mb);
+    const bool fwd = op.kind == Kind::F;
+    int to_stage = fwd ? next_stage(op) : prev_stage(op);
+    if (to_stage < 0) return;
+    FF_CHECK(t.defined(), "rank " << r_ << ": " << pp::to_string(op) << " has nothing to send");
+    int peer = s_.rank_of(f, to_stage);
+    if (peer == r_) {
+      (fwd ? local_acts_ : local_grads_)[gm] = t;
+      return;
+    }
+    std::vector<float> buf = t.to_vector();
+    buf.push_back((float)gm);
+    outbox_.push_back(std::move(buf));
+    const std::vector<float>& b = outbox_.back();
+    pending_.push_back(comm_.isend(b.data(), b.size() * sizeof(float), peer,
+                                   fwd ? kTagActivation : kTagGradient));
+  }
+
+  Comm& comm_;
+  const Schedule& s_;
+  const ModelConfig& mc_;
+  const Options& opt_;
+  const int r_;
+  std::vector<Chunk> chunks_;
+  std::map<std::pair<int, int>, Live> live_;                          // (dir, mb) -> state
+  std::deque<std::pair<std::pair<int, int>, DeferredGrads>> deferred_;  // W's, FIFO
+  std::map<int, Tensor> local_acts_, local_grads_;  // hand-overs between this rank's stages
+  std::deque<std::vector<float>> outbox_;           // send buffers alive until the sends end
+  std::vector<Request> pending_;
+  double loss_sum_ = 0;
+  int peak_live_ = 0, overran_ = 0;
+  std::vector<OpSpan> spans_;
+};
+
+// ----------------------------------------------------------------------------
+// The simulator's table (--simulate)
+
+static void print_simulation_table(const pp::Costs& c, const std::string& csv) {
+  std::printf("== simulated bubbles, costs %s (B = I + W, FB = an overlapped F&B pair)\n",
+              pp::to_string(c).c_str());
+  std::printf("   bubble: the largest idle time of a rank (makespan - its busy time); "
+              "formula: DeepSeek-V3 Table 2\n");
+  std::printf("%-10s %3s %4s %9s %8s %9s  %-20s %8s %10s\n", "schedule", "P", "M", "makespan",
+              "bubble", "formula", "(formula)", "ratio", "peak live");
+  for (const std::string& name : pp::schedule_names())
+    for (int P : {4, 8})
+      for (int M : {2 * P, 20, 64}) {
+        if (!pp::check_args(name, P, M).empty()) continue;
+        pp::Simulation sim = pp::simulate(pp::make_schedule(name, P, M), c);
+        pp::Formula f = pp::formula_bubble(name, P, c);
+        char fv[32] = "-";
+        if (f.has) std::snprintf(fv, sizeof fv, "%g", f.bubble);
+        std::printf("%-10s %3d %4d %9g %8g %9s  %-20s %7.1f%% %10d\n", name.c_str(), P, M,
+                    sim.makespan, sim.bubble(), fv, f.has ? f.text.c_str() : "", 100 * sim.bubble_ratio(),
+                    *std::max_element(sim.peak_live.begin(), sim.peak_live.end()));
+      }
+  std::printf("   * dualpipev has no row in Table 2: the formula shown is DualPipe's for 2P stages\n");
+
+  std::printf("== forwards each rank runs before its first backward, P = 8, M = 16\n");
+  for (const std::string& name : pp::schedule_names()) {
+    pp::Simulation sim = pp::simulate(pp::make_schedule(name, 8, 16), c);
+    std::printf("%-10s", name.c_str());
+    for (int w : sim.warmup) std::printf(" %3d", w);
+    std::printf("\n");
+  }
+  std::printf("   the slide formula P//2 + (M-1)*2 gives %d at P = 8, M = 16: more forwards than\n"
+              "   a rank has micro-batches (dualpipe runs 8 per direction, 16 in all)\n", 8 / 2 + 15 * 2);
+  auto ratio = [&](const char* name, int P, int M) {
+    return 100 * pp::simulate(pp::make_schedule(name, P, M), c).bubble_ratio();
+  };
+  std::printf("== \"DualPipe cuts the bubble from 47%% to 3%%\", at these costs:\n");
+  std::printf("   1f1b     P=8 M=8  %5.1f%%   M=16 %5.1f%%   M=64 %5.1f%%\n", ratio("1f1b", 8, 8),
+              ratio("1f1b", 8, 16), ratio("1f1b", 8, 64));
+  std::printf("   dualpipe P=8 M=16 %5.1f%%   M=32 %5.1f%%   M=64 %5.1f%%\n", ratio("dualpipe", 8, 16),
+              ratio("dualpipe", 8, 32), ratio("dualpipe", 8, 64));
+
+  if (!csv.empty()) {  // bubble ratio vs M at P = 8, for the figure
+    FILE* f = std::fopen(csv.c_str(), "w");
+    FF_CHECK(f, "cannot write " << csv);
+    std::fprintf(f, "schedule,P,M,makespan,bubble,ratio\n");
+    for (const std::string& name : pp::schedule_names())
+      for (int M = 8; M <= 64; M += 2) {
+        if (!pp::check_args(name, 8, M).empty()) continue;
+        pp::Simulation sim = pp::simulate(pp::make_schedule(name, 8, M), c);
+        std::fprintf(f, "%s,8,%d,%g,%g,%g\n", name.c_str(), M, sim.makespan, sim.bubble(), sim.bubble_ratio());
+      }
+    std::fclose(f);
+    std::printf("   wrote %s\n", csv.c_str());
+  }
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char** argv) {
+  Comm comm = Comm::world(&argc, &argv);
+  const int rank = comm.rank(), world = comm.size();
+  std::string schedule = "dualpipe", compute = "sleep", cost_text = "F=1,B=2,W=1,FB=3,comm=0";
+  std::string bug = "none";
+  int64_t stages = 0, micro = 0;
+  bool print_schedule = false, do_simulate = false;
+  double unit_ms = 10;
+  ModelConfig mc;
+  mc.layers = 0;
+  CommonFlags common;
+  Cli cli("07_dualpipe",
+          "Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
+          "simulated, and executed on P ranks with gradients checked against one process.");
+  cli.choice("--schedule", &schedule, pp::schedule_names(), "the schedule");
+  cli.flag("--stages", &stages, "P, pipeline ranks (0 = the world size)", 0, 1024);
+  cli.flag("--microbatches", &micro, "M, micro-batches per step (0 = 2P)", 0, 4096);
+  cli.toggle("--print-schedule", &print_schedule, "print each rank's program and exit");
+  cli.toggle("--simulate", &do_simulate, "print the simulator's table for every schedule and exit");
+  cli.choice("--compute", &compute, {"real", "sleep"},
+             "op timing: the kernels alone, or stretched to --cost x --unit-ms");
+  cli.flag("--cost", &cost_text, "op costs for --simulate and --compute sleep");
+  cli.flag("--unit-ms", &unit_ms, "milliseconds per cost unit with --compute sleep", 0.1, 10000);
+  cli.flag("--layers", &mc.layers, "blocks in the model, a multiple of the stages (0 = 2 per stage)", 0, 4096);
+  cli.flag("--dim", &mc.dim, "model width (the hidden layer is 2 dim)", 1, 4096);
+  cli.flag("--rows", &mc.rows, "rows per micro-batch", 1, 1 << 16);
+  cli.choice("--bug", &bug, {"none", "drop-w", "no-copy-sum"},
+             "plant a bug: skip each rank's last deferred W / do not sum DualPipe's copies");
+  common.add_to(cli);
+  cli.epilog("run:  mpirun -np 4 build/bin/07_dualpipe --schedule zb-h1 --microbatches 8\n"
+             "      mpirun -np 1 build/bin/07_dualpipe --print-schedule --schedule dualpipe --stages 8 --microbatches 20");
+  cli.parse(argc, argv, comm);
+
+  Options opt;
+  std::string cost_error = pp::parse_costs(cost_text, &opt.costs);
+  usage_error_if(!cost_error.empty(), comm, cost_error);
+  if (do_simulate) {
+    if (rank == 0) print_simulation_table(opt.costs, common.csv);
+    Comm::exit_all(0);
+  }
+  const int P = stages > 0 ? (int)stages : world;
+  const int M = micro > 0 ? (int)micro : 2 * P;
+  usage_error_if(!pp::check_args(schedule, P, M).empty(), comm, pp::check_args(schedule, P, M));
+  const Schedule s = pp::make_schedule(schedule, P, M);
+  const std::string invalid = pp::validate(s);
+  usage_error_if(!invalid.empty(), comm, "schedule " + schedule + " is broken: " + invalid);
+  if (print_schedule) {
+    if (rank == 0)
+      for (int r = 0; r < P; r++) std::printf("%s\n", pp::format_rank(s, r).c_str());
+    Comm::exit_all(0);
+  }
+  usage_error_if(P != world, comm,
+                 "--stages " + std::to_string(P) + " with " + std::to_string(world) +
+                     " ranks: the executor runs one pipeline rank per MPI rank (--print-schedule "
+                     "and --simulate work for any P)");
+  if (mc.layers == 0) mc.layers = 2 * s.num_stages();
+  usage_error_if(mc.layers % s.num_stages() != 0, comm,
+                 "--layers " + std::to_string(mc.layers) + " is not a multiple of the " +
+                     std::to_string(s.num_stages()) + " stages of " + schedule);
+  mc.seed = (uint64_t)common.seed;
+  mc.dev = common.resolve_device(comm);
+  comm.set_timeout(common.timeout);
+  opt.sleep = compute == "sleep";
+  opt.unit_ms = unit_ms;
+  opt.bug = bug == "drop-w" ? Bug::drop_w : bug == "no-copy-sum" ? Bug::no_copy_sum : Bug::none;
+
+  try {
+    const pp::Simulation sim = pp::simulate(s, opt.costs);
+    if (rank == 0) {
+      std::printf("== 07 pipeline: %s, P=%d ranks, %d stages, M=%d micro-batches, %lld blocks of "
+                  "width %lld (%lld rows per micro-batch), device %s\n",
+                  schedule.c_str(), P, s.num_stages(), M, (long long)mc.layers, (long long)mc.dim,
+                  (long long)mc.rows, device_name(mc.dev));
+      for (int r = 0; r < std::min(P, 8); r++) {
+        std::string line = pp::format_rank(s, r);
+        std::printf("  %s\n", line.size() > 150 ? (line.substr(0, 147) + "...").c_str() : line.c_str());
+      }
+      if (opt.sleep)
+        std::printf("timing: --compute sleep, each op lasts its cost x %g ms (%s)\n", unit_ms,
+                    pp::to_string(opt.costs).c_str());
+      else
+        std::printf("timing: --compute real, each op lasts what its kernels take\n");
+    }
+
+    // ---- the pipeline
+    Executor ex(comm, s, mc, opt);
+    trace().enable(comm);  // every rank's epoch right after a barrier
+    ex.run();
+
+    // DualPipe: stage s has two copies (rank s for direction 0, rank P-1-s for direction 1);
+    // each saw half of the micro-batches. Partners swap gradients and both copies get the sum.
+    std::vector<std::vector<Tensor>> grads;  // per chunk: the grads of its layers' g, w1, w2
+    for (const auto& c : ex.chunks()) {
+      std::vector<Tensor> gs;
+      for (const Layer& L : c.layers)
+        for (const Tensor* t : {&L.g, &L.w1, &L.w2})
+          gs.push_back(t->grad().defined() ? t->grad().to(Device::cpu) : Tensor::zeros(t->shape()));
+      grads.push_back(gs);
+    }
+    if (s.layout == pp::Layout::dual && opt.bug != Bug::no_copy_sum) {
+      std::vector<float> mine, theirs;
+      for (auto& gs : grads)
+        for (auto& t : gs) {
+          std::vector<float> v = t.to_vector();
+          mine.insert(mine.end(), v.begin(), v.end());
+        }
+      theirs.resize(mine.size());
+      const int partner = P - 1 - rank;
+      comm.sendrecv(mine.data(), mine.size() * sizeof(float), partner, 3, theirs.data(),
+                    theirs.size() * sizeof(float), partner, 3);
+      // mine = [stage r (d 0), stage P-1-r (d 1)], theirs = [stage P-1-r (d 0), stage r (d 1)]
+      const size_t half = mine.size() / 2;
+      for (size_t i = 0; i < half; i++) {
+        mine[i] += theirs[half + i];
+        mine[half + i] += theirs[i];
+      }
+      size_t at = 0;
+      for (auto& gs : grads)
+        for (auto& t : gs) {
+          std::vector<float> v(mine.begin() + (long)at, mine.begin() + (long)(at + (size_t)t.numel()));
+          t = Tensor::from_vector(v, t.shape());
+          at += (size_t)t.numel();
+        }
+    }
+    double loss = ex.local_loss();
+    comm.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
+
+    // ---- timing: the bubble of each rank, measured, simulated and by formula
+    double busy_us = 0, end_us = 0;
+    for (const auto& sp : ex.spans()) {
+      busy_us += sp.end_us - sp.start_us;
+      end_us = std::max(end_us, sp.end_us);
+    }
+    double makespan_us = end_us;
+    comm.allreduce(&makespan_us, 1, MPI_DOUBLE, MPI_MAX);
+    std::vector<double> all_busy((size_t)P), all_peak((size_t)P), all_over((size_t)P);
+    double mine_peak = ex.peak_live(), mine_over = ex.overran();
+    comm.allgather(&busy_us, sizeof(double), all_busy.data());
+    comm.allgather(&mine_peak, sizeof(double), all_peak.data());
+    comm.allgather(&mine_over, sizeof(double), all_over.data());
+    const pp::Formula formula = pp::formula_bubble(schedule, P, opt.costs);
+    if (rank == 0) {
+      const double unit_us = opt.sleep ? unit_ms * 1e3 : 1e3;
+      std::printf("bubble per rank (%s): idle = makespan - busy; simulator at --cost; formula %s\n",
+                  opt.sleep ? "in cost units" : "in ms", formula.has ? formula.text.c_str() : "-");
+      std::printf("  rank   busy    idle  measured  simulated  formula   peak live (sim)\n");
+      for (int r = 0; r < P; r++) {
+        double idle = (makespan_us - all_busy[(size_t)r]) / unit_us;
+        char fr[16] = "     -";
+        if (formula.has)
+          std::snprintf(fr, sizeof fr, "%5.1f%%", 100 * formula.bubble / (formula.bubble + sim.busy[(size_t)r]));
+        std::printf("  %4d %6.1f %7.1f %8.1f%% %9.1f%% %8s %7d (%d)\n", r, all_busy[(size_t)r] / unit_us,
+                    idle, 100 * idle * unit_us / makespan_us, 100 * sim.idle[(size_t)r] / sim.makespan, fr,
+                    (int)all_peak[(size_t)r], sim.peak_live[(size_t)r]);
+      }
+      std::printf("  makespan %.1f (simulated %g)\n", makespan_us / unit_us, sim.makespan);
+      int over = 0;
+      for (double o : all_over) over += (int)o;
+      if (opt.sleep && over > 0)
+        std::printf("  note: %d ops took longer than their cost (the machine is busy); raise --unit-ms\n", over);
+    }
+
+    // ---- the reference: the same model and micro-batches in one process
+    std::vector<Layer> all;
+    for (int64_t l = 0; l < mc.layers; l++) all.push_back(make_layer(mc, l));
+    double ref_loss = 0;
+    for (int gm = 0; gm < M; gm++) {
+      Tensor l = mb_loss(run_layers(all, mb_input(mc, M, gm)), mb_target(mc, M, gm), M);
+      ref_loss += l.item();
+      run_backward(l, Tensor::full({}, 1.f, mc.dev));
+    }
+
+    CheckReport check(comm);
+    if (rank == 0)
+      std::printf("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
+                  (long long)mc.layers, M);
+    check.scalar("loss", loss, ref_loss, 8.0 * M * FLT_EPSILON * std::max(std::fabs(ref_loss), 1e-3));
+    const int64_t per_stage = mc.layers / s.num_stages();
+    const char* names[3] = {"g (norm)", "w1", "w2"};
+    for (size_t c = 0; c < ex.chunks().size(); c++) {
+      const auto& ch = ex.chunks()[c];
+      for (int k = 0; k < 3; k++) {
+        std::vector<Tensor> got, want;
+        for (int64_t i = 0; i < per_stage; i++) {
+          got.push_back(reshape(grads[c][(size_t)(3 * i + k)], {-1}));
+          const Layer& L = all[(size_t)(ch.stage * per_stage + i)];
+          want.push_back(reshape((k == 0 ? L.g : k == 1 ? L.w1 : L.w2).grad().to(Device::cpu), {-1}));
+        }
+        Tensor g = concat(got, 0), w = concat(want, 0);
+        // M micro-batches summed in another order (and DualPipe's two copies added): a few
+        // roundings per addition of the largest value
+        double tol = 8.0 * M * FLT_EPSILON * std::max(max_abs(w), 1e-6);
+        std::string what = std::string("d ") + names[k] +
+                           (ch.dir == 0 ? " of this rank's first stage" : " of this rank's second stage");
+        check.close(what.c_str(), g, w, tol);
+      }
+    }
+
+    if (!common.csv.empty() || !common.trace.empty()) {
+      if (!common.trace.empty()) trace().write_chrome_json(comm, common.trace);
+      if (!common.csv.empty()) trace().write_csv(comm, common.csv);
+      if (rank == 0)
+        std::printf("    wrote%s%s%s%s\n", common.trace.empty() ? "" : " trace ", common.trace.c_str(),
+                    common.csv.empty() ? "" : " spans ", common.csv.c_str());
+    }
+    if (!common.dump.empty()) {
+      // Per stage: the parameters and the pipeline's gradients (DualPipe: summed copies, from
+      // the direction-0 copy); rank 0 adds the inputs, targets and the loss.
+      std::filesystem::create_directories(common.dump);
+      const auto& ch = ex.chunks();
+      for (size_t c = 0; c < ch.size(); c++) {
+        if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
+        for (int64_t i = 0; i < per_stage; i++) {
+          int64_t l = ch[c].stage * per_stage + i;
+          const Layer& L = ch[c].layers[(size_t)i];
+          std::string p = common.dump + "/layer" + std::to_string(l) + "_";
+          save_npy(p + "g.npy", L.g.detach().to(Device::cpu));
+          save_npy(p + "w1.npy", L.w1.detach().to(Device::cpu));
+          save_npy(p + "w2.npy", L.w2.detach().to(Device::cpu));
+          save_npy(p + "dg.npy", grads[c][(size_t)(3 * i)]);
+          save_npy(p + "dw1.npy", grads[c][(size_t)(3 * i + 1)]);
+          save_npy(p + "dw2.npy", grads[c][(size_t)(3 * i + 2)]);
+        }
+      }
+      if (rank == 0) {
+        save_npy(common.dump + "/x.npy", randn({M * mc.rows, mc.dim}, mc.seed + 1));
+        save_npy(common.dump + "/target.npy", randn({M * mc.rows, mc.dim}, mc.seed + 2));
+        save_npy(common.dump + "/loss.npy", Tensor::from_vector({(float)loss}, {}));
+        std::ofstream meta(common.dump + "/meta.json");
+        FF_CHECK(meta, "cannot write " << common.dump << "/meta.json");
+        meta << "{\"schedule\": \"" << schedule << "\", \"P\": " << P << ", \"M\": " << M
+             << ", \"layers\": " << mc.layers << ", \"dim\": " << mc.dim << ", \"rows\": " << mc.rows
+             << ", \"eps\": 1e-5}\n";
+        std::printf("    wrote parameters, gradients, inputs and loss to %s\n", common.dump.c_str());
+      }
+      comm.barrier();
+    }
+    Comm::exit_all(check.verdict());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}
