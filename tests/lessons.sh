@@ -147,3 +147,56 @@ check "04 --device sim: MoE kernels under the emulator (P=2)" 0 '^check: PASS' \
 if $T/device_query | grep -qw cuda; then
   check "04 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L04 --device cuda
 fi
+
+L07=$B/07_dualpipe
+echo "== lesson 07: pipeline schedules"
+# every schedule at every world size, M = 2P (the default), P, 2P+2 and 7, where the schedule
+# allows them (the program's own --print-schedule says which, with its usage error)
+for np in 1 2 3 4; do
+  check "07 P=$np: every schedule that allows P, M in {2P, P, 2P+2, 7}, loss and grads == one process" 0 '^check: PASS' \
+    bash -c "for s in gpipe 1f1b zb-h1 dualpipe dualpipev; do for m in 0 $np $((2 * np + 2)) 7; do \
+               $MPIRUN -np 1 $L07 --print-schedule --schedule \$s --stages $np --microbatches \$m >/dev/null 2>&1 || continue; \
+               $MPIRUN -np $np $L07 --schedule \$s --microbatches \$m --compute real | grep -q '^check: PASS' || { echo \"\$s M=\$m FAILED\"; exit 1; }; \
+               echo \"\$s M=\$m\"; done; done; echo 'check: PASS'"
+done
+check "07 default demo: DualPipe P=4, M=8, timed by --compute sleep" 0 '^check: PASS' $MPIRUN -np 4 $L07
+check "07 DualPipe P=4 M=8 and DualPipeV P=4 M=8 with 4 blocks per stage, width 17, 3 rows" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L07 --schedule dualpipe --layers 16 --dim 17 --rows 3 --compute real && \
+           $MPIRUN -np 4 $L07 --schedule dualpipev --layers 32 --dim 17 --rows 3 --compute real"
+check "07 planted bug: a skipped deferred W fails the check (zb-h1)" 1 'd w[12] .*FAIL' \
+  $MPIRUN -np 4 $L07 --schedule zb-h1 --compute real --bug drop-w
+check "07 planted bug: a skipped deferred W fails the check (dualpipev)" 1 'd w[12] .*FAIL' \
+  $MPIRUN -np 4 $L07 --schedule dualpipev --compute real --bug drop-w
+check "07 planted bug: DualPipe's two copies not summed fails the check" 1 'first stage .*FAIL' \
+  $MPIRUN -np 4 $L07 --schedule dualpipe --compute real --bug no-copy-sum
+check "07 --print-schedule: 1f1b P=2 M=3 is warm-up, one-forward-one-backward, cool-down" 0 '^same' \
+  bash -c "out=\$($MPIRUN -np 1 $L07 --print-schedule --schedule 1f1b --stages 2 --microbatches 3) || exit 1; \
+           want=\$(printf 'rank 0: F0(0) F0(1) B0(0) F0(2) B0(1) B0(2)\nrank 1: F0(0) B0(0) F0(1) B0(1) F0(2) B0(2)'); \
+           [ \"\$out\" = \"\$want\" ] && echo same || { echo \"\$out\"; exit 1; }"
+check "07 --print-schedule without the ranks: dualpipe P=8, M=20 from one process, 8 lines 'rank R: op ...'" 0 '^8 lines' \
+  bash -c "out=\$($MPIRUN -np 1 $L07 --print-schedule --schedule dualpipe --stages 8 --microbatches 20) || exit 1; \
+           echo \"\$out\" | grep -Evq '^rank [0-7]:( [FBIW][01]\([0-9]+\)(&B[01]\([0-9]+\))?)+$' && { echo \"\$out\"; exit 1; }; \
+           echo \"\$(echo \"\$out\" | wc -l) lines\""
+check "07 --simulate: the simulated bubble equals DeepSeek-V3's Table 2 formula on every row" 0 '^30 rows agree' \
+  bash -c "$MPIRUN -np 1 $L07 --simulate | awk 'NF >= 9 && \$7 ~ /^\\(P/ { n++; if (\$5 == \$6) ok++; else print } \
+           END { printf \"%d rows agree of %d\n\", ok, n; exit !(n == 30 && ok == n) }'"
+check "07 --dump: numpy recomputes the loss and every layer's gradient (dualpipe, P=4)" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d07 && $MPIRUN -np 4 $L07 --compute real --dump $LOG/d07 >/dev/null && $PYTHON tests/check_dump_07.py $LOG/d07"
+check "07 --dump check fails on DualPipe's unsummed copies" 1 'MISMATCH' \
+  bash -c "rm -rf $LOG/d07b && $MPIRUN -np 4 $L07 --compute real --bug no-copy-sum --dump $LOG/d07b >/dev/null; $PYTHON tests/check_dump_07.py $LOG/d07b"
+check "07 --trace and --csv: one track per rank, op spans from every rank" 0 '^trace ok' \
+  bash -c "$MPIRUN -np 4 $L07 --schedule zb-h1 --unit-ms 1 --trace $LOG/t07.json --csv $LOG/t07.csv >/dev/null && $PYTHON scripts/check-trace.py $LOG/t07.json $LOG/t07.csv 4"
+check "07 --help lists every flag with its default" 0 '--schedule .*\(default: dualpipe\)' $MPIRUN -np 1 $L07 --help
+usage_error "07 bad input: dualpipe with an odd number of ranks" $MPIRUN -np 3 $L07 --schedule dualpipe
+usage_error "07 bad input: dualpipe with M odd" $MPIRUN -np 4 $L07 --schedule dualpipe --microbatches 9
+usage_error "07 bad input: dualpipev with M < 2P" $MPIRUN -np 4 $L07 --schedule dualpipev --microbatches 7
+usage_error "07 bad input: --stages not the world size when executing" $MPIRUN -np 2 $L07 --schedule 1f1b --stages 4
+usage_error "07 bad input: --layers not a multiple of the stages" $MPIRUN -np 3 $L07 --schedule 1f1b --layers 4
+usage_error "07 bad input: --cost with an unknown key" $MPIRUN -np 2 $L07 --cost F=1,X=2
+usage_error "07 bad input: --cost W larger than B" $MPIRUN -np 2 $L07 --cost B=1,W=2
+usage_error "07 bad input: --schedule typo" $MPIRUN -np 2 $L07 --schedule 1F1B
+check "07 --device sim: the blocks' kernels under the emulator (dualpipe, P=2)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L07 --device sim --compute real
+if $T/device_query | grep -qw cuda; then
+  check "07 --device cuda (zb-h1, P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L07 --device cuda --schedule zb-h1 --compute real
+fi
