@@ -346,10 +346,11 @@ std::string validate(const Schedule& s) {
   for (int f = 0; f < s.num_flows(); f++)
     for (int st = 0; st < S; st++)
       for (int mb = 0; mb < mbs; mb++)
-        if (at(f, st, mb) != 3)
-          return "stage " + std::to_string(st) + " (rank " + std::to_string(s.rank_of(f, st)) + ") never " +
-                 (at(f, st, mb) == 0 ? "runs F" : at(f, st, mb) == 1 ? "runs the backward of" : "runs W of") +
-                 std::to_string(s.dir_of(f, st)) + "(" + std::to_string(mb) + ")";
+        if (int state = at(f, st, mb); state != 3) {
+          Op op{state == 0 ? Kind::F : state == 1 ? Kind::B : Kind::W, s.dir_of(f, st), mb};
+          return "stage " + std::to_string(st) + " (rank " + std::to_string(s.rank_of(f, st)) +
+                 ") never runs " + to_string(op) + (state == 1 ? " (or its I and W)" : "");
+        }
   for (auto& [link, msgs] : sent) {
     const auto& got = received[link];
     for (size_t i = 0; i < msgs.size(); i++)
