@@ -39,4 +39,21 @@ for np in 2 4; do
 done
 $PYTHON plots/04_gshard.py "$DATA/04_traffic.csv" "$DATA/04_a2a.csv" "$OUT"
 
+# Lesson 07: Gantt charts of the executed schedules, and the bubble against M at P = 8
+# (simulator lines, executed markers). --compute sleep makes each op last its cost x 5 ms, so
+# the timelines hold on an oversubscribed machine.
+echo "+ lesson 07 at P=4 and P=8"
+L07="$BUILD/bin/07_dualpipe"; R07="$DATA/07_runs"
+rm -rf "$R07"; mkdir -p "$R07"
+$MPIRUN -np 1 "$L07" --simulate --csv "$DATA/07_sim.csv" >/dev/null
+run07() {  # run07 SCHEDULE P M
+  $MPIRUN -np $2 "$L07" --schedule $1 --microbatches $3 --compute sleep --unit-ms 5 \
+    --csv "$R07/07_$1_P$2_M$3.csv" >/dev/null
+}
+for s in gpipe 1f1b zb-h1 dualpipe dualpipev; do
+  run07 $s 4 8
+  for m in 16 24 32; do run07 $s 8 $m; done
+done
+$PYTHON plots/07_dualpipe.py "$DATA/07_sim.csv" "$R07" "$OUT"
+
 echo "figures in $OUT/:"; ls -1 "$OUT"
