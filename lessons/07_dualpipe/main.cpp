@@ -129,6 +129,7 @@ class Executor {
         c.layers.push_back(make_layer(mc, l));
       chunks_.push_back(std::move(c));
     }
+    for (const Step& st : s.ranks[(size_t)r_]) w_total_ += st.op.kind == Kind::W;
   }
 
   struct Chunk {
@@ -252,7 +253,7 @@ class Executor {
       case Kind::W: {
         FF_CHECK(!deferred_.empty() && deferred_.front().first == key,
                  "rank " << r_ << ": " << pp::to_string(op) << " is not the oldest deferred W");
-        bool drop = opt_.bug == Bug::drop_w && deferred_.size() == 1;  // the rank's last W
+        bool drop = opt_.bug == Bug::drop_w && ++w_run_ == w_total_;  // the rank's last W
         if (!drop) deferred_.front().second.run();
         deferred_.pop_front();
         live_.erase(key);
@@ -295,6 +296,7 @@ class Executor {
   std::vector<Request> pending_;
   double loss_sum_ = 0;
   int peak_live_ = 0, overran_ = 0;
+  int w_run_ = 0, w_total_ = 0;  // for --bug drop-w
   std::vector<OpSpan> spans_;
 };
 
