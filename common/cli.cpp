@@ -21,7 +21,7 @@ static std::string fmt_double(double v) {
 }
 
 Cli::Flag& Cli::add(const std::string& name, Kind kind, void* value, const std::string& help) {
-  flags_.push_back(Flag{name, help, kind, value, 0, 0, 0, 0, {}, ""});
+  flags_.push_back(Flag{name, help, kind, value, 0, 0, 0, 0, {}, "", ""});
   return flags_.back();
 }
 
@@ -41,8 +41,10 @@ void Cli::flag(const std::string& name, double* value, const std::string& help, 
   f.default_text = fmt_double(*value);
 }
 
-void Cli::flag(const std::string& name, std::string* value, const std::string& help) {
+void Cli::flag(const std::string& name, std::string* value, const std::string& help,
+               const std::string& metavar) {
   Flag& f = add(name, Kind::text, value, help);
+  f.metavar = metavar;
   f.default_text = value->empty() ? "off" : *value;
 }
 
@@ -144,7 +146,7 @@ std::string Cli::usage() const {
     std::string lhs = f.name;
     if (f.kind == Kind::integer) lhs += " N";
     if (f.kind == Kind::real) lhs += " X";
-    if (f.kind == Kind::text) lhs += " PATH";
+    if (f.kind == Kind::text) lhs += " " + f.metavar;
     if (f.kind == Kind::choice) lhs += " {" + join(f.allowed, "|") + "}";
     os << "  " << lhs;
     os << std::string(lhs.size() < 28 ? 28 - lhs.size() : 1, ' ') << f.help;

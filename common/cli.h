@@ -29,7 +29,9 @@ class Cli {
             int64_t max);
   void flag(const std::string& name, double* value, const std::string& help, double min,
             double max);
-  void flag(const std::string& name, std::string* value, const std::string& help);
+  // a text value; metavar names it in --help ("PATH", "LIST", ...)
+  void flag(const std::string& name, std::string* value, const std::string& help,
+            const std::string& metavar = "PATH");
   void choice(const std::string& name, std::string* value, const std::vector<std::string>& allowed,
               const std::string& help);
   void toggle(const std::string& name, bool* value, const std::string& help);
@@ -52,6 +54,7 @@ class Cli {
     int64_t imin = 0, imax = 0;   // integer flags (exact: int64 does not fit a double)
     std::vector<std::string> allowed;
     std::string default_text;
+    std::string metavar;  // text flags
   };
   Flag& add(const std::string& name, Kind kind, void* value, const std::string& help);
   std::string set(const Flag& f, const std::string& text);

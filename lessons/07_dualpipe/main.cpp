@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
   cli.toggle("--simulate", &do_simulate, "print the simulator's table for every schedule and exit");
   cli.choice("--compute", &compute, {"real", "sleep"},
              "op timing: the kernels alone, or stretched to --cost x --unit-ms");
-  cli.flag("--cost", &cost_text, "op costs for --simulate and --compute sleep");
+  cli.flag("--cost", &cost_text, "op costs for --simulate and --compute sleep", "K=V,...");
   cli.flag("--unit-ms", &unit_ms, "milliseconds per cost unit with --compute sleep", 0.1, 10000);
   cli.flag("--layers", &mc.layers, "blocks in the model, a multiple of the stages (0 = 2 per stage)", 0, 4096);
   cli.flag("--dim", &mc.dim, "model width (the hidden layer is 2 dim)", 1, 4096);
