@@ -394,6 +394,17 @@ std::string to_string(const Costs& c) {
   return buf;
 }
 
+double Costs::of(const Step& step) const {
+  if (step.paired) return FB;
+  switch (step.op.kind) {
+    case Kind::F: return F;
+    case Kind::B: return B;
+    case Kind::I: return I();
+    case Kind::W: return W;
+  }
+  return 0;
+}
+
 double Simulation::bubble() const { return idle.empty() ? 0 : *std::max_element(idle.begin(), idle.end()); }
 double Simulation::bubble_ratio() const { return makespan > 0 ? bubble() / makespan : 0; }
 
@@ -413,11 +424,11 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   // The time the inputs of op (on rank r) have arrived, or -1 when one is still missing.
   auto inputs_ready = [&](int r, const Op& op) -> double {
     double t = 0;
-    for (auto& [peer, msg] : io_of(s, r, op).recv) {
+    for (auto& peer_msg : io_of(s, r, op).recv) {
+      const Message& msg = peer_msg.second;
       auto it = ready.find({msg.grad, msg.flow, msg.stage, msg.mb});
       if (it == ready.end()) return -1;
       t = std::max(t, it->second + c.comm);
-      (void)peer;
     }
     // the same-rank hand-over at the bottom of the V (no message, no comm)
     int S = s.num_stages(), st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);
@@ -449,10 +460,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
           start = std::max(start, t);
         }
         if (blocked) break;
-        double cost = step.paired ? c.FB
-                    : step.op.kind == Kind::F ? c.F
-                    : step.op.kind == Kind::B ? c.B
-                    : step.op.kind == Kind::I ? c.I() : c.W;
+        double cost = c.of(step);
         double end = start + cost;
         for (const Op& op : ops_of(step)) {
           int st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);

@@ -82,6 +82,7 @@ std::string validate(const Schedule& s);
 struct Costs {
   double F = 1, B = 2, W = 1, FB = 3, comm = 0;  // B = I + W; FB: an overlapped pair
   double I() const { return B - W; }
+  double of(const Step& step) const;  // what one step costs (a pair: FB)
 };
 // "F=1,B=2,W=1,FB=3,comm=0" (any subset, any order); "" or the error.
 std::string parse_costs(const std::string& text, Costs* costs);

@@ -139,11 +139,8 @@ class Executor {
   const std::vector<Chunk>& chunks() const { return chunks_; }
   double local_loss() const { return loss_sum_; }
   int peak_live() const { return peak_live_; }
-  struct OpSpan {
-    std::string name;
-    double start_us, end_us;
-  };
-  const std::vector<OpSpan>& spans() const { return spans_; }
+  double busy_us() const { return busy_us_; }  // time inside ops
+  double end_us() const { return end_us_; }    // when the last op ended (trace clock)
 
   void run() {
     for (const Step& step : s_.ranks[(size_t)r_]) {
@@ -156,16 +153,13 @@ class Executor {
       std::vector<Tensor> outbox;
       for (size_t i = 0; i < ops.size(); i++) outbox.push_back(compute(ops[i], inbox[i]));
       if (opt_.sleep) {
-        double cost = step.paired ? opt_.costs.FB
-                    : step.op.kind == Kind::F ? opt_.costs.F
-                    : step.op.kind == Kind::B ? opt_.costs.B
-                    : step.op.kind == Kind::I ? opt_.costs.I() : opt_.costs.W;
-        double left_us = start + cost * opt_.unit_ms * 1e3 - trace().now_us();
+        double left_us = start + opt_.costs.of(step) * opt_.unit_ms * 1e3 - trace().now_us();
         if (left_us > 0) std::this_thread::sleep_for(std::chrono::microseconds((int64_t)left_us));
         else overran_++;
       }
       const double end = trace().now_us();
-      spans_.push_back({pp::to_string(step), start, end});
+      busy_us_ += end - start;
+      end_us_ = end;
       trace().add(pp::to_string(step), "compute", start, end);
       // 3. send the results on (non-blocking: the next op does not wait for the neighbour)
       for (size_t i = 0; i < ops.size(); i++) send_after(ops[i], outbox[i]);
@@ -297,7 +291,7 @@ class Executor {
   double loss_sum_ = 0;
   int peak_live_ = 0, overran_ = 0;
   int w_run_ = 0, w_total_ = 0;  // for --bug drop-w
-  std::vector<OpSpan> spans_;
+  double busy_us_ = 0, end_us_ = 0;
 };
 
 // ----------------------------------------------------------------------------
@@ -487,12 +481,7 @@ int main(int argc, char** argv) {
     comm.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
 
     // ---- timing: the bubble of each rank, measured, simulated and by formula
-    double busy_us = 0, end_us = 0;
-    for (const auto& sp : ex.spans()) {
-      busy_us += sp.end_us - sp.start_us;
-      end_us = std::max(end_us, sp.end_us);
-    }
-    double makespan_us = end_us;
+    double busy_us = ex.busy_us(), makespan_us = ex.end_us();
     comm.allreduce(&makespan_us, 1, MPI_DOUBLE, MPI_MAX);
     std::vector<double> all_busy((size_t)P), all_peak((size_t)P), all_over((size_t)P);
     double mine_peak = ex.peak_live(), mine_over = ex.overran();
