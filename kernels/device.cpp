@@ -1,11 +1,15 @@
 // kernels/device.cpp — the device-memory API.
-//   cpu and sim: host memory (sim runs CUDA kernels on the CPU, on host pointers);
+//   cpu:  host memory;
+//   sim:  host memory too (its kernels run on the CPU), but kept apart from the host as a
+//         GPU's is: kernels/sim_memory.h;
 //   cuda: the CUDA runtime (kernels/cuda_runtime.cu), when built with nvcc and a GPU is present.
 #include "kernels/device.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+
+#include "kernels/sim_memory.h"
 
 namespace ff {
 
@@ -75,8 +79,9 @@ static void require_available(Device d) {
 void* device_malloc(Device d, size_t bytes) {
   require_available(d);
 #if FF_HAVE_CUDA
-  if (!on_host(d)) return cuda_runtime::malloc(bytes);
+  if (d == Device::cuda) return cuda_runtime::malloc(bytes);
 #endif
+  if (d == Device::sim) return sim_memory::allocate(bytes);
   // 64-byte alignment: cache lines, and room for vector loads.
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -86,17 +91,22 @@ void* device_malloc(Device d, size_t bytes) {
 
 void device_free(Device d, void* p) {
 #if FF_HAVE_CUDA
-  if (!on_host(d)) return cuda_runtime::free(p);
+  if (d == Device::cuda) return cuda_runtime::free(p);
 #endif
-  (void)d;
+  if (d == Device::sim) return sim_memory::release(p);
   std::free(p);
 }
 
 void device_memset_zero(Device d, void* p, size_t bytes) {
   require_available(d);
 #if FF_HAVE_CUDA
-  if (!on_host(d)) return cuda_runtime::memset_zero(p, bytes);
+  if (d == Device::cuda) return cuda_runtime::memset_zero(p, bytes);
 #endif
+  if (d == Device::sim) {
+    sim_memory::HostAccess open;
+    std::memset(p, 0, bytes);
+    return;
+  }
   std::memset(p, 0, bytes);
 }
 
@@ -108,6 +118,11 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   if (!on_host(dst_dev) || !on_host(src_dev))
     return cuda_runtime::memcpy(dst, !on_host(dst_dev), src, !on_host(src_dev), bytes);
 #endif
+  if (dst_dev == Device::sim || src_dev == Device::sim) {
+    sim_memory::HostAccess open;
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   std::memcpy(dst, src, bytes);
 }
 

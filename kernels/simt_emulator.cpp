@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -476,6 +477,44 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
   }
 }
 
+void check_pointer_argument(const char* kernel_name, int index, const void* p) {
+  const DeviceMemoryModel& m = options().device_memory;
+  if (!p || !m.why_not_device_pointer) return;
+  if (const char* why = m.why_not_device_pointer(p)) {
+    std::ostringstream os;
+    os << "kernel " << kernel_name << ": argument " << index + 1 << " (" << p << ") is " << why
+       << ": a kernel can only dereference device memory";
+    throw Error(os.str());
+  }
+}
+
+// The order blocks run in: i -> (stride * i + offset) mod n, a permutation of 0..n-1 when
+// gcd(stride, n) = 1. A random stride and offset per launch shuffle the order without a
+// table the size of the grid.
+struct BlockOrder {
+  uint64_t n, stride = 1, offset = 0;
+  BlockOrder(uint64_t n_, bool shuffle, std::mt19937_64& rng) : n(n_) {
+    if (!shuffle || n < 2) return;
+    offset = rng() % n;
+    do stride = 1 + rng() % (n - 1);
+    while (std::gcd(stride, n) != 1);
+  }
+  uint64_t operator[](uint64_t i) const {
+    return (uint64_t)(((unsigned __int128)stride * i + offset) % n);
+  }
+};
+
+// Opens device memory (if a model is installed) for the life of a launch.
+struct DeviceMemoryOpen {
+  const DeviceMemoryModel m = options().device_memory;
+  DeviceMemoryOpen() {
+    if (m.open) m.open();
+  }
+  ~DeviceMemoryOpen() {
+    if (m.close) m.close();
+  }
+};
+
 void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
             const std::function<void()>& body) {
   check_config(kernel_name, grid, blk, dynamic_smem_bytes);
@@ -486,18 +525,22 @@ void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_by
   b.kernel = kernel_name;
   b.state.block_dim = blk;
   b.state.grid_dim = grid;
-  b.dynamic_smem.assign(dynamic_smem_bytes, 0);
+  b.dynamic_smem.resize(dynamic_smem_bytes);
+  const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+  const BlockOrder order(blocks, options().shuffle, rng);
+  DeviceMemoryOpen device_memory;
   g_block = &b;
   try {
-    for (unsigned z = 0; z < grid.z; z++)
-      for (unsigned y = 0; y < grid.y; y++)
-        for (unsigned x = 0; x < grid.x; x++) {
-          b.state.block_idx = dim3(x, y, z);
-          b.error = nullptr;
-          b.abandoning = false;
-          run_block(b, body, rng);
-          stats().blocks++;
-        }
+    for (uint64_t i = 0; i < blocks; i++) {
+      const uint64_t linear = order[i];
+      b.state.block_idx = dim3((unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
+                               (unsigned)(linear / ((uint64_t)grid.x * grid.y)));
+      std::fill(b.dynamic_smem.begin(), b.dynamic_smem.end(), (unsigned char)0xFF);
+      b.error = nullptr;
+      b.abandoning = false;
+      run_block(b, body, rng);
+      stats().blocks++;
+    }
   } catch (...) {
     g_block = nullptr;
     throw;

@@ -1,15 +1,18 @@
 // kernels/simt_emulator.h — runs CUDA kernels on the CPU (see kernels/simt.h).
 //
-// Model: the blocks of a grid run one after another. The threads of a block are fibers
-// (Boost.Context) on one OS thread. A fiber runs until it reaches a barrier
-// (__syncthreads), a warp collective (__shfl*_sync, __ballot_sync, __syncwarp) or its
-// end; then another one runs. The scheduler picks a warp at random (seeded) and runs its
-// runnable threads in shuffled order; a warp collective completes as soon as its last lane
-// arrives, so a warp may run ahead of the others up to the next barrier (and in half of the
-// blocks, picked at random, the warp that just ran is favoured, so it often does). A kernel that
-// forgets a __syncthreads therefore reads memory other threads have not written yet (or
-// have already overwritten) and gets a wrong result — as on a GPU, where the order is
-// unspecified too. With shuffling off, warps and threads run in index order.
+// Model: the blocks of a grid run one after another, in a shuffled order (a GPU promises
+// none, so a kernel that counts on block 0 finishing before block 1 fails here too). The
+// threads of a block are fibers (Boost.Context) on one OS thread. A fiber runs until it
+// reaches a barrier (__syncthreads), a warp collective (__shfl*_sync, __ballot_sync,
+// __syncwarp) or its end; then another one runs. The scheduler picks a warp at random
+// (seeded) and runs its runnable threads in shuffled order; a warp collective completes as
+// soon as its last lane arrives, so a warp may run ahead of the others up to the next barrier
+// (and in half of the blocks, picked at random, the warp that just ran is favoured, so it
+// often does). A kernel that forgets a __syncthreads therefore reads memory other threads
+// have not written yet (or have already overwritten) and gets a wrong result — as on a GPU,
+// where the order is unspecified too. With shuffling off, blocks, warps and threads run in
+// index order. Each block's dynamic shared memory starts as 0xFF bytes (NaN as float32):
+// uninitialised, as on a GPU, rather than a helpful zero.
 //
 // Misuse is an error, never a hang: barrier divergence (threads waiting at different
 // barriers, or some waiting while others have exited), a warp collective whose mask names
@@ -22,6 +25,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace simt {
 
@@ -51,11 +55,24 @@ void* dynamic_shared_memory();
 void launch(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
             const std::function<void()>& body);
 
+// Throws simt::Error if a device-memory model is installed (Options::device_memory) and
+// refuses pointer argument `index` (0-based) of the kernel.
+void check_pointer_argument(const char* kernel_name, int index, const void* p);
+
 // SIMT_LAUNCH: the arguments are evaluated once, on the host, as in a real launch; every
-// thread then calls kernel(args...) with the same values.
+// pointer among them must be device memory; every thread then calls kernel(args...) with
+// the same values.
 template <typename Kernel, typename... Args>
 void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
                    Kernel kernel, Args... args) {
+  int index = 0;
+  auto check = [&](const auto& arg) {
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(arg)>>)
+      check_pointer_argument(kernel_name, index, static_cast<const void*>(arg));
+    index++;
+  };
+  (check(args), ...);
+  (void)check;  // a kernel without arguments
   launch(kernel_name, grid, block, dynamic_smem_bytes, [&] { kernel(args...); });
 }
 
@@ -75,11 +92,23 @@ double shfl(Shfl kind, const char* file, int line, unsigned mask, double v, int 
             int width = 32);
 unsigned ballot(const char* file, int line, unsigned mask, int predicate);
 
+// ---- device memory
+// On a GPU a kernel dereferences device memory only, and the host cannot dereference it. A
+// device-memory model (the sim device's: kernels/sim_memory.h) installs these hooks; then
+// every launch checks its pointer arguments and opens device memory for its duration.
+// Unset, as in the emulator's own tests, a kernel may take any pointer.
+struct DeviceMemoryModel {
+  const char* (*why_not_device_pointer)(const void* p) = nullptr;  // nullptr: fine
+  void (*open)() = nullptr;   // the host (running the kernel) may now touch device memory
+  void (*close)() = nullptr;  // ... and now no more
+};
+
 // ---- schedule and limits
 struct Options {
-  bool shuffle = true;          // random thread order between barriers
+  bool shuffle = true;          // random thread order between barriers, random block order
   uint64_t seed = 0x5eed;       // of the shuffle
   size_t max_shared_bytes = 48 * 1024;  // dynamic shared memory per block
+  DeviceMemoryModel device_memory;
 };
 // Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N.
 Options& options();

@@ -81,6 +81,12 @@ else
   printf '  skip            %-52s %s test cases: %s\n' "kernel tests, cuda vs cpu" "${skipped:-?}" "no GPU here"
 fi
 
+# Device memory of sim is kept from the host as a GPU's is (kernels/sim_memory.h).
+host_touch='^error: host code touched device memory of .sim. at 0x[0-9a-f]+, outside a kernel or a device copy'
+check "sim: host code reading a device pointer fails, as on a GPU" 1 "$host_touch" $T/sim_host_access read
+check "sim: host code writing through a device pointer fails" 1 "$host_touch" $T/sim_host_access write
+check "sim: copying to the host first is the way (and works)" 0 '^copied to the host: 2.5$' $T/sim_host_access copy
+
 echo "== communication (mpirun, odd sizes included)"
 for np in 1 2 3 4; do
   doctest_step "comm tests, $np rank(s)" $MPIRUN -np $np $T/mpi_tests

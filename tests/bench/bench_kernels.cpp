@@ -174,7 +174,7 @@ __global__ void eight_barriers(float* out) {
 }
 
 void bench_emulator(int64_t blocks) {
-  std::vector<float> out((size_t)blocks * 256);
+  Tensor out = Tensor::empty({blocks * 256}, Device::sim);
   double ms = median_ms(Device::sim, 5, [&] {
     SIMT_LAUNCH(eight_barriers, dim3((unsigned)blocks), dim3(256), 0, 0, out.data());
   });

@@ -385,10 +385,13 @@ TEST_CASE("tensor overloads stage sim tensors through the host") {
   for (float x : b.to_vector()) CHECK(x == 2.5f);
   // A ring shift: sim tensor out to r+1, into a sim tensor from r-1 (P = 1 sends to itself).
   if (P > 1) {
-    Tensor out = Tensor::full({5}, (float)r, Device::sim), in = Tensor::zeros({5}, Device::sim);
-    Request rq = c.irecv(in.raw(), in.nbytes(), (r + P - 1) % P, 7);
+    // The raw irecv takes host memory (MPI cannot read a device pointer: on device sim the
+    // host may not touch device memory, as on a GPU), then the tensor moves to the device.
+    Tensor out = Tensor::full({5}, (float)r, Device::sim), in_host = Tensor::zeros({5});
+    Request rq = c.irecv(in_host.raw(), in_host.nbytes(), (r + P - 1) % P, 7);
     c.send(out, (r + 1) % P, 7);
     c.wait(rq);
+    Tensor in = in_host.to(Device::sim);
     for (float x : in.to_vector()) CHECK(x == (float)((r + P - 1) % P));
     Tensor got = Tensor::zeros({5}, Device::sim);
     if (r == 0) c.recv(got, P - 1, 8);

@@ -3,6 +3,9 @@
 // memory, and every misuse reported as an error (never a hang).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -10,9 +13,13 @@
 
 namespace {
 
-// Restores the emulator's options after a test changes them.
+// Every test here runs in one: it restores the emulator's options after the test changes
+// them, and takes the sim device's device-memory model out meanwhile, so that these kernels
+// may read and write host vectors (the emulator itself runs on any pointer; keeping device
+// memory apart is the sim device's job, tested in test_sim_memory.cpp).
 struct OptionsGuard {
   simt::Options saved = simt::options();
+  OptionsGuard() { simt::options().device_memory = {}; }
   ~OptionsGuard() { simt::options() = saved; }
 };
 
@@ -133,6 +140,29 @@ __global__ void throws_inside() {
 }
 __global__ void nothing() {}
 
+// Block b records when it ran (a ticket from a global counter).
+__global__ void record_block_order(int* ticket, int* ran_at) {
+  if (threadIdx.x == 0) ran_at[blockIdx.x] = atomicAdd(ticket, 1);
+}
+
+// A running count across blocks: block b reads block b - 1's result. Right only if blocks
+// run in index order, which no GPU promises (a correct version needs a grid-wide scan).
+__global__ void chain_across_blocks(int* out) {
+  if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x == 0 ? 1 : out[blockIdx.x - 1] + 1;
+}
+
+// Reads dynamic shared memory before writing it, then writes it: what the next block sees.
+__global__ void read_uninitialised_shared(unsigned* first_word) {
+  SIMT_DYNAMIC_SHARED(unsigned, buf);
+  if (threadIdx.x == 0) first_word[blockIdx.x] = buf[0];
+  __syncthreads();
+  buf[threadIdx.x] = 0;
+}
+
+__global__ void add_one(float* x, const float* maybe_null) {
+  x[threadIdx.x] += maybe_null ? maybe_null[threadIdx.x] : 1.f;
+}
+
 std::vector<float> iota_floats(int n, float scale) {
   std::vector<float> v(n);
   for (int i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50);
@@ -194,6 +224,7 @@ TEST_CASE("simt: a warp runs ahead after its shuffle: a missing trailing barrier
 }
 
 TEST_CASE("simt: __popc of a ballot ranks a warp's matching lanes (warp compaction)") {
+  OptionsGuard guard;
   std::vector<int> keep(64), slot(64), count(2);
   for (int t = 0; t < 64; t++) keep[t] = (t * 7) % 5 < 2 || t == 31;  // lane 31: the top bit
   keep[32] = 1;                                                      // lane 0 of warp 1
@@ -213,6 +244,7 @@ TEST_CASE("simt: __popc of a ballot ranks a warp's matching lanes (warp compacti
 }
 
 TEST_CASE("simt: warp shuffles (down, xor, idx, up with width) and ballot") {
+  OptionsGuard guard;
   std::vector<float> x = iota_floats(64, 0.5f), down(2), xr(64);
   std::vector<unsigned> ballots(2);
   SIMT_LAUNCH(warp_sums, dim3(1), dim3(64), 0, 0, x.data(), down.data(), xr.data(), ballots.data());
@@ -237,6 +269,7 @@ TEST_CASE("simt: warp shuffles (down, xor, idx, up with width) and ballot") {
 }
 
 TEST_CASE("simt: atomics (add int and float, max, CAS) across threads and blocks") {
+  OptionsGuard guard;
   const int n = 1000;
   std::vector<int> x(n), bins(7, 0);
   for (int i = 0; i < n; i++) x[i] = (i * 13) % 7;
@@ -256,6 +289,7 @@ TEST_CASE("simt: atomics (add int and float, max, CAS) across threads and blocks
 }
 
 TEST_CASE("simt: dynamic shared memory, and 3-D grids and blocks") {
+  OptionsGuard guard;
   std::vector<float> x = iota_floats(200, 1.f), y(200);
   SIMT_LAUNCH(dynamic_reverse, dim3(1), dim3(200), 200 * sizeof(float), 0, x.data(), y.data());
   for (int t = 0; t < 200; t++) CHECK(y[t] == x[199 - t]);
@@ -265,8 +299,9 @@ TEST_CASE("simt: dynamic shared memory, and 3-D grids and blocks") {
 }
 
 TEST_CASE("simt: misuse is an error naming the kernel, block and thread") {
+  OptionsGuard guard;
   CHECK_THROWS_WITH_AS(SIMT_LAUNCH(divergent_barrier, dim3(2), dim3(32), 0, 0),
-                       doctest::Contains("kernel divergent_barrier, block (0,0,0)"), simt::Error);
+                       doctest::Contains("kernel divergent_barrier, block ("), simt::Error);
   CHECK_THROWS_WITH_AS(SIMT_LAUNCH(divergent_barrier, dim3(1), dim3(32), 0, 0),
                        doctest::Contains("has exited"), simt::Error);
   CHECK_THROWS_WITH_AS(SIMT_LAUNCH(two_barriers, dim3(1), dim3(8), 0, 0),
@@ -293,4 +328,92 @@ TEST_CASE("simt: with shuffling off, threads run in index order (reproducible de
   for (float v : x) want += v;
   SIMT_LAUNCH(block_sum, dim3(1), dim3(256), 0, 0, x.data(), out.data(), true);
   CHECK(out[0] == want);
+}
+
+TEST_CASE("simt: blocks run in a shuffled order; in index order with shuffling off") {
+  OptionsGuard guard;
+  const int blocks = 64;
+  std::vector<int> ran_at(blocks);
+  auto run = [&] {
+    int ticket = 0;
+    SIMT_LAUNCH(record_block_order, dim3(blocks), dim3(32), 0, 0, &ticket, ran_at.data());
+    std::vector<int> sorted = ran_at;
+    std::sort(sorted.begin(), sorted.end());
+    for (int b = 0; b < blocks; b++) REQUIRE(sorted[b] == b);  // every block ran exactly once
+    int in_place = 0;
+    for (int b = 0; b < blocks; b++) in_place += ran_at[b] == b;
+    return in_place;
+  };
+  simt::options().shuffle = true;
+  for (uint64_t seed : {1, 2, 3}) {
+    simt::options().seed = seed;
+    CHECK(run() < blocks);
+  }
+  simt::options().shuffle = false;
+  CHECK(run() == blocks);
+}
+
+TEST_CASE("simt: a kernel that counts on block order is caught") {
+  OptionsGuard guard;
+  const int blocks = 16;
+  std::vector<int> out(blocks), want(blocks);
+  std::iota(want.begin(), want.end(), 1);
+  simt::options().shuffle = false;  // index order: the bug hides
+  SIMT_LAUNCH(chain_across_blocks, dim3(blocks), dim3(32), 0, 0, out.data());
+  CHECK(out == want);
+  simt::options().shuffle = true;
+  int wrong = 0;
+  for (uint64_t seed : {1, 2, 3}) {
+    simt::options().seed = seed;
+    std::fill(out.begin(), out.end(), 0);
+    SIMT_LAUNCH(chain_across_blocks, dim3(blocks), dim3(32), 0, 0, out.data());
+    wrong += out != want;
+  }
+  CHECK(wrong == 3);
+}
+
+TEST_CASE("simt: dynamic shared memory starts as 0xFF bytes in every block, not zero") {
+  OptionsGuard guard;
+  std::vector<unsigned> first(4, 0);
+  SIMT_LAUNCH(read_uninitialised_shared, dim3(4), dim3(32), 32 * sizeof(unsigned), 0, first.data());
+  for (unsigned w : first) CHECK(w == 0xFFFFFFFFu);  // the previous block's zeros are gone
+  float f;
+  std::memcpy(&f, &first[0], sizeof f);
+  CHECK(std::isnan(f));
+}
+
+// A stand-in for a device-memory model: device memory is `dev`; the hooks count their calls.
+namespace fake_device {
+std::vector<float> dev(32, 0.f);
+int opened = 0, closed = 0;
+const char* why_not(const void* p) {
+  auto* f = static_cast<const float*>(p);
+  return f >= dev.data() && f < dev.data() + dev.size() ? nullptr : "not in the fake device";
+}
+void open() { opened++; }
+void close() { closed++; }
+}  // namespace fake_device
+
+TEST_CASE("simt: with a device-memory model, pointer arguments are checked and memory opened per launch") {
+  OptionsGuard guard;
+  simt::options().device_memory = {fake_device::why_not, fake_device::open, fake_device::close};
+  fake_device::opened = fake_device::closed = 0;
+  SIMT_LAUNCH(add_one, dim3(1), dim3(32), 0, 0, fake_device::dev.data(), (const float*)nullptr);
+  CHECK(fake_device::dev[31] == 1.f);  // null is a fine pointer argument
+  CHECK(fake_device::opened == 1);
+  CHECK(fake_device::closed == 1);
+  std::vector<float> host(32, 1.f);
+  CHECK_THROWS_WITH_AS(
+      SIMT_LAUNCH(add_one, dim3(1), dim3(32), 0, 0, fake_device::dev.data(), (const float*)host.data()),
+      doctest::Contains("kernel add_one: argument 2 ("), simt::Error);
+  CHECK_THROWS_WITH_AS(
+      SIMT_LAUNCH(add_one, dim3(1), dim3(32), 0, 0, host.data(), (const float*)nullptr),
+      doctest::Contains(") is not in the fake device: a kernel can only dereference device memory"),
+      simt::Error);
+  CHECK(fake_device::dev[31] == 1.f);  // refused launches ran nothing
+  CHECK(fake_device::opened == 1);
+  // an error inside the kernel still closes device memory
+  CHECK_THROWS_AS(SIMT_LAUNCH(throws_inside, dim3(1), dim3(32), 0, 0), std::runtime_error);
+  CHECK(fake_device::opened == 2);
+  CHECK(fake_device::closed == 2);
 }

@@ -1,0 +1,50 @@
+// kernels/sim_memory.h — the memory of device "sim": a separate address space, as on a GPU.
+//
+// On a GPU, cudaMalloc'd memory is not the host's: host code that dereferences a device
+// pointer crashes, a kernel handed a host pointer faults, and fresh device memory holds
+// whatever was there before. The sim device runs its kernels on the CPU, where every
+// pointer would work, so it models that separation to make those bugs show up without a GPU:
+//
+//   * Its allocations live in one reserved region of the address space that is closed
+//     (PROT_NONE) except while a kernel runs or a device copy or memset is in progress.
+//     Host code that reads or writes it gets one `error:` line naming the address, then
+//     exit 1 — the run fails here, as it would on a GPU, instead of quietly succeeding.
+//   * Every pointer argument of a kernel launch must point into a live allocation (or be
+//     null): a host pointer, or memory already freed, is a simt::Error naming the kernel.
+//   * New allocations are filled with 0xFF bytes (NaN as float32, -1 as int64), so a kernel
+//     that reads memory nobody wrote produces NaN instead of a lucky zero.
+//
+// SIMT_HOST_GUARD=0 leaves the region open to the host (to look at device memory in a
+// debugger); the argument check and the poison stay.
+#pragma once
+#include <cstddef>
+
+namespace ff::sim_memory {
+
+// Page-granular, 4 KiB aligned; throws std::runtime_error when the region is exhausted.
+void* allocate(size_t bytes);
+void release(void* p);
+
+// Host access for the duration of a scope: device copies, memsets, kernel launches.
+// Scopes nest.
+struct HostAccess {
+  HostAccess();
+  ~HostAccess();
+  HostAccess(const HostAccess&) = delete;
+  HostAccess& operator=(const HostAccess&) = delete;
+};
+
+// nullptr if `p` lies in a live allocation, else why it may not be given to a kernel.
+const char* why_not_device_pointer(const void* p);
+
+// What the region holds: bytes in live allocations, and the extent of the part handed out
+// so far (freed blocks at its top are given back, so it shrinks again).
+struct Usage {
+  size_t live_bytes = 0, top_bytes = 0;
+};
+Usage usage();
+
+// The poison byte of fresh allocations.
+constexpr unsigned char kPoison = 0xFF;
+
+}  // namespace ff::sim_memory

@@ -1,0 +1,106 @@
+// Device "sim" keeps its memory apart from the host, as a GPU does (kernels/sim_memory.h):
+// fresh memory is poison, kernels refuse host and freed pointers, copies and kernels reach
+// device memory while the host does not (that last one needs a crash, so it is a program of
+// its own: tests/progs/sim_host_access.cpp, run by scripts/run-tests.sh).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/tensor.h"
+#include "kernels/kernels.h"
+#include "kernels/sim_memory.h"
+
+using namespace ff;
+
+TEST_CASE("sim memory: a fresh allocation is poison (NaN as float32, -1 as int64), not zero") {
+  Tensor f = Tensor::empty({3, 1000}, Device::sim);
+  for (float v : f.to_vector()) REQUIRE(std::isnan(v));
+  Tensor i = Tensor::empty({17}, Device::sim, DType::i64);
+  for (int64_t v : i.to_index_vector()) CHECK(v == -1);
+  // reused memory is poisoned again, not left with the last tensor's values
+  void* first = nullptr;
+  {
+    Tensor z = Tensor::zeros({1024}, Device::sim);
+    first = z.raw();
+  }
+  Tensor again = Tensor::empty({1024}, Device::sim);
+  REQUIRE(again.raw() == first);  // the same block, handed out again (this is what is tested)
+  for (float v : again.to_vector()) REQUIRE(std::isnan(v));
+}
+
+TEST_CASE("sim memory: a kernel refuses a host pointer and freed device memory, naming the kernel") {
+  const KernelTable& k = kernels_for(Device::sim);
+  std::vector<float> host(64, 0.f);
+  CHECK_THROWS_WITH(k.fill(host.data(), 64, 1.f),
+                    doctest::Contains("is a host pointer, not device memory"));
+  CHECK(host[0] == 0.f);  // nothing ran
+  Tensor t = Tensor::zeros({64}, Device::sim);
+  float* dangling = t.data();
+  t = Tensor();  // frees it
+  CHECK_THROWS_WITH(k.fill(dangling, 64, 1.f), doctest::Contains("device memory that is not allocated"));
+  // a pointer into the middle of a live allocation is fine (a kernel may take a slice)
+  Tensor u = Tensor::zeros({64}, Device::sim);
+  k.fill(u.data() + 32, 32, 2.f);
+  std::vector<float> got = u.to_vector();
+  CHECK(got[31] == 0.f);
+  CHECK(got[32] == 2.f);
+  CHECK(got[63] == 2.f);
+}
+
+TEST_CASE("sim memory: device copies, memsets and kernels reach it; why_not_device_pointer says what a pointer is") {
+  Tensor t = Tensor::from_vector({1.f, 2.f, 3.f}, {3}, Device::sim);
+  CHECK(sim_memory::why_not_device_pointer(t.data()) == nullptr);
+  CHECK(sim_memory::why_not_device_pointer(t.data() + 2) == nullptr);
+  int on_stack = 0;
+  CHECK(std::strstr(sim_memory::why_not_device_pointer(&on_stack), "host pointer"));
+  Tensor u = t.to(Device::sim);  // device to device
+  kernels_for(Device::sim).affine(u.data(), u.data(), 3, 2.f, 1.f);
+  CHECK(u.to_vector() == std::vector<float>{3.f, 5.f, 7.f});
+  CHECK(t.to(Device::cpu).to_vector() == std::vector<float>{1.f, 2.f, 3.f});
+  Tensor z = Tensor::zeros({5}, Device::sim);
+  CHECK(z.to_vector() == std::vector<float>(5, 0.f));
+}
+
+TEST_CASE("sim memory: many allocations of mixed sizes never overlap, and freeing all gives every page back") {
+  // Each live block holds its own byte pattern; after a random mix of allocations and frees
+  // (which splits and merges free blocks), every pattern is intact.
+  const sim_memory::Usage before = sim_memory::usage();
+  std::mt19937 rng(7);
+  struct Block {
+    void* p;
+    size_t bytes;
+    unsigned char tag;
+  };
+  std::vector<Block> live;
+  auto verify = [](const Block& b) {
+    std::vector<unsigned char> back(b.bytes);
+    device_memcpy(back.data(), Device::cpu, b.p, Device::sim, b.bytes);
+    for (unsigned char c : back)
+      if (c != b.tag) return false;
+    return true;
+  };
+  for (int step = 0; step < 400; step++) {
+    if (!live.empty() && rng() % 3 == 0) {
+      size_t i = rng() % live.size();
+      REQUIRE(verify(live[i]));
+      device_free(Device::sim, live[i].p);
+      live.erase(live.begin() + (long)i);
+    } else {
+      size_t bytes = 1 + rng() % (rng() % 4 == 0 ? 200000 : 9000);
+      Block b{device_malloc(Device::sim, bytes), bytes, (unsigned char)(step % 251)};
+      std::vector<unsigned char> pattern(bytes, b.tag);
+      device_memcpy(b.p, Device::sim, pattern.data(), Device::cpu, bytes);
+      live.push_back(b);
+    }
+  }
+  for (const Block& b : live) CHECK(verify(b));
+  for (const Block& b : live) device_free(Device::sim, b.p);
+  // With everything freed, the free blocks have merged back and the top is where it was.
+  const sim_memory::Usage after = sim_memory::usage();
+  CHECK(after.live_bytes == before.live_bytes);
+  CHECK(after.top_bytes == before.top_bytes);
+}
