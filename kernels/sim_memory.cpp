@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <iterator>
 #include <string>
 
 #include "kernels/simt_emulator.h"
@@ -30,6 +31,9 @@ namespace ff::sim_memory {
 namespace {
 
 constexpr size_t kPage = 4096;
+// At least this many poisoned bytes follow every allocation: a kernel that writes there (one
+// past the end, say) is reported after its launch.
+constexpr size_t kRedzone = 64;
 
 struct Region {
   char* base = nullptr;
@@ -37,7 +41,11 @@ struct Region {
   size_t used = 0;        // [base, base + used) has been handed out at some point
   int open_depth = 0;     // HostAccess scopes (and kernel launches) in progress
   bool guard = true;      // SIMT_HOST_GUARD != 0: closed outside them
-  std::map<char*, size_t> live;           // allocation -> bytes (whole pages)
+  struct Live {
+    size_t size;       // whole pages
+    size_t requested;  // what the caller asked for; the rest is a poisoned redzone
+  };
+  std::map<char*, Live> live;
   std::map<char*, size_t> free_by_addr;   // free block -> bytes
   std::multimap<size_t, char*> free_by_size;
   std::mutex mu;
@@ -133,7 +141,8 @@ Region& region() {
     g_reserved = reg->reserved;
     if (reg->guard) install_handler();
     // The emulator's side: a launch opens the region and checks its pointer arguments.
-    simt::options().device_memory = {why_not_device_pointer, open_region, close_region};
+    simt::options().device_memory = {why_not_device_pointer, open_region, close_region,
+                                     out_of_bounds_writes};
     return reg;
   }();
   return *r;
@@ -179,7 +188,7 @@ void add_free(Region& r, char* p, size_t bytes) {
 void* allocate(size_t bytes) {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
-  const size_t size = std::max<size_t>(1, (bytes + kPage - 1) / kPage) * kPage;
+  const size_t size = (bytes + kRedzone + kPage - 1) / kPage * kPage;
   char* p = nullptr;
   auto fit = r.free_by_size.lower_bound(size);
   if (fit != r.free_by_size.end()) {
@@ -198,7 +207,7 @@ void* allocate(size_t bytes) {
     p = r.base + r.used;
     r.used += size;
   }
-  r.live[p] = size;
+  r.live[p] = {size, bytes};
   // Poison: fresh device memory holds garbage on a GPU; here it holds NaN / -1.
   protect(r, p, size, true);
   std::memset(p, kPoison, size);
@@ -213,7 +222,7 @@ void release(void* ptr) {
   auto it = r.live.find(static_cast<char*>(ptr));
   if (it == r.live.end()) throw std::runtime_error("sim device memory: freeing a pointer it did not allocate");
   char* p = it->first;
-  size_t size = it->second;
+  size_t size = it->second.size;
   r.live.erase(it);
   // Large blocks give their pages back to the system (they read as zero until poisoned again).
   if (size >= (size_t(1) << 20)) ::madvise(p, size, MADV_DONTNEED);
@@ -224,7 +233,7 @@ Usage usage() {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
   Usage u;
-  for (const auto& [p, bytes] : r.live) u.live_bytes += bytes;
+  for (const auto& [p, block] : r.live) u.live_bytes += block.size;
   u.top_bytes = r.used;
   return u;
 }
@@ -240,8 +249,49 @@ const char* why_not_device_pointer(const void* ptr) {
   auto it = r.live.upper_bound(const_cast<char*>(p));
   if (it == r.live.begin()) return "device memory that is not allocated (freed already?)";
   --it;
-  if (p >= it->first + it->second) return "device memory that is not allocated (freed already?)";
+  if (p >= it->first + it->second.size) return "device memory that is not allocated (freed already?)";
   return nullptr;
+}
+
+// The first byte of [p, p + n) that is no longer poison, or n.
+static size_t first_written(const char* p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)p[i] != kPoison) return i;
+  return n;
+}
+
+// Reports the first out-of-bounds byte and poisons the redzone again, so one bad write is
+// one report.
+std::string out_of_bounds_writes(const void* ptr) {
+  Region& r = region();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
+  if (it == r.live.begin()) return "";
+  --it;
+  char* p = it->first;
+  const Region::Live& block = it->second;
+  const size_t tail = block.size - block.requested;
+  const size_t i = first_written(p + block.requested, tail);
+  if (i < tail) {
+    std::memset(p + block.requested, kPoison, tail);
+    return "wrote past the end of its " + std::to_string(block.requested) +
+           "-byte device allocation (at byte offset " + std::to_string(block.requested + i) + ")";
+  }
+  // The redzone of the allocation just below ends where this one starts.
+  if (it != r.live.begin()) {
+    auto below = std::prev(it);
+    const Region::Live& b = below->second;
+    const size_t n = b.size - b.requested;
+    if (below->first + b.size == p) {
+      const size_t j = first_written(below->first + b.requested, n);
+      if (j < n) {
+        std::memset(below->first + b.requested, kPoison, n);
+        return "wrote before the start of its " + std::to_string(block.requested) +
+               "-byte device allocation (at byte offset -" + std::to_string(n - j) + ")";
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace ff::sim_memory

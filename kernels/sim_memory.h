@@ -13,11 +13,17 @@
 //     null): a host pointer, or memory already freed, is a simt::Error naming the kernel.
 //   * New allocations are filled with 0xFF bytes (NaN as float32, -1 as int64), so a kernel
 //     that reads memory nobody wrote produces NaN instead of a lucky zero.
+//   * Every allocation is followed by at least 64 poisoned bytes (a redzone). After each
+//     launch, the redzones after and just before each pointer argument's allocation must
+//     still be poison: a kernel that writes one past the end (or before the start) is a
+//     simt::Error naming the kernel and argument — the out-of-bounds write that
+//     compute-sanitizer's memcheck reports on a GPU. (Far wilder writes land elsewhere.)
 //
 // SIMT_HOST_GUARD=0 leaves the region open to the host (to look at device memory in a
 // debugger); the argument check and the poison stay.
 #pragma once
 #include <cstddef>
+#include <string>
 
 namespace ff::sim_memory {
 
@@ -36,6 +42,10 @@ struct HostAccess {
 
 // nullptr if `p` lies in a live allocation, else why it may not be given to a kernel.
 const char* why_not_device_pointer(const void* p);
+
+// "" if the redzones around the allocation holding `p` are intact, else what was written
+// there (called after every launch for each pointer argument; the region must be open).
+std::string out_of_bounds_writes(const void* p);
 
 // What the region holds: bytes in live allocations, and the extent of the part handed out
 // so far (freed blocks at its top are given back, so it shrinks again).

@@ -488,6 +488,15 @@ void check_pointer_argument(const char* kernel_name, int index, const void* p) {
   }
 }
 
+void check_pointer_argument_after(const char* kernel_name, int index, const void* p) {
+  const DeviceMemoryModel& m = options().device_memory;
+  if (!p || !m.out_of_bounds_writes) return;
+  std::string what = m.out_of_bounds_writes(p);
+  if (!what.empty())
+    throw Error(std::string("kernel ") + kernel_name + ": argument " + std::to_string(index + 1) +
+                ": " + what);
+}
+
 // The order blocks run in: i -> (stride * i + offset) mod n, a permutation of 0..n-1 when
 // gcd(stride, n) = 1. A random stride and offset per launch shuffle the order without a
 // table the size of the grid.
@@ -504,16 +513,12 @@ struct BlockOrder {
   }
 };
 
-// Opens device memory (if a model is installed) for the life of a launch.
-struct DeviceMemoryOpen {
-  const DeviceMemoryModel m = options().device_memory;
-  DeviceMemoryOpen() {
-    if (m.open) m.open();
-  }
-  ~DeviceMemoryOpen() {
-    if (m.close) m.close();
-  }
-};
+DeviceMemoryScope::DeviceMemoryScope() : close_(options().device_memory.close) {
+  if (options().device_memory.open) options().device_memory.open();
+}
+DeviceMemoryScope::~DeviceMemoryScope() {
+  if (close_) close_();
+}
 
 void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
             const std::function<void()>& body) {
@@ -528,7 +533,6 @@ void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_by
   b.dynamic_smem.resize(dynamic_smem_bytes);
   const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
   const BlockOrder order(blocks, options().shuffle, rng);
-  DeviceMemoryOpen device_memory;
   g_block = &b;
   try {
     for (uint64_t i = 0; i < blocks; i++) {

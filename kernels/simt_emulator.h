@@ -51,29 +51,64 @@ const ThreadState& current_thread();
 const BlockState& current_block();
 void* dynamic_shared_memory();
 
+// ---- device memory
+// On a GPU a kernel dereferences device memory only, and the host cannot dereference it. A
+// device-memory model (the sim device's: kernels/sim_memory.h) installs these hooks; then
+// every launch checks its pointer arguments, opens device memory for its duration, and
+// afterwards checks that the kernel wrote nothing just outside its arguments' allocations.
+// Unset, as in the emulator's own tests, a kernel may take any pointer.
+struct DeviceMemoryModel {
+  const char* (*why_not_device_pointer)(const void* p) = nullptr;  // nullptr: fine
+  void (*open)() = nullptr;   // the host (running the kernel) may now touch device memory
+  void (*close)() = nullptr;  // ... and now no more
+  // After the launch: "" if the memory around p's allocation is intact, else what was
+  // written out of bounds (memcheck's job on a GPU).
+  std::string (*out_of_bounds_writes)(const void* p) = nullptr;
+};
+
 // Runs body() once per thread of every block of the grid.
 void launch(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
             const std::function<void()>& body);
 
-// Throws simt::Error if a device-memory model is installed (Options::device_memory) and
-// refuses pointer argument `index` (0-based) of the kernel.
+// Throw simt::Error if a device-memory model is installed (Options::device_memory) and it
+// refuses pointer argument `index` (0-based) of the kernel before the launch, or finds
+// after it that the kernel wrote outside the argument's allocation.
 void check_pointer_argument(const char* kernel_name, int index, const void* p);
+void check_pointer_argument_after(const char* kernel_name, int index, const void* p);
+
+// Opens device memory (if a model is installed) for the life of the scope.
+struct DeviceMemoryScope {
+  DeviceMemoryScope();
+  ~DeviceMemoryScope();
+  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
+  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
+
+ private:
+  void (*close_)() = nullptr;  // the model's close at opening time (a test may swap models)
+};
 
 // SIMT_LAUNCH: the arguments are evaluated once, on the host, as in a real launch; every
 // pointer among them must be device memory; every thread then calls kernel(args...) with
-// the same values.
+// the same values; afterwards no argument's allocation may have been written out of bounds.
 template <typename Kernel, typename... Args>
 void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
                    Kernel kernel, Args... args) {
   int index = 0;
+  bool after = false;
   auto check = [&](const auto& arg) {
-    if constexpr (std::is_pointer_v<std::decay_t<decltype(arg)>>)
-      check_pointer_argument(kernel_name, index, static_cast<const void*>(arg));
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(arg)>>) {
+      if (after) check_pointer_argument_after(kernel_name, index, static_cast<const void*>(arg));
+      else check_pointer_argument(kernel_name, index, static_cast<const void*>(arg));
+    }
     index++;
   };
   (check(args), ...);
-  (void)check;  // a kernel without arguments
+  DeviceMemoryScope open;  // the kernel, and the checks after it, may touch device memory
   launch(kernel_name, grid, block, dynamic_smem_bytes, [&] { kernel(args...); });
+  index = 0;
+  after = true;
+  (check(args), ...);
+  (void)check;  // a kernel without arguments
 }
 
 // ---- what the built-ins call
@@ -91,17 +126,6 @@ long long shfl(Shfl kind, const char* file, int line, unsigned mask, long long v
 double shfl(Shfl kind, const char* file, int line, unsigned mask, double v, int arg,
             int width = 32);
 unsigned ballot(const char* file, int line, unsigned mask, int predicate);
-
-// ---- device memory
-// On a GPU a kernel dereferences device memory only, and the host cannot dereference it. A
-// device-memory model (the sim device's: kernels/sim_memory.h) installs these hooks; then
-// every launch checks its pointer arguments and opens device memory for its duration.
-// Unset, as in the emulator's own tests, a kernel may take any pointer.
-struct DeviceMemoryModel {
-  const char* (*why_not_device_pointer)(const void* p) = nullptr;  // nullptr: fine
-  void (*open)() = nullptr;   // the host (running the kernel) may now touch device memory
-  void (*close)() = nullptr;  // ... and now no more
-};
 
 // ---- schedule and limits
 struct Options {

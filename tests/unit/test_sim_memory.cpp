@@ -13,8 +13,27 @@
 #include "common/tensor.h"
 #include "kernels/kernels.h"
 #include "kernels/sim_memory.h"
+#include "kernels/simt.h"
 
 using namespace ff;
+
+namespace {
+
+// Writes x[0 .. n + extra): extra = 1 is the classic `i <= n` bug.
+__global__ void write_up_to(float* x, int n, int extra) {
+  int i = threadIdx.x;
+  if (i < n + extra) x[i] = 1.f;
+}
+__global__ void write_before_start(float* x) {
+  if (threadIdx.x == 0) x[-1] = 1.f;
+}
+// y[i] = x[i + 1]: the last thread reads one past the end of x.
+__global__ void shift_left(float* y, const float* x, int n) {
+  int i = threadIdx.x;
+  if (i < n) y[i] = x[i + 1];
+}
+
+}  // namespace
 
 TEST_CASE("sim memory: a fresh allocation is poison (NaN as float32, -1 as int64), not zero") {
   Tensor f = Tensor::empty({3, 1000}, Device::sim);
@@ -103,4 +122,38 @@ TEST_CASE("sim memory: many allocations of mixed sizes never overlap, and freein
   const sim_memory::Usage after = sim_memory::usage();
   CHECK(after.live_bytes == before.live_bytes);
   CHECK(after.top_bytes == before.top_bytes);
+}
+
+TEST_CASE("sim memory: a kernel writing just past the end or before the start of an argument is caught after its launch") {
+  Tensor x = Tensor::zeros({100}, Device::sim);
+  SIMT_LAUNCH(write_up_to, dim3(1), dim3(128), 0, 0, x.data(), 100, 0);  // in bounds: fine
+  CHECK_THROWS_WITH_AS(
+      SIMT_LAUNCH(write_up_to, dim3(1), dim3(128), 0, 0, x.data(), 100, 1),
+      "kernel write_up_to: argument 1: wrote past the end of its 400-byte device allocation (at byte offset 400)",
+      simt::Error);
+  // reported once: the redzone is poison again, so the next correct launch is fine
+  SIMT_LAUNCH(write_up_to, dim3(1), dim3(128), 0, 0, x.data(), 100, 0);
+  // Before the start: the redzone of the allocation just below. Find two adjacent ones.
+  std::vector<Tensor> ts;
+  const Tensor* upper = nullptr;
+  for (int i = 0; i < 64 && !upper; i++) {
+    ts.push_back(Tensor::zeros({100}, Device::sim));
+    for (const Tensor& t : ts)
+      if (static_cast<char*>(ts.back().raw()) == static_cast<char*>(t.raw()) + 4096) upper = &ts.back();
+  }
+  REQUIRE(upper != nullptr);
+  CHECK_THROWS_WITH_AS(SIMT_LAUNCH(write_before_start, dim3(1), dim3(32), 0, 0, upper->data()),
+                       "kernel write_before_start: argument 1: wrote before the start of its "
+                       "400-byte device allocation (at byte offset -4)",
+                       simt::Error);
+}
+
+TEST_CASE("sim memory: a kernel reading one past the end reads NaN (the redzone), not a neighbour's value") {
+  Tensor x = Tensor::from_vector({1.f, 2.f, 3.f, 4.f}, {4}, Device::sim);
+  Tensor y = Tensor::zeros({4}, Device::sim);
+  SIMT_LAUNCH(shift_left, dim3(1), dim3(32), 0, 0, y.data(), x.data(), 4);
+  std::vector<float> got = y.to_vector();
+  CHECK(got[0] == 2.f);
+  CHECK(got[2] == 4.f);
+  CHECK(std::isnan(got[3]));
 }
