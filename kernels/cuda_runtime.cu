@@ -12,6 +12,7 @@ namespace ff {
 
 void cuda_check(cudaError_t err, const char* file, int line) {
   if (err == cudaSuccess) return;
+  cudaGetLastError();  // clear it, so the next launch check does not report it again
   throw std::runtime_error(std::string("CUDA error: ") + cudaGetErrorString(err) + " (" + file +
                            ":" + std::to_string(line) + ")");
 }
@@ -32,7 +33,12 @@ void* malloc(size_t bytes) {
   cudaCheck(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
   return p;
 }
-void free(void* p) { cudaCheck(cudaFree(p)); }
+// Called from tensor destructors, which must not throw: after a kernel fault every CUDA call
+// fails, cudaFree too, while the error that reported the fault unwinds the stack.
+void free(void* p) {
+  cudaError_t err = cudaFree(p);
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading) cudaGetLastError();
+}
 void memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
 void memcpy(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes) {
   cudaMemcpyKind kind = dst_on_device ? (src_on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)

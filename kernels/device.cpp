@@ -115,8 +115,13 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   require_available(src_dev);
   if (bytes == 0) return;
 #if FF_HAVE_CUDA
-  if (!on_host(dst_dev) || !on_host(src_dev))
+  if (!on_host(dst_dev) || !on_host(src_dev)) {
+    if (dst_dev == Device::sim || src_dev == Device::sim) {  // sim <-> cuda: the sim side opened
+      sim_memory::HostAccess open;
+      return cuda_runtime::memcpy(dst, !on_host(dst_dev), src, !on_host(src_dev), bytes);
+    }
     return cuda_runtime::memcpy(dst, !on_host(dst_dev), src, !on_host(src_dev), bytes);
+  }
 #endif
   if (dst_dev == Device::sim || src_dev == Device::sim) {
     sim_memory::HostAccess open;

@@ -32,8 +32,7 @@ using namespace ff;
 
 #if FF_HAVE_CUDA
 // tests/bench/cublas_reference.cu
-double cublas_sgemm_ms(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K,
-                       int reps);
+void cublas_sgemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K);
 #endif
 
 namespace {
@@ -102,7 +101,7 @@ void bench_matmul(Device d, int64_t n) {
   double cublas = 0;
 #if FF_HAVE_CUDA
   if (d == Device::cuda) {
-    cublas = cublas_sgemm_ms(a.data(), b.data(), c.data(), n, n, n, reps_for(d));
+    cublas = median_ms(d, reps_for(d), [&] { cublas_sgemm(a.data(), b.data(), c.data(), n, n, n); });
     row("matmul cuBLAS SGEMM", d, shape, cublas, fmt("%.1f GFLOP/s", flop / cublas / 1e6),
         "(reference)");
   }
