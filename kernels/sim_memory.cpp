@@ -142,7 +142,7 @@ Region& region() {
     if (reg->guard) install_handler();
     // The emulator's side: a launch opens the region and checks its pointer arguments.
     simt::options().device_memory = {why_not_device_pointer, open_region, close_region,
-                                     out_of_bounds_writes};
+                                     out_of_bounds_writes, allocation_of};
     return reg;
   }();
   return *r;
@@ -251,6 +251,18 @@ const char* why_not_device_pointer(const void* ptr) {
   --it;
   if (p >= it->first + it->second.size) return "device memory that is not allocated (freed already?)";
   return nullptr;
+}
+
+bool allocation_of(const void* ptr, char** base, size_t* bytes) {
+  Region& r = region();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
+  if (it == r.live.begin()) return false;
+  --it;
+  if (static_cast<const char*>(ptr) >= it->first + it->second.requested) return false;
+  *base = it->first;
+  *bytes = it->second.requested;
+  return true;
 }
 
 // The first byte of [p, p + n) that is no longer poison, or n.

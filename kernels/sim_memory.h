@@ -43,6 +43,9 @@ struct HostAccess {
 // nullptr if `p` lies in a live allocation, else why it may not be given to a kernel.
 const char* why_not_device_pointer(const void* p);
 
+// The live allocation holding `p`: its first byte and the bytes asked for. False if none.
+bool allocation_of(const void* p, char** base, size_t* bytes);
+
 // "" if the redzones around the allocation holding `p` are intact, else what was written
 // there (called after every launch for each pointer argument; the region must be open).
 std::string out_of_bounds_writes(const void* p);

@@ -75,33 +75,39 @@ using uint3 = ::simt::dim3;
 #define __ballot_sync(mask, pred) ::simt::ballot(__FILE__, __LINE__, (mask), (pred))
 
 // Atomics: fibers switch only at barriers and warp collectives, so a read-modify-write
-// between them is atomic by construction. Each returns the old value, as in CUDA.
+// between them is atomic by construction. Each returns the old value, as in CUDA, and tells
+// the race check (simt::Options::racecheck) that several blocks may change *p.
 template <typename T>
 inline T atomicAdd(T* p, T v) {
+  ::simt::note_atomic(p, sizeof(T));
   T old = *p;
   *p = old + v;
   return old;
 }
 template <typename T>
 inline T atomicMax(T* p, T v) {
+  ::simt::note_atomic(p, sizeof(T));
   T old = *p;
   *p = old < v ? v : old;
   return old;
 }
 template <typename T>
 inline T atomicMin(T* p, T v) {
+  ::simt::note_atomic(p, sizeof(T));
   T old = *p;
   *p = v < old ? v : old;
   return old;
 }
 template <typename T>
 inline T atomicCAS(T* p, T compare, T v) {
+  ::simt::note_atomic(p, sizeof(T));
   T old = *p;
   if (old == compare) *p = v;
   return old;
 }
 template <typename T>
 inline T atomicExch(T* p, T v) {
+  ::simt::note_atomic(p, sizeof(T));
   T old = *p;
   *p = v;
   return old;

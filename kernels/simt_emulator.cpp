@@ -38,6 +38,7 @@ Options& options() {
     Options o;
     if (const char* s = std::getenv("SIMT_SHUFFLE")) o.shuffle = std::strcmp(s, "0") != 0;
     if (const char* s = std::getenv("SIMT_SEED")) o.seed = std::strtoull(s, nullptr, 10);
+    if (const char* s = std::getenv("SIMT_RACECHECK")) o.racecheck = std::strcmp(s, "0") != 0;
     return o;
   }();
   return opt;
@@ -477,25 +478,145 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
   }
 }
 
-void check_pointer_argument(const char* kernel_name, int index, const void* p) {
+// ----------------------------------------------------------------------------
+// pointer arguments: device memory only; nothing written just outside it
+
+static void check_pointers_before(const char* kernel_name, PointerArgs args) {
   const DeviceMemoryModel& m = options().device_memory;
-  if (!p || !m.why_not_device_pointer) return;
-  if (const char* why = m.why_not_device_pointer(p)) {
-    std::ostringstream os;
-    os << "kernel " << kernel_name << ": argument " << index + 1 << " (" << p << ") is " << why
-       << ": a kernel can only dereference device memory";
-    throw Error(os.str());
-  }
+  if (!m.why_not_device_pointer) return;
+  for (int i = 0; i < args.count; i++)
+    if (const void* p = args.at[i])
+      if (const char* why = m.why_not_device_pointer(p)) {
+        std::ostringstream os;
+        os << "kernel " << kernel_name << ": argument " << i + 1 << " (" << p << ") is " << why
+           << ": a kernel can only dereference device memory";
+        throw Error(os.str());
+      }
 }
 
-void check_pointer_argument_after(const char* kernel_name, int index, const void* p) {
+static void check_pointers_after(const char* kernel_name, PointerArgs args) {
   const DeviceMemoryModel& m = options().device_memory;
-  if (!p || !m.out_of_bounds_writes) return;
-  std::string what = m.out_of_bounds_writes(p);
-  if (!what.empty())
-    throw Error(std::string("kernel ") + kernel_name + ": argument " + std::to_string(index + 1) +
-                ": " + what);
+  if (!m.out_of_bounds_writes) return;
+  for (int i = 0; i < args.count; i++)
+    if (const void* p = args.at[i]) {
+      std::string what = m.out_of_bounds_writes(p);
+      if (!what.empty())
+        throw Error(std::string("kernel ") + kernel_name + ": argument " + std::to_string(i + 1) +
+                    ": " + what);
+    }
 }
+
+// Opens device memory (if a model is installed) for the life of a launch.
+struct DeviceMemoryScope {
+  void (*close)() = options().device_memory.close;  // as at opening: a test may swap models
+  DeviceMemoryScope() {
+    if (options().device_memory.open) options().device_memory.open();
+  }
+  ~DeviceMemoryScope() {
+    if (close) close();
+  }
+};
+
+// ----------------------------------------------------------------------------
+// the cross-block race check (Options::racecheck)
+
+// Block (x, y, z) of a grid from its linear index x + X (y + Y z).
+static dim3 block_of(uint64_t linear, dim3 grid) {
+  return dim3((unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
+              (unsigned)(linear / ((uint64_t)grid.x * grid.y)));
+}
+
+// One allocation behind a pointer argument: a copy of it as the last block left it, the block
+// that changed each byte (linear index + 1; 0: none yet) and the bytes atomics changed.
+struct Watched {
+  int arg = 0;
+  char* base = nullptr;
+  size_t bytes = 0;
+  std::vector<char> shadow;
+  std::vector<uint32_t> owner;
+  std::vector<uint8_t> atomic;
+};
+
+static thread_local std::vector<Watched>* g_watched = nullptr;
+
+void detail::note_atomic_slow(const void* p, size_t bytes) {
+  if (!g_watched) return;
+  const char* c = static_cast<const char*>(p);
+  for (Watched& w : *g_watched)
+    if (c >= w.base && c + bytes <= w.base + w.bytes)
+      std::fill_n(w.atomic.begin() + (c - w.base), bytes, uint8_t(1));
+}
+
+struct RaceCheck {
+  std::vector<Watched> watched;
+  bool on = false;
+
+  RaceCheck(PointerArgs args, uint64_t blocks) {
+    const DeviceMemoryModel& m = options().device_memory;
+    if (!options().racecheck || !m.allocation_of || blocks < 2) return;
+    uint64_t total = 0;
+    for (int i = 0; i < args.count; i++) {
+      char* base;
+      size_t bytes;
+      if (!args.at[i] || !m.allocation_of(args.at[i], &base, &bytes)) continue;
+      bool seen = false;
+      for (const Watched& w : watched) seen = seen || w.base == base;
+      if (seen) continue;  // two arguments into one allocation: watched once
+      Watched w;
+      w.arg = i;
+      w.base = base;
+      w.bytes = bytes;
+      watched.push_back(std::move(w));
+      total += bytes;
+    }
+    if (watched.empty()) return;
+    if (total * blocks > options().racecheck_budget_bytes || blocks >= UINT32_MAX) {
+      stats().racecheck_skipped++;
+      watched.clear();
+      return;
+    }
+    stats().racecheck_launches++;
+    for (Watched& w : watched) {
+      w.shadow.assign(w.base, w.base + w.bytes);
+      w.owner.assign(w.bytes, 0);
+      w.atomic.assign(w.bytes, 0);
+    }
+    on = true;
+    g_watched = &watched;
+    detail::racecheck_running = true;
+  }
+  ~RaceCheck() {
+    if (!on) return;
+    g_watched = nullptr;
+    detail::racecheck_running = false;
+  }
+
+  // After block `linear` ran: the bytes it changed are its own, unless another block changed
+  // them before (without atomics).
+  void after_block(const char* kernel, uint64_t linear, dim3 grid) {
+    if (!on) return;
+    const uint32_t me = (uint32_t)linear + 1;
+    for (Watched& w : watched) {
+      for (size_t chunk = 0; chunk < w.bytes; chunk += 64) {
+        const size_t n = std::min<size_t>(64, w.bytes - chunk);
+        if (std::memcmp(w.base + chunk, w.shadow.data() + chunk, n) == 0) continue;
+        for (size_t i = chunk; i < chunk + n; i++) {
+          if (w.base[i] == w.shadow[i]) continue;
+          w.shadow[i] = w.base[i];
+          if (w.atomic[i]) continue;
+          if (w.owner[i] != 0 && w.owner[i] != me)
+            throw Error(std::string("kernel ") + kernel + ": race: blocks " +
+                        dim_str(block_of(w.owner[i] - 1, grid)) + " and " +
+                        dim_str(block_of(linear, grid)) + " both wrote argument " +
+                        std::to_string(w.arg + 1) + " at byte offset " + std::to_string(i) +
+                        " of its allocation, without an atomic: on a GPU they run at the same "
+                        "time and one write is lost");
+          w.owner[i] = me;
+        }
+      }
+    }
+  }
+};
 
 // The order blocks run in: i -> (stride * i + offset) mod n, a permutation of 0..n-1 when
 // gcd(stride, n) = 1. A random stride and offset per launch shuffle the order without a
@@ -513,17 +634,8 @@ struct BlockOrder {
   }
 };
 
-DeviceMemoryScope::DeviceMemoryScope() : close_(options().device_memory.close) {
-  if (options().device_memory.open) options().device_memory.open();
-}
-DeviceMemoryScope::~DeviceMemoryScope() {
-  if (close_) close_();
-}
-
-void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
-            const std::function<void()>& body) {
-  check_config(kernel_name, grid, blk, dynamic_smem_bytes);
-  if (g_block) throw Error(std::string("kernel ") + kernel_name + ": launched from inside a kernel");
+static void run_grid(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
+                     const std::function<void()>& body, PointerArgs pointers) {
   static uint64_t launches = 0;
   std::mt19937_64 rng(options().seed * 0x9E3779B97F4A7C15ull + launches++);
   Block b;
@@ -533,23 +645,34 @@ void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_by
   b.dynamic_smem.resize(dynamic_smem_bytes);
   const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
   const BlockOrder order(blocks, options().shuffle, rng);
+  RaceCheck race(pointers, blocks);
   g_block = &b;
   try {
     for (uint64_t i = 0; i < blocks; i++) {
       const uint64_t linear = order[i];
-      b.state.block_idx = dim3((unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
-                               (unsigned)(linear / ((uint64_t)grid.x * grid.y)));
+      b.state.block_idx = block_of(linear, grid);
       std::fill(b.dynamic_smem.begin(), b.dynamic_smem.end(), (unsigned char)0xFF);
       b.error = nullptr;
       b.abandoning = false;
       run_block(b, body, rng);
       stats().blocks++;
+      race.after_block(kernel_name, linear, grid);
     }
   } catch (...) {
     g_block = nullptr;
     throw;
   }
   g_block = nullptr;
+}
+
+void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_bytes,
+            const std::function<void()>& body, PointerArgs pointers) {
+  check_config(kernel_name, grid, blk, dynamic_smem_bytes);
+  if (g_block) throw Error(std::string("kernel ") + kernel_name + ": launched from inside a kernel");
+  check_pointers_before(kernel_name, pointers);
+  DeviceMemoryScope open;  // the kernel, and the checks after it, may touch device memory
+  run_grid(kernel_name, grid, blk, dynamic_smem_bytes, body, pointers);
+  check_pointers_after(kernel_name, pointers);
 }
 
 }  // namespace simt

@@ -64,51 +64,37 @@ struct DeviceMemoryModel {
   // After the launch: "" if the memory around p's allocation is intact, else what was
   // written out of bounds (memcheck's job on a GPU).
   std::string (*out_of_bounds_writes)(const void* p) = nullptr;
+  // The allocation holding p (for the race check): its first byte and its size.
+  bool (*allocation_of)(const void* p, char** base, size_t* bytes) = nullptr;
 };
 
-// Runs body() once per thread of every block of the grid.
+// The pointer arguments of a launch by position (nullptr where an argument is not a pointer).
+struct PointerArgs {
+  const void* const* at = nullptr;
+  int count = 0;
+};
+
+// Runs body() once per thread of every block of the grid. With a device-memory model
+// installed, it first checks the pointer arguments (device memory only), opens device memory
+// for the launch, and afterwards checks for writes just outside their allocations (and, with
+// racecheck on, for two blocks writing one byte); each failed check throws simt::Error.
 void launch(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
-            const std::function<void()>& body);
+            const std::function<void()>& body, PointerArgs pointers = {});
 
-// Throw simt::Error if a device-memory model is installed (Options::device_memory) and it
-// refuses pointer argument `index` (0-based) of the kernel before the launch, or finds
-// after it that the kernel wrote outside the argument's allocation.
-void check_pointer_argument(const char* kernel_name, int index, const void* p);
-void check_pointer_argument_after(const char* kernel_name, int index, const void* p);
-
-// Opens device memory (if a model is installed) for the life of the scope.
-struct DeviceMemoryScope {
-  DeviceMemoryScope();
-  ~DeviceMemoryScope();
-  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
-  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
-
- private:
-  void (*close_)() = nullptr;  // the model's close at opening time (a test may swap models)
-};
+template <typename T>
+const void* pointer_or_null(const T& arg) {
+  if constexpr (std::is_pointer_v<T>) return static_cast<const void*>(arg);
+  else return nullptr;
+}
 
 // SIMT_LAUNCH: the arguments are evaluated once, on the host, as in a real launch; every
-// pointer among them must be device memory; every thread then calls kernel(args...) with
-// the same values; afterwards no argument's allocation may have been written out of bounds.
+// thread then calls kernel(args...) with the same values.
 template <typename Kernel, typename... Args>
 void launch_kernel(const char* kernel_name, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
                    Kernel kernel, Args... args) {
-  int index = 0;
-  bool after = false;
-  auto check = [&](const auto& arg) {
-    if constexpr (std::is_pointer_v<std::decay_t<decltype(arg)>>) {
-      if (after) check_pointer_argument_after(kernel_name, index, static_cast<const void*>(arg));
-      else check_pointer_argument(kernel_name, index, static_cast<const void*>(arg));
-    }
-    index++;
-  };
-  (check(args), ...);
-  DeviceMemoryScope open;  // the kernel, and the checks after it, may touch device memory
-  launch(kernel_name, grid, block, dynamic_smem_bytes, [&] { kernel(args...); });
-  index = 0;
-  after = true;
-  (check(args), ...);
-  (void)check;  // a kernel without arguments
+  const void* pointers[sizeof...(Args) + 1] = {pointer_or_null(args)...};
+  launch(kernel_name, grid, block, dynamic_smem_bytes, [&] { kernel(args...); },
+         {pointers, (int)sizeof...(Args)});
 }
 
 // ---- what the built-ins call
@@ -133,14 +119,35 @@ struct Options {
   uint64_t seed = 0x5eed;       // of the shuffle
   size_t max_shared_bytes = 48 * 1024;  // dynamic shared memory per block
   DeviceMemoryModel device_memory;
+  // The cross-block race check. Blocks run one after another here, so two blocks that write
+  // the same element without an atomic both "work"; on a GPU they run at the same time and
+  // one write is lost. With racecheck on, a launch records which block changed each byte of
+  // its pointer arguments' allocations (a device-memory model says where they are) and
+  // reports a byte changed by two blocks, unless atomics changed it. It compares the
+  // allocations after every block, so a launch whose blocks x bytes exceed the budget is
+  // skipped (and counted in stats()).
+  bool racecheck = true;
+  uint64_t racecheck_budget_bytes = uint64_t(64) << 20;
 };
-// Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N.
+// Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N,
+// SIMT_RACECHECK=0 turns the race check off.
 Options& options();
 
 // Counters, for tests and `make bench`.
 struct Stats {
   uint64_t blocks = 0, threads = 0, barriers = 0, warp_collectives = 0, switches = 0;
+  uint64_t racecheck_launches = 0, racecheck_skipped = 0;
 };
 Stats& stats();
+
+// Atomics call this (kernels/simt.h): the race check lets several blocks change a byte that
+// atomics change.
+namespace detail {
+inline thread_local bool racecheck_running = false;
+void note_atomic_slow(const void* p, size_t bytes);
+}  // namespace detail
+inline void note_atomic(const void* p, size_t bytes) {
+  if (detail::racecheck_running) detail::note_atomic_slow(p, bytes);
+}
 
 }  // namespace simt

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/tensor.h"
@@ -32,6 +33,27 @@ __global__ void shift_left(float* y, const float* x, int n) {
   int i = threadIdx.x;
   if (i < n) y[i] = x[i + 1];
 }
+
+// Row sums of x (rows, cols): block (c, r) adds its chunk of 32 columns of row r into out[r].
+// Without an atomic, two blocks of one row read-modify-write out[r] at the same time on a GPU.
+__global__ void row_sums(float* out, const float* x, int cols, bool use_atomic) {
+  __shared__ float part[32];
+  const int r = blockIdx.y, c = blockIdx.x * 32 + threadIdx.x;
+  part[threadIdx.x] = c < cols ? x[r * cols + c] : 0.f;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int i = 0; i < 32; i++) s += part[i];
+    if (use_atomic) atomicAdd(&out[r], s);
+    else out[r] += s;
+  }
+}
+
+// Restores the emulator's options after a test changes them.
+struct OptionsGuard {
+  simt::Options saved = simt::options();
+  ~OptionsGuard() { simt::options() = saved; }
+};
 
 }  // namespace
 
@@ -156,4 +178,37 @@ TEST_CASE("sim memory: a kernel reading one past the end reads NaN (the redzone)
   CHECK(got[0] == 2.f);
   CHECK(got[2] == 4.f);
   CHECK(std::isnan(got[3]));
+}
+
+TEST_CASE("sim memory: the race check catches two blocks writing one element without an atomic") {
+  OptionsGuard guard;
+  const int rows = 3, cols = 100;  // 4 blocks of 32 columns per row
+  std::vector<float> xs(rows * cols), want(rows, 0.f);
+  for (int i = 0; i < rows * cols; i++) xs[i] = (float)(i % 7);  // small integers: exact sums
+  for (int i = 0; i < rows * cols; i++) want[i / cols] += xs[i];
+  Tensor x = Tensor::from_vector(xs, {rows * cols}, Device::sim);
+  auto run = [&](bool use_atomic) {
+    Tensor out = Tensor::zeros({rows}, Device::sim);
+    SIMT_LAUNCH(row_sums, dim3(4, rows), dim3(32), 0, 0, out.data(), x.data(), cols, use_atomic);
+    return out.to_vector();
+  };
+  simt::options().racecheck = false;
+  CHECK(run(false) == want);  // blocks one after another: without the check the race hides
+  simt::options().racecheck = true;
+  const uint64_t checked = simt::stats().racecheck_launches;
+  std::string error;
+  try {
+    run(false);
+  } catch (const simt::Error& e) {
+    error = e.what();
+  }
+  CHECK(error.find("kernel row_sums: race: blocks (") == 0);
+  CHECK(error.find(" both wrote argument 1 at byte offset ") != std::string::npos);
+  CHECK(run(true) == want);  // atomicAdd: fine
+  CHECK(simt::stats().racecheck_launches == checked + 2);
+  // over the budget, a launch is skipped and counted, not checked
+  simt::options().racecheck_budget_bytes = 16;
+  const uint64_t skipped = simt::stats().racecheck_skipped;
+  CHECK(run(false) == want);
+  CHECK(simt::stats().racecheck_skipped == skipped + 1);
 }
