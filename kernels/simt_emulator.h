@@ -12,7 +12,9 @@
 // have not written yet (or have already overwritten) and gets a wrong result — as on a GPU,
 // where the order is unspecified too. With shuffling off, blocks, warps and threads run in
 // index order. Each block's dynamic shared memory starts as 0xFF bytes (NaN as float32):
-// uninitialised, as on a GPU, rather than a helpful zero.
+// uninitialised, as on a GPU, rather than a helpful zero. Running blocks one at a time hides
+// two blocks writing one element without an atomic; the race check (Options::racecheck)
+// finds that instead.
 //
 // Misuse is an error, never a hang: barrier divergence (threads waiting at different
 // barriers, or some waiting while others have exited), a warp collective whose mask names

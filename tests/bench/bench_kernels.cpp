@@ -174,12 +174,22 @@ __global__ void eight_barriers(float* out) {
 
 void bench_emulator(int64_t blocks) {
   Tensor out = Tensor::empty({blocks * 256}, Device::sim);
-  double ms = median_ms(Device::sim, 5, [&] {
-    SIMT_LAUNCH(eight_barriers, dim3((unsigned)blocks), dim3(256), 0, 0, out.data());
-  });
+  auto block_us = [&] {
+    double ms = median_ms(Device::sim, 5, [&] {
+      SIMT_LAUNCH(eight_barriers, dim3((unsigned)blocks), dim3(256), 0, 0, out.data());
+    });
+    return ms * 1e3 / (double)blocks;
+  };
+  const bool racecheck = simt::options().racecheck;
+  simt::options().racecheck = false;
+  const double plain = block_us();
+  simt::options().racecheck = true;
+  const double checked = block_us();
+  simt::options().racecheck = racecheck;
   std::printf("emulator: a 256-thread block with 8 barriers takes %.1f us; %.1f M emulated "
-              "threads/s (%lld blocks per launch, shuffled order)\n",
-              ms * 1e3 / (double)blocks, (double)blocks * 256 / ms / 1e3, (long long)blocks);
+              "threads/s (%lld blocks per launch, shuffled order); %.1f us with the race check "
+              "comparing its %lld KiB argument after each block\n",
+              plain, 256 / plain, (long long)blocks, checked, (long long)(blocks * 256 * 4 / 1024));
 }
 
 }  // namespace
