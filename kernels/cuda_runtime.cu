@@ -37,7 +37,11 @@ void* malloc(size_t bytes) {
 // fails, cudaFree too, while the error that reported the fault unwinds the stack.
 void free(void* p) {
   cudaError_t err = cudaFree(p);
-  if (err != cudaSuccess && err != cudaErrorCudartUnloading) cudaGetLastError();
+  if (err == cudaSuccess || err == cudaErrorCudartUnloading) return;
+  cudaGetLastError();
+  static bool said = false;  // after a kernel fault every free fails: say it once
+  if (!said) std::fprintf(stderr, "warning: cudaFree: %s\n", cudaGetErrorString(err));
+  said = true;
 }
 void memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
 void memcpy(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes) {

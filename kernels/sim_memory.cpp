@@ -3,8 +3,9 @@
 //
 // The region is reserved once (mmap, PROT_NONE, no swap reserved) and handed out in whole
 // pages by a best-fit allocator that merges free neighbours. Opening and closing it is one
-// mprotect of the part in use; a fault inside it is reported by a SIGSEGV handler that
-// passes every other fault on to whoever handled SIGSEGV before.
+// mprotect of the part in use (allocating and freeing protect just their block); a fault
+// inside it is reported by a SIGSEGV handler that passes every other fault on to whoever
+// handled SIGSEGV before.
 #include "kernels/sim_memory.h"
 
 #include <execinfo.h>
@@ -30,7 +31,8 @@ namespace ff::sim_memory {
 
 namespace {
 
-constexpr size_t kPage = 4096;
+// The system's page size (4 KiB on x86-64; 16 or 64 KiB on some aarch64 kernels).
+const size_t kPage = (size_t)::sysconf(_SC_PAGESIZE);
 // At least this many poisoned bytes follow every allocation: a kernel that writes there (one
 // past the end, say) is reported after its launch.
 constexpr size_t kRedzone = 64;
@@ -58,6 +60,7 @@ Region& region();
 struct sigaction g_previous;  // SIGSEGV's handler before ours, for faults outside the region
 char* g_base = nullptr;       // read by the handler: the region, fixed once reserved
 size_t g_reserved = 0;
+volatile sig_atomic_t g_open = 0;  // read by the handler: a kernel or a device copy is running
 
 void write_str(const char* s) {
   ssize_t n = ::write(STDERR_FILENO, s, std::strlen(s));
@@ -69,12 +72,18 @@ void on_segv(int sig, siginfo_t* info, void* ucontext) {
   char* addr = static_cast<char*>(info->si_addr);
   if (g_base && addr >= g_base && addr < g_base + g_reserved) {
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "error: host code touched device memory of 'sim' at %p, outside a kernel or a "
-                  "device copy: on a GPU the host cannot dereference a device pointer (copy it "
-                  "with Tensor::to(Device::cpu) or to_vector() first; SIMT_HOST_GUARD=0 turns "
-                  "this check off)\n",
-                  (void*)addr);
+    if (g_open)  // open: everything allocated is reachable, so this is beyond every allocation
+      std::snprintf(line, sizeof line,
+                    "error: a kernel or device copy on 'sim' touched device memory at %p, outside "
+                    "every allocation (an index far out of bounds?)\n",
+                    (void*)addr);
+    else
+      std::snprintf(line, sizeof line,
+                    "error: host code touched device memory of 'sim' at %p, outside a kernel or a "
+                    "device copy: on a GPU the host cannot dereference a device pointer (copy it "
+                    "with Tensor::to(Device::cpu) or to_vector() first; SIMT_HOST_GUARD=0 turns "
+                    "this check off)\n",
+                    (void*)addr);
     write_str(line);
     write_str("  the access, innermost frame first (addr2line -f -C -e BINARY +OFFSET names the line):\n");
     void* frames[32];
@@ -114,12 +123,18 @@ void protect(Region& r, char* p, size_t bytes, bool open) {
 void open_region() {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (r.open_depth++ == 0) protect(r, r.base, r.used, true);
+  if (r.open_depth++ == 0) {
+    protect(r, r.base, r.used, true);
+    g_open = 1;
+  }
 }
 void close_region() {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (--r.open_depth == 0) protect(r, r.base, r.used, false);
+  if (--r.open_depth == 0) {
+    g_open = 0;
+    protect(r, r.base, r.used, false);
+  }
 }
 
 Region& region() {
@@ -141,8 +156,8 @@ Region& region() {
     g_reserved = reg->reserved;
     if (reg->guard) install_handler();
     // The emulator's side: a launch opens the region and checks its pointer arguments.
-    simt::options().device_memory = {why_not_device_pointer, open_region, close_region,
-                                     out_of_bounds_writes, allocation_of};
+    simt::device_memory_model() = {why_not_device_pointer, open_region, close_region,
+                                   out_of_bounds_writes, allocation_of};
     return reg;
   }();
   return *r;
@@ -177,6 +192,7 @@ void add_free(Region& r, char* p, size_t bytes) {
   }
   if (p + bytes == r.base + r.used) {  // the top of the used part: give it back
     r.used -= bytes;
+    if (r.open_depth > 0) protect(r, p, bytes, false);  // closing will not reach it any more
     return;
   }
   r.free_by_addr[p] = bytes;
@@ -188,6 +204,9 @@ void add_free(Region& r, char* p, size_t bytes) {
 void* allocate(size_t bytes) {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
+  if (bytes > r.reserved)
+    throw std::runtime_error("out of sim device memory allocating " + std::to_string(bytes) +
+                             " bytes (" + std::to_string(r.reserved >> 20) + " MiB reserved)");
   const size_t size = (bytes + kRedzone + kPage - 1) / kPage * kPage;
   char* p = nullptr;
   auto fit = r.free_by_size.lower_bound(size);
@@ -238,6 +257,8 @@ Usage usage() {
   return u;
 }
 
+void install() { region(); }
+
 HostAccess::HostAccess() { open_region(); }
 HostAccess::~HostAccess() { close_region(); }
 
@@ -274,7 +295,7 @@ static size_t first_written(const char* p, size_t n) {
 
 // Reports the first out-of-bounds byte and poisons the redzone again, so one bad write is
 // one report.
-std::string out_of_bounds_writes(const void* ptr) {
+std::string out_of_bounds_writes(const void* ptr, bool before_start) {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.live.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
@@ -283,14 +304,14 @@ std::string out_of_bounds_writes(const void* ptr) {
   char* p = it->first;
   const Region::Live& block = it->second;
   const size_t tail = block.size - block.requested;
-  const size_t i = first_written(p + block.requested, tail);
+  const size_t i = before_start ? tail : first_written(p + block.requested, tail);
   if (i < tail) {
     std::memset(p + block.requested, kPoison, tail);
     return "wrote past the end of its " + std::to_string(block.requested) +
            "-byte device allocation (at byte offset " + std::to_string(block.requested + i) + ")";
   }
   // The redzone of the allocation just below ends where this one starts.
-  if (it != r.live.begin()) {
+  if (before_start && it != r.live.begin()) {
     auto below = std::prev(it);
     const Region::Live& b = below->second;
     const size_t n = b.size - b.requested;

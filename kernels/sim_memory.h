@@ -14,10 +14,12 @@
 //   * New allocations are filled with 0xFF bytes (NaN as float32, -1 as int64), so a kernel
 //     that reads memory nobody wrote produces NaN instead of a lucky zero.
 //   * Every allocation is followed by at least 64 poisoned bytes (a redzone). After each
-//     launch, the redzones after and just before each pointer argument's allocation must
-//     still be poison: a kernel that writes one past the end (or before the start) is a
-//     simt::Error naming the kernel and argument — the out-of-bounds write that
-//     compute-sanitizer's memcheck reports on a GPU. (Far wilder writes land elsewhere.)
+//     launch, the redzone after each pointer argument's allocation, and that of the live
+//     allocation directly below it, must still be poison: a kernel that writes one past the
+//     end (or before the start) is a simt::Error naming the kernel and argument — the
+//     out-of-bounds write that compute-sanitizer's memcheck reports on a GPU. A write far
+//     out of bounds lands in another allocation (unseen) or in the unused part of the
+//     region (an error line, as for the host).
 //
 // SIMT_HOST_GUARD=0 leaves the region open to the host (to look at device memory in a
 // debugger); the argument check and the poison stay.
@@ -40,18 +42,26 @@ struct HostAccess {
   HostAccess& operator=(const HostAccess&) = delete;
 };
 
-// nullptr if `p` lies in a live allocation, else why it may not be given to a kernel.
+// nullptr if `p` lies in the pages of a live allocation (its redzone included, so a pointer
+// to the end is fine), else why it may not be given to a kernel.
 const char* why_not_device_pointer(const void* p);
+
+// Makes sure the sim device's memory model is in force (kernels_for(Device::sim) calls it),
+// so that kernel launches are checked even before the first sim allocation.
+void install();
 
 // The live allocation holding `p`: its first byte and the bytes asked for. False if none.
 bool allocation_of(const void* p, char** base, size_t* bytes);
 
-// "" if the redzones around the allocation holding `p` are intact, else what was written
-// there (called after every launch for each pointer argument; the region must be open).
-std::string out_of_bounds_writes(const void* p);
+// "" if the redzone after the allocation holding `p` (with before_start: the redzone of the
+// live allocation directly below it) is intact, else what was written there; the redzone is
+// poison again afterwards. Called after every launch for each pointer argument, ends first;
+// the region must be open.
+std::string out_of_bounds_writes(const void* p, bool before_start);
 
-// What the region holds: bytes in live allocations, and the extent of the part handed out
-// so far (freed blocks at its top are given back, so it shrinks again).
+// What the region holds: bytes of the live allocations (whole pages, redzones included), and
+// the extent of the part handed out so far (freed blocks at its top are given back, so it
+// shrinks again).
 struct Usage {
   size_t live_bytes = 0, top_bytes = 0;
 };

@@ -44,6 +44,11 @@ Options& options() {
   return opt;
 }
 
+DeviceMemoryModel& device_memory_model() {
+  static DeviceMemoryModel model;
+  return model;
+}
+
 Stats& stats() {
   static Stats s;
   return s;
@@ -482,7 +487,7 @@ static void run_block(Block& b, const std::function<void()>& body, std::mt19937_
 // pointer arguments: device memory only; nothing written just outside it
 
 static void check_pointers_before(const char* kernel_name, PointerArgs args) {
-  const DeviceMemoryModel& m = options().device_memory;
+  const DeviceMemoryModel& m = device_memory_model();
   if (!m.why_not_device_pointer) return;
   for (int i = 0; i < args.count; i++)
     if (const void* p = args.at[i])
@@ -494,23 +499,27 @@ static void check_pointers_before(const char* kernel_name, PointerArgs args) {
       }
 }
 
+// Every argument's end first, then the redzones below their starts: two adjacent arguments
+// share one redzone, and a write there is the lower one's overrun before the upper one's
+// underrun.
 static void check_pointers_after(const char* kernel_name, PointerArgs args) {
-  const DeviceMemoryModel& m = options().device_memory;
+  const DeviceMemoryModel& m = device_memory_model();
   if (!m.out_of_bounds_writes) return;
-  for (int i = 0; i < args.count; i++)
-    if (const void* p = args.at[i]) {
-      std::string what = m.out_of_bounds_writes(p);
-      if (!what.empty())
-        throw Error(std::string("kernel ") + kernel_name + ": argument " + std::to_string(i + 1) +
-                    ": " + what);
-    }
+  for (bool before_start : {false, true})
+    for (int i = 0; i < args.count; i++)
+      if (const void* p = args.at[i]) {
+        std::string what = m.out_of_bounds_writes(p, before_start);
+        if (!what.empty())
+          throw Error(std::string("kernel ") + kernel_name + ": argument " +
+                      std::to_string(i + 1) + ": " + what);
+      }
 }
 
 // Opens device memory (if a model is installed) for the life of a launch.
 struct DeviceMemoryScope {
-  void (*close)() = options().device_memory.close;  // as at opening: a test may swap models
+  void (*close)() = device_memory_model().close;  // as at opening: a test may swap models
   DeviceMemoryScope() {
-    if (options().device_memory.open) options().device_memory.open();
+    if (device_memory_model().open) device_memory_model().open();
   }
   ~DeviceMemoryScope() {
     if (close) close();
@@ -552,7 +561,7 @@ struct RaceCheck {
   bool on = false;
 
   RaceCheck(PointerArgs args, uint64_t blocks) {
-    const DeviceMemoryModel& m = options().device_memory;
+    const DeviceMemoryModel& m = device_memory_model();
     if (!options().racecheck || !m.allocation_of || blocks < 2) return;
     uint64_t total = 0;
     for (int i = 0; i < args.count; i++) {
@@ -570,7 +579,8 @@ struct RaceCheck {
       total += bytes;
     }
     if (watched.empty()) return;
-    if (total * blocks > options().racecheck_budget_bytes || blocks >= UINT32_MAX) {
+    const uint64_t budget = options().racecheck_budget_bytes;
+    if (total > budget / 4 || total > budget / blocks || blocks >= UINT32_MAX) {
       stats().racecheck_skipped++;
       watched.clear();
       return;
@@ -671,7 +681,17 @@ void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_by
   if (g_block) throw Error(std::string("kernel ") + kernel_name + ": launched from inside a kernel");
   check_pointers_before(kernel_name, pointers);
   DeviceMemoryScope open;  // the kernel, and the checks after it, may touch device memory
-  run_grid(kernel_name, grid, blk, dynamic_smem_bytes, body, pointers);
+  try {
+    run_grid(kernel_name, grid, blk, dynamic_smem_bytes, body, pointers);
+  } catch (...) {
+    // The launch failed; still poison its arguments' redzones again, so that what it wrote
+    // there is not blamed on the next kernel that takes them.
+    if (const auto check = device_memory_model().out_of_bounds_writes)
+      for (bool before_start : {false, true})
+        for (int i = 0; i < pointers.count; i++)
+          if (pointers.at[i]) check(pointers.at[i], before_start);
+    throw;
+  }
   check_pointers_after(kernel_name, pointers);
 }
 

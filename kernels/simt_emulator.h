@@ -63,9 +63,10 @@ struct DeviceMemoryModel {
   const char* (*why_not_device_pointer)(const void* p) = nullptr;  // nullptr: fine
   void (*open)() = nullptr;   // the host (running the kernel) may now touch device memory
   void (*close)() = nullptr;  // ... and now no more
-  // After the launch: "" if the memory around p's allocation is intact, else what was
-  // written out of bounds (memcheck's job on a GPU).
-  std::string (*out_of_bounds_writes)(const void* p) = nullptr;
+  // After the launch: "" if the redzone after p's allocation (or, with before_start, the
+  // one just below it) is intact, else what was written out of bounds (memcheck's job on a
+  // GPU). Either way the redzone is poison again afterwards.
+  std::string (*out_of_bounds_writes)(const void* p, bool before_start) = nullptr;
   // The allocation holding p (for the race check): its first byte and its size.
   bool (*allocation_of)(const void* p, char** base, size_t* bytes) = nullptr;
 };
@@ -120,20 +121,23 @@ struct Options {
   bool shuffle = true;          // random thread order between barriers, random block order
   uint64_t seed = 0x5eed;       // of the shuffle
   size_t max_shared_bytes = 48 * 1024;  // dynamic shared memory per block
-  DeviceMemoryModel device_memory;
   // The cross-block race check. Blocks run one after another here, so two blocks that write
   // the same element without an atomic both "work"; on a GPU they run at the same time and
   // one write is lost. With racecheck on, a launch records which block changed each byte of
   // its pointer arguments' allocations (a device-memory model says where they are) and
-  // reports a byte changed by two blocks, unless atomics changed it. It compares the
-  // allocations after every block, so a launch whose blocks x bytes exceed the budget is
-  // skipped (and counted in stats()).
+  // reports a byte changed by two blocks, unless atomics changed it (a block that writes
+  // the value already there changes nothing, and is not seen). It compares the allocations
+  // after every block and keeps a copy of them, so a launch whose blocks x bytes exceed the
+  // budget, or whose arguments exceed 1/4 of it, is skipped (and counted in stats()).
   bool racecheck = true;
   uint64_t racecheck_budget_bytes = uint64_t(64) << 20;
 };
 // Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N,
 // SIMT_RACECHECK=0 turns the race check off.
 Options& options();
+// The device-memory model in force (none by default; the sim device installs its own).
+// Kept apart from options(), so that code saving and restoring options leaves it alone.
+DeviceMemoryModel& device_memory_model();
 
 // Counters, for tests and `make bench`.
 struct Stats {

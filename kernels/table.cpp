@@ -7,13 +7,16 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/sim_memory.h"
 
 namespace ff {
 
 const KernelTable& kernels_for(Device d) {
   switch (d) {
     case Device::cpu: return cpu::kernel_table();
-    case Device::sim: return sim::kernel_table();
+    case Device::sim:
+      sim_memory::install();  // sim kernels check their pointers from the first launch on
+      return sim::kernel_table();
     case Device::cuda:
 #if FF_HAVE_CUDA
       if (device_available(Device::cuda)) return cuda::kernel_table();

@@ -86,6 +86,10 @@ host_touch='^error: host code touched device memory of .sim. at 0x[0-9a-f]+, out
 check "sim: host code reading a device pointer fails, as on a GPU" 1 "$host_touch" $T/sim_host_access read
 check "sim: host code writing through a device pointer fails" 1 "$host_touch" $T/sim_host_access write
 check "sim: copying to the host first is the way (and works)" 0 '^copied to the host: 2.5$' $T/sim_host_access copy
+check "sim: host code reading freed device memory fails" 1 "$host_touch" $T/sim_host_access freed
+check "sim: a kernel writing far beyond every allocation fails" 1 \
+  "^error: a kernel or device copy on .sim. touched device memory at 0x[0-9a-f]+, outside every allocation" \
+  $T/sim_host_access kernel-wild
 
 echo "== communication (mpirun, odd sizes included)"
 for np in 1 2 3 4; do

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,16 @@ namespace {
 __global__ void write_up_to(float* x, int n, int extra) {
   int i = threadIdx.x;
   if (i < n + extra) x[i] = 1.f;
+}
+// The second argument's classic `i <= n`, the first argument untouched.
+__global__ void write_up_to_second(float* a, float* b, int n) {
+  int i = threadIdx.x;
+  if (i <= n) b[i] = a[0];
+}
+// Writes one past the end, then fails (barrier divergence) before the launch completes.
+__global__ void write_past_then_diverge(float* x, int n) {
+  if (threadIdx.x == 0) x[n] = 1.f;
+  if (threadIdx.x < 32) __syncthreads();
 }
 __global__ void write_before_start(float* x) {
   if (threadIdx.x == 0) x[-1] = 1.f;
@@ -156,18 +167,35 @@ TEST_CASE("sim memory: a kernel writing just past the end or before the start of
   // reported once: the redzone is poison again, so the next correct launch is fine
   SIMT_LAUNCH(write_up_to, dim3(1), dim3(128), 0, 0, x.data(), 100, 0);
   // Before the start: the redzone of the allocation just below. Find two adjacent ones.
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);  // 100 floats + redzone: one page each
   std::vector<Tensor> ts;
   const Tensor* upper = nullptr;
+  const Tensor* lower = nullptr;
+  ts.reserve(64);
   for (int i = 0; i < 64 && !upper; i++) {
     ts.push_back(Tensor::zeros({100}, Device::sim));
     for (const Tensor& t : ts)
-      if (static_cast<char*>(ts.back().raw()) == static_cast<char*>(t.raw()) + 4096) upper = &ts.back();
+      if (!upper && static_cast<char*>(ts.back().raw()) == static_cast<char*>(t.raw()) + page)
+        lower = &t;
+    for (const Tensor& t : ts)
+      if (static_cast<char*>(ts.back().raw()) == static_cast<char*>(t.raw()) + page) upper = &ts.back();
   }
   REQUIRE(upper != nullptr);
   CHECK_THROWS_WITH_AS(SIMT_LAUNCH(write_before_start, dim3(1), dim3(32), 0, 0, upper->data()),
                        "kernel write_before_start: argument 1: wrote before the start of its "
                        "400-byte device allocation (at byte offset -4)",
                        simt::Error);
+  // The redzone between two adjacent arguments: an overrun of the lower one is named as such,
+  // not as an underrun of the upper one.
+  CHECK_THROWS_WITH_AS(
+      SIMT_LAUNCH(write_up_to_second, dim3(1), dim3(128), 0, 0, upper->data(), lower->data(), 100),
+      "kernel write_up_to_second: argument 2: wrote past the end of its 400-byte device "
+      "allocation (at byte offset 400)",
+      simt::Error);
+  // A launch that fails after writing out of bounds leaves no redzone dirty for the next one.
+  CHECK_THROWS_AS(SIMT_LAUNCH(write_past_then_diverge, dim3(1), dim3(128), 0, 0, x.data(), 100),
+                  simt::Error);
+  SIMT_LAUNCH(write_up_to, dim3(1), dim3(128), 0, 0, x.data(), 100, 0);  // not blamed: fine
 }
 
 TEST_CASE("sim memory: a kernel reading one past the end reads NaN (the redzone), not a neighbour's value") {

@@ -19,8 +19,12 @@ namespace {
 // memory apart is the sim device's job, tested in test_sim_memory.cpp).
 struct OptionsGuard {
   simt::Options saved = simt::options();
-  OptionsGuard() { simt::options().device_memory = {}; }
-  ~OptionsGuard() { simt::options() = saved; }
+  simt::DeviceMemoryModel saved_model = simt::device_memory_model();
+  OptionsGuard() { simt::device_memory_model() = {}; }
+  ~OptionsGuard() {
+    simt::options() = saved;
+    simt::device_memory_model() = saved_model;
+  }
 };
 
 // ---- kernels (ordinary CUDA, written against kernels/simt.h)
@@ -362,14 +366,16 @@ TEST_CASE("simt: a kernel that counts on block order is caught") {
   SIMT_LAUNCH(chain_across_blocks, dim3(blocks), dim3(32), 0, 0, out.data());
   CHECK(out == want);
   simt::options().shuffle = true;
+  // Only the index order gives the right answer; a launch's order is the identity with
+  // probability 1/128 at 16 blocks (stride 1 of 8, offset 0 of 16), so 6 of 8 must fail.
   int wrong = 0;
-  for (uint64_t seed : {1, 2, 3}) {
+  for (uint64_t seed = 1; seed <= 8; seed++) {
     simt::options().seed = seed;
     std::fill(out.begin(), out.end(), 0);
     SIMT_LAUNCH(chain_across_blocks, dim3(blocks), dim3(32), 0, 0, out.data());
     wrong += out != want;
   }
-  CHECK(wrong == 3);
+  CHECK(wrong >= 6);
 }
 
 TEST_CASE("simt: dynamic shared memory starts as 0xFF bytes in every block, not zero") {
@@ -396,7 +402,7 @@ void close() { closed++; }
 
 TEST_CASE("simt: with a device-memory model, pointer arguments are checked and memory opened per launch") {
   OptionsGuard guard;
-  simt::options().device_memory = {fake_device::why_not, fake_device::open, fake_device::close};
+  simt::device_memory_model() = {fake_device::why_not, fake_device::open, fake_device::close};
   fake_device::opened = fake_device::closed = 0;
   SIMT_LAUNCH(add_one, dim3(1), dim3(32), 0, 0, fake_device::dev.data(), (const float*)nullptr);
   CHECK(fake_device::dev[31] == 1.f);  // null is a fine pointer argument
