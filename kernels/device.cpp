@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "kernels/sim_memory.h"
@@ -102,11 +103,8 @@ void device_memset_zero(Device d, void* p, size_t bytes) {
 #if FF_HAVE_CUDA
   if (d == Device::cuda) return cuda_runtime::memset_zero(p, bytes);
 #endif
-  if (d == Device::sim) {
-    sim_memory::HostAccess open;
-    std::memset(p, 0, bytes);
-    return;
-  }
+  std::optional<sim_memory::HostAccess> open;  // sim memory is reachable for the memset only
+  if (d == Device::sim) open.emplace();
   std::memset(p, 0, bytes);
 }
 
@@ -114,20 +112,12 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   require_available(dst_dev);
   require_available(src_dev);
   if (bytes == 0) return;
+  std::optional<sim_memory::HostAccess> open;  // sim memory is reachable for the copy only
+  if (dst_dev == Device::sim || src_dev == Device::sim) open.emplace();
 #if FF_HAVE_CUDA
-  if (!on_host(dst_dev) || !on_host(src_dev)) {
-    if (dst_dev == Device::sim || src_dev == Device::sim) {  // sim <-> cuda: the sim side opened
-      sim_memory::HostAccess open;
-      return cuda_runtime::memcpy(dst, !on_host(dst_dev), src, !on_host(src_dev), bytes);
-    }
+  if (!on_host(dst_dev) || !on_host(src_dev))
     return cuda_runtime::memcpy(dst, !on_host(dst_dev), src, !on_host(src_dev), bytes);
-  }
 #endif
-  if (dst_dev == Device::sim || src_dev == Device::sim) {
-    sim_memory::HostAccess open;
-    std::memcpy(dst, src, bytes);
-    return;
-  }
   std::memcpy(dst, src, bytes);
 }
 

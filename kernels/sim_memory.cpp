@@ -55,6 +55,15 @@ struct Region {
 
 Region& region();
 
+// The live allocation whose pages hold p (its redzone included), or live.end(). Under r.mu.
+std::map<char*, Region::Live>::iterator live_block_at(Region& r, const void* ptr) {
+  char* p = static_cast<char*>(const_cast<void*>(ptr));
+  auto it = r.live.upper_bound(p);
+  if (it == r.live.begin()) return r.live.end();
+  --it;
+  return p < it->first + it->second.size ? it : r.live.end();
+}
+
 // ---- the fault handler
 
 struct sigaction g_previous;  // SIGSEGV's handler before ours, for faults outside the region
@@ -267,20 +276,16 @@ const char* why_not_device_pointer(const void* ptr) {
   const char* p = static_cast<const char*>(ptr);
   if (p < r.base || p >= r.base + r.reserved) return "a host pointer, not device memory";
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.live.upper_bound(const_cast<char*>(p));
-  if (it == r.live.begin()) return "device memory that is not allocated (freed already?)";
-  --it;
-  if (p >= it->first + it->second.size) return "device memory that is not allocated (freed already?)";
+  if (live_block_at(r, p) == r.live.end()) return "device memory that is not allocated (freed already?)";
   return nullptr;
 }
 
 bool allocation_of(const void* ptr, char** base, size_t* bytes) {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.live.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
-  if (it == r.live.begin()) return false;
-  --it;
-  if (static_cast<const char*>(ptr) >= it->first + it->second.requested) return false;
+  auto it = live_block_at(r, ptr);
+  if (it == r.live.end() || static_cast<const char*>(ptr) >= it->first + it->second.requested)
+    return false;
   *base = it->first;
   *bytes = it->second.requested;
   return true;
@@ -298,9 +303,8 @@ static size_t first_written(const char* p, size_t n) {
 std::string out_of_bounds_writes(const void* ptr, bool before_start) {
   Region& r = region();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.live.upper_bound(static_cast<char*>(const_cast<void*>(ptr)));
-  if (it == r.live.begin()) return "";
-  --it;
+  auto it = live_block_at(r, ptr);
+  if (it == r.live.end()) return "";
   char* p = it->first;
   const Region::Live& block = it->second;
   const size_t tail = block.size - block.requested;

@@ -501,15 +501,16 @@ static void check_pointers_before(const char* kernel_name, PointerArgs args) {
 
 // Every argument's end first, then the redzones below their starts: two adjacent arguments
 // share one redzone, and a write there is the lower one's overrun before the upper one's
-// underrun.
-static void check_pointers_after(const char* kernel_name, PointerArgs args) {
+// underrun. Each check poisons its redzone again; with `report` false (the launch failed
+// anyway) that is all it does, so the next kernel is not blamed for this one's writes.
+static void check_pointers_after(const char* kernel_name, PointerArgs args, bool report = true) {
   const DeviceMemoryModel& m = device_memory_model();
   if (!m.out_of_bounds_writes) return;
   for (bool before_start : {false, true})
     for (int i = 0; i < args.count; i++)
       if (const void* p = args.at[i]) {
         std::string what = m.out_of_bounds_writes(p, before_start);
-        if (!what.empty())
+        if (report && !what.empty())
           throw Error(std::string("kernel ") + kernel_name + ": argument " +
                       std::to_string(i + 1) + ": " + what);
       }
@@ -684,12 +685,7 @@ void launch(const char* kernel_name, dim3 grid, dim3 blk, size_t dynamic_smem_by
   try {
     run_grid(kernel_name, grid, blk, dynamic_smem_bytes, body, pointers);
   } catch (...) {
-    // The launch failed; still poison its arguments' redzones again, so that what it wrote
-    // there is not blamed on the next kernel that takes them.
-    if (const auto check = device_memory_model().out_of_bounds_writes)
-      for (bool before_start : {false, true})
-        for (int i = 0; i < pointers.count; i++)
-          if (pointers.at[i]) check(pointers.at[i], before_start);
+    check_pointers_after(kernel_name, pointers, /*report=*/false);
     throw;
   }
   check_pointers_after(kernel_name, pointers);
