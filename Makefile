@@ -35,7 +35,7 @@ ARCH      := $(shell uname -m)
 SIM_FMA   ?= $(if $(filter aarch64,$(ARCH)),1,$(if $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo y),1,0))
 SIM_FLAGS := $(if $(filter 1,$(SIM_FMA)),-ffp-contract=fast $(if $(filter x86_64,$(ARCH)),-mfma))
 
-LIB_SRCS    := $(wildcard kernels/*.cpp kernels/cpu/*.cpp common/*.cpp)
+LIB_SRCS    := $(wildcard kernels/*.cpp kernels/cpu/*.cpp common/*/*.cpp)
 # Every CUDA kernel file compiles twice: with the host compiler against the SIMT emulator
 # (device "sim", always), and with nvcc (device "cuda", when nvcc exists).
 CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)

@@ -6,7 +6,7 @@ dx, d_router_w, d_router_b, d_experts_w1/w2/w3. The routing is the dumped topk_i
 recomputed in float64 could differ from float32's at a near-tie), checked to be a valid top-k
 of the recomputed scores; meta.json must describe the run.
 
-The math (common/moe.h), written out again here rather than imported:
+The math (common/layers/moe.h), written out again here rather than imported:
   z = x W_g + b,  p = softmax(z) over all N;  softmax-topk: g = p[idx];  topk-softmax:
   g = softmax(z[idx]);  y_t = sum_j g_tj E_idx_tj(x_t),  E(u) = (silu(u W1) * (u W3)) W2;
   aux = alpha N sum_i f_i P_i,  f_i = count_i / (k T) (a constant),  P_i = mean_t p_ti.

@@ -36,13 +36,13 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/cli.h"
-#include "common/comm.h"
-#include "common/npy.h"
-#include "common/ops.h"
-#include "common/tensor.h"
-#include "common/trace.h"
+#include "common/core/check.h"
+#include "common/lesson/cli.h"
+#include "common/comm/comm.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 #include "kernels/kernels.h"
 
 using namespace ff;

@@ -3,7 +3,7 @@
 // What: a router picks k of N SwiGLU experts for every token; the token's output is the
 //   gate-weighted sum of those experts' outputs (Shazeer et al. 2017; Switch Transformer,
 //   Fedus et al. 2021; Mixtral, Jiang et al. 2024). A load-balance loss keeps the router from
-//   sending everything to a few experts. The layer is common/moe.cpp (lesson 04 distributes
+//   sending everything to a few experts. The layer is common/layers/moe.cpp (lesson 04 distributes
 //   it); this program runs it, shows the routing, and checks it:
 //   [1] routing: the gate variant, tokens per expert, the load-balance loss.
 //   [2] forward, two ways that must agree: the readable loop over experts with index lists,
@@ -31,14 +31,14 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/cli.h"
-#include "common/comm.h"
-#include "common/moe.h"
-#include "common/npy.h"
-#include "common/ops.h"
-#include "common/tensor.h"
-#include "common/trace.h"
+#include "common/core/check.h"
+#include "common/lesson/cli.h"
+#include "common/comm/comm.h"
+#include "common/layers/moe.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 
 using namespace ff;
 

@@ -5,7 +5,7 @@
 //   stages, one per rank (two per rank for DualPipe and DualPipeV). A batch is split into M
 //   micro-batches; a schedule says, for each rank, in which order it runs the forwards (F),
 //   backwards (B), input-only backwards (I) and deferred weight gradients (W) of each
-//   micro-batch. The schedules themselves are data, built in common/schedule.cpp:
+//   micro-batch. The schedules themselves are data, built in common/layers/schedule.cpp:
 //     gpipe      all forwards, then all backwards
 //     1f1b       warm-up forwards, then one forward / one backward, then the cool-down
 //     zb-h1      1F1B with B split into I and W, W's pushed into the cool-down bubble
@@ -38,15 +38,15 @@
 #include <thread>
 #include <vector>
 
-#include "common/autograd.h"
-#include "common/check.h"
-#include "common/cli.h"
-#include "common/comm.h"
-#include "common/npy.h"
-#include "common/ops.h"
-#include "common/schedule.h"
-#include "common/tensor.h"
-#include "common/trace.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
+#include "common/lesson/cli.h"
+#include "common/comm/comm.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
+#include "common/layers/schedule.h"
+#include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 
 using namespace ff;
 using pp::Kind;

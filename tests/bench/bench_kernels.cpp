@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/kernels.h"
 #include "kernels/simt.h"

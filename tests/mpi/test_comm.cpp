@@ -17,10 +17,10 @@
 #include <unistd.h>
 #include <vector>
 
-#include "common/check.h"
-#include "common/comm.h"
-#include "common/tensor.h"
-#include "common/trace.h"
+#include "common/core/check.h"
+#include "common/comm/comm.h"
+#include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 
 using namespace ff;
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 #include "kernels/sim_memory.h"
 #include "kernels/simt.h"
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/comm.h"
+#include "common/comm/comm.h"
 
 using namespace ff;
 

@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/check.h"
-#include "common/comm.h"
-#include "common/trace.h"
+#include "common/core/check.h"
+#include "common/comm/comm.h"
+#include "common/lesson/trace.h"
 
 using namespace ff;
 

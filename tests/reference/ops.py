@@ -28,7 +28,7 @@ named <case>_<tensor>.npy (float32, except the int64 targets):
   moe_topk_softmax router_b (4), w1, w3          (10, 6)    gates (10, 2), dx, d_router_w,
                    (4, 6, 8), w2 (4, 8, 6),                d_router_b, d_w1, d_w2, d_w3
                    alpha (), k = 2
-                   The sparse MoE layer of common/moe.h (lesson 03): z = x router_w + router_b,
+                   The sparse MoE layer of common/layers/moe.h (lesson 03): z = x router_w + router_b,
                    p = softmax(z); softmax_topk: idx = topk(p, 2), g = p[idx]; topk_softmax:
                    idx = topk(z, 2), g = softmax(z[idx]); y_t = sum_j g_tj E_idx_tj(x_t), E a
                    SwiGLU expert (silu(x w1) * (x w3)) w2; aux = alpha N sum_i f_i P_i with
@@ -186,7 +186,7 @@ def main():
 
     # ---- the mixture-of-experts layer (lesson 03), for both gates. Appended after attention,
     # so every case above keeps its random numbers. The experts run densely on every token
-    # here and the chosen outputs are gathered (not common/moe.cpp's permute or loop form).
+    # here and the chosen outputs are gathered (not common/layers/moe.cpp's permute or loop form).
     moe_alpha = np.float32(0.5)  # not 1: a missing alpha factor must show
 
     def moe_layer(gate, k):

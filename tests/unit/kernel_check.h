@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 #include "kernels/kernels.h"
 
 namespace kt {

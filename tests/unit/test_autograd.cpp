@@ -5,10 +5,10 @@
 #include <cmath>
 #include <memory>
 
-#include "common/autograd.h"
-#include "common/check.h"
-#include "common/ops.h"
-#include "common/tensor.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 
 using namespace ff;
 

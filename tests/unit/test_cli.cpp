@@ -1,7 +1,7 @@
 // Flag parsing without MPI: Cli::parse_args returns "" on success, "help", or the error text.
 #include <doctest/doctest.h>
 
-#include "common/cli.h"
+#include "common/lesson/cli.h"
 
 using namespace ff;
 

@@ -1,12 +1,12 @@
 // Devices: .to(device) copies, mixing devices is an error, and autograd through tensors on
 // the device under test (sim, or cuda on a GPU) gives the same values and gradients as
-// through cpu, for a graph that uses every op of common/ops.h.
+// through cpu, for a graph that uses every op of common/core/ops.h.
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/ops.h"
+#include "common/core/check.h"
+#include "common/core/ops.h"
 #include "tests/unit/kernel_check.h"
 
 using namespace ff;
@@ -38,7 +38,7 @@ Inputs make_inputs(Device d) {
   return in;
 }
 
-// Every op of common/ops.h, composed into one scalar loss.
+// Every op of common/core/ops.h, composed into one scalar loss.
 Tensor every_op_loss(Inputs& in) {
   Device d = in.x.device();
   Tensor h = matmul(in.x, in.w);                         // (2, 4, 6) @ (6, 5)

@@ -1,4 +1,4 @@
-// Goldens: our ops (common/ops.h) with autograd against PyTorch, on the inputs, upstream
+// Goldens: our ops (common/core/ops.h) with autograd against PyTorch, on the inputs, upstream
 // gradients and float64 answers that tests/reference/ops.py wrote into tests/reference/data
 // (`make reference` regenerates them; the binary runs from the repository root).
 //
@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "common/autograd.h"
-#include "common/check.h"
-#include "common/npy.h"
-#include "common/ops.h"
-#include "common/tensor.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 
 using namespace ff;
 using ff::testing::Bug;

@@ -2,7 +2,7 @@
 // checks, each against something independent of the one before:
 //   1. device vs cpu (TEST_SUITE "kernels"): kernels/cuda/attention.cu on the device under
 //      test (sim, or cuda on a GPU) against kernels/cpu/attention.cpp on the same inputs;
-//   2. cpu vs the autograd reference: softmax(Q K^T * scale + mask) V built from common/ops.h
+//   2. cpu vs the autograd reference: softmax(Q K^T * scale + mask) V built from common/core/ops.h
 //      (matmul, transpose, masked_fill, softmax, concat) and Tensor::backward — with two bugs
 //      planted through the kernel's inputs that the same comparison must catch;
 //   3. cpu backward vs central finite differences of the cpu forward;
@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "common/npy.h"
-#include "common/ops.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
 #include "tests/unit/kernel_check.h"
 
 using namespace ff;

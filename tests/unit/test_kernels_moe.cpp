@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "common/ops.h"
+#include "common/core/ops.h"
 #include "tests/unit/kernel_check.h"
 
 using namespace ff;

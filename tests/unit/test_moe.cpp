@@ -1,4 +1,4 @@
-// The mixture-of-experts layer of common/moe.h (lesson 03), on device cpu. Five checks, each
+// The mixture-of-experts layer of common/layers/moe.h (lesson 03), on device cpu. Five checks, each
 // against something independent of the one before:
 //   1. the hand-written moe::backward against moe::autograd_reference (the same layer in the
 //      loop form, through the autograd core), for both gates, with alpha = 1 so the
@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/moe.h"
-#include "common/npy.h"
-#include "common/ops.h"
-#include "common/tensor.h"
+#include "common/core/check.h"
+#include "common/layers/moe.h"
+#include "common/lesson/npy.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 
 using namespace ff;
 

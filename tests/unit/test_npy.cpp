@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
-#include "common/npy.h"
+#include "common/core/check.h"
+#include "common/lesson/npy.h"
 
 using namespace ff;
 

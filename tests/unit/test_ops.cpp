@@ -1,4 +1,4 @@
-// Every op of common/ops.h, three ways:
+// Every op of common/core/ops.h, three ways:
 //  (a) forward against a naive loop written here (accumulating in double),
 //  (b) backward against central finite differences (ff::gradcheck),
 //  (c) a planted bug in each hand-written backward (wrong sign, missing term) is caught,
@@ -14,10 +14,10 @@
 #include <numeric>
 #include <string>
 
-#include "common/autograd.h"
-#include "common/check.h"
-#include "common/ops.h"
-#include "common/tensor.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 
 using namespace ff;
 
@@ -732,7 +732,7 @@ TEST_CASE("ops: topk: descending, ties to the lower index, k = 1..C; values' gra
 
 namespace {
 struct OpCase {
-  std::string name;  // the name passed to record() in common/ops.cpp
+  std::string name;  // the name passed to record() in common/core/ops.cpp
   Fn f;
   std::vector<Tensor> inputs;
   GradcheckOptions opt;

@@ -1,4 +1,4 @@
-// Pipeline-parallel schedules as data (common/schedule.h): for every generator and a grid of
+// Pipeline-parallel schedules as data (common/layers/schedule.h): for every generator and a grid of
 // (P, M), the programs are valid, complete in the simulator and run the right number of each
 // op; small programs match ones traced by hand from the published algorithms; the simulated
 // bubble matches the DeepSeek-V3 Table 2 formulas; validate() catches planted errors (and a
@@ -6,7 +6,7 @@
 // reject bad input.
 //
 // Every expected value below is derived from the algorithm (see the comments of
-// common/schedule.cpp), never copied from a run.
+// common/layers/schedule.cpp), never copied from a run.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/check.h"
-#include "common/schedule.h"
+#include "common/core/check.h"
+#include "common/layers/schedule.h"
 
 using namespace ff;
 using namespace ff::pp;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 #include "kernels/kernels.h"
 #include "kernels/sim_memory.h"
 #include "kernels/simt.h"

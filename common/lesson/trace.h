@@ -1,4 +1,4 @@
-// common/trace.h — per-rank time spans, gathered into one Chrome-trace JSON (opens in
+// common/lesson/trace.h — per-rank time spans, gathered into one Chrome-trace JSON (opens in
 // Perfetto and chrome://tracing) and a CSV for plots.
 //
 // Each rank is one process track ("rank R") with one thread track per stream

@@ -1,10 +1,10 @@
-// common/autograd.cpp — the tape and the reverse walk (a topological sort, as in micrograd).
-#include "common/autograd.h"
+// common/core/autograd.cpp — the tape and the reverse walk (a topological sort, as in micrograd).
+#include "common/core/autograd.h"
 
 #include <unordered_map>
 #include <unordered_set>
 
-#include "common/check.h"
+#include "common/core/check.h"
 #include "kernels/kernels.h"
 
 namespace ff {

@@ -1,7 +1,7 @@
-// common/trace.cpp — per-rank spans, gathered to rank 0 and written as Chrome-trace JSON
+// common/lesson/trace.cpp — per-rank spans, gathered to rank 0 and written as Chrome-trace JSON
 // (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU, the
 // "Trace Event Format": complete events ph "X" plus metadata events ph "M") and as CSV.
-#include "common/trace.h"
+#include "common/lesson/trace.h"
 
 #include <mpi.h>
 
@@ -12,8 +12,8 @@
 #include <map>
 #include <set>
 
-#include "common/check.h"
-#include "common/comm.h"
+#include "common/core/check.h"
+#include "common/comm/comm.h"
 
 namespace ff {
 

@@ -1,14 +1,14 @@
-// common/moe.cpp — the mixture-of-experts layer of common/moe.h: routing, the load-balance
+// common/layers/moe.cpp — the mixture-of-experts layer of common/layers/moe.h: routing, the load-balance
 // loss, the expert path (permute -> grouped GEMM -> combine) and its hand-written backward,
 // and the autograd reference. The math of the backward is written out in
 // lessons/03_smoe/README.md; the comments here name each step.
-#include "common/moe.h"
+#include "common/layers/moe.h"
 
 #include <cmath>
 
-#include "common/check.h"
-#include "common/cli.h"
-#include "common/ops.h"
+#include "common/core/check.h"
+#include "common/lesson/cli.h"
+#include "common/core/ops.h"
 #include "kernels/kernels.h"
 
 namespace ff::moe {

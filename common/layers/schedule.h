@@ -1,4 +1,4 @@
-// common/schedule.h — pipeline-parallel schedules as data: generators, checks, a simulator.
+// common/layers/schedule.h — pipeline-parallel schedules as data: generators, checks, a simulator.
 //
 // A schedule is, for each rank, the ordered list of what it computes. Notation (code,
 // printouts, tests):

@@ -1,4 +1,4 @@
-// common/cli.h — command-line flags with validation and one-line errors.
+// common/lesson/cli.h — command-line flags with validation and one-line errors.
 //
 //   Cli cli("01_online_softmax", "One-pass online softmax, single-process and distributed.");
 //   int64_t rows = 4;   cli.flag("--rows", &rows, "rows of x", 1, 1 << 20);

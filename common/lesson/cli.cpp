@@ -1,5 +1,5 @@
-// common/cli.cpp — flag parsing (see cli.h).
-#include "common/cli.h"
+// common/lesson/cli.cpp — flag parsing (see cli.h).
+#include "common/lesson/cli.h"
 
 #include <cerrno>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "common/comm.h"
+#include "common/comm/comm.h"
 
 namespace ff {
 

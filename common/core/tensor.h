@@ -1,4 +1,4 @@
-// common/tensor.h — the tensor: shape, storage on a device, dtype, autograd slot.
+// common/core/tensor.h — the tensor: shape, storage on a device, dtype, autograd slot.
 //
 // Design rules:
 //  * Always contiguous and row-major. Views (reshape, detach) share storage;

@@ -1,13 +1,13 @@
-// common/tensor.cpp — Tensor storage, copies, views and the counter-based RNG.
-#include "common/tensor.h"
+// common/core/tensor.cpp — Tensor storage, copies, views and the counter-based RNG.
+#include "common/core/tensor.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
-#include "common/autograd.h"
-#include "common/check.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
 #include "kernels/kernels.h"
 
 namespace ff {

@@ -1,4 +1,4 @@
-// common/comm.h — Comm: an MPI communicator with a watchdog and trace spans.
+// common/comm/comm.h — Comm: an MPI communicator with a watchdog and trace spans.
 //
 // Design rules:
 //  * Every wait is polled against a deadline (--timeout, default 60 s). Blocking

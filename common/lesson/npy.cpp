@@ -1,6 +1,6 @@
-// common/npy.cpp — .npy version 1.0: the header dict parser, the reader that checks every
+// common/lesson/npy.cpp — .npy version 1.0: the header dict parser, the reader that checks every
 // size before it allocates, and a writer that produces the same bytes as numpy's np.save.
-#include "common/npy.h"
+#include "common/lesson/npy.h"
 
 #include <sys/stat.h>
 
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-#include "common/check.h"
+#include "common/core/check.h"
 
 namespace ff {
 

@@ -1,5 +1,5 @@
-// common/schedule.cpp — the schedule generators, their checks and the simulator.
-#include "common/schedule.h"
+// common/layers/schedule.cpp — the schedule generators, their checks and the simulator.
+#include "common/layers/schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "common/check.h"
+#include "common/core/check.h"
 
 namespace ff::pp {
 

@@ -1,13 +1,13 @@
-// common/check.cpp — error helper and tensor comparisons.
-#include "common/check.h"
+// common/core/check.cpp — error helper and tensor comparisons.
+#include "common/core/check.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "common/comm.h"
-#include "common/tensor.h"
+#include "common/comm/comm.h"
+#include "common/core/tensor.h"
 
 namespace ff {
 
@@ -101,8 +101,8 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 // ---------------------------------------------------------------------------
 // gradcheck
 
-#include "common/autograd.h"
-#include "common/ops.h"
+#include "common/core/autograd.h"
+#include "common/core/ops.h"
 
 namespace ff {
 

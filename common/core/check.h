@@ -1,4 +1,4 @@
-// common/check.h — errors and comparisons.
+// common/core/check.h — errors and comparisons.
 //
 // FF_CHECK(cond, msg) throws ff::Error(msg) — for bad arguments (shapes, indices,
 // devices) and broken invariants inside the library; messages are written to be read

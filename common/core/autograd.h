@@ -1,4 +1,4 @@
-// common/autograd.h — reverse-mode autograd on a dynamic tape (define-by-run).
+// common/core/autograd.h — reverse-mode autograd on a dynamic tape (define-by-run).
 //
 // Design rule: a Node's backward returns one gradient per input (an undefined
 // Tensor where an input needs none); the engine accumulates (+=) them into the
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 
 namespace ff {
 

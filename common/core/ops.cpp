@@ -1,14 +1,14 @@
-// common/ops.cpp — every differentiable op: argument checks, the forward kernel of the
+// common/core/ops.cpp — every differentiable op: argument checks, the forward kernel of the
 // inputs' device, and the hand-written backward next to it.
 //
 // Backward closures run with grad mode off (see run_backward), so they may use these
 // same ops to express a gradient; they capture detached outputs, never the output itself.
-#include "common/ops.h"
+#include "common/core/ops.h"
 
 #include <algorithm>
 
-#include "common/autograd.h"
-#include "common/check.h"
+#include "common/core/autograd.h"
+#include "common/core/check.h"
 #include "kernels/kernels.h"
 
 namespace ff {

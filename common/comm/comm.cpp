@@ -1,4 +1,4 @@
-// common/comm.cpp — Comm: every blocking call is its non-blocking twin plus a watched wait.
+// common/comm/comm.cpp — Comm: every blocking call is its non-blocking twin plus a watched wait.
 //
 // The one loop that waits is wait_one(): it polls MPI_Test against a deadline, so a
 // deadlock (two ranks that both Ssend first, a collective one rank never enters) ends as
@@ -7,7 +7,7 @@
 // Self-messages (peer == rank) work through non-blocking pairs: post irecv, then isend,
 // then wait both. A *blocking* ssend to self can never be matched (the matching recv is
 // only posted after ssend returns): the watchdog reports it like any other deadlock.
-#include "common/comm.h"
+#include "common/comm/comm.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,9 +18,9 @@
 #include <numeric>
 #include <thread>
 
-#include "common/check.h"
-#include "common/tensor.h"
-#include "common/trace.h"
+#include "common/core/check.h"
+#include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 
 namespace ff {
 

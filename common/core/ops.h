@@ -1,4 +1,4 @@
-// common/ops.h — differentiable ops. Each op checks its arguments, runs the kernel
+// common/core/ops.h — differentiable ops. Each op checks its arguments, runs the kernel
 // of its inputs' device (kernels_for(device)), and records a hand-written backward.
 //
 // Shapes: "rows" ops (softmax, rmsnorm, cross_entropy, topk, index ops) act on the
@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 
 namespace ff {
 

@@ -1,4 +1,4 @@
-// common/moe.h — a sparse mixture-of-experts layer with a hand-written backward: taught in
+// common/layers/moe.h — a sparse mixture-of-experts layer with a hand-written backward: taught in
 // lesson 03, distributed over expert-parallel ranks in lesson 04 (so it lives here).
 //
 //   z = x W_g + b_g                       router logits (T, N), x (T, d)
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "common/core/tensor.h"
 
 namespace ff {
 class Cli;
