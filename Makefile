@@ -23,8 +23,10 @@ LDFLAGS  ?=
 LDLIBS   := -lboost_context
 # Debian's python, which has matplotlib, numpy and torch (not whatever python3 is first on PATH)
 PYTHON   ?= /usr/bin/python3
-# mpirun: oversubscribe small machines, allow root in containers, keep the output quiet.
-MPIRUN   ?= mpirun --oversubscribe -q $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+# mpirun: oversubscribe small machines, allow root in containers, keep the output quiet, and
+# let a run that exits non-zero (bad input, a failed check) end at once: Open MPI 4 otherwise
+# waits odls_base_sigkill_timeout (1 s) twice before it reports the exit status.
+MPIRUN   ?= mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 export MPIRUN BUILD PYTHON
 
 # The emulator build rounds as nvcc's does: nvcc contracts a * b + c into one fused

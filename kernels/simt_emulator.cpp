@@ -22,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <cerrno>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -42,6 +43,22 @@ Options& options() {
     return o;
   }();
   return opt;
+}
+
+std::string environment_error() {
+  for (const char* name : {"SIMT_SHUFFLE", "SIMT_RACECHECK", "SIMT_HOST_GUARD"}) {
+    const char* v = std::getenv(name);
+    if (v && std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0)
+      return std::string(name) + "='" + v + "' is not allowed (0 turns it off, 1 on)";
+  }
+  if (const char* v = std::getenv("SIMT_SEED")) {
+    errno = 0;
+    char* end = nullptr;
+    std::strtoull(v, &end, 10);
+    if (!*v || *end || *v == '-' || errno == ERANGE)
+      return std::string("SIMT_SEED='") + v + "' is not a decimal integer in [0, 2^64)";
+  }
+  return "";
 }
 
 DeviceMemoryModel& device_memory_model() {

@@ -134,6 +134,11 @@ struct Options {
 };
 // Defaults come from the environment: SIMT_SHUFFLE=0 turns shuffling off, SIMT_SEED=N,
 // SIMT_RACECHECK=0 turns the race check off.
+// The SIMT_* environment variables, checked: "" when every one that is set has an allowed value
+// (SIMT_SHUFFLE, SIMT_RACECHECK, SIMT_HOST_GUARD: 0 or 1; SIMT_SEED: a decimal integer), else
+// one sentence naming the variable, its value and what is allowed. A typo must not silently
+// mean the default: programs call this before any work.
+std::string environment_error();
 Options& options();
 // The device-memory model in force (none by default; the sim device installs its own).
 // Kept apart from options(), so that code saving and restoring options leaves it alone.

@@ -54,7 +54,7 @@ bool CheckReport::all_ranks(bool ok) {
 void CheckReport::line(const char* what, bool pass, const std::string& detail) {
   if (!pass) failures_++;
   if (comm_.rank() == 0)
-    std::printf("    %-40s %s  %s\n", what, detail.c_str(), pass ? "PASS" : "FAIL");
+    std::printf("    %-44s %s  %s\n", what, detail.c_str(), pass ? "PASS" : "FAIL");
 }
 
 void CheckReport::close(const char* what, const Tensor& got, const Tensor& want, double atol) {
@@ -65,6 +65,18 @@ void CheckReport::close(const char* what, const Tensor& got, const Tensor& want,
   char buf[128];
   std::snprintf(buf, sizeof buf, "max abs err %.2e  (tol %.1e, values up to %6.3f)", v[0], atol,
                 v[1]);
+  line(what, pass, buf);
+}
+
+void CheckReport::close(const char* what, const Tensor& got, const Tensor& want, double atol,
+                        double rtol) {
+  Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, rtol);
+  double v[2] = {d.max_abs, d.max_rel};
+  comm_.allreduce(v, 2, MPI_DOUBLE, MPI_MAX);
+  const bool pass = all_ranks(d.pass);
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "max abs %.2e  max rel %.2e  (tol %.1e + %.1e |want|)", v[0], v[1],
+                atol, rtol);
   line(what, pass, buf);
 }
 

@@ -53,6 +53,9 @@ class CheckReport {
   explicit CheckReport(Comm& comm) : comm_(comm) {}
   // |got - want| <= atol elementwise (no relative part: values near 0 make it meaningless)
   void close(const char* what, const Tensor& got, const Tensor& want, double atol);
+  // |got - want| <= atol + rtol |want| elementwise: for values compared relatively (softmax
+  // outputs span many orders of magnitude); prints the max abs and max rel differences
+  void close(const char* what, const Tensor& got, const Tensor& want, double atol, double rtol);
   // the same bits (data that was only moved, never computed)
   void exact(const char* what, const Tensor& got, const Tensor& want);
   void scalar(const char* what, double got, double want, double atol);

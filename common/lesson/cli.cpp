@@ -108,6 +108,18 @@ std::string Cli::set(const Flag& f, const std::string& text) {
   return "";
 }
 
+// "a FILE", "one of a|b", "a number": what a flag's value is, for error lines.
+std::string Cli::value_name(const Flag& f) {
+  switch (f.kind) {
+    case Kind::integer: return "an integer";
+    case Kind::real: return "a number";
+    case Kind::text: return "a " + f.metavar;
+    case Kind::choice: return "one of " + join(f.allowed, "|");
+    case Kind::toggle: return "no value";
+  }
+  return "a value";
+}
+
 std::string Cli::parse_args(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); i++) {
     std::string a = args[i];
@@ -130,8 +142,11 @@ std::string Cli::parse_args(const std::vector<std::string>& args) {
       continue;
     }
     if (!inline_value) {
-      if (i + 1 >= args.size()) return f->name + " needs a value";
+      if (i + 1 >= args.size()) return f->name + " needs " + value_name(*f);
       value = args[++i];
+      // `--trace --causal`: the value was forgotten and the next flag would be swallowed.
+      if ((f->kind == Kind::text || f->kind == Kind::choice) && value.rfind("--", 0) == 0)
+        return f->name + " needs " + value_name(*f) + ", got the flag '" + value + "'";
     }
     std::string err = set(*f, value);
     if (!err.empty()) return err;
@@ -177,9 +192,11 @@ void CommonFlags::add_to(Cli& cli) {
   cli.flag("--seed", &seed, "seed of the counter-based RNG", 0, INT64_MAX);
   cli.flag("--timeout", &timeout, "watchdog: seconds without progress before a wait is an error",
            0.1, 86400.0);
-  cli.flag("--dump", &dump, "directory to write inputs, outputs and gradients as .npy");
-  cli.flag("--trace", &trace, "write a Chrome/Perfetto trace JSON to this file");
-  cli.flag("--csv", &csv, "append the run's metrics to this CSV file");
+  cli.flag("--dump", &dump, "directory to write inputs, outputs and gradients as .npy", "DIR");
+  cli.flag("--trace", &trace, "write a Chrome/Perfetto trace JSON to this file", "FILE");
+  cli.flag("--csv", &csv, "write the run's metrics to this CSV file", "FILE");
+  cli.flag("--max-memory", &max_memory_gib,
+           "GiB per rank the sizes may need (0: what this node has, shared by its ranks)", 0, 1e6);
 }
 
 Device CommonFlags::resolve_device(const Comm& comm) const {

@@ -7,7 +7,9 @@
 //   cli.parse(argc, argv, comm);
 //
 // parse() handles --help (usage on rank 0, exit 0 on every rank) and every error
-// (unknown flag, missing value, not a number, out of range, not an allowed choice):
+// (unknown flag, missing value, not a number, out of range, not an allowed choice; a text
+// or choice value that starts with "--" is taken for a forgotten value, so `--trace --causal`
+// is an error and not a trace file named "--causal"; numbers may still be negative):
 // one `error: ...` line on rank 0 naming what is allowed, exit 2 on every rank. All
 // ranks see the same argv, so they all take the same path: no abort, no hang.
 #pragma once
@@ -58,6 +60,7 @@ class Cli {
   };
   Flag& add(const std::string& name, Kind kind, void* value, const std::string& help);
   std::string set(const Flag& f, const std::string& text);
+  static std::string value_name(const Flag& f);
   std::string program_, summary_, epilog_;
   std::vector<Flag> flags_;
 };
@@ -70,6 +73,7 @@ struct CommonFlags {
   std::string csv;              // metrics CSV path ("" = off)
   int64_t seed = 1234;
   double timeout = 60.0;        // watchdog seconds
+  double max_memory_gib = 0;    // memory per rank a run may use (0: what the node has)
   void add_to(Cli& cli);
   // The device named by --device, ready to use. auto is cuda when this build and machine have
   // a GPU, else cpu. A device that is not available is a usage error (one line, exit 2 on

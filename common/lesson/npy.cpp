@@ -2,6 +2,8 @@
 // size before it allocates, and a writer that produces the same bytes as numpy's np.save.
 #include "common/lesson/npy.h"
 
+#include "common/lesson/files.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -307,17 +309,11 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
   std::string header = header_bytes(descr, shape);
   NPY_CHECK(header.size() - kPreludeLen <= 0xffff, "header too long for .npy version 1.0");
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  NPY_CHECK(f, "cannot open for writing: " << std::strerror(errno)
-                                           << (errno == ENOENT ? " (does the directory exist?)" : ""));
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  ok = ok && (data.empty() || std::fwrite(data.data(), 1, data.size(), f) == data.size());
-  int write_errno = ok ? 0 : errno;  // the first failure's reason, before fclose runs
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    write_errno = errno;
-  }
-  NPY_CHECK(ok, "write failed: " << std::strerror(write_errno));
+  // Checked and atomic: a reader never sees a truncated .npy (common/lesson/files.h).
+  OutputFile f(path);
+  f.write(header);
+  f.write(data.data(), data.size());
+  f.commit();
 }
 
 void save_npy(const std::string& path, const Tensor& t) {

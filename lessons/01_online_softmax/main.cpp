@@ -30,7 +30,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -38,7 +37,7 @@
 #include "common/core/check.h"
 #include "common/lesson/cli.h"
 #include "common/comm/comm.h"
-#include "common/lesson/npy.h"
+#include "common/lesson/lesson.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/lesson/trace.h"
@@ -228,54 +227,15 @@ static void merge_mlo_op(void* in, void* inout, int* len, MPI_Datatype* type) {
 }
 
 // ----------------------------------------------------------------------------
-// Reporting
 
-struct Checker {
-  int rank = 0;
-  int failures = 0;
-  // Prints one comparison line on rank 0; every rank must call with the same outcome.
-  void report(const char* what, const Diff& d, const char* tol_text) {
-    if (!d.pass) failures++;
-    if (rank == 0)
-      std::printf("    %-44s max abs %.2e  max rel %.2e  (tol %s)  %s\n", what, d.max_abs,
-                  d.max_rel, tol_text, d.pass ? "PASS" : "FAIL");
-  }
-};
-
-// Median over repetitions of the slowest rank's time for fn(), in microseconds.
-template <typename Fn>
-static double time_us(Comm& comm, int64_t reps, Fn fn) {
-  std::vector<double> t;
-  for (int64_t i = 0; i < reps; i++) {
-    comm.barrier();
-    double t0 = MPI_Wtime();
-    fn();
-    double dt = (MPI_Wtime() - t0) * 1e6;
-    comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
-    t.push_back(dt);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-static std::string tol_str(double atol, double rtol) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "abs %.1e + rel %.1e", atol, rtol);
-  return buf;
-}
-
-// ----------------------------------------------------------------------------
-
-int main(int argc, char** argv) {
-  Comm comm = Comm::world(&argc, &argv);
+// The lesson: its flags, [1]-[3], the check and the outputs. The skeleton (run_lesson,
+// common/lesson/lesson.h) owns MPI, the shared flags, bad input and the writes.
+static int online_softmax_lesson(Lesson& lesson) {
+  Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
-
   int64_t rows = 4, cols = 1000, block = 64, keys = 1024, dim = 64, reps = 20;
   std::string bug = "none";
-  CommonFlags common;
-  Cli cli("01_online_softmax",
-          "Online softmax: the one-pass (m, l) recurrence, merged across ranks by a chain and\n"
-          "by MPI_Allreduce with a user-defined op, and split-K flash-decoding with (m, l, o).");
+  Cli& cli = lesson.cli;
   cli.flag("--rows", &rows, "rows of x (independent softmaxes; also decoding queries)", 1, 4096);
   cli.flag("--cols", &cols, "columns of x, split over the ranks (need not divide)", 1, 1 << 22);
   cli.flag("--block", &block, "columns folded per online step (last block may be shorter)", 1,
@@ -285,280 +245,268 @@ int main(int argc, char** argv) {
   cli.flag("--reps", &reps, "timed repetitions of each merge (median reported)", 1, 100000);
   cli.choice("--bug", &bug, {"none", "no-rescale", "no-inf-guard"},
              "plant a classic mistake to watch the check fail");
-  common.add_to(cli);
-  cli.epilog("run:  mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000");
-  cli.parse(argc, argv, comm);
-  const Device dev = common.resolve_device(comm);
+  cli.epilog("run:  make run L=01 NP=4 ARGS=\"--rows 8 --cols 1000\"\n"
+             "      (plain mpirun: mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000,\n"
+             "       adding --oversubscribe beyond your cores and --allow-run-as-root as root)");
+  lesson.parse();
+  // Every rank holds x whole (the reference) and a few copies of it (two-pass, online per
+  // block size, two gathered results), K and V whole and its slices, and the decode scores.
+  lesson.require_memory(4.0 * (8.0 * rows * cols + 4.0 * keys * dim + 2.0 * rows * keys),
+                        "--rows, --cols or --keys, --dim");
+  const Device dev = lesson.device;
   const bool on_device = dev != Device::cpu;  // run the CUDA kernels of online_softmax.cu
-  comm.set_timeout(common.timeout);
   g_bug = bug == "no-rescale" ? Bug::no_rescale : bug == "no-inf-guard" ? Bug::no_inf_guard
                                                                          : Bug::none;
-  if (!common.trace.empty()) trace().enable(comm);
+  lesson.start_trace();
 
-  try {
-    Checker check{rank};
-    // Tolerances. Both sides compute exp of the same arguments (the max is exact), so
-    // they differ only in how the normaliser l was summed: n float32 additions in a
-    // different order, each off by at most eps/2 relative, bound the difference by
-    // n * FLT_EPSILON / 2 relative (Higham, Accuracy and Stability, §4.2).
-    const double rtol_x = (double)cols * FLT_EPSILON / 2;
-    const double atol_x = 1e-30;  // softmax outputs are compared relatively
+  CheckReport check(comm);
+  // Tolerances. Both sides compute exp of the same arguments (the max is exact), so
+  // they differ only in how the normaliser l was summed: n float32 additions in a
+  // different order, each off by at most eps/2 relative, bound the difference by
+  // n * FLT_EPSILON / 2 relative (Higham, Accuracy and Stability, §4.2).
+  const double rtol_x = (double)cols * FLT_EPSILON / 2;
+  const double atol_x = 1e-30;  // softmax outputs are compared relatively
 
-    // ---------------- [1] single process
-    Tensor x = make_x(rows, cols, 0, cols, block, (uint64_t)common.seed);
-    Tensor reference = softmax(x);  // the library's safe softmax (kernels/cpu/reduce.cpp)
-    if (rank == 0) {
-      std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
-                  P, (long long)rows, (long long)cols, (long long)block);
-      if (on_device)
-        std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
-                    device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
-      std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
-      if (rows > 1) {
-        double naive_l = 0;
-        for (int64_t j = 0; j < cols; j++) naive_l += std::exp((float)x.data()[cols + j]);
-        std::printf("    row 1 is x1000: naive sum of exp(x) = %g, the max subtraction avoids it\n",
-                    naive_l);
-      }
-      if (rows > 2 && cols > block)
-        std::printf("    row 2 starts with %lld columns of -inf (a masked prefix)\n",
-                    (long long)block);
+  // ---------------- [1] single process
+  Tensor x = make_x(rows, cols, 0, cols, block, (uint64_t)lesson.flags.seed);
+  Tensor reference = softmax(x);  // the library's safe softmax (kernels/cpu/reduce.cpp)
+  if (rank == 0) {
+    std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
+                P, (long long)rows, (long long)cols, (long long)block);
+    if (on_device)
+      std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
+                  device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
+    std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
+    if (rows > 1) {
+      double naive_l = 0;
+      for (int64_t j = 0; j < cols; j++) naive_l += std::exp((float)x.data()[cols + j]);
+      std::printf("    row 1 is x1000: naive sum of exp(x) = %g, the max subtraction avoids it\n",
+                  naive_l);
     }
-    {
-      Trace::Scope span(trace(), "single-process", "compute");
-      Tensor two_pass = Tensor::empty({rows, cols});
+    if (rows > 2 && cols > block)
+      std::printf("    row 2 starts with %lld columns of -inf (a masked prefix)\n",
+                  (long long)block);
+  }
+  {
+    Trace::Scope span(trace(), "single-process", "compute");
+    Tensor two_pass = Tensor::empty({rows, cols});
+    for (int64_t r = 0; r < rows; r++)
+      two_pass_softmax(two_pass.data() + r * cols, x.data() + r * cols, cols);
+    check.close("two-pass (written out) vs library softmax", two_pass, reference, atol_x, rtol_x);
+    for (int64_t b : {int64_t(1), block, cols}) {
+      Tensor online = Tensor::empty({rows, cols});
+      for (int64_t r = 0; r < rows; r++) {
+        SoftmaxState s = fold_row(x.data() + r * cols, cols, b);
+        normalise(online.data() + r * cols, x.data() + r * cols, cols, s);
+      }
+      std::string what = "online, block " + std::to_string(b) +
+                         (cols % b ? " (ragged last)" : "") + " vs library";
+      check.close(what.c_str(), online, reference, atol_x, rtol_x);
+    }
+  }
+  if (on_device) {
+    // The kernels: (m, l) per row from 32 lanes merged by shuffles, then y = exp(x - m) / l.
+    // And the library's own softmax kernel on the device (kernels/cuda/softmax.cu).
+    Trace::Scope span(trace(), "single-process on device", "compute");
+    Tensor xd = x.to(dev);
+    Tensor y_kernel = device_normalise(xd, device_row_states(xd));
+    std::string what = std::string("row_states kernel (") + device_name(dev) + ") vs library";
+    check.close(what.c_str(), y_kernel, reference, atol_x, rtol_x);
+    what = std::string("library softmax on ") + device_name(dev) + " vs cpu";
+    check.close(what.c_str(), softmax(xd).to(Device::cpu), reference, atol_x, rtol_x);
+  }
+
+  // ---------------- [2] distributed over columns
+  int64_t c0, c1;
+  split_range(cols, P, rank, &c0, &c1);
+  const int64_t w = c1 - c0;
+  Tensor xr = make_x(rows, cols, c0, c1, block, (uint64_t)lesson.flags.seed);
+  std::vector<SoftmaxState> local((size_t)rows);
+  {
+    Trace::Scope span(trace(), "fold local columns", "compute");
+    if (on_device)
+      local = device_row_states(xr.to(dev));
+    else
+      for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
+  }
+  if (rank == 0) {
+    long long lo = cols / P, hi = (cols + P - 1) / P;
+    std::string each = lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi);
+    std::printf("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
+                "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
+  }
+
+  MPI_Datatype state_type;
+  mpiCheck(MPI_Type_contiguous(2, MPI_FLOAT, &state_type));
+  mpiCheck(MPI_Type_commit(&state_type));
+  MPI_Op state_op;
+  mpiCheck(MPI_Op_create(merge_op, /*commute=*/1, &state_op));
+
+  std::vector<SoftmaxState> by_chain = chain_merge(comm, local);
+  std::vector<SoftmaxState> by_allreduce = allreduce_merge(comm, local, state_type, state_op);
+  const RepTimes chain_us = time_reps(comm, reps, [&] { chain_merge(comm, local); });
+  const RepTimes allreduce_us =
+      time_reps(comm, reps, [&] { allreduce_merge(comm, local, state_type, state_op); });
+  // What is exact about the two, whatever the machine's noise: the merge steps one after
+  // another on the critical path. The chain: P-1 hops, then a broadcast tree of ceil(log2 P)
+  // rounds. An allreduce by recursive doubling: ceil(log2 P) rounds.
+  const int log2P = (int)std::ceil(std::log2((double)P));
+  if (rank == 0) {
+    std::printf("    (a) chain r-1 -> r -> r+1, then bcast   median %9.1f us  (%d sequential steps: "
+                "P-1 hops + log2 P bcast rounds)\n", chain_us.median, P - 1 + log2P);
+    std::printf("    (b) MPI_Allreduce, user-defined op     median %9.1f us  (%d sequential steps: "
+                "log2 P rounds)\n", allreduce_us.median, log2P);
+  }
+
+  // Each rank normalises its own columns with the merged state; every rank gathers the
+  // slices and compares the whole with the single-process softmax.
+  std::vector<size_t> slice_bytes((size_t)P);
+  for (int q = 0; q < P; q++) {
+    int64_t b0, b1;
+    split_range(cols, P, q, &b0, &b1);
+    slice_bytes[(size_t)q] = (size_t)(rows * (b1 - b0)) * sizeof(float);
+  }
+  auto gather_softmax = [&](const std::vector<SoftmaxState>& merged) {
+    Tensor yr = Tensor::empty({rows, w});
+    if (on_device)
+      yr = device_normalise(xr.to(dev), merged);
+    else
       for (int64_t r = 0; r < rows; r++)
-        two_pass_softmax(two_pass.data() + r * cols, x.data() + r * cols, cols);
-      check.report("two-pass (written out) vs library softmax",
-                   compare(two_pass, reference, atol_x, rtol_x), tol_str(atol_x, rtol_x).c_str());
-      for (int64_t b : {int64_t(1), block, cols}) {
-        Tensor online = Tensor::empty({rows, cols});
-        for (int64_t r = 0; r < rows; r++) {
-          SoftmaxState s = fold_row(x.data() + r * cols, cols, b);
-          normalise(online.data() + r * cols, x.data() + r * cols, cols, s);
-        }
-        std::string what = "online, block " + std::to_string(b) +
-                           (cols % b ? " (ragged last)" : "") + " vs library";
-        check.report(what.c_str(), compare(online, reference, atol_x, rtol_x),
-                     tol_str(atol_x, rtol_x).c_str());
-      }
-    }
-    if (on_device) {
-      // The kernels: (m, l) per row from 32 lanes merged by shuffles, then y = exp(x - m) / l.
-      // And the library's own softmax kernel on the device (kernels/cuda/softmax.cu).
-      Trace::Scope span(trace(), "single-process on device", "compute");
-      Tensor xd = x.to(dev);
-      Tensor y_kernel = device_normalise(xd, device_row_states(xd));
-      std::string what = std::string("row_states kernel (") + device_name(dev) + ") vs library";
-      check.report(what.c_str(), compare(y_kernel, reference, atol_x, rtol_x),
-                   tol_str(atol_x, rtol_x).c_str());
-      what = std::string("library softmax on ") + device_name(dev) + " vs cpu";
-      check.report(what.c_str(), compare(softmax(xd).to(Device::cpu), reference, atol_x, rtol_x),
-                   tol_str(atol_x, rtol_x).c_str());
-    }
-
-    // ---------------- [2] distributed over columns
-    int64_t c0, c1;
-    split_range(cols, P, rank, &c0, &c1);
-    const int64_t w = c1 - c0;
-    Tensor xr = make_x(rows, cols, c0, c1, block, (uint64_t)common.seed);
-    std::vector<SoftmaxState> local((size_t)rows);
-    {
-      Trace::Scope span(trace(), "fold local columns", "compute");
-      if (on_device)
-        local = device_row_states(xr.to(dev));
-      else
-        for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
-    }
-    if (rank == 0) {
-      long long lo = cols / P, hi = (cols + P - 1) / P;
-      std::string each = lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi);
-      std::printf("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
-                  "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
-    }
-
-    MPI_Datatype state_type;
-    mpiCheck(MPI_Type_contiguous(2, MPI_FLOAT, &state_type));
-    mpiCheck(MPI_Type_commit(&state_type));
-    MPI_Op state_op;
-    mpiCheck(MPI_Op_create(merge_op, /*commute=*/1, &state_op));
-
-    std::vector<SoftmaxState> by_chain = chain_merge(comm, local);
-    std::vector<SoftmaxState> by_allreduce = allreduce_merge(comm, local, state_type, state_op);
-    double chain_us = time_us(comm, reps, [&] { chain_merge(comm, local); });
-    double allreduce_us =
-        time_us(comm, reps, [&] { allreduce_merge(comm, local, state_type, state_op); });
-    if (rank == 0) {
-      std::printf("    (a) chain r-1 -> r -> r+1, then bcast   median %9.1f us  (P-1 hops: O(P))\n",
-                  chain_us);
-      std::printf("    (b) MPI_Allreduce, user-defined op     median %9.1f us  (O(log P))\n",
-                  allreduce_us);
-    }
-
-    // Each rank normalises its own columns with the merged state; rank 0 gathers the
-    // slices and compares the whole with the single-process softmax.
-    std::vector<size_t> slice_bytes((size_t)P);
+        normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
+    std::vector<float> all((size_t)(rows * cols));
+    comm.allgatherv(yr.data(), yr.nbytes(), all.data(), slice_bytes);
+    Tensor y = Tensor::empty({rows, cols});  // reassemble: slice q is (rows, w_q)
+    size_t off = 0;
     for (int q = 0; q < P; q++) {
       int64_t b0, b1;
       split_range(cols, P, q, &b0, &b1);
-      slice_bytes[(size_t)q] = (size_t)(rows * (b1 - b0)) * sizeof(float);
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = b0; j < b1; j++) y.data()[r * cols + j] = all[off++];
     }
-    auto gather_softmax = [&](const std::vector<SoftmaxState>& merged) {
-      Tensor yr = Tensor::empty({rows, w});
-      if (on_device)
-        yr = device_normalise(xr.to(dev), merged);
-      else
-        for (int64_t r = 0; r < rows; r++)
-          normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
-      std::vector<float> all((size_t)(rows * cols));
-      comm.allgatherv(yr.data(), yr.nbytes(), all.data(), slice_bytes);
-      Tensor y = Tensor::empty({rows, cols});  // reassemble: slice q is (rows, w_q)
-      size_t off = 0;
-      for (int q = 0; q < P; q++) {
-        int64_t b0, b1;
-        split_range(cols, P, q, &b0, &b1);
-        for (int64_t r = 0; r < rows; r++)
-          for (int64_t j = b0; j < b1; j++) y.data()[r * cols + j] = all[off++];
-      }
-      return y;
-    };
-    Tensor y_chain = gather_softmax(by_chain), y_allreduce = gather_softmax(by_allreduce);
-    check.report("chain     vs single-process softmax", compare(y_chain, reference, atol_x, rtol_x),
-                 tol_str(atol_x, rtol_x).c_str());
-    check.report("allreduce vs single-process softmax",
-                 compare(y_allreduce, reference, atol_x, rtol_x), tol_str(atol_x, rtol_x).c_str());
+    return y;
+  };
+  Tensor y_chain = gather_softmax(by_chain), y_allreduce = gather_softmax(by_allreduce);
+  check.close("chain     vs single-process softmax", y_chain, reference, atol_x, rtol_x);
+  check.close("allreduce vs single-process softmax", y_allreduce, reference, atol_x, rtol_x);
 
-    // ---------------- [3] flash-decoding: queries x keys sharded over ranks
-    const int64_t nq = rows, d = dim, dv = dim;
-    const float scale = 1.f / std::sqrt((float)d);
-    int64_t k0, k1;
-    split_range(keys, P, rank, &k0, &k1);
-    const uint64_t seed = (uint64_t)common.seed;
-    Tensor q = randn({nq, d}, seed + 1);
-    Tensor k_local = randn_slice({keys, d}, 0, k0, k1, seed + 2);
-    Tensor v_local = randn_slice({keys, dv}, 0, k0, k1, seed + 3);
-    // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
-    const int64_t width = 2 + dv;
-    std::vector<float> mlo((size_t)(nq * width));
-    if (on_device) {
-      // On the device: scores with the library's matmul kernel, then flash-decoding's two
-      // kernels: each chunk of ~kKeysPerChunk keys folded into (m, l, o) by its own block,
-      // then the chunks merged. The rank's state goes to the host for MPI.
-      Trace::Scope span(trace(), "local attention on device", "compute");
-      constexpr int64_t kKeysPerChunk = 128;
-      const int64_t nk = k1 - k0, splits = std::max<int64_t>(1, (nk + kKeysPerChunk - 1) / kKeysPerChunk);
-      Tensor s = scale * matmul(q.to(dev), transpose(k_local.to(dev), 0, 1));  // (nq, nk)
-      Tensor vd = v_local.to(dev);
-      Tensor partial = Tensor::empty({nq, splits, width}, dev), state = Tensor::empty({nq, width}, dev);
-      const LessonKernels kern = lesson_kernels(dev);
-      kern.decode_partial(partial.data(), s.data(), vd.data(), nq, nk, dv, splits);
-      kern.merge_states(state.data(), partial.data(), nq, dv, splits);
-      mlo = state.to_vector();
-    } else {
-      Trace::Scope span(trace(), "local attention", "compute");
-      for (int64_t i = 0; i < nq; i++) {
-        float* st = &mlo[(size_t)(i * width)];
-        std::vector<float> s((size_t)(k1 - k0));
-        for (int64_t t = 0; t < k1 - k0; t++) {
-          float acc = 0.f;
-          for (int64_t c = 0; c < d; c++) acc += q.data()[i * d + c] * k_local.data()[t * d + c];
-          s[(size_t)t] = acc * scale;
-        }
-        SoftmaxState ml = fold_row(s.data(), (int64_t)s.size(), block);
-        st[0] = ml.m;
-        st[1] = ml.l;
-        for (int64_t c = 0; c < dv; c++) st[2 + c] = 0.f;
-        for (int64_t t = 0; t < k1 - k0; t++) {
-          float p = rescale(s[(size_t)t], ml.m);
-          for (int64_t c = 0; c < dv; c++) st[2 + c] += p * v_local.data()[t * dv + c];
-        }
+  // ---------------- [3] flash-decoding: queries x keys sharded over ranks
+  const int64_t nq = rows, d = dim, dv = dim;
+  const float scale = 1.f / std::sqrt((float)d);
+  int64_t k0, k1;
+  split_range(keys, P, rank, &k0, &k1);
+  const uint64_t seed = (uint64_t)lesson.flags.seed;
+  Tensor q = randn({nq, d}, seed + 1);
+  Tensor k_local = randn_slice({keys, d}, 0, k0, k1, seed + 2);
+  Tensor v_local = randn_slice({keys, dv}, 0, k0, k1, seed + 3);
+  // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
+  const int64_t width = 2 + dv;
+  std::vector<float> mlo((size_t)(nq * width));
+  if (on_device) {
+    // On the device: scores with the library's matmul kernel, then flash-decoding's two
+    // kernels: each chunk of ~kKeysPerChunk keys folded into (m, l, o) by its own block,
+    // then the chunks merged. The rank's state goes to the host for MPI.
+    Trace::Scope span(trace(), "local attention on device", "compute");
+    constexpr int64_t kKeysPerChunk = 128;
+    const int64_t nk = k1 - k0, splits = std::max<int64_t>(1, (nk + kKeysPerChunk - 1) / kKeysPerChunk);
+    Tensor s = scale * matmul(q.to(dev), transpose(k_local.to(dev), 0, 1));  // (nq, nk)
+    Tensor vd = v_local.to(dev);
+    Tensor partial = Tensor::empty({nq, splits, width}, dev), state = Tensor::empty({nq, width}, dev);
+    const LessonKernels kern = lesson_kernels(dev);
+    kern.decode_partial(partial.data(), s.data(), vd.data(), nq, nk, dv, splits);
+    kern.merge_states(state.data(), partial.data(), nq, dv, splits);
+    mlo = state.to_vector();
+  } else {
+    Trace::Scope span(trace(), "local attention", "compute");
+    for (int64_t i = 0; i < nq; i++) {
+      float* st = &mlo[(size_t)(i * width)];
+      std::vector<float> s((size_t)(k1 - k0));
+      for (int64_t t = 0; t < k1 - k0; t++) {
+        float acc = 0.f;
+        for (int64_t c = 0; c < d; c++) acc += q.data()[i * d + c] * k_local.data()[t * d + c];
+        s[(size_t)t] = acc * scale;
+      }
+      SoftmaxState ml = fold_row(s.data(), (int64_t)s.size(), block);
+      st[0] = ml.m;
+      st[1] = ml.l;
+      for (int64_t c = 0; c < dv; c++) st[2 + c] = 0.f;
+      for (int64_t t = 0; t < k1 - k0; t++) {
+        float p = rescale(s[(size_t)t], ml.m);
+        for (int64_t c = 0; c < dv; c++) st[2 + c] += p * v_local.data()[t * dv + c];
       }
     }
-    MPI_Datatype mlo_type;
-    mpiCheck(MPI_Type_contiguous((int)width, MPI_FLOAT, &mlo_type));
-    mpiCheck(MPI_Type_commit(&mlo_type));
-    MPI_Op mlo_op;
-    mpiCheck(MPI_Op_create(merge_mlo_op, /*commute=*/1, &mlo_op));
-    comm.allreduce(mlo.data(), (int)nq, mlo_type, mlo_op);
-    Tensor out = Tensor::empty({nq, dv});
-    for (int64_t i = 0; i < nq; i++)
-      for (int64_t c = 0; c < dv; c++)
-        out.data()[i * dv + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
-    // Reference on every rank: the whole K and V, softmax(q K^T * scale) V with the library ops.
-    Tensor K = randn({keys, d}, seed + 2), V = randn({keys, dv}, seed + 3);
-    Tensor attn_ref = matmul(softmax(scale * matmul(q, transpose(K, 0, 1))), V);
-    // o sums `keys` terms p*v with |v| ~ 1: the n*eps/2 bound again, on an absolute scale
-    // set by the largest |v| (outputs near 0 are compared absolutely).
-    float vmax = 0.f;
-    for (float t : V.to_vector()) vmax = std::max(vmax, std::fabs(t));
-    const double rtol_o = (double)keys * FLT_EPSILON / 2, atol_o = rtol_o * vmax;
-    if (rank == 0)
-      std::printf("[3] flash-decoding: softmax(q K^T / sqrt(%lld)) V for %lld queries, %lld keys "
-                  "split over %d ranks, (m, l, o) merged by MPI_Allreduce\n",
-                  (long long)d, (long long)nq, (long long)keys, P);
-    check.report("split-K attention vs single-process",
-                 compare(out, attn_ref, atol_o, rtol_o), tol_str(atol_o, rtol_o).c_str());
-
-    // ---------------- outputs: dump, csv, trace
-    if (!common.dump.empty()) {
-      if (rank == 0) std::filesystem::create_directories(common.dump);
-      comm.barrier();
-      Tensor ml = Tensor::empty({rows, 2});
-      for (int64_t r = 0; r < rows; r++) {
-        ml.data()[2 * r] = local[(size_t)r].m;
-        ml.data()[2 * r + 1] = local[(size_t)r].l;
-      }
-      save_npy(common.dump + "/ml_rank" + std::to_string(rank) + ".npy", ml);
-      if (rank == 0) {
-        save_npy(common.dump + "/x.npy", x);
-        save_npy(common.dump + "/softmax.npy", y_allreduce);
-        save_npy(common.dump + "/q.npy", q);
-        save_npy(common.dump + "/k.npy", K);
-        save_npy(common.dump + "/v.npy", V);
-        save_npy(common.dump + "/attention.npy", out);
-        std::printf("    wrote x, softmax, ml_rank0..%d, q, k, v, attention (.npy) to %s\n", P - 1,
-                    common.dump.c_str());
-      }
-    }
-    if (!common.csv.empty() && rank == 0) {
-      // Long format, appended (make plots runs the lesson at several P into one file):
-      //   series chain_us / allreduce_us: x = P, y = median merge time
-      //   series fold_m / fold_l: x = columns folded so far, y = m / l of row 0, block by block
-      bool fresh = !std::filesystem::exists(common.csv);
-      FILE* f = std::fopen(common.csv.c_str(), "a");
-      FF_CHECK(f, "cannot write " << common.csv);
-      if (fresh) std::fprintf(f, "P,rows,cols,block,series,x,y\n");
-      auto row = [&](const char* series, double xv, double yv) {
-        std::fprintf(f, "%d,%lld,%lld,%lld,%s,%g,%.9g\n", P, (long long)rows, (long long)cols,
-                     (long long)block, series, xv, yv);
-      };
-      row("chain_us", P, chain_us);
-      row("allreduce_us", P, allreduce_us);
-      SoftmaxState s;
-      for (int64_t j = 0; j < cols; j += block) {
-        s = fold_block(s, x.data() + j, std::min(block, cols - j));
-        row("fold_m", (double)std::min(j + block, cols), s.m);
-        row("fold_l", (double)std::min(j + block, cols), s.l);
-      }
-      std::fclose(f);
-    }
-    if (!common.trace.empty()) {
-      trace().write_chrome_json(comm, common.trace);
-      if (rank == 0) std::printf("    wrote trace %s (open in https://ui.perfetto.dev)\n",
-                                 common.trace.c_str());
-    }
-
-    MPI_Op_free(&state_op);
-    MPI_Op_free(&mlo_op);
-    MPI_Type_free(&state_type);
-    MPI_Type_free(&mlo_type);
-    if (rank == 0)
-      std::printf("check: %s (%d comparison%s failed)\n", check.failures ? "FAIL" : "PASS",
-                  check.failures, check.failures == 1 ? "" : "s");
-    Comm::exit_all(check.failures ? 1 : 0);
-  } catch (const std::exception& e) {  // ff::Error and device errors alike
-    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  return 0;
+  MPI_Datatype mlo_type;
+  mpiCheck(MPI_Type_contiguous((int)width, MPI_FLOAT, &mlo_type));
+  mpiCheck(MPI_Type_commit(&mlo_type));
+  MPI_Op mlo_op;
+  mpiCheck(MPI_Op_create(merge_mlo_op, /*commute=*/1, &mlo_op));
+  comm.allreduce(mlo.data(), (int)nq, mlo_type, mlo_op);
+  Tensor out = Tensor::empty({nq, dv});
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t c = 0; c < dv; c++)
+      out.data()[i * dv + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
+  // Reference on every rank: the whole K and V, softmax(q K^T * scale) V with the library ops.
+  Tensor K = randn({keys, d}, seed + 2), V = randn({keys, dv}, seed + 3);
+  Tensor attn_ref = matmul(softmax(scale * matmul(q, transpose(K, 0, 1))), V);
+  // o sums `keys` terms p*v with |v| ~ 1: the n*eps/2 bound again, on an absolute scale
+  // set by the largest |v| (outputs near 0 are compared absolutely).
+  const double rtol_o = (double)keys * FLT_EPSILON / 2, atol_o = rtol_o * max_abs(V);
+  if (rank == 0)
+    std::printf("[3] flash-decoding: softmax(q K^T / sqrt(%lld)) V for %lld queries, %lld keys "
+                "split over %d ranks, (m, l, o) merged by MPI_Allreduce\n",
+                (long long)d, (long long)nq, (long long)keys, P);
+  check.close("split-K attention vs single-process", out, attn_ref, atol_o, rtol_o);
+
+  // ---------------- outputs: dump, csv (the trace is written by finish)
+  if (lesson.dumping()) {
+    Tensor ml = Tensor::empty({rows, 2});
+    for (int64_t r = 0; r < rows; r++) {
+      ml.data()[2 * r] = local[(size_t)r].m;
+      ml.data()[2 * r + 1] = local[(size_t)r].l;
+    }
+    lesson.dump("ml_rank" + std::to_string(rank), ml);
+    if (rank == 0) {
+      lesson.dump("x", x);
+      lesson.dump("softmax", y_allreduce);
+      lesson.dump("q", q);
+      lesson.dump("k", K);
+      lesson.dump("v", V);
+      lesson.dump("attention", out);
+    }
+  }
+  // Long format, appended (make plots runs the lesson at several P into one file):
+  //   series chain_us / allreduce_us: x = P, y = median merge time (min and max beside it)
+  //   series chain_steps / allreduce_steps: x = P, y = sequential merge steps (exact)
+  //   series fold_m / fold_l: x = columns folded so far, y = m / l of row 0, block by block
+  std::string csv;
+  auto row = [&](const char* series, double xv, double yv, double lo, double hi) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%d,%lld,%lld,%lld,%s,%g,%.9g,%.9g,%.9g\n", P, (long long)rows,
+                  (long long)cols, (long long)block, series, xv, yv, lo, hi);
+    csv += line;
+  };
+  row("chain_us", P, chain_us.median, chain_us.min, chain_us.max);
+  row("allreduce_us", P, allreduce_us.median, allreduce_us.min, allreduce_us.max);
+  row("chain_steps", P, P - 1 + log2P, P - 1 + log2P, P - 1 + log2P);
+  row("allreduce_steps", P, log2P, log2P, log2P);
+  SoftmaxState s;
+  for (int64_t j = 0; j < cols; j += block) {
+    s = fold_block(s, x.data() + j, std::min(block, cols - j));
+    row("fold_m", (double)std::min(j + block, cols), s.m, s.m, s.m);
+    row("fold_l", (double)std::min(j + block, cols), s.l, s.l, s.l);
+  }
+  lesson.csv_append("P,rows,cols,block,series,x,y,y_min,y_max", csv);
+
+  MPI_Op_free(&state_op);
+  MPI_Op_free(&mlo_op);
+  MPI_Type_free(&state_type);
+  MPI_Type_free(&mlo_type);
+  return lesson.finish(check);
+}
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "01_online_softmax",
+                    "Online softmax: the one-pass (m, l) recurrence, merged across ranks by a chain and\n"
+                    "by MPI_Allreduce with a user-defined op, and split-K flash-decoding with (m, l, o).",
+                    online_softmax_lesson);
 }

@@ -393,14 +393,14 @@ TEST_CASE("npy: writing to a missing directory, a directory or a full disk fails
   } catch (const ff::Error& e) {
     msg = e.what();
   }
-  CHECK_MESSAGE(msg.rfind(p + ": cannot open for writing: No such file or directory", 0) == 0, msg);
+  CHECK_MESSAGE(msg == "cannot write " + p + ": No such file or directory", msg);
   msg.clear();
   try {
     save_npy(dir.path, Tensor::zeros({2}));
   } catch (const ff::Error& e) {
     msg = e.what();
   }
-  CHECK_MESSAGE(msg.find("Is a directory") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("it is a directory") != std::string::npos, msg);
   if (std::filesystem::exists("/dev/full")) {  // every write to it fails with ENOSPC
     msg.clear();
     try {
@@ -408,7 +408,7 @@ TEST_CASE("npy: writing to a missing directory, a directory or a full disk fails
     } catch (const ff::Error& e) {
       msg = e.what();
     }
-    CHECK_MESSAGE(msg == "/dev/full: write failed: No space left on device", msg);
+    CHECK_MESSAGE(msg == "cannot write /dev/full: No space left on device", msg);
   }
   CHECK_THROWS_AS(write_npy(dir / "x.npy", "<f4", {3}, std::vector<char>(8)), ff::Error);  // 12 needed
   CHECK_THROWS_AS(write_npy(dir / "x.npy", "<f8", {1}, std::vector<char>(8)), ff::Error);

@@ -1,0 +1,248 @@
+// common/lesson/lesson.cpp — the lesson skeleton (see lesson.h).
+#include "common/lesson/lesson.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/core/tensor.h"
+#include "common/lesson/files.h"
+#include "common/lesson/npy.h"
+#include "common/lesson/trace.h"
+#include "kernels/simt_emulator.h"
+
+namespace ff {
+
+// ----------------------------------------------------------------------------
+// timing
+
+RepTimes time_reps(Comm& comm, int64_t reps, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int64_t i = 0; i < reps; i++) {
+    comm.barrier();
+    double t0 = MPI_Wtime();
+    fn();
+    double dt = (MPI_Wtime() - t0) * 1e6;
+    comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
+    t.push_back(dt);
+  }
+  std::sort(t.begin(), t.end());
+  if (t.empty()) return {};
+  return {t.front(), t[t.size() / 2], t.back()};
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+// The first number after `key` in a file like /proc/meminfo, or -1.
+static double read_number_after(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, key.size(), key) == 0) {
+      std::istringstream is(line.substr(key.size()));
+      double v = -1;
+      is >> v;
+      return v;
+    }
+  return -1;
+}
+
+// A cgroup file holding one number ("max" means no limit), or -1.
+static double read_cgroup_value(const char* path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s) || s == "max") return -1;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  return *end ? -1 : v;
+}
+
+double memory_available_per_rank(const Comm& comm, int* ranks_on_node) {
+  double avail = read_number_after("/proc/meminfo", "MemAvailable:");
+  avail = avail > 0 ? avail * 1024.0 : 0.0;
+  // cgroup v2, then v1: the limit less what the group already uses
+  double limit = read_cgroup_value("/sys/fs/cgroup/memory.max");
+  double used = read_cgroup_value("/sys/fs/cgroup/memory.current");
+  if (limit < 0) {
+    limit = read_cgroup_value("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    used = read_cgroup_value("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  if (limit > 0 && limit < 1e18) avail = avail > 0 ? std::min(avail, limit - std::max(used, 0.0))
+                                                   : limit - std::max(used, 0.0);
+  MPI_Comm node;
+  mpiCheck(MPI_Comm_split_type(comm.raw(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node));
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  if (ranks_on_node) *ranks_on_node = n;
+  return std::max(avail, 0.0) / n;
+}
+
+static std::string gib(double bytes) {
+  char buf[32];
+  if (bytes >= 1 << 30) std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1 << 30));
+  else std::snprintf(buf, sizeof buf, "%.0f MiB", std::ceil(bytes / (1 << 20)));
+  return buf;
+}
+
+// ----------------------------------------------------------------------------
+// parsing and checks
+
+Lesson::Lesson(Comm& c, int argc, char** argv, const std::string& program,
+               const std::string& summary)
+    : comm(c), cli(program, summary), argc_(argc), argv_(argv) {}
+
+void Lesson::usage_error_if(bool bad, const std::string& message) const {
+  if (bad) throw UsageError(message);
+}
+
+// One string from rank 0 to every rank.
+static std::string bcast_string(Comm& comm, std::string s) {
+  uint64_t n = s.size();
+  comm.bcast(&n, sizeof n, 0);
+  s.resize(n);
+  if (n) comm.bcast(&s[0], n, 0);
+  return s;
+}
+
+void Lesson::parse() {
+  flags.add_to(cli);
+  cli.parse(argc_, argv_, comm);  // --help and flag errors leave from here
+  usage_error_if(!simt::environment_error().empty(), simt::environment_error());
+  // Output paths, on rank 0 (it creates what is missing), before any work.
+  std::string bad;
+  if (rank() == 0) {
+    struct Out { const char* flag; const std::string& path; PathKind kind; };
+    const Out outs[] = {{"--dump", flags.dump, PathKind::dir},
+                        {"--trace", flags.trace, PathKind::file},
+                        {"--csv", flags.csv, PathKind::file}};
+    for (const Out& o : outs) {
+      if (o.path.empty() || !bad.empty()) continue;
+      std::string e = check_output_path(o.path, o.kind);
+      if (!e.empty()) bad = std::string(o.flag) + " " + e;
+    }
+    if (bad.empty() && !flags.trace.empty() && flags.trace == flags.csv)
+      bad = "--trace and --csv name the same file " + flags.trace + "; give two paths";
+  }
+  bad = bcast_string(comm, bad);
+  usage_error_if(!bad.empty(), bad);
+  device = flags.resolve_device(comm);
+  comm.set_timeout(flags.timeout);
+}
+
+void Lesson::require_memory(double bytes, const std::string& flags_to_lower) const {
+  int on_node = 1;
+  double avail = memory_available_per_rank(comm, &on_node);
+  const bool forced = flags.max_memory_gib > 0;
+  if (forced) avail = flags.max_memory_gib * (1 << 30);
+  if (bytes <= avail) return;
+  std::string where = forced ? "the --max-memory of " + gib(avail) + " per rank"
+                             : "the " + gib(avail) + " available to each of the " +
+                                   std::to_string(on_node) + " rank" + (on_node == 1 ? "" : "s") +
+                                   " on this node";
+  throw UsageError("these sizes need about " + gib(bytes) + " per rank, more than " + where +
+                   ": lower " + flags_to_lower + (forced ? "" : " (or set --max-memory GIB)"));
+}
+
+// ----------------------------------------------------------------------------
+// outputs
+
+void Lesson::output(const std::string& what, const std::function<void()>& write) {
+  if (!write_error_.empty()) return;  // the first failure is the one reported
+  try {
+    write();
+    if (!what.empty()) written_.push_back(what);
+  } catch (const Error& e) {
+    write_error_ = e.what();
+  }
+}
+
+void Lesson::dump(const std::string& name, const Tensor& t) {
+  if (!dumping()) return;
+  output("", [&] { save_npy(flags.dump + "/" + name + ".npy", t); });
+  if (write_error_.empty()) dumped_++;
+}
+
+void Lesson::dump_text(const std::string& name, const std::string& text) {
+  if (!dumping()) return;
+  output("", [&] { write_text_file(flags.dump + "/" + name, text); });
+  if (write_error_.empty()) dumped_++;
+}
+
+void Lesson::csv_append(const std::string& header, const std::string& rows) {
+  if (flags.csv.empty() || rank() != 0) return;
+  output("csv " + flags.csv, [&] {
+    OutputFile f(flags.csv, OutputFile::Mode::append);
+    if (!f.had_content()) f.write(header + "\n");
+    f.write(rows);
+    f.commit();
+  });
+}
+
+void Lesson::csv_with(const std::function<void(const std::string& path)>& write) {
+  if (flags.csv.empty()) return;
+  output(rank() == 0 ? "csv " + flags.csv : "", [&] { write(flags.csv); });
+}
+
+void Lesson::start_trace() {
+  if (!flags.trace.empty()) trace().enable(comm);
+}
+
+int Lesson::finish(int code) {
+  finished_ = true;
+  if (!flags.trace.empty() && trace().enabled())
+    output(rank() == 0 ? "trace " + flags.trace + " (open in https://ui.perfetto.dev)" : "",
+           [&] { trace().write_chrome_json(comm, flags.trace); });
+  // Agree: the lowest rank with a failed write says which, and every rank exits 1.
+  int first_bad = write_error_.empty() ? size() : rank();
+  comm.allreduce(&first_bad, 1, MPI_INT, MPI_MIN);
+  if (first_bad < size()) {
+    if (rank() == first_bad) std::fprintf(stderr, "error: %s\n", write_error_.c_str());
+    return 1;
+  }
+  int64_t files = dumped_;
+  comm.allreduce(&files, 1, MPI_INT64_T, MPI_SUM);
+  if (rank() == 0) {
+    if (files) std::printf("    wrote %lld dump file%s to %s\n", (long long)files, files == 1 ? "" : "s",
+                           flags.dump.c_str());
+    for (const std::string& w : written_) std::printf("    wrote %s\n", w.c_str());
+  }
+  std::fflush(stdout);
+  return code;
+}
+
+int Lesson::finish(const CheckReport& check) {
+  int code = finish(0);
+  if (code) return code;
+  return check.verdict();
+}
+
+// ----------------------------------------------------------------------------
+// the program
+
+int run_lesson(int argc, char** argv, const std::string& program, const std::string& summary,
+               const std::function<int(Lesson&)>& body) {
+  Comm comm = Comm::world(&argc, &argv);
+  int code = 1;
+  try {
+    Lesson lesson(comm, argc, argv, program, summary);
+    code = body(lesson);
+    if (!lesson.finished()) code = lesson.finish(code);
+  } catch (const UsageError& e) {  // found by every rank alike: no abort needed
+    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    Comm::exit_all(2);
+  } catch (const std::exception& e) {  // ff::Error, device errors, bad_alloc: this rank only
+    std::fprintf(stderr, "error: rank %d: %s\n", comm.rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  Comm::exit_all(code);
+}
+
+}  // namespace ff
