@@ -5,6 +5,7 @@
 #include "common/layers/moe.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "common/core/check.h"
 #include "common/lesson/cli.h"
@@ -41,6 +42,22 @@ void check_flags(const Comm& comm, Config* c, const Flags& f) {
                      std::to_string(c->experts - f.starve) + " experts for top-" +
                      std::to_string(c->topk) + ": at least k must stay reachable");
   c->gate = f.gate == "softmax-topk" ? Gate::softmax_topk : Gate::topk_softmax;
+}
+
+double memory_bytes(const Config& c, int64_t T) {
+  const double N = (double)c.experts, d = (double)c.dim, f = (double)c.ffn;
+  const double params = 3.0 * N * d * f + d * N + N;
+  const double slots = (double)T * (double)c.topk;
+  return 4.0 * (3.0 * params + 4.0 * slots * (2.0 * d + 3.0 * f) + 6.0 * (double)T * (d + N));
+}
+
+std::string meta_json(const Config& c, int P, const std::string& extra_fields) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "{\"gate\": \"%s\", \"k\": %lld, \"N\": %lld, \"alpha\": %.9g, \"P\": %d, "
+                "\"d\": %lld, \"f\": %lld", gate_name(c.gate), (long long)c.topk,
+                (long long)c.experts, c.alpha, P, (long long)c.dim, (long long)c.ffn);
+  return buf + extra_fields + "}\n";
 }
 
 Params init_params(const Config& c, uint64_t seed, int64_t starved, Device dev) {

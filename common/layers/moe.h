@@ -52,6 +52,14 @@ struct Flags {
 void add_flags(Cli& cli, Config* c, Flags* f, const std::string& batch_help,
                const std::string& experts_help);
 void check_flags(const Comm& comm, Config* c, const Flags& f);
+// Bytes a process needs to run the layer forward and backward on T tokens with every
+// expert's parameters, plus the autograd reference beside it (for a lesson's memory check):
+// parameters and two sets of gradients, and per routing slot the permuted rows, hidden
+// activations and their gradients, counted generously.
+double memory_bytes(const Config& c, int64_t T);
+// The dump's meta.json (read by tests/check_dump_03.py): the layer's settings, the world size,
+// and extra_fields (e.g. `, "a2a": "async"`) before the closing brace.
+std::string meta_json(const Config& c, int P, const std::string& extra_fields);
 
 struct Params {
   Tensor router_w;  // (d, N)

@@ -136,6 +136,7 @@ std::string Cli::parse_args(const std::vector<std::string>& args) {
     for (const Flag& g : flags_)
       if (g.name == name) f = &g;
     if (!f) return "unknown flag '" + a + "' (see --help for the flags of " + program_ + ")";
+    given_.push_back(f->name);
     if (f->kind == Kind::toggle) {
       if (inline_value) return f->name + " is a switch and takes no value";
       *static_cast<bool*>(f->value) = true;
@@ -152,6 +153,12 @@ std::string Cli::parse_args(const std::vector<std::string>& args) {
     if (!err.empty()) return err;
   }
   return "";
+}
+
+bool Cli::given(const std::string& name) const {
+  for (const std::string& g : given_)
+    if (g == name) return true;
+  return false;
 }
 
 std::string Cli::usage() const {

@@ -45,6 +45,8 @@ class Cli {
   // Same, without MPI: returns "" on success, "help" for --help, else the error text.
   std::string parse_args(const std::vector<std::string>& args);
   std::string usage() const;
+  // Whether argv named this flag (e.g. to pick a default that depends on another flag).
+  bool given(const std::string& name) const;
 
  private:
   enum class Kind { integer, real, text, choice, toggle };
@@ -63,6 +65,7 @@ class Cli {
   static std::string value_name(const Flag& f);
   std::string program_, summary_, epilog_;
   std::vector<Flag> flags_;
+  std::vector<std::string> given_;
 };
 
 // Flags every lesson has (DESIGN §6), with their defaults.

@@ -31,15 +31,13 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "common/core/check.h"
 #include "common/lesson/cli.h"
 #include "common/comm/comm.h"
-#include "common/lesson/npy.h"
+#include "common/lesson/lesson.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/lesson/trace.h"
@@ -433,17 +431,13 @@ static Tensor gather_tokens(Comm& comm, const Config& c, const Tensor& local, in
 
 // ----------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  Comm comm = Comm::world(&argc, &argv);
+static int ring_attention_lesson(Lesson& lesson) {
+  Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
 
   Config c;
   std::string order = "evenodd", layout = "contiguous", mask = "global", bug = "none";
-  CommonFlags common;
-  Cli cli("02_ring_attention",
-          "Ring attention: the sequence split over the ranks, K/V blocks passed around a ring\n"
-          "and folded into FlashAttention's online-softmax state; the backward sends dK/dV\n"
-          "round with their blocks. Checked against single-process autograd attention.");
+  Cli& cli = lesson.cli;
   cli.flag("--batch", &c.B, "batch size B", 1, 64);
   cli.flag("--heads", &c.H, "attention heads H", 1, 64);
   cli.flag("--seq", &c.S, "sequence length S, split over the ranks (need not divide)", 1, 1 << 16);
@@ -457,10 +451,9 @@ int main(int argc, char** argv) {
              "causal mask from global token positions, or local indices (the classic bug)");
   cli.choice("--bug", &bug, {"none", "dkv-local", "no-delta", "lse-no-log"},
              "plant a backward mistake to watch the check fail");
-  common.add_to(cli);
   cli.epilog("run:  mpirun -np 4 build/bin/02_ring_attention --causal --layout zigzag --order async\n"
              "--order naive deadlocks on purpose; its --timeout defaults to 5 s.");
-  cli.parse(argc, argv, comm);
+  lesson.parse();
   c.order = order == "naive" ? Order::naive : order == "async" ? Order::async : Order::evenodd;
   c.layout = layout == "zigzag" ? Layout::zigzag
              : layout == "striped" ? Layout::striped : Layout::contiguous;
@@ -469,162 +462,153 @@ int main(int argc, char** argv) {
           : bug == "no-delta"   ? Bug::no_delta
           : bug == "lse-no-log" ? Bug::lse_no_log : Bug::none;
   const int64_t min_seq = c.layout == Layout::zigzag ? 2 * P : P;
-  usage_error_if(c.S < min_seq, comm,
-                 "--seq " + std::to_string(c.S) + " is too short for " + std::to_string(P) +
-                     " ranks: the " + layout + " layout needs at least " +
-                     std::to_string(min_seq) + " tokens (" +
-                     (c.layout == Layout::zigzag ? "2P chunks" : "one per rank") + ")");
-  usage_error_if(c.bug == Bug::dkv_local && c.S % min_seq != 0, comm,
-                 "--bug dkv-local adds every block's dK into the local one, so the blocks must be "
-                 "equal: --seq must be a multiple of " + std::to_string(min_seq));
-  c.dev = common.resolve_device(comm);
-  usage_error_if(c.dev != Device::cpu && c.D > 128, comm,
-                 "--dim " + std::to_string(c.D) + " with --device " + device_name(c.dev) +
-                     ": the attention kernels hold 16 x D tiles in shared memory, D <= 128");
+  lesson.usage_error_if(c.S < min_seq,
+                        "--seq " + std::to_string(c.S) + " is too short for " + std::to_string(P) +
+                            " ranks: the " + layout + " layout needs at least " +
+                            std::to_string(min_seq) + " tokens (" +
+                            (c.layout == Layout::zigzag ? "2P chunks" : "one per rank") + ")");
+  lesson.usage_error_if(c.bug == Bug::dkv_local && c.S % min_seq != 0,
+                        "--bug dkv-local adds every block's dK into the local one, so the blocks must be "
+                        "equal: --seq must be a multiple of " + std::to_string(min_seq));
+  c.dev = lesson.device;
+  lesson.usage_error_if(c.dev != Device::cpu && c.D > 128,
+                        "--dim " + std::to_string(c.D) + " with --device " + device_name(c.dev) +
+                            ": the attention kernels hold 16 x D tiles in shared memory, D <= 128");
+  // The reference holds whole (B, H, S, S) score, probability and gradient matrices and a
+  // dozen (B, H, S, D) tensors; the ring's own share is small beside them.
+  const double BH = (double)c.B * (double)c.H, S = (double)c.S;
+  lesson.require_memory(4.0 * BH * S * (6.0 * S + 16.0 * (double)c.D),
+                        "--seq (the reference is S x S per head), --batch, --heads or --dim");
   // naive deadlocks by design: do not make the student wait a minute for the watchdog
-  const bool timeout_given = std::find_if(argv, argv + argc, [](const char* a) {
-                               return std::string(a).rfind("--timeout", 0) == 0;
-                             }) != argv + argc;
-  comm.set_timeout(c.order == Order::naive && !timeout_given ? 5.0 : common.timeout);
+  if (c.order == Order::naive && !cli.given("--timeout")) comm.set_timeout(5.0);
 
-  try {
-    const uint64_t seed = (uint64_t)common.seed;
-    if (rank == 0) {
-      std::printf("== 02 ring attention: P=%d ranks, B=%lld H=%lld S=%lld D=%lld, %s, layout %s, "
-                  "order %s, device %s\n", P, (long long)c.B, (long long)c.H, (long long)c.S,
-                  (long long)c.D, c.causal ? (c.global_mask ? "causal" : "causal with LOCAL mask")
-                                           : "non-causal",
-                  layout.c_str(), order.c_str(), device_name(c.dev));
-      for (int q = 0; q < std::min(P, 8); q++)
-        std::printf("   rank %d holds tokens %s\n", q,
-                    describe_positions(owner_positions(c, P, q)).c_str());
-      if (P > 8) std::printf("   ...\n");
-      // The work table: the same counting rule as the kernels' tile skip.
-      std::printf("work per rank: score entries computed, in %lldx%lld tiles%s\n",
-                  (long long)kAttentionTile, (long long)kAttentionTile,
-                  c.causal ? " (a tile with every key in the future is skipped)" : "");
-      for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
-        Config cl = c;
-        cl.layout = l;
-        if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
-        std::printf("  %s %-10s", l == c.layout ? "*" : " ", layout_name(l));
-        int64_t worst = 0, total = 0;
-        for (int q = 0; q < P; q++) {
-          int64_t w = ring_work(cl, P, q);
-          worst = std::max(worst, w), total += w;
-          if (q < 8) std::printf(" %8lld", (long long)w);
-        }
-        std::printf("%s   max/mean %.2f\n", P > 8 ? " ..." : "", (double)worst * P / (double)total);
+  const uint64_t seed = (uint64_t)lesson.flags.seed;
+  if (rank == 0) {
+    std::printf("== 02 ring attention: P=%d ranks, B=%lld H=%lld S=%lld D=%lld, %s, layout %s, "
+                "order %s, device %s\n", P, (long long)c.B, (long long)c.H, (long long)c.S,
+                (long long)c.D, c.causal ? (c.global_mask ? "causal" : "causal with LOCAL mask")
+                                         : "non-causal",
+                layout.c_str(), order.c_str(), device_name(c.dev));
+    for (int q = 0; q < std::min(P, 8); q++)
+      std::printf("   rank %d holds tokens %s\n", q,
+                  describe_positions(owner_positions(c, P, q)).c_str());
+    if (P > 8) std::printf("   ...\n");
+    // The work table: the same counting rule as the kernels' tile skip.
+    std::printf("work per rank: score entries computed, in %lldx%lld tiles%s\n",
+                (long long)kAttentionTile, (long long)kAttentionTile,
+                c.causal ? " (a tile with every key in the future is skipped)" : "");
+    for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
+      Config cl = c;
+      cl.layout = l;
+      if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
+      std::printf("  %s %-10s", l == c.layout ? "*" : " ", layout_name(l));
+      int64_t worst = 0, total = 0;
+      for (int q = 0; q < P; q++) {
+        int64_t w = ring_work(cl, P, q);
+        worst = std::max(worst, w), total += w;
+        if (q < 8) std::printf(" %8lld", (long long)w);
       }
+      std::printf("%s   max/mean %.2f\n", P > 8 ? " ..." : "", (double)worst * P / (double)total);
     }
-
-    // Inputs: every rank generates the same global tensors from the seed and takes its tokens.
-    Reference R = reference(c, seed);
-    Local me;
-    me.pos = owner_positions(c, P, rank);
-    me.q = take_tokens(R.q, me.pos).to(c.dev);
-    me.k = take_tokens(R.k, me.pos).to(c.dev);
-    me.v = take_tokens(R.v, me.pos).to(c.dev);
-    me.dout = take_tokens(R.dout, me.pos).to(c.dev);
-
-    if (rank == 0) {
-      if (P == 1)
-        std::printf("ring: one rank holds the whole sequence: 1 step forward and backward, no hops\n");
-      else
-        std::printf("ring: %d steps forward (%d hop%s of K,V), %d backward (K,V and dK,dV travel "
-                    "together; one more hop brings dK,dV home)\n", P, P - 1, P == 2 ? "" : "s", P);
-    }
-    comm.barrier();
-    if (!common.trace.empty()) trace().enable(comm);  // the trace covers the ring only
-    const double t0 = MPI_Wtime();
-    Tensor o, lse, m, dq, dk, dv;
-    ring_forward(comm, c, me, &o, &lse, &m);
-    const double t1 = MPI_Wtime();
-    ring_backward(comm, c, me, o, lse, m, &dq, &dk, &dv);
-    double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
-    comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);
-    if (rank == 0)
-      std::printf("    forward %.2f ms, backward %.2f ms (slowest rank)\n", times[0], times[1]);
-
-    // Tolerances: worst-case float32 rounding of the sums involved (Higham, Accuracy and
-    // Stability, §3.1: a sum of n terms is off by at most about n * eps * sum |terms|).
-    //   o_i = sum_j P_ij v_j, with sum_j P_ij = 1:             n = S terms, |o| <= max|v|
-    //   lse = m + log l, l a sum of S terms in (0, 1]:         S * eps in log l, + ulps of m
-    //   dV_j = sum_i P_ij dO_i                                  S terms, <= max|dO| each
-    //   dQ_i = scale * sum_j P_ij (dP_ij - delta_i) k_j, dP and delta dot products of D terms:
-    //          (S + D) * eps relative on terms bounded by D * max|dO| * max|v| * max|k|
-    // A factor 4 covers exp() and the few multiplications per term (each within a few ulps).
-    const double eps = FLT_EPSILON, Sd = (double)c.S, Dd = (double)c.D;
-    const double vmax = max_abs(R.v), domax = max_abs(R.dout),
-                 qkmax = std::max(max_abs(R.q), max_abs(R.k));
-    const double tol_o = 4 * Sd * eps * vmax;
-    const double tol_lse = 4 * Sd * eps * (1 + max_abs(R.lse));
-    const double tol_dv = 4 * Sd * eps * domax;
-    const double tol_dqk = 4 * (Sd + Dd) * eps * Dd * domax * vmax * qkmax / std::sqrt(Dd);
-
-    if (rank == 0)
-      std::printf("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
-                  "autograd attention (worst rank shown)\n");
-    CheckReport check(comm);
-    Tensor lse4 = reshape(lse, {c.B, c.H, (int64_t)me.pos.size(), 1});
-    check.close("o   = softmax(QK^T/sqrt(D)+mask) V", o.to(Device::cpu), take_tokens(R.o, me.pos),
-                 tol_o);
-    check.close("lse = m + log l", lse4.to(Device::cpu), take_tokens(R.lse, me.pos), tol_lse);
-    check.close("dQ  (accumulated at home)", dq.to(Device::cpu), take_tokens(R.dq, me.pos),
-                 tol_dqk);
-    check.close("dK  (travelled with its block)", dk.to(Device::cpu), take_tokens(R.dk, me.pos),
-                 tol_dqk);
-    check.close("dV  (travelled with its block)", dv.to(Device::cpu), take_tokens(R.dv, me.pos),
-                 tol_dv);
-
-    // ---------------- outputs: dump, csv, trace
-    if (!common.dump.empty()) {
-      Tensor go = gather_tokens(comm, c, o.to(Device::cpu), c.D);
-      Tensor glse = gather_tokens(comm, c, lse4.to(Device::cpu), 1);
-      Tensor gdq = gather_tokens(comm, c, dq.to(Device::cpu), c.D);
-      Tensor gdk = gather_tokens(comm, c, dk.to(Device::cpu), c.D);
-      Tensor gdv = gather_tokens(comm, c, dv.to(Device::cpu), c.D);
-      if (rank == 0) {
-        const std::string& d = common.dump;
-        std::filesystem::create_directories(d);
-        save_npy(d + "/q.npy", R.q), save_npy(d + "/k.npy", R.k), save_npy(d + "/v.npy", R.v);
-        save_npy(d + "/do.npy", R.dout), save_npy(d + "/o.npy", go);
-        save_npy(d + "/lse.npy", glse.view({c.B, c.H, c.S}));
-        save_npy(d + "/dq.npy", gdq), save_npy(d + "/dk.npy", gdk), save_npy(d + "/dv.npy", gdv);
-        std::ofstream meta(d + "/meta.json");
-        FF_CHECK(meta, "cannot write " << d << "/meta.json");
-        meta << "{\"causal\": " << (c.causal ? "true" : "false") << ", \"mask\": \"" << mask
-             << "\", \"layout\": \"" << layout << "\", \"P\": " << P << ", \"scale\": "
-             << 1.0 / std::sqrt((double)c.D) << ", \"order\": \"" << order << "\"}\n";
-        std::printf("    wrote q, k, v, do, o, lse, dq, dk, dv (.npy, token order) and meta.json "
-                    "to %s\n", d.c_str());
-      }
-    }
-    if (!common.csv.empty() && rank == 0) {
-      // one row per (layout, rank): the score entries it computes (for the bar chart); appended
-      const bool fresh = !std::filesystem::exists(common.csv);
-      FILE* f = std::fopen(common.csv.c_str(), "a");
-      FF_CHECK(f, "cannot write " << common.csv);
-      if (fresh) std::fprintf(f, "P,S,causal,layout,rank,entries\n");
-      for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
-        Config cl = c;
-        cl.layout = l;
-        if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
-        for (int q = 0; q < P; q++)
-          std::fprintf(f, "%d,%lld,%d,%s,%d,%lld\n", P, (long long)c.S, c.causal ? 1 : 0,
-                       layout_name(l), q, (long long)ring_work(cl, P, q));
-      }
-      std::fclose(f);
-    }
-    if (!common.trace.empty()) {
-      trace().write_chrome_json(comm, common.trace);
-      if (rank == 0)
-        std::printf("    wrote trace %s (open in https://ui.perfetto.dev)\n", common.trace.c_str());
-    }
-    Comm::exit_all(check.verdict());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  return 0;
+
+  // Inputs: every rank generates the same global tensors from the seed and takes its tokens.
+  Reference R = reference(c, seed);
+  Local me;
+  me.pos = owner_positions(c, P, rank);
+  me.q = take_tokens(R.q, me.pos).to(c.dev);
+  me.k = take_tokens(R.k, me.pos).to(c.dev);
+  me.v = take_tokens(R.v, me.pos).to(c.dev);
+  me.dout = take_tokens(R.dout, me.pos).to(c.dev);
+
+  if (rank == 0) {
+    if (P == 1)
+      std::printf("ring: one rank holds the whole sequence: 1 step forward and backward, no hops\n");
+    else
+      std::printf("ring: %d steps forward (%d hop%s of K,V), %d backward (K,V and dK,dV travel "
+                  "together; one more hop brings dK,dV home)\n", P, P - 1, P == 2 ? "" : "s", P);
+  }
+  comm.barrier();
+  lesson.start_trace();  // the trace covers the ring only
+  const double t0 = MPI_Wtime();
+  Tensor o, lse, m, dq, dk, dv;
+  ring_forward(comm, c, me, &o, &lse, &m);
+  const double t1 = MPI_Wtime();
+  ring_backward(comm, c, me, o, lse, m, &dq, &dk, &dv);
+  double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
+  comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);
+  if (rank == 0)
+    std::printf("    forward %.2f ms, backward %.2f ms (slowest rank)\n", times[0], times[1]);
+
+  // Tolerances: worst-case float32 rounding of the sums involved (Higham, Accuracy and
+  // Stability, §3.1: a sum of n terms is off by at most about n * eps * sum |terms|).
+  //   o_i = sum_j P_ij v_j, with sum_j P_ij = 1:             n = S terms, |o| <= max|v|
+  //   lse = m + log l, l a sum of S terms in (0, 1]:         S * eps in log l, + ulps of m
+  //   dV_j = sum_i P_ij dO_i                                  S terms, <= max|dO| each
+  //   dQ_i = scale * sum_j P_ij (dP_ij - delta_i) k_j, dP and delta dot products of D terms:
+  //          (S + D) * eps relative on terms bounded by D * max|dO| * max|v| * max|k|
+  // A factor 4 covers exp() and the few multiplications per term (each within a few ulps).
+  const double eps = FLT_EPSILON, Sd = (double)c.S, Dd = (double)c.D;
+  const double vmax = max_abs(R.v), domax = max_abs(R.dout),
+               qkmax = std::max(max_abs(R.q), max_abs(R.k));
+  const double tol_o = 4 * Sd * eps * vmax;
+  const double tol_lse = 4 * Sd * eps * (1 + max_abs(R.lse));
+  const double tol_dv = 4 * Sd * eps * domax;
+  const double tol_dqk = 4 * (Sd + Dd) * eps * Dd * domax * vmax * qkmax / std::sqrt(Dd);
+
+  if (rank == 0)
+    std::printf("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
+                "autograd attention (worst rank shown)\n");
+  CheckReport check(comm);
+  Tensor lse4 = reshape(lse, {c.B, c.H, (int64_t)me.pos.size(), 1});
+  check.close("o   = softmax(QK^T/sqrt(D)+mask) V", o.to(Device::cpu), take_tokens(R.o, me.pos),
+               tol_o);
+  check.close("lse = m + log l", lse4.to(Device::cpu), take_tokens(R.lse, me.pos), tol_lse);
+  check.close("dQ  (accumulated at home)", dq.to(Device::cpu), take_tokens(R.dq, me.pos),
+               tol_dqk);
+  check.close("dK  (travelled with its block)", dk.to(Device::cpu), take_tokens(R.dk, me.pos),
+               tol_dqk);
+  check.close("dV  (travelled with its block)", dv.to(Device::cpu), take_tokens(R.dv, me.pos),
+               tol_dv);
+
+  // ---------------- outputs: dump and csv (the trace is written by finish)
+  if (lesson.dumping()) {  // whole tensors in token order, gathered to rank 0
+    Tensor go = gather_tokens(comm, c, o.to(Device::cpu), c.D);
+    Tensor glse = gather_tokens(comm, c, lse4.to(Device::cpu), 1);
+    Tensor gdq = gather_tokens(comm, c, dq.to(Device::cpu), c.D);
+    Tensor gdk = gather_tokens(comm, c, dk.to(Device::cpu), c.D);
+    Tensor gdv = gather_tokens(comm, c, dv.to(Device::cpu), c.D);
+    if (rank == 0) {
+      lesson.dump("q", R.q), lesson.dump("k", R.k), lesson.dump("v", R.v);
+      lesson.dump("do", R.dout), lesson.dump("o", go);
+      lesson.dump("lse", glse.view({c.B, c.H, c.S}));
+      lesson.dump("dq", gdq), lesson.dump("dk", gdk), lesson.dump("dv", gdv);
+      char meta[256];
+      std::snprintf(meta, sizeof meta,
+                    "{\"causal\": %s, \"mask\": \"%s\", \"layout\": \"%s\", \"P\": %d, "
+                    "\"scale\": %.9g, \"order\": \"%s\"}\n", c.causal ? "true" : "false",
+                    mask.c_str(), layout.c_str(), P, 1.0 / std::sqrt((double)c.D), order.c_str());
+      lesson.dump_text("meta.json", meta);
+    }
+  }
+  // one row per (layout, rank): the score entries it computes (for the bar chart); appended
+  std::string rows;
+  for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
+    Config cl = c;
+    cl.layout = l;
+    if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
+    for (int q = 0; q < P; q++)
+      rows += std::to_string(P) + "," + std::to_string(c.S) + "," + (c.causal ? "1" : "0") + "," +
+              layout_name(l) + "," + std::to_string(q) + "," + std::to_string(ring_work(cl, P, q)) + "\n";
+  }
+  lesson.csv_append("P,S,causal,layout,rank,entries", rows);
+  return lesson.finish(check);
+}
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "02_ring_attention",
+                    "Ring attention: the sequence split over the ranks, K/V blocks passed around a ring\n"
+                    "and folded into FlashAttention's online-softmax state; the backward sends dK/dV\n"
+                    "round with their blocks. Checked against single-process autograd attention.",
+                    ring_attention_lesson);
 }

@@ -26,8 +26,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -35,177 +33,160 @@
 #include "common/lesson/cli.h"
 #include "common/comm/comm.h"
 #include "common/layers/moe.h"
-#include "common/lesson/npy.h"
+#include "common/lesson/lesson.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/lesson/trace.h"
 
 using namespace ff;
 
-int main(int argc, char** argv) {
-  Comm comm = Comm::world(&argc, &argv);
+static int smoe_lesson(Lesson& lesson) {
+  Comm& comm = lesson.comm;
   moe::Config c;
   moe::Flags mf;
   std::string bug = "none";
   int64_t& batch = mf.batch;
   int64_t& tokens = mf.tokens;
   const int64_t& starve = mf.starve;
-  CommonFlags common;
-  Cli cli("03_smoe",
-          "Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
-          "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
-          "autograd. Single process (lesson 04 distributes it).");
+  Cli& cli = lesson.cli;
   moe::add_flags(cli, &c, &mf, "batch size B", "experts N");
   cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
              "plant a backward mistake to watch the check fail");
-  common.add_to(cli);
   cli.epilog("run:  mpirun -np 1 build/bin/03_smoe --experts 8 --topk 2 --gate topk-softmax");
-  cli.parse(argc, argv, comm);
-  usage_error_if(comm.size() != 1, comm,
-                 "lesson 03 is one process (got " + std::to_string(comm.size()) +
-                     " ranks): run it with mpirun -np 1; lesson 04 spreads the experts over ranks");
+  lesson.parse();
+  lesson.usage_error_if(comm.size() != 1,
+                        "lesson 03 is one process (got " + std::to_string(comm.size()) +
+                            " ranks): run it with mpirun -np 1; lesson 04 spreads the experts over ranks");
   moe::check_flags(comm, &c, mf);
   const moe::Bug the_bug = bug == "gate-twice"         ? moe::Bug::gate_twice
                            : bug == "silu-no-upstream" ? moe::Bug::silu_no_upstream
                            : bug == "no-router-path"   ? moe::Bug::no_router_path
                                                        : moe::Bug::none;
-  const Device dev = common.resolve_device(comm);
-  comm.set_timeout(common.timeout);
-  if (!common.trace.empty()) trace().enable(comm);
+  lesson.require_memory(moe::memory_bytes(c, batch * tokens), "--batch, --tokens, --experts, --dim or --ffn");
+  const Device dev = lesson.device;
+  lesson.start_trace();
 
-  try {
-    const uint64_t seed = (uint64_t)common.seed;
-    const int64_t T = batch * tokens, N = c.experts, k = c.topk, d = c.dim, f = c.ffn;
-    moe::Params p = moe::init_params(c, seed, starve, dev);
-    Tensor x = randn({T, d}, seed + 10).to(dev);   // the (B, T, d) input, as B*T rows
-    Tensor dy = randn({T, d}, seed + 11).to(dev);  // the upstream gradient: L = sum(y * dy) + aux
-    std::printf("== 03 sparse MoE: %lld tokens (B=%lld x T=%lld), d=%lld, f=%lld, N=%lld experts, "
-                "top-%lld, gate %s, alpha %g, device %s\n", (long long)T, (long long)batch,
-                (long long)tokens, (long long)d, (long long)f, (long long)N, (long long)k,
-                moe::gate_name(c.gate), c.alpha, device_name(dev));
+  const uint64_t seed = (uint64_t)lesson.flags.seed;
+  const int64_t T = batch * tokens, N = c.experts, k = c.topk, d = c.dim, f = c.ffn;
+  moe::Params p = moe::init_params(c, seed, starve, dev);
+  Tensor x = randn({T, d}, seed + 10).to(dev);   // the (B, T, d) input, as B*T rows
+  Tensor dy = randn({T, d}, seed + 11).to(dev);  // the upstream gradient: L = sum(y * dy) + aux
+  std::printf("== 03 sparse MoE: %lld tokens (B=%lld x T=%lld), d=%lld, f=%lld, N=%lld experts, "
+              "top-%lld, gate %s, alpha %g, device %s\n", (long long)T, (long long)batch,
+              (long long)tokens, (long long)d, (long long)f, (long long)N, (long long)k,
+              moe::gate_name(c.gate), c.alpha, device_name(dev));
 
-    // ---------------- [1] routing
-    moe::Forward fw;
-    {
-      Trace::Scope span(trace(), "forward (permute, grouped GEMM, combine)", "compute");
-      fw = moe::forward(c, p, x);
-    }
-    const std::vector<int64_t> sizes = fw.group_sizes.to_index_vector();
-    std::printf("[1] routing: %s, %lld slots (token, choice)\n",
-                c.gate == moe::Gate::softmax_topk
-                    ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
-                    : "g = softmax of the top-k logits (gates sum to 1)",
-                (long long)(T * k));
-    std::printf("    tokens per expert:");
-    for (int64_t e = 0; e < N && e < 16; e++) std::printf(" %lld", (long long)sizes[(size_t)e]);
-    std::printf("%s   (uniform: %.1f)\n", N > 16 ? " ..." : "", (double)(T * k) / (double)N);
-    const int64_t empty = std::count(sizes.begin(), sizes.end(), 0);
-    if (empty)
-      std::printf("    %lld expert%s received no tokens: no work, and a weight gradient of exactly "
-                  "0\n", (long long)empty, empty == 1 ? "" : "s");
-    std::printf("    load-balance loss alpha*N*sum_i f_i P_i = %.6g  (alpha = %g when perfectly "
-                "uniform)\n", fw.aux, c.alpha);
-
-    // ---------------- [2] forward two ways
-    CheckReport check(comm);
-    // Both sides compute each expert output with the same float32 dot products of length d
-    // and f; they differ in the GEMM kernels' summation order and in how the k gated terms are
-    // added: n = d + f + k terms, each off by eps relative, bound |dy| by n * eps * max|y| * 4
-    // (the 4 for silu's exp and the products around it).
-    const double eps = FLT_EPSILON;
-    std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
-    Tensor y_loop = moe::forward_loop(c, p, x, fw.routing);
-    check.close("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
-
-    // ---------------- [3] backward
-    std::printf("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
-    moe::Grads g;
-    {
-      Trace::Scope span(trace(), "backward (hand-written)", "compute");
-      g = moe::backward(c, p, x, fw, dy, fw.stats, the_bug);
-    }
-    moe::Reference ref = moe::autograd_reference(c, p, x, dy);
-    // Every gradient is a float32 sum over at most n = T*k + d + f + N terms (rows of a packed
-    // group, a hidden or model dimension, the experts in the router's Jacobian), computed in a
-    // different order on each side: tolerance 4 * n * eps times the largest value.
-    const double n = (double)(T * k + d + f + N);
-    auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
-    check.close("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
-    check.scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
-    check.close("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
-    check.close("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
-    check.close("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
-    check.close("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
-    check.close("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
-    check.close("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
-    if (empty) {
-      // an expert with no tokens: exactly zero, not merely small (and no NaN)
-      std::vector<float> w1g = g.w1.to_vector();
-      bool zero = true;
-      for (int64_t e = 0; e < N; e++)
-        if (sizes[(size_t)e] == 0)
-          for (int64_t i = 0; i < d * f; i++) zero = zero && w1g[(size_t)(e * d * f + i)] == 0.f;
-      check.holds("experts with no tokens: dW exactly 0", zero);
-    }
-
-    // ---------------- outputs
-    if (!common.dump.empty()) {
-      const std::string& dir = common.dump;
-      std::filesystem::create_directories(dir);
-      auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
-        save_npy(dir + "/" + name + ".npy", t.to(Device::cpu).view(shape));
-      };
-      save("x", x, {batch, tokens, d});
-      save("dy", dy, {batch, tokens, d});
-      save("y", fw.y, {batch, tokens, d});
-      save("router_w", p.router_w, {d, N});
-      save("router_b", p.router_b, {N});
-      save("experts_w1", p.w1, {N, d, f});
-      save("experts_w3", p.w3, {N, d, f});
-      save("experts_w2", p.w2, {N, f, d});
-      save_npy(dir + "/aux_loss.npy", Tensor::from_vector({(float)fw.aux}, {}));
-      save("topk_idx", fw.routing.idx, {batch, tokens, k});
-      save("topk_val", fw.routing.gates, {batch, tokens, k});
-      save("dx", g.dx, {batch, tokens, d});
-      save("d_router_w", g.router_w, {d, N});
-      save("d_router_b", g.router_b, {N});
-      save("d_experts_w1", g.w1, {N, d, f});
-      save("d_experts_w3", g.w3, {N, d, f});
-      save("d_experts_w2", g.w2, {N, f, d});
-      std::ofstream meta(dir + "/meta.json");
-      FF_CHECK(meta, "cannot write " << dir << "/meta.json");
-      meta << "{\"gate\": \"" << moe::gate_name(c.gate) << "\", \"k\": " << k << ", \"N\": " << N
-           << ", \"alpha\": " << c.alpha << ", \"P\": 1, \"d\": " << d << ", \"f\": " << f
-           << "}\n";
-      std::printf("    wrote x, dy, y, router_w, router_b, experts_w1/w2/w3, aux_loss, topk_idx, "
-                  "topk_val and the gradients (.npy) and meta.json to %s\n", dir.c_str());
-    }
-    if (!common.csv.empty()) {
-      // series tokens: x = expert, y = slots; series route: x = slot, y = expert, packed row
-      const bool fresh = !std::filesystem::exists(common.csv);
-      FILE* fcsv = std::fopen(common.csv.c_str(), "a");
-      FF_CHECK(fcsv, "cannot write " << common.csv);
-      if (fresh) std::fprintf(fcsv, "series,gate,N,k,T,a,b,c\n");
-      for (int64_t e = 0; e < N; e++)
-        std::fprintf(fcsv, "tokens,%s,%lld,%lld,%lld,%lld,%lld,0\n", moe::gate_name(c.gate),
-                     (long long)N, (long long)k, (long long)T, (long long)e,
-                     (long long)sizes[(size_t)e]);
-      const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(),
-                                 pos = fw.pos.to_index_vector();
-      for (int64_t s = 0; s < T * k; s++)
-        std::fprintf(fcsv, "route,%s,%lld,%lld,%lld,%lld,%lld,%lld\n", moe::gate_name(c.gate),
-                     (long long)N, (long long)k, (long long)T, (long long)s,
-                     (long long)idx[(size_t)s], (long long)pos[(size_t)s]);
-      std::fclose(fcsv);
-    }
-    if (!common.trace.empty()) {
-      trace().write_chrome_json(comm, common.trace);
-      std::printf("    wrote trace %s\n", common.trace.c_str());
-    }
-    Comm::exit_all(check.verdict());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+  // ---------------- [1] routing
+  moe::Forward fw;
+  {
+    Trace::Scope span(trace(), "forward (permute, grouped GEMM, combine)", "compute");
+    fw = moe::forward(c, p, x);
   }
-  return 0;
+  const std::vector<int64_t> sizes = fw.group_sizes.to_index_vector();
+  std::printf("[1] routing: %s, %lld slots (token, choice)\n",
+              c.gate == moe::Gate::softmax_topk
+                  ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
+                  : "g = softmax of the top-k logits (gates sum to 1)",
+              (long long)(T * k));
+  std::printf("    tokens per expert:");
+  for (int64_t e = 0; e < N && e < 16; e++) std::printf(" %lld", (long long)sizes[(size_t)e]);
+  std::printf("%s   (uniform: %.1f)\n", N > 16 ? " ..." : "", (double)(T * k) / (double)N);
+  const int64_t empty = std::count(sizes.begin(), sizes.end(), 0);
+  if (empty)
+    std::printf("    %lld expert%s received no tokens: no work, and a weight gradient of exactly "
+                "0\n", (long long)empty, empty == 1 ? "" : "s");
+  std::printf("    load-balance loss alpha*N*sum_i f_i P_i = %.6g  (alpha = %g when perfectly "
+              "uniform)\n", fw.aux, c.alpha);
+
+  // ---------------- [2] forward two ways
+  CheckReport check(comm);
+  // Both sides compute each expert output with the same float32 dot products of length d
+  // and f; they differ in the GEMM kernels' summation order and in how the k gated terms are
+  // added: n = d + f + k terms, each off by eps relative, bound |dy| by n * eps * max|y| * 4
+  // (the 4 for silu's exp and the products around it).
+  const double eps = FLT_EPSILON;
+  std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
+  Tensor y_loop = moe::forward_loop(c, p, x, fw.routing);
+  check.close("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
+
+  // ---------------- [3] backward
+  std::printf("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
+  moe::Grads g;
+  {
+    Trace::Scope span(trace(), "backward (hand-written)", "compute");
+    g = moe::backward(c, p, x, fw, dy, fw.stats, the_bug);
+  }
+  moe::Reference ref = moe::autograd_reference(c, p, x, dy);
+  // Every gradient is a float32 sum over at most n = T*k + d + f + N terms (rows of a packed
+  // group, a hidden or model dimension, the experts in the router's Jacobian), computed in a
+  // different order on each side: tolerance 4 * n * eps times the largest value.
+  const double n = (double)(T * k + d + f + N);
+  auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
+  check.close("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
+  check.scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
+  check.close("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
+  check.close("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
+  check.close("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
+  check.close("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
+  check.close("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
+  check.close("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
+  if (empty) {
+    // an expert with no tokens: exactly zero, not merely small (and no NaN)
+    std::vector<float> w1g = g.w1.to_vector();
+    bool zero = true;
+    for (int64_t e = 0; e < N; e++)
+      if (sizes[(size_t)e] == 0)
+        for (int64_t i = 0; i < d * f; i++) zero = zero && w1g[(size_t)(e * d * f + i)] == 0.f;
+    check.holds("experts with no tokens: dW exactly 0", zero);
+  }
+
+  // ---------------- outputs: the dump (numpy checks it: tests/check_dump_03.py) and the CSV
+  auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
+    lesson.dump(name, t.to(Device::cpu).view(shape));
+  };
+  if (lesson.dumping()) {
+    save("x", x, {batch, tokens, d});
+    save("dy", dy, {batch, tokens, d});
+    save("y", fw.y, {batch, tokens, d});
+    save("router_w", p.router_w, {d, N});
+    save("router_b", p.router_b, {N});
+    save("experts_w1", p.w1, {N, d, f});
+    save("experts_w3", p.w3, {N, d, f});
+    save("experts_w2", p.w2, {N, f, d});
+    lesson.dump("aux_loss", Tensor::from_vector({(float)fw.aux}, {}));
+    save("topk_idx", fw.routing.idx, {batch, tokens, k});
+    save("topk_val", fw.routing.gates, {batch, tokens, k});
+    save("dx", g.dx, {batch, tokens, d});
+    save("d_router_w", g.router_w, {d, N});
+    save("d_router_b", g.router_b, {N});
+    save("d_experts_w1", g.w1, {N, d, f});
+    save("d_experts_w3", g.w3, {N, d, f});
+    save("d_experts_w2", g.w2, {N, f, d});
+    lesson.dump_text("meta.json", moe::meta_json(c, 1, ""));
+  }
+  // series tokens: a = expert, b = slots; series route: a = slot, b = expert, c = packed row
+  std::string rows;
+  char line[160];
+  for (int64_t e = 0; e < N; e++) {
+    std::snprintf(line, sizeof line, "tokens,%s,%lld,%lld,%lld,%lld,%lld,0\n", moe::gate_name(c.gate),
+                  (long long)N, (long long)k, (long long)T, (long long)e, (long long)sizes[(size_t)e]);
+    rows += line;
+  }
+  const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(), pos = fw.pos.to_index_vector();
+  for (int64_t s = 0; s < T * k; s++) {
+    std::snprintf(line, sizeof line, "route,%s,%lld,%lld,%lld,%lld,%lld,%lld\n",
+                  moe::gate_name(c.gate), (long long)N, (long long)k, (long long)T, (long long)s,
+                  (long long)idx[(size_t)s], (long long)pos[(size_t)s]);
+    rows += line;
+  }
+  lesson.csv_append("series,gate,N,k,T,a,b,c", rows);
+  return lesson.finish(check);
+}
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "03_smoe",
+          "Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
+          "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
+          "autograd. Single process (lesson 04 distributes it).",
+                    smoe_lesson);
 }

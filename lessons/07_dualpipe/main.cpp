@@ -31,8 +31,6 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -42,7 +40,8 @@
 #include "common/core/check.h"
 #include "common/lesson/cli.h"
 #include "common/comm/comm.h"
-#include "common/lesson/npy.h"
+#include "common/lesson/files.h"
+#include "common/lesson/lesson.h"
 #include "common/core/ops.h"
 #include "common/layers/schedule.h"
 #include "common/core/tensor.h"
@@ -297,7 +296,7 @@ class Executor {
 // ----------------------------------------------------------------------------
 // The simulator's table (--simulate)
 
-static void print_simulation_table(const pp::Costs& c, const std::string& csv) {
+static void print_simulation_table(const pp::Costs& c) {
   std::printf("== simulated bubbles, costs %s (B = I + W, FB = an overlapped F&B pair)\n",
               pp::to_string(c).c_str());
   std::printf("   bubble: the largest idle time of a rank (makespan - its busy time); "
@@ -336,25 +335,27 @@ static void print_simulation_table(const pp::Costs& c, const std::string& csv) {
   std::printf("   dualpipe P=8 M=16 %5.1f%%   M=32 %5.1f%%   M=64 %5.1f%%\n", ratio("dualpipe", 8, 16),
               ratio("dualpipe", 8, 32), ratio("dualpipe", 8, 64));
 
-  if (!csv.empty()) {  // bubble ratio vs M at P = 8, for the figure
-    FILE* f = std::fopen(csv.c_str(), "w");
-    FF_CHECK(f, "cannot write " << csv);
-    std::fprintf(f, "schedule,P,M,makespan,bubble,ratio\n");
-    for (const std::string& name : pp::schedule_names())
-      for (int M = 8; M <= 64; M += 2) {
-        if (!pp::check_args(name, 8, M).empty()) continue;
-        pp::Simulation sim = pp::simulate(pp::make_schedule(name, 8, M), c);
-        std::fprintf(f, "%s,8,%d,%g,%g,%g\n", name.c_str(), M, sim.makespan, sim.bubble(), sim.bubble_ratio());
-      }
-    std::fclose(f);
-    std::printf("   wrote %s\n", csv.c_str());
-  }
+}
+
+// Bubble ratio vs M at P = 8 for every schedule, as CSV (for the figure).
+static std::string simulation_csv(const pp::Costs& c) {
+  std::string text = "schedule,P,M,makespan,bubble,ratio\n";
+  for (const std::string& name : pp::schedule_names())
+    for (int M = 8; M <= 64; M += 2) {
+      if (!pp::check_args(name, 8, M).empty()) continue;
+      pp::Simulation sim = pp::simulate(pp::make_schedule(name, 8, M), c);
+      char line[128];
+      std::snprintf(line, sizeof line, "%s,8,%d,%g,%g,%g\n", name.c_str(), M, sim.makespan,
+                    sim.bubble(), sim.bubble_ratio());
+      text += line;
+    }
+  return text;
 }
 
 // ----------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
-  Comm comm = Comm::world(&argc, &argv);
+static int dualpipe_lesson(Lesson& lesson) {
+  Comm& comm = lesson.comm;
   const int rank = comm.rank(), world = comm.size();
   std::string schedule = "dualpipe", compute = "sleep", cost_text = "F=1,B=2,W=1,FB=3,comm=0";
   std::string bug = "none";
@@ -363,10 +364,7 @@ int main(int argc, char** argv) {
   double unit_ms = 10;
   ModelConfig mc;
   mc.layers = 0;
-  CommonFlags common;
-  Cli cli("07_dualpipe",
-          "Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
-          "simulated, and executed on P ranks with gradients checked against one process.");
+  Cli& cli = lesson.cli;
   cli.choice("--schedule", &schedule, pp::schedule_names(), "the schedule");
   cli.flag("--stages", &stages, "P, pipeline ranks (0 = the world size)", 0, 1024);
   cli.flag("--microbatches", &micro, "M, micro-batches per step (0 = 2P)", 0, 4096);
@@ -381,214 +379,221 @@ int main(int argc, char** argv) {
   cli.flag("--rows", &mc.rows, "rows per micro-batch", 1, 1 << 16);
   cli.choice("--bug", &bug, {"none", "drop-w", "no-copy-sum"},
              "plant a bug: skip each rank's last deferred W / do not sum DualPipe's copies");
-  common.add_to(cli);
   cli.epilog("run:  mpirun -np 4 build/bin/07_dualpipe --schedule zb-h1 --microbatches 8\n"
              "      mpirun -np 1 build/bin/07_dualpipe --print-schedule --schedule dualpipe --stages 8 --microbatches 20");
-  cli.parse(argc, argv, comm);
+  lesson.parse();
 
   Options opt;
   std::string cost_error = pp::parse_costs(cost_text, &opt.costs);
-  usage_error_if(!cost_error.empty(), comm, cost_error);
+  lesson.usage_error_if(!cost_error.empty(), cost_error);
   if (do_simulate) {
-    if (rank == 0) print_simulation_table(opt.costs, common.csv);
-    Comm::exit_all(0);
+    if (rank == 0) print_simulation_table(opt.costs);
+    lesson.csv_with([&](const std::string& path) {
+      if (rank == 0) write_text_file(path, simulation_csv(opt.costs));
+    });
+    return lesson.finish(0);
   }
   const int P = stages > 0 ? (int)stages : world;
   const int M = micro > 0 ? (int)micro : 2 * P;
-  usage_error_if(!pp::check_args(schedule, P, M).empty(), comm, pp::check_args(schedule, P, M));
+  lesson.usage_error_if(!pp::check_args(schedule, P, M).empty(), pp::check_args(schedule, P, M));
   const Schedule s = pp::make_schedule(schedule, P, M);
   const std::string invalid = pp::validate(s);
-  usage_error_if(!invalid.empty(), comm, "schedule " + schedule + " is broken: " + invalid);
+  lesson.usage_error_if(!invalid.empty(), "schedule " + schedule + " is broken: " + invalid);
   if (print_schedule) {
     if (rank == 0)
       for (int r = 0; r < P; r++) std::printf("%s\n", pp::format_rank(s, r).c_str());
-    Comm::exit_all(0);
+    return lesson.finish(0);
   }
-  usage_error_if(P != world, comm,
-                 "--stages " + std::to_string(P) + " with " + std::to_string(world) +
-                     " ranks: the executor runs one pipeline rank per MPI rank (--print-schedule "
-                     "and --simulate work for any P)");
+  lesson.usage_error_if(P != world,
+                        "--stages " + std::to_string(P) + " with " + std::to_string(world) +
+                            " ranks: the executor runs one pipeline rank per MPI rank (--print-schedule "
+                            "and --simulate work for any P)");
   if (mc.layers == 0) mc.layers = 2 * s.num_stages();
-  usage_error_if(mc.layers % s.num_stages() != 0, comm,
-                 "--layers " + std::to_string(mc.layers) + " is not a multiple of the " +
-                     std::to_string(s.num_stages()) + " stages of " + schedule);
-  mc.seed = (uint64_t)common.seed;
-  mc.dev = common.resolve_device(comm);
-  comm.set_timeout(common.timeout);
+  lesson.usage_error_if(mc.layers % s.num_stages() != 0,
+                        "--layers " + std::to_string(mc.layers) + " is not a multiple of the " +
+                            std::to_string(s.num_stages()) + " stages of " + schedule);
+  // One op sleeps cost x --unit-ms: keep the longest op under a minute (and its duration a
+  // number the clock can hold).
+  const double longest_ms = std::max({opt.costs.F, opt.costs.B, opt.costs.FB}) * unit_ms;
+  lesson.usage_error_if(compute == "sleep" && longest_ms > 60e3,
+                        "--cost x --unit-ms makes one op sleep " + std::to_string((int64_t)longest_ms) +
+                            " ms; at most 60000 ms: lower --unit-ms or the costs");
+  // Parameters (w1, w2: dim x 2 dim; g) with their gradients, in the pipeline and in the
+  // one-process reference (3 copies, 2 with DualPipe's second copy), and per micro-batch
+  // every block's saved activations (a few rows x 2 dim each), on every rank.
+  const double D = (double)mc.dim, rows_all = (double)M * (double)mc.rows;
+  lesson.require_memory(4.0 * (double)mc.layers * (4.0 * 4.0 * D * D + 8.0 * rows_all * D),
+                        "--layers, --dim, --rows or --microbatches");
+  mc.seed = (uint64_t)lesson.flags.seed;
+  mc.dev = lesson.device;
   opt.sleep = compute == "sleep";
   opt.unit_ms = unit_ms;
   opt.bug = bug == "drop-w" ? Bug::drop_w : bug == "no-copy-sum" ? Bug::no_copy_sum : Bug::none;
 
-  try {
-    const pp::Simulation sim = pp::simulate(s, opt.costs);
-    if (rank == 0) {
-      std::printf("== 07 pipeline: %s, P=%d ranks, %d stages, M=%d micro-batches, %lld blocks of "
-                  "width %lld (%lld rows per micro-batch), device %s\n",
-                  schedule.c_str(), P, s.num_stages(), M, (long long)mc.layers, (long long)mc.dim,
-                  (long long)mc.rows, device_name(mc.dev));
-      for (int r = 0; r < std::min(P, 8); r++) {
-        std::string line = pp::format_rank(s, r);
-        std::printf("  %s\n", line.size() > 150 ? (line.substr(0, 147) + "...").c_str() : line.c_str());
-      }
-      if (opt.sleep)
-        std::printf("timing: --compute sleep, each op lasts its cost x %g ms (%s)\n", unit_ms,
-                    pp::to_string(opt.costs).c_str());
-      else
-        std::printf("timing: --compute real, each op lasts what its kernels take\n");
+  const pp::Simulation sim = pp::simulate(s, opt.costs);
+  if (rank == 0) {
+    std::printf("== 07 pipeline: %s, P=%d ranks, %d stages, M=%d micro-batches, %lld blocks of "
+                "width %lld (%lld rows per micro-batch), device %s\n",
+                schedule.c_str(), P, s.num_stages(), M, (long long)mc.layers, (long long)mc.dim,
+                (long long)mc.rows, device_name(mc.dev));
+    for (int r = 0; r < std::min(P, 8); r++) {
+      std::string line = pp::format_rank(s, r);
+      std::printf("  %s\n", line.size() > 150 ? (line.substr(0, 147) + "...").c_str() : line.c_str());
     }
-
-    // ---- the pipeline
-    Executor ex(comm, s, mc, opt);
-    trace().enable(comm);  // every rank's epoch right after a barrier
-    ex.run();
-
-    // DualPipe: stage s has two copies (rank s for direction 0, rank P-1-s for direction 1);
-    // each saw half of the micro-batches. Partners swap gradients and both copies get the sum.
-    std::vector<std::vector<Tensor>> grads;  // per chunk: the grads of its layers' g, w1, w2
-    for (const auto& c : ex.chunks()) {
-      std::vector<Tensor> gs;
-      for (const Layer& L : c.layers)
-        for (const Tensor* t : {&L.g, &L.w1, &L.w2})
-          gs.push_back(t->grad().defined() ? t->grad().to(Device::cpu) : Tensor::zeros(t->shape()));
-      grads.push_back(gs);
-    }
-    if (s.layout == pp::Layout::dual && opt.bug != Bug::no_copy_sum) {
-      std::vector<float> mine, theirs;
-      for (auto& gs : grads)
-        for (auto& t : gs) {
-          std::vector<float> v = t.to_vector();
-          mine.insert(mine.end(), v.begin(), v.end());
-        }
-      theirs.resize(mine.size());
-      const int partner = P - 1 - rank;
-      comm.sendrecv(mine.data(), mine.size() * sizeof(float), partner, 3, theirs.data(),
-                    theirs.size() * sizeof(float), partner, 3);
-      // mine = [stage r (d 0), stage P-1-r (d 1)], theirs = [stage P-1-r (d 0), stage r (d 1)]
-      const size_t half = mine.size() / 2;
-      for (size_t i = 0; i < half; i++) {
-        mine[i] += theirs[half + i];
-        mine[half + i] += theirs[i];
-      }
-      size_t at = 0;
-      for (auto& gs : grads)
-        for (auto& t : gs) {
-          std::vector<float> v(mine.begin() + (long)at, mine.begin() + (long)(at + (size_t)t.numel()));
-          t = Tensor::from_vector(v, t.shape());
-          at += (size_t)t.numel();
-        }
-    }
-    double loss = ex.local_loss();
-    comm.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
-
-    // ---- timing: the bubble of each rank, measured, simulated and by formula
-    double busy_us = ex.busy_us(), makespan_us = ex.end_us();
-    comm.allreduce(&makespan_us, 1, MPI_DOUBLE, MPI_MAX);
-    std::vector<double> all_busy((size_t)P), all_peak((size_t)P), all_over((size_t)P);
-    double mine_peak = ex.peak_live(), mine_over = ex.overran();
-    comm.allgather(&busy_us, sizeof(double), all_busy.data());
-    comm.allgather(&mine_peak, sizeof(double), all_peak.data());
-    comm.allgather(&mine_over, sizeof(double), all_over.data());
-    const pp::Formula formula = pp::formula_bubble(schedule, P, opt.costs);
-    if (rank == 0) {
-      const double unit_us = opt.sleep ? unit_ms * 1e3 : 1e3;
-      std::printf("bubble per rank (%s): idle = makespan - busy; simulator at --cost; formula %s\n",
-                  opt.sleep ? "in cost units" : "in ms", formula.has ? formula.text.c_str() : "-");
-      std::printf("  rank   busy    idle  measured  simulated  formula   peak live (sim)\n");
-      for (int r = 0; r < P; r++) {
-        double idle = (makespan_us - all_busy[(size_t)r]) / unit_us;
-        char fr[16] = "     -";
-        if (formula.has)
-          std::snprintf(fr, sizeof fr, "%5.1f%%", 100 * formula.bubble / (formula.bubble + sim.busy[(size_t)r]));
-        std::printf("  %4d %6.1f %7.1f %8.1f%% %9.1f%% %8s %7d (%d)\n", r, all_busy[(size_t)r] / unit_us,
-                    idle, 100 * idle * unit_us / makespan_us, 100 * sim.idle[(size_t)r] / sim.makespan, fr,
-                    (int)all_peak[(size_t)r], sim.peak_live[(size_t)r]);
-      }
-      std::printf("  makespan %.1f (simulated %g)\n", makespan_us / unit_us, sim.makespan);
-      int over = 0;
-      for (double o : all_over) over += (int)o;
-      if (opt.sleep && over > 0)
-        std::printf("  note: %d ops took longer than their cost (the machine is busy); raise --unit-ms\n", over);
-    }
-
-    // ---- the reference: the same model and micro-batches in one process
-    std::vector<Layer> all;
-    for (int64_t l = 0; l < mc.layers; l++) all.push_back(make_layer(mc, l));
-    double ref_loss = 0;
-    for (int gm = 0; gm < M; gm++) {
-      Tensor l = mb_loss(run_layers(all, mb_input(mc, M, gm)), mb_target(mc, M, gm), M);
-      ref_loss += l.item();
-      run_backward(l, Tensor::full({}, 1.f, mc.dev));
-    }
-
-    CheckReport check(comm);
-    if (rank == 0)
-      std::printf("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
-                  (long long)mc.layers, M);
-    check.scalar("loss", loss, ref_loss, 8.0 * M * FLT_EPSILON * std::max(std::fabs(ref_loss), 1e-3));
-    const int64_t per_stage = mc.layers / s.num_stages();
-    const char* names[3] = {"g (norm)", "w1", "w2"};
-    for (size_t c = 0; c < ex.chunks().size(); c++) {
-      const auto& ch = ex.chunks()[c];
-      for (int k = 0; k < 3; k++) {
-        std::vector<Tensor> got, want;
-        for (int64_t i = 0; i < per_stage; i++) {
-          got.push_back(reshape(grads[c][(size_t)(3 * i + k)], {-1}));
-          const Layer& L = all[(size_t)(ch.stage * per_stage + i)];
-          want.push_back(reshape((k == 0 ? L.g : k == 1 ? L.w1 : L.w2).grad().to(Device::cpu), {-1}));
-        }
-        Tensor g = concat(got, 0), w = concat(want, 0);
-        // M micro-batches summed in another order (and DualPipe's two copies added): a few
-        // roundings per addition of the largest value
-        double tol = 8.0 * M * FLT_EPSILON * std::max(max_abs(w), 1e-6);
-        std::string what = std::string("d ") + names[k] +
-                           (ch.dir == 0 ? " of this rank's first stage" : " of this rank's second stage");
-        check.close(what.c_str(), g, w, tol);
-      }
-    }
-
-    if (!common.csv.empty() || !common.trace.empty()) {
-      if (!common.trace.empty()) trace().write_chrome_json(comm, common.trace);
-      if (!common.csv.empty()) trace().write_csv(comm, common.csv);
-      if (rank == 0)
-        std::printf("    wrote%s%s%s%s\n", common.trace.empty() ? "" : " trace ", common.trace.c_str(),
-                    common.csv.empty() ? "" : " spans ", common.csv.c_str());
-    }
-    if (!common.dump.empty()) {
-      // Per stage: the parameters and the pipeline's gradients (DualPipe: summed copies, from
-      // the direction-0 copy); rank 0 adds the inputs, targets and the loss.
-      std::filesystem::create_directories(common.dump);
-      const auto& ch = ex.chunks();
-      for (size_t c = 0; c < ch.size(); c++) {
-        if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
-        for (int64_t i = 0; i < per_stage; i++) {
-          int64_t l = ch[c].stage * per_stage + i;
-          const Layer& L = ch[c].layers[(size_t)i];
-          std::string p = common.dump + "/layer" + std::to_string(l) + "_";
-          save_npy(p + "g.npy", L.g.detach().to(Device::cpu));
-          save_npy(p + "w1.npy", L.w1.detach().to(Device::cpu));
-          save_npy(p + "w2.npy", L.w2.detach().to(Device::cpu));
-          save_npy(p + "dg.npy", grads[c][(size_t)(3 * i)]);
-          save_npy(p + "dw1.npy", grads[c][(size_t)(3 * i + 1)]);
-          save_npy(p + "dw2.npy", grads[c][(size_t)(3 * i + 2)]);
-        }
-      }
-      if (rank == 0) {
-        save_npy(common.dump + "/x.npy", randn({M * mc.rows, mc.dim}, mc.seed + 1));
-        save_npy(common.dump + "/target.npy", randn({M * mc.rows, mc.dim}, mc.seed + 2));
-        save_npy(common.dump + "/loss.npy", Tensor::from_vector({(float)loss}, {}));
-        std::ofstream meta(common.dump + "/meta.json");
-        FF_CHECK(meta, "cannot write " << common.dump << "/meta.json");
-        meta << "{\"schedule\": \"" << schedule << "\", \"P\": " << P << ", \"M\": " << M
-             << ", \"layers\": " << mc.layers << ", \"dim\": " << mc.dim << ", \"rows\": " << mc.rows
-             << ", \"eps\": 1e-5}\n";
-        std::printf("    wrote parameters, gradients, inputs and loss to %s\n", common.dump.c_str());
-      }
-      comm.barrier();
-    }
-    Comm::exit_all(check.verdict());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    if (opt.sleep)
+      std::printf("timing: --compute sleep, each op lasts its cost x %g ms (%s)\n", unit_ms,
+                  pp::to_string(opt.costs).c_str());
+    else
+      std::printf("timing: --compute real, each op lasts what its kernels take\n");
   }
-  return 0;
+
+  // ---- the pipeline
+  Executor ex(comm, s, mc, opt);
+  trace().enable(comm);  // always: the executor's spans give the measured bubble and --csv
+  ex.run();
+
+  // DualPipe: stage s has two copies (rank s for direction 0, rank P-1-s for direction 1);
+  // each saw half of the micro-batches. Partners swap gradients and both copies get the sum.
+  std::vector<std::vector<Tensor>> grads;  // per chunk: the grads of its layers' g, w1, w2
+  for (const auto& c : ex.chunks()) {
+    std::vector<Tensor> gs;
+    for (const Layer& L : c.layers)
+      for (const Tensor* t : {&L.g, &L.w1, &L.w2})
+        gs.push_back(t->grad().defined() ? t->grad().to(Device::cpu) : Tensor::zeros(t->shape()));
+    grads.push_back(gs);
+  }
+  if (s.layout == pp::Layout::dual && opt.bug != Bug::no_copy_sum) {
+    std::vector<float> mine, theirs;
+    for (auto& gs : grads)
+      for (auto& t : gs) {
+        std::vector<float> v = t.to_vector();
+        mine.insert(mine.end(), v.begin(), v.end());
+      }
+    theirs.resize(mine.size());
+    const int partner = P - 1 - rank;
+    comm.sendrecv(mine.data(), mine.size() * sizeof(float), partner, 3, theirs.data(),
+                  theirs.size() * sizeof(float), partner, 3);
+    // mine = [stage r (d 0), stage P-1-r (d 1)], theirs = [stage P-1-r (d 0), stage r (d 1)]
+    const size_t half = mine.size() / 2;
+    for (size_t i = 0; i < half; i++) {
+      mine[i] += theirs[half + i];
+      mine[half + i] += theirs[i];
+    }
+    size_t at = 0;
+    for (auto& gs : grads)
+      for (auto& t : gs) {
+        std::vector<float> v(mine.begin() + (long)at, mine.begin() + (long)(at + (size_t)t.numel()));
+        t = Tensor::from_vector(v, t.shape());
+        at += (size_t)t.numel();
+      }
+  }
+  double loss = ex.local_loss();
+  comm.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
+
+  // ---- timing: the bubble of each rank, measured, simulated and by formula
+  double busy_us = ex.busy_us(), makespan_us = ex.end_us();
+  comm.allreduce(&makespan_us, 1, MPI_DOUBLE, MPI_MAX);
+  std::vector<double> all_busy((size_t)P), all_peak((size_t)P), all_over((size_t)P);
+  double mine_peak = ex.peak_live(), mine_over = ex.overran();
+  comm.allgather(&busy_us, sizeof(double), all_busy.data());
+  comm.allgather(&mine_peak, sizeof(double), all_peak.data());
+  comm.allgather(&mine_over, sizeof(double), all_over.data());
+  const pp::Formula formula = pp::formula_bubble(schedule, P, opt.costs);
+  if (rank == 0) {
+    const double unit_us = opt.sleep ? unit_ms * 1e3 : 1e3;
+    std::printf("bubble per rank (%s): idle = makespan - busy; simulator at --cost; formula %s\n",
+                opt.sleep ? "in cost units" : "in ms", formula.has ? formula.text.c_str() : "-");
+    std::printf("  rank   busy    idle  measured  simulated  formula   peak live (sim)\n");
+    for (int r = 0; r < P; r++) {
+      double idle = (makespan_us - all_busy[(size_t)r]) / unit_us;
+      char fr[16] = "     -";
+      if (formula.has)
+        std::snprintf(fr, sizeof fr, "%5.1f%%", 100 * formula.bubble / (formula.bubble + sim.busy[(size_t)r]));
+      std::printf("  %4d %6.1f %7.1f %8.1f%% %9.1f%% %8s %7d (%d)\n", r, all_busy[(size_t)r] / unit_us,
+                  idle, 100 * idle * unit_us / makespan_us, 100 * sim.idle[(size_t)r] / sim.makespan, fr,
+                  (int)all_peak[(size_t)r], sim.peak_live[(size_t)r]);
+    }
+    std::printf("  makespan %.1f (simulated %g)\n", makespan_us / unit_us, sim.makespan);
+    int over = 0;
+    for (double o : all_over) over += (int)o;
+    if (opt.sleep && over > 0)
+      std::printf("  note: %d ops took longer than their cost (the machine is busy); raise --unit-ms\n", over);
+  }
+
+  // ---- the reference: the same model and micro-batches in one process
+  std::vector<Layer> all;
+  for (int64_t l = 0; l < mc.layers; l++) all.push_back(make_layer(mc, l));
+  double ref_loss = 0;
+  for (int gm = 0; gm < M; gm++) {
+    Tensor l = mb_loss(run_layers(all, mb_input(mc, M, gm)), mb_target(mc, M, gm), M);
+    ref_loss += l.item();
+    run_backward(l, Tensor::full({}, 1.f, mc.dev));
+  }
+
+  CheckReport check(comm);
+  if (rank == 0)
+    std::printf("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
+                (long long)mc.layers, M);
+  check.scalar("loss", loss, ref_loss, 8.0 * M * FLT_EPSILON * std::max(std::fabs(ref_loss), 1e-3));
+  const int64_t per_stage = mc.layers / s.num_stages();
+  const char* names[3] = {"g (norm)", "w1", "w2"};
+  for (size_t c = 0; c < ex.chunks().size(); c++) {
+    const auto& ch = ex.chunks()[c];
+    for (int k = 0; k < 3; k++) {
+      std::vector<Tensor> got, want;
+      for (int64_t i = 0; i < per_stage; i++) {
+        got.push_back(reshape(grads[c][(size_t)(3 * i + k)], {-1}));
+        const Layer& L = all[(size_t)(ch.stage * per_stage + i)];
+        want.push_back(reshape((k == 0 ? L.g : k == 1 ? L.w1 : L.w2).grad().to(Device::cpu), {-1}));
+      }
+      Tensor g = concat(got, 0), w = concat(want, 0);
+      // M micro-batches summed in another order (and DualPipe's two copies added): a few
+      // roundings per addition of the largest value
+      double tol = 8.0 * M * FLT_EPSILON * std::max(max_abs(w), 1e-6);
+      std::string what = std::string("d ") + names[k] +
+                         (ch.dir == 0 ? " of this rank's first stage" : " of this rank's second stage");
+      check.close(what.c_str(), g, w, tol);
+    }
+  }
+
+  // --csv: every span of the run (the trace JSON is written by finish)
+  lesson.csv_with([&](const std::string& path) { trace().write_csv(comm, path); });
+  if (lesson.dumping()) {
+    // Per stage: the parameters and the pipeline's gradients (DualPipe: summed copies, from
+    // the direction-0 copy); rank 0 adds the inputs, targets and the loss.
+    const auto& ch = ex.chunks();
+    for (size_t c = 0; c < ch.size(); c++) {
+      if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
+      for (int64_t i = 0; i < per_stage; i++) {
+        int64_t l = ch[c].stage * per_stage + i;
+        const Layer& L = ch[c].layers[(size_t)i];
+        std::string p = "layer" + std::to_string(l) + "_";
+        lesson.dump(p + "g", L.g.detach().to(Device::cpu));
+        lesson.dump(p + "w1", L.w1.detach().to(Device::cpu));
+        lesson.dump(p + "w2", L.w2.detach().to(Device::cpu));
+        lesson.dump(p + "dg", grads[c][(size_t)(3 * i)]);
+        lesson.dump(p + "dw1", grads[c][(size_t)(3 * i + 1)]);
+        lesson.dump(p + "dw2", grads[c][(size_t)(3 * i + 2)]);
+      }
+    }
+    if (rank == 0) {
+      lesson.dump("x", randn({M * mc.rows, mc.dim}, mc.seed + 1));
+      lesson.dump("target", randn({M * mc.rows, mc.dim}, mc.seed + 2));
+      lesson.dump("loss", Tensor::from_vector({(float)loss}, {}));
+      char meta[256];
+      std::snprintf(meta, sizeof meta,
+                    "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"layers\": %lld, \"dim\": %lld, "
+                    "\"rows\": %lld, \"eps\": 1e-5}\n", schedule.c_str(), P, M, (long long)mc.layers,
+                    (long long)mc.dim, (long long)mc.rows);
+      lesson.dump_text("meta.json", meta);
+    }
+  }
+  return lesson.finish(check);
+}
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "07_dualpipe",
+          "Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
+          "simulated, and executed on P ranks with gradients checked against one process.",
+                    dualpipe_lesson);
 }
