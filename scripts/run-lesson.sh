@@ -9,5 +9,6 @@ if [ -z "$dir" ]; then
 fi
 NP=${NP:-$(lesson_np "$dir")}
 bin=$BUILD/bin/$(basename "$dir")
-echo "+ mpirun -np $NP $bin $*"
+# say exactly what runs ($MPIRUN comes from the Makefile: see MPIRUN there)
+echo "+ $MPIRUN -np $NP $bin $*"
 exec $MPIRUN -np "$NP" "$bin" "$@"

@@ -102,6 +102,7 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
   bash -c "$MPIRUN -np 3 $T/trace_demo $LOG/trace.json $LOG/trace.csv && $PYTHON scripts/check-trace.py $LOG/trace.json $LOG/trace.csv 3"
 
 source tests/lessons.sh
+source tests/bad_input.sh
 
 echo
 [ "$skipped" != 0 ] && echo "($skipped kernel test cases not run on cuda: no GPU; they ran on sim)"

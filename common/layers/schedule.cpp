@@ -367,9 +367,14 @@ std::string validate(const Schedule& s) {
 // Simulation
 
 std::string parse_costs(const std::string& text, Costs* c) {
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
+  // Items split at every comma, so "F=1," has an empty last item: an error, not ignored.
+  std::vector<std::string> items(1);
+  for (char ch : text) {
+    if (ch == ',') items.emplace_back();
+    else items.back() += ch;
+  }
+  for (const std::string& item : items) {
+    if (item.empty()) return "--cost: empty item in '" + text + "' (KEY=VALUE,KEY=VALUE,...)";
     auto eq = item.find('=');
     std::string key = item.substr(0, eq);
     double* field = key == "F" ? &c->F : key == "B" ? &c->B : key == "W" ? &c->W
