@@ -39,6 +39,7 @@ class Cli {
   void toggle(const std::string& name, bool* value, const std::string& help);
   // Extra text printed at the end of --help (e.g. the run line and expected output).
   void epilog(const std::string& text) { epilog_ = text; }
+  const std::string& epilog() const { return epilog_; }
 
   // Parses argv; on --help or bad input it exits every rank (see above).
   void parse(int argc, char** argv, const Comm& comm);

@@ -18,8 +18,8 @@
 //   (online_softmax.cu: one warp per row merging (m, l) with __shfl_xor_sync; split-K
 //   flash-decoding in two kernels) — on the GPU, or on the CPU through the SIMT emulator.
 // Run:  make run L=01 NP=4
-//       mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000 --block 64
-//       mpirun -np 4 build/bin/01_online_softmax --device sim
+//       make run L=01 NP=4 ARGS="--rows 8 --cols 1000 --block 64"
+//       make run L=01 NP=4 ARGS="--device sim"
 // Expect: three sections, each comparison against the single-process softmax printed with
 //   max abs / max rel error and its tolerance, the chain and allreduce timings, and
 //   "check: PASS". `--bug no-rescale` or `--bug no-inf-guard` plants the two classic
@@ -246,8 +246,7 @@ static int online_softmax_lesson(Lesson& lesson) {
   cli.choice("--bug", &bug, {"none", "no-rescale", "no-inf-guard"},
              "plant a classic mistake to watch the check fail");
   cli.epilog("run:  make run L=01 NP=4 ARGS=\"--rows 8 --cols 1000\"\n"
-             "      (plain mpirun: mpirun -np 4 build/bin/01_online_softmax --rows 8 --cols 1000,\n"
-             "       adding --oversubscribe beyond your cores and --allow-run-as-root as root)");
+             "      make run L=01 NP=4 ARGS=\"--device sim\"");
   lesson.parse();
   // Every rank holds x whole (the reference) and a few copies of it (two-pass, online per
   // block size, two gathered results), K and V whole and its slices, and the decode scores.

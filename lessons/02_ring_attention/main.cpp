@@ -22,7 +22,7 @@
 //   --mask local                 builds the causal mask from local indices: the classic bug.
 //   --bug dkv-local|no-delta|lse-no-log           planted backward mistakes.
 // Run:  make run L=02 NP=4
-//       mpirun -np 4 build/bin/02_ring_attention --causal --layout zigzag --order async
+//       make run L=02 NP=4 ARGS="--causal --layout zigzag --order async"
 // Expect: the per-rank work table, the checks of o, lse, dQ, dK, dV against the single-process
 //   autograd reference (max abs / rel error and the tolerance), "check: PASS".
 #include <mpi.h>
@@ -451,7 +451,7 @@ static int ring_attention_lesson(Lesson& lesson) {
              "causal mask from global token positions, or local indices (the classic bug)");
   cli.choice("--bug", &bug, {"none", "dkv-local", "no-delta", "lse-no-log"},
              "plant a backward mistake to watch the check fail");
-  cli.epilog("run:  mpirun -np 4 build/bin/02_ring_attention --causal --layout zigzag --order async\n"
+  cli.epilog("run:  make run L=02 NP=4 ARGS=\"--causal --layout zigzag --order async\"\n"
              "--order naive deadlocks on purpose; its --timeout defaults to 5 s.");
   lesson.parse();
   c.order = order == "naive" ? Order::naive : order == "async" ? Order::async : Order::evenodd;

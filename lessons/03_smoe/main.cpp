@@ -17,7 +17,7 @@
 //   the check catches it. Finite differences and PyTorch goldens check the same code in
 //   tests/unit/test_moe.cpp.
 // Run:  make run L=03
-//       mpirun -np 1 build/bin/03_smoe --experts 8 --topk 2 --gate topk-softmax
+//       make run L=03 ARGS="--experts 8 --topk 2 --gate topk-softmax"
 // Expect: the routing table, "loop vs grouped" and each gradient against autograd with its
 //   tolerance, "check: PASS".
 #include <mpi.h>
@@ -52,7 +52,7 @@ static int smoe_lesson(Lesson& lesson) {
   moe::add_flags(cli, &c, &mf, "batch size B", "experts N");
   cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
              "plant a backward mistake to watch the check fail");
-  cli.epilog("run:  mpirun -np 1 build/bin/03_smoe --experts 8 --topk 2 --gate topk-softmax");
+  cli.epilog("run:  make run L=03 ARGS=\"--experts 8 --topk 2 --gate topk-softmax\"");
   lesson.parse();
   lesson.usage_error_if(comm.size() != 1,
                         "lesson 03 is one process (got " + std::to_string(comm.size()) +

@@ -22,8 +22,8 @@
 // Why: expert parallelism is how MoE models scale past one device's memory; the all-to-all is
 //   its whole communication cost, twice per layer forward and twice backward.
 // Run:  make run L=04 NP=4
-//       mpirun -np 4 build/bin/04_gshard --experts 8 --topk 2 --a2a ordered
-//       mpirun -np 4 build/bin/04_gshard --bench      (all-to-all timings, as in make bench)
+//       make run L=04 NP=4 ARGS="--experts 8 --topk 2 --a2a ordered"
+//       make run L=04 NP=4 ARGS="--bench"      (all-to-all timings, as in make bench)
 // Expect: the traffic matrix, the exact data-movement checks, y / dx / router / expert
 //   gradients against the single-process lesson-03 layer on all ranks' tokens, "check: PASS".
 #include <mpi.h>
@@ -362,7 +362,8 @@ static int gshard_lesson(Lesson& lesson) {
              "all-to-all: pairwise Ssend rounds, all isend/irecv at once, or MPI_Alltoallv");
   cli.toggle("--bench", &do_bench, "time the three all-to-alls instead (ratios to MPI's)");
   cli.flag("--reps", &reps, "--bench repetitions (median reported)", 1, 100000);
-  cli.epilog("run:  mpirun -np 4 build/bin/04_gshard --experts 8 --topk 2 --a2a ordered");
+  cli.epilog("run:  make run L=04 NP=4 ARGS=\"--experts 8 --topk 2 --a2a ordered\"\n"
+             "      make run L=04 NP=2 ARGS=\"--bench\"");
   lesson.parse();
   lesson.usage_error_if(!do_bench && c.experts % P != 0,
                         "--experts " + std::to_string(c.experts) + " is not a multiple of the " +

@@ -18,9 +18,9 @@
 // Why: the bubble — the time a rank waits for its neighbours — is the cost of pipeline
 //   parallelism; each schedule trades memory and complexity to remove some of it.
 // Run:  make run L=07 NP=4
-//       mpirun -np 4 build/bin/07_dualpipe --schedule 1f1b --microbatches 8
-//       mpirun -np 1 build/bin/07_dualpipe --print-schedule --schedule dualpipe --stages 8 --microbatches 20
-//       mpirun -np 1 build/bin/07_dualpipe --simulate
+//       make run L=07 NP=4 ARGS="--schedule 1f1b --microbatches 8"
+//       make run L=07 NP=1 ARGS="--print-schedule --schedule dualpipe --stages 8 --microbatches 20"
+//       make run L=07 NP=1 ARGS="--simulate"
 // Expect: the schedule, the measured bubble of each rank next to the simulator's and the
 //   formula's, loss and every parameter gradient against the single-process run, "check: PASS".
 #include <mpi.h>
@@ -379,8 +379,8 @@ static int dualpipe_lesson(Lesson& lesson) {
   cli.flag("--rows", &mc.rows, "rows per micro-batch", 1, 1 << 16);
   cli.choice("--bug", &bug, {"none", "drop-w", "no-copy-sum"},
              "plant a bug: skip each rank's last deferred W / do not sum DualPipe's copies");
-  cli.epilog("run:  mpirun -np 4 build/bin/07_dualpipe --schedule zb-h1 --microbatches 8\n"
-             "      mpirun -np 1 build/bin/07_dualpipe --print-schedule --schedule dualpipe --stages 8 --microbatches 20");
+  cli.epilog("run:  make run L=07 NP=4 ARGS=\"--schedule zb-h1 --microbatches 8\"\n"
+             "      make run L=07 NP=1 ARGS=\"--print-schedule --schedule dualpipe --stages 8 --microbatches 20\"");
   lesson.parse();
 
   Options opt;
