@@ -44,7 +44,8 @@ TEST_CASE("cli: defaults stay when flags are absent, and --help is recognised") 
 TEST_CASE("cli: every kind of bad input gives a message naming what is allowed") {
   Flags f;
   CHECK(f.cli.parse_args({"--colz", "3"}).find("unknown flag '--colz'") != std::string::npos);
-  CHECK(f.cli.parse_args({"--rows"}) == "--rows needs a value");
+  CHECK(f.cli.parse_args({"--rows"}) == "--rows needs an integer");
+  CHECK(f.cli.parse_args({"--dump"}) == "--dump needs a PATH");
   CHECK(f.cli.parse_args({"--rows", "x1"}) == "--rows expects an integer, got 'x1'");
   CHECK(f.cli.parse_args({"--rows", "3.5"}) == "--rows expects an integer, got '3.5'");
   CHECK(f.cli.parse_args({"--rows", "0"}) == "--rows must be in [1, 100], got 0");
@@ -57,6 +58,33 @@ TEST_CASE("cli: every kind of bad input gives a message naming what is allowed")
   CHECK(f.cli.parse_args({"--dump", ""}) == "--dump expects a non-empty value");
   CHECK(f.cli.parse_args({"--rows", "99999999999999999999"}) ==
         "--rows expects an integer, got '99999999999999999999'");
+}
+
+TEST_CASE("cli: a text or choice flag given no value does not swallow the next flag") {
+  Flags f;
+  CHECK(f.cli.parse_args({"--dump", "--causal"}) == "--dump needs a PATH, got the flag '--causal'");
+  CHECK_FALSE(f.causal);
+  CHECK(f.dump.empty());
+  CHECK(f.cli.parse_args({"--order", "--rows", "3"}) ==
+        "--order needs one of naive|evenodd|async, got the flag '--rows'");
+  // an explicit --flag=value is taken as written, and a single dash is a value
+  CHECK(f.cli.parse_args({"--dump=--odd-name"}) == "");
+  CHECK(f.dump == "--odd-name");
+  CHECK(f.cli.parse_args({"--dump", "-"}) == "");
+}
+
+TEST_CASE("cli: numeric flags still take negative numbers where their range allows") {
+  int64_t shift = 0;
+  double bias = 0;
+  Cli cli{"prog", "summary"};
+  cli.flag("--shift", &shift, "shift", -10, 10);
+  cli.flag("--bias", &bias, "bias", -1.0, 1.0);
+  CHECK(cli.parse_args({"--shift", "-3", "--bias", "-0.5"}) == "");
+  CHECK(shift == -3);
+  CHECK(bias == doctest::Approx(-0.5));
+  CHECK(cli.parse_args({"--shift", "--bias"}) == "--shift expects an integer, got '--bias'");
+  CHECK(cli.given("--shift"));
+  CHECK_FALSE(Flags().cli.given("--rows"));
 }
 
 TEST_CASE("cli: usage lists every flag with its default") {
