@@ -183,6 +183,30 @@ static void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std
   }
 }
 
+// One hop in the protocol --order asked for, the same in the forward and the backward:
+// start() before the step's compute, finish() after it. The synchronous orders do the whole
+// hop in finish() (hop_sync above); async posts the receive and the send in start() and waits
+// in finish(), so the transfer runs while the kernel computes (`out` and `in` are two
+// buffers: double buffering).
+struct Hop {
+  Comm& comm;
+  Order order;
+  int tag;
+  std::vector<float> out, in;  // what goes to r+1; what comes from r-1 (sized by the caller)
+  std::vector<Request> reqs;
+
+  void start() {
+    if (order != Order::async) return;
+    const int r = comm.rank(), P = comm.size();
+    reqs.push_back(comm.irecv(in.data(), in.size() * sizeof(float), (r + P - 1) % P, tag));
+    reqs.push_back(comm.isend(out.data(), out.size() * sizeof(float), (r + 1) % P, tag));
+  }
+  void finish() {
+    if (order == Order::async) comm.wait_all(reqs);
+    else hop_sync(comm, order, out, in, tag);
+  }
+};
+
 // ----------------------------------------------------------------------------
 // The ring. Rank r starts with its own block; at step s it holds the block of rank
 // owner(s) = r - s (mod P), which arrived from r-1. P steps, P-1 hops in the forward.
@@ -225,14 +249,12 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
     const bool more = s < P - 1;
     const int next_owner = (r - s - 1 + 2 * P) % P;
     const int64_t n_next = (int64_t)owner_positions(c, P, next_owner).size();
-    std::vector<float> out, in((size_t)(2 * c.B * c.H * n_next * c.D));
-    std::vector<Request> reqs;
-    if (more) out = pack({cur.k, cur.v});
-    if (more && c.order == Order::async) {
-      // post the next block's receive and this block's send BEFORE computing: the transfer
-      // runs while the kernel does (double buffering: `out` and `in` are two buffers)
-      reqs.push_back(comm.irecv(in.data(), in.size() * sizeof(float), (r + P - 1) % P, s));
-      reqs.push_back(comm.isend(out.data(), out.size() * sizeof(float), (r + 1) % P, s));
+    // the hop of this step: this block's K, V to r+1, the next block's from r-1
+    Hop kv{comm, c.order, s};
+    if (more) {
+      kv.out = pack({cur.k, cur.v});
+      kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
+      kv.start();
     }
     {
       const std::vector<int64_t> kpos_h = owner_positions(c, P, cur.owner);
@@ -243,13 +265,10 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
                             (int64_t)kpos_h.size(), c.D, scale, c.causal);
     }
     if (!more) break;
-    if (c.order == Order::async)
-      comm.wait_all(reqs);
-    else
-      hop_sync(comm, c.order, out, in, s);
+    kv.finish();
     Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
               next_owner};
-    unpack(in, {&nxt.k, &nxt.v}, c.dev);
+    unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
     cur = nxt;
   }
   // The end of FlashAttention's forward: o /= l, and one number per row for the backward.
@@ -268,7 +287,6 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
   const int64_t n = (int64_t)me.pos.size();
   const KernelTable& K = kernels_for(c.dev);
   const float scale = 1.f / std::sqrt((float)c.D);
-  const int next = (r + 1) % P, prev = (r + P - 1) % P;
   // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
   Tensor delta = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev)
                                         : sum(mul(me.dout, o), -1);
@@ -280,22 +298,18 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
 
   Block cur{me.k, me.v, r};
   Tensor dk = Tensor::zeros(block_shape(c, n), c.dev), dv = dk.clone();  // travel with cur
-  // async: dK/dV sent at step s must not be waited on before the next step has posted its
-  // receive (else every rank waits on its successor: a cycle), so sends are waited one step late.
-  std::vector<float> dkv_out_prev;
-  std::vector<Request> dkv_sends;
   for (int s = 0; s < P; s++) {
     const bool more = s < P - 1;
     const int next_owner = (r - s - 1 + 2 * P) % P;
     const int64_t n_cur = (int64_t)owner_positions(c, P, cur.owner).size();
     const int64_t n_next = (int64_t)owner_positions(c, P, next_owner).size();
     const int64_t blk = c.B * c.H * c.D;
-    std::vector<float> kv_out, kv_in((size_t)(2 * blk * n_next));
-    std::vector<Request> kv_reqs;
-    if (more) kv_out = pack({cur.k, cur.v});
-    if (more && c.order == Order::async) {
-      kv_reqs.push_back(comm.irecv(kv_in.data(), kv_in.size() * sizeof(float), prev, 100 + s));
-      kv_reqs.push_back(comm.isend(kv_out.data(), kv_out.size() * sizeof(float), next, 100 + s));
+    // K, V are known before the compute: their hop starts now (async overlaps it)
+    Hop kv{comm, c.order, 100 + s};
+    if (more) {
+      kv.out = pack({cur.k, cur.v});
+      kv.in.resize((size_t)(2 * blk * n_next));
+      kv.start();
     }
     {
       const std::vector<int64_t> kpos_h = owner_positions(c, P, cur.owner);
@@ -310,34 +324,22 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
                              scale, c.causal);
     }
     if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
-    // The hop: K, V (unless this was the last step) and the block's dK, dV go to r+1.
-    std::vector<float> dkv_out = pack({dk, dv}), dkv_in((size_t)(2 * blk * n_next));
-    if (c.order == Order::async) {
-      comm.wait_all(dkv_sends);  // last step's dK/dV sends: the successor has posted by now
-      dkv_out_prev = std::move(dkv_out);
-      Request rin = comm.irecv(dkv_in.data(), dkv_in.size() * sizeof(float), prev, 200 + s);
-      dkv_sends = {comm.isend(dkv_out_prev.data(), dkv_out_prev.size() * sizeof(float), next,
-                              200 + s)};
-      comm.wait(rin);
-      comm.wait_all(kv_reqs);
-    } else {
-      std::vector<float> out = kv_out, in;
-      out.insert(out.end(), dkv_out.begin(), dkv_out.end());
-      in.resize((more ? kv_in.size() : 0) + dkv_in.size());
-      hop_sync(comm, c.order, out, in, 100 + s);
-      std::copy_n(in.begin(), kv_in.size() * (more ? 1 : 0), kv_in.begin());
-      std::copy(in.end() - (std::ptrdiff_t)dkv_in.size(), in.end(), dkv_in.begin());
-    }
+    // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
+    Hop dkv{comm, c.order, 200 + s};
+    dkv.out = pack({dk, dv});
+    dkv.in.resize((size_t)(2 * blk * n_next));
+    dkv.start();
+    dkv.finish();
+    if (more) kv.finish();
     Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
               next_owner};
     Tensor dk_next = Tensor::empty(block_shape(c, n_next)), dv_next = dk_next.clone();
-    if (more) unpack(kv_in, {&nxt.k, &nxt.v}, c.dev);
-    unpack(dkv_in, {&dk_next, &dv_next}, c.dev);
+    if (more) unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
+    unpack(dkv.in, {&dk_next, &dv_next}, c.dev);
     cur = nxt;
     dk = dk_next;
     dv = dv_next;
   }
-  comm.wait_all(dkv_sends);
   // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
   FF_CHECK(cur.owner == r, "ring bookkeeping: rank " << r << " ended with block " << cur.owner);
   *dq_out = dq;
