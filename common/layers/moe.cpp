@@ -51,6 +51,13 @@ double memory_bytes(const Config& c, int64_t T) {
   return 4.0 * (3.0 * params + 4.0 * slots * (2.0 * d + 3.0 * f) + 6.0 * (double)T * (d + N));
 }
 
+std::vector<NamedTensor> named_parameters(const Tensor& router_w, const Tensor& router_b,
+                                          const Tensor& w1, const Tensor& w3, const Tensor& w2,
+                                          const std::string& prefix) {
+  return {{prefix + "router_w", router_w}, {prefix + "router_b", router_b},
+          {prefix + "experts_w1", w1}, {prefix + "experts_w3", w3}, {prefix + "experts_w2", w2}};
+}
+
 std::string meta_json(const Config& c, int P, const std::string& extra_fields) {
   char buf[256];
   std::snprintf(buf, sizeof buf,

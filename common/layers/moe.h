@@ -57,6 +57,16 @@ void check_flags(const Comm& comm, Config* c, const Flags& f);
 // parameters and two sets of gradients, and per routing slot the permuted rows, hidden
 // activations and their gradients, counted generously.
 double memory_bytes(const Config& c, int64_t T);
+// The layer's tensors under the names the dumps use (tests/check_dump_03.py reads them):
+// router_w (d, N), router_b (N), experts_w1 and experts_w3 (N, d, f), experts_w2 (N, f, d);
+// with prefix "d_", the same for their gradients.
+struct NamedTensor {
+  std::string name;
+  Tensor t;
+};
+std::vector<NamedTensor> named_parameters(const Tensor& router_w, const Tensor& router_b,
+                                          const Tensor& w1, const Tensor& w3, const Tensor& w2,
+                                          const std::string& prefix = "");
 // The dump's meta.json (read by tests/check_dump_03.py): the layer's settings, the world size,
 // and extra_fields (e.g. `, "a2a": "async"`) before the closing brace.
 std::string meta_json(const Config& c, int P, const std::string& extra_fields);

@@ -40,6 +40,8 @@ class Cli {
   // Extra text printed at the end of --help (e.g. the run line and expected output).
   void epilog(const std::string& text) { epilog_ = text; }
   const std::string& epilog() const { return epilog_; }
+  // What the program is, printed under the usage line of --help.
+  void summary(const std::string& text) { summary_ = text; }
 
   // Parses argv; on --help or bad input it exits every rank (see above).
   void parse(int argc, char** argv, const Comm& comm);

@@ -94,9 +94,8 @@ static std::string gib(double bytes) {
 // ----------------------------------------------------------------------------
 // parsing and checks
 
-Lesson::Lesson(Comm& c, int argc, char** argv, const std::string& program,
-               const std::string& summary)
-    : comm(c), cli(program, summary), argc_(argc), argv_(argv) {}
+Lesson::Lesson(Comm& c, int argc, char** argv, const std::string& program)
+    : comm(c), cli(program, ""), argc_(argc), argv_(argv) {}
 
 void Lesson::usage_error_if(bool bad, const std::string& message) const {
   if (bad) throw UsageError(message);
@@ -229,12 +228,12 @@ int Lesson::finish(const CheckReport& check) {
 // ----------------------------------------------------------------------------
 // the program
 
-int run_lesson(int argc, char** argv, const std::string& program, const std::string& summary,
+int run_lesson(int argc, char** argv, const std::string& program,
                const std::function<int(Lesson&)>& body) {
   Comm comm = Comm::world(&argc, &argv);
   int code = 1;
   try {
-    Lesson lesson(comm, argc, argv, program, summary);
+    Lesson lesson(comm, argc, argv, program);
     code = body(lesson);
     if (!lesson.finished()) code = lesson.finish(code);
   } catch (const UsageError& e) {  // found by every rank alike: no abort needed

@@ -2,7 +2,8 @@
 // lesson's main.cpp is its algorithm, its check and its report (DESIGN §6).
 //
 //   int main(int argc, char** argv) {
-//     return run_lesson(argc, argv, "01_online_softmax", "One-pass softmax ...", [](Lesson& L) {
+//     return run_lesson(argc, argv, "01_online_softmax", [](Lesson& L) {
+//       L.cli.summary("Online softmax: ...");                  // what --help says it is
 //       int64_t rows = 4;
 //       L.cli.flag("--rows", &rows, "rows of x", 1, 4096);   // the lesson's own flags
 //       L.parse();                                 // + the shared ones; every check up front
@@ -31,9 +32,15 @@
 #include <string>
 #include <vector>
 
+// A lesson includes this header for the whole core it composes: tensors, ops, autograd,
+// checks, Comm, flags and trace spans.
 #include "common/comm/comm.h"
+#include "common/core/autograd.h"
 #include "common/core/check.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 #include "common/lesson/cli.h"
+#include "common/lesson/trace.h"
 
 namespace ff {
 
@@ -53,7 +60,7 @@ RepTimes time_reps(Comm& comm, int64_t reps, const std::function<void()>& fn);
 
 class Lesson {
  public:
-  Lesson(Comm& comm, int argc, char** argv, const std::string& program, const std::string& summary);
+  Lesson(Comm& comm, int argc, char** argv, const std::string& program);
 
   Comm& comm;
   Cli cli;             // the lesson adds its flags, then calls parse()
@@ -105,7 +112,7 @@ class Lesson {
 
 // The whole program: MPI up, body(lesson), the error contract above, MPI down. Returns (and
 // exits with) 0 when the check passed, 1 when it failed or a write failed, 2 on bad input.
-int run_lesson(int argc, char** argv, const std::string& program, const std::string& summary,
+int run_lesson(int argc, char** argv, const std::string& program,
                const std::function<int(Lesson&)>& body);
 
 // Memory this process may use on its node, in bytes: the smaller of MemAvailable and the

@@ -34,16 +34,11 @@
 #include <string>
 #include <vector>
 
-#include "common/core/check.h"
-#include "common/lesson/cli.h"
-#include "common/comm/comm.h"
 #include "common/lesson/lesson.h"
-#include "common/core/ops.h"
-#include "common/core/tensor.h"
-#include "common/lesson/trace.h"
 #include "lessons/01_online_softmax/online_softmax.h"
 
 using namespace ff;
+
 
 static const float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -236,6 +231,8 @@ static int online_softmax_lesson(Lesson& lesson) {
   int64_t rows = 4, cols = 1000, block = 64, keys = 1024, dim = 64, reps = 20;
   std::string bug = "none";
   Cli& cli = lesson.cli;
+  cli.summary("Online softmax: the one-pass (m, l) recurrence, merged across ranks by a chain and\n"
+              "by MPI_Allreduce with a user-defined op, and split-K flash-decoding with (m, l, o).");
   cli.flag("--rows", &rows, "rows of x (independent softmaxes; also decoding queries)", 1, 4096);
   cli.flag("--cols", &cols, "columns of x, split over the ranks (need not divide)", 1, 1 << 22);
   cli.flag("--block", &block, "columns folded per online step (last block may be shorter)", 1,
@@ -504,8 +501,5 @@ static int online_softmax_lesson(Lesson& lesson) {
 }
 
 int main(int argc, char** argv) {
-  return run_lesson(argc, argv, "01_online_softmax",
-                    "Online softmax: the one-pass (m, l) recurrence, merged across ranks by a chain and\n"
-                    "by MPI_Allreduce with a user-defined op, and split-K flash-decoding with (m, l, o).",
-                    online_softmax_lesson);
+  return run_lesson(argc, argv, "01_online_softmax", online_softmax_lesson);
 }

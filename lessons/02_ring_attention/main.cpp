@@ -34,16 +34,11 @@
 #include <string>
 #include <vector>
 
-#include "common/core/check.h"
-#include "common/lesson/cli.h"
-#include "common/comm/comm.h"
 #include "common/lesson/lesson.h"
-#include "common/core/ops.h"
-#include "common/core/tensor.h"
-#include "common/lesson/trace.h"
 #include "kernels/kernels.h"
 
 using namespace ff;
+
 
 enum class Order { naive, evenodd, async };
 enum class Layout { contiguous, zigzag, striped };
@@ -440,6 +435,9 @@ static int ring_attention_lesson(Lesson& lesson) {
   Config c;
   std::string order = "evenodd", layout = "contiguous", mask = "global", bug = "none";
   Cli& cli = lesson.cli;
+  cli.summary("Ring attention: the sequence split over the ranks, K/V blocks passed around a ring\n"
+              "and folded into FlashAttention's online-softmax state; the backward sends dK/dV\n"
+              "round with their blocks. Checked against single-process autograd attention.");
   cli.flag("--batch", &c.B, "batch size B", 1, 64);
   cli.flag("--heads", &c.H, "attention heads H", 1, 64);
   cli.flag("--seq", &c.S, "sequence length S, split over the ranks (need not divide)", 1, 1 << 16);
@@ -608,9 +606,5 @@ static int ring_attention_lesson(Lesson& lesson) {
 }
 
 int main(int argc, char** argv) {
-  return run_lesson(argc, argv, "02_ring_attention",
-                    "Ring attention: the sequence split over the ranks, K/V blocks passed around a ring\n"
-                    "and folded into FlashAttention's online-softmax state; the backward sends dK/dV\n"
-                    "round with their blocks. Checked against single-process autograd attention.",
-                    ring_attention_lesson);
+  return run_lesson(argc, argv, "02_ring_attention", ring_attention_lesson);
 }

@@ -29,16 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "common/core/check.h"
-#include "common/lesson/cli.h"
-#include "common/comm/comm.h"
 #include "common/layers/moe.h"
 #include "common/lesson/lesson.h"
-#include "common/core/ops.h"
-#include "common/core/tensor.h"
-#include "common/lesson/trace.h"
 
 using namespace ff;
+
 
 static int smoe_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
@@ -49,6 +44,9 @@ static int smoe_lesson(Lesson& lesson) {
   int64_t& tokens = mf.tokens;
   const int64_t& starve = mf.starve;
   Cli& cli = lesson.cli;
+  cli.summary("Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
+              "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
+              "autograd. Single process (lesson 04 distributes it).");
   moe::add_flags(cli, &c, &mf, "batch size B", "experts N");
   cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
              "plant a backward mistake to watch the check fail");
@@ -148,20 +146,14 @@ static int smoe_lesson(Lesson& lesson) {
     save("x", x, {batch, tokens, d});
     save("dy", dy, {batch, tokens, d});
     save("y", fw.y, {batch, tokens, d});
-    save("router_w", p.router_w, {d, N});
-    save("router_b", p.router_b, {N});
-    save("experts_w1", p.w1, {N, d, f});
-    save("experts_w3", p.w3, {N, d, f});
-    save("experts_w2", p.w2, {N, f, d});
+    for (const moe::NamedTensor& n : moe::named_parameters(p.router_w, p.router_b, p.w1, p.w3, p.w2))
+      lesson.dump(n.name, n.t);
     lesson.dump("aux_loss", Tensor::from_vector({(float)fw.aux}, {}));
     save("topk_idx", fw.routing.idx, {batch, tokens, k});
     save("topk_val", fw.routing.gates, {batch, tokens, k});
     save("dx", g.dx, {batch, tokens, d});
-    save("d_router_w", g.router_w, {d, N});
-    save("d_router_b", g.router_b, {N});
-    save("d_experts_w1", g.w1, {N, d, f});
-    save("d_experts_w3", g.w3, {N, d, f});
-    save("d_experts_w2", g.w2, {N, f, d});
+    for (const moe::NamedTensor& n : moe::named_parameters(g.router_w, g.router_b, g.w1, g.w3, g.w2, "d_"))
+      lesson.dump(n.name, n.t);
     lesson.dump_text("meta.json", moe::meta_json(c, 1, ""));
   }
   // series tokens: a = expert, b = slots; series route: a = slot, b = expert, c = packed row
@@ -184,9 +176,5 @@ static int smoe_lesson(Lesson& lesson) {
 }
 
 int main(int argc, char** argv) {
-  return run_lesson(argc, argv, "03_smoe",
-          "Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
-          "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
-          "autograd. Single process (lesson 04 distributes it).",
-                    smoe_lesson);
+  return run_lesson(argc, argv, "03_smoe", smoe_lesson);
 }

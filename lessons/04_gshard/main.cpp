@@ -36,17 +36,12 @@
 #include <string>
 #include <vector>
 
-#include "common/core/check.h"
-#include "common/lesson/cli.h"
-#include "common/comm/comm.h"
 #include "common/layers/moe.h"
 #include "common/lesson/lesson.h"
-#include "common/core/ops.h"
-#include "common/core/tensor.h"
-#include "common/lesson/trace.h"
 #include "kernels/kernels.h"
 
 using namespace ff;
+
 
 enum class A2A { ordered, async, library };
 
@@ -357,6 +352,9 @@ static int gshard_lesson(Lesson& lesson) {
   const int64_t& starve = mf.starve;
   bool do_bench = false;
   Cli& cli = lesson.cli;
+  cli.summary("GShard expert parallelism: lesson 03's MoE layer with N/P experts per rank, tokens\n"
+              "dispatched and combined by a hand-written all-to-all, checked against the single-\n"
+              "process layer on all ranks' tokens.");
   moe::add_flags(cli, &c, &mf, "batch size PER RANK", "experts N (a multiple of the world size P)");
   cli.choice("--a2a", &a2a, {"ordered", "async", "library"},
              "all-to-all: pairwise Ssend rounds, all isend/irecv at once, or MPI_Alltoallv");
@@ -479,20 +477,16 @@ static int gshard_lesson(Lesson& lesson) {
       save("x", x_all, {B_all, tokens, d});
       save("dy", dy_all, {B_all, tokens, d});
       save("y", y_all, {B_all, tokens, d});
-      save("router_w", full.router_w, {d, N});
-      save("router_b", full.router_b, {N});
-      save("experts_w1", full.w1, {N, d, f});
-      save("experts_w3", full.w3, {N, d, f});
-      save("experts_w2", full.w2, {N, f, d});
+      for (const moe::NamedTensor& n :
+           moe::named_parameters(full.router_w, full.router_b, full.w1, full.w3, full.w2))
+        lesson.dump(n.name, n.t);
       lesson.dump("aux_loss", Tensor::from_vector({(float)fw.aux}, {}));
       save("topk_idx", Tensor::from_indices(idx_all, {B_all, tokens, k}), {B_all, tokens, k});
       save("topk_val", gates_all, {B_all, tokens, k});
       save("dx", dx_all, {B_all, tokens, d});
-      save("d_router_w", g.router_w, {d, N});
-      save("d_router_b", g.router_b, {N});
-      save("d_experts_w1", w1_all, {N, d, f});
-      save("d_experts_w3", w3_all, {N, d, f});
-      save("d_experts_w2", w2_all, {N, f, d});
+      for (const moe::NamedTensor& n :
+           moe::named_parameters(g.router_w, g.router_b, w1_all, w3_all, w2_all, "d_"))
+        lesson.dump(n.name, n.t);  // the experts' gradients gathered from their ranks
       lesson.dump_text("meta.json", moe::meta_json(c, P, ", \"a2a\": \"" + a2a + "\""));
     }
   }
@@ -510,9 +504,5 @@ static int gshard_lesson(Lesson& lesson) {
 }
 
 int main(int argc, char** argv) {
-  return run_lesson(argc, argv, "04_gshard",
-          "GShard expert parallelism: lesson 03's MoE layer with N/P experts per rank, tokens\n"
-          "dispatched and combined by a hand-written all-to-all, checked against the single-\n"
-          "process layer on all ranks' tokens.",
-                    gshard_lesson);
+  return run_lesson(argc, argv, "04_gshard", gshard_lesson);
 }

@@ -36,18 +36,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/core/autograd.h"
-#include "common/core/check.h"
-#include "common/lesson/cli.h"
-#include "common/comm/comm.h"
 #include "common/lesson/files.h"
 #include "common/lesson/lesson.h"
-#include "common/core/ops.h"
 #include "common/layers/schedule.h"
-#include "common/core/tensor.h"
-#include "common/lesson/trace.h"
 
 using namespace ff;
+
 using pp::Kind;
 using pp::Op;
 using pp::Schedule;
@@ -365,6 +359,8 @@ static int dualpipe_lesson(Lesson& lesson) {
   ModelConfig mc;
   mc.layers = 0;
   Cli& cli = lesson.cli;
+  cli.summary("Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
+              "simulated, and executed on P ranks with gradients checked against one process.");
   cli.choice("--schedule", &schedule, pp::schedule_names(), "the schedule");
   cli.flag("--stages", &stages, "P, pipeline ranks (0 = the world size)", 0, 1024);
   cli.flag("--microbatches", &micro, "M, micro-batches per step (0 = 2P)", 0, 4096);
@@ -592,8 +588,5 @@ static int dualpipe_lesson(Lesson& lesson) {
 }
 
 int main(int argc, char** argv) {
-  return run_lesson(argc, argv, "07_dualpipe",
-          "Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
-          "simulated, and executed on P ranks with gradients checked against one process.",
-                    dualpipe_lesson);
+  return run_lesson(argc, argv, "07_dualpipe", dualpipe_lesson);
 }
