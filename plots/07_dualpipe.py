@@ -1,6 +1,6 @@
 """Lesson 07 figures.
 
-07_gantt.png, from executed span CSVs (07_dualpipe --compute sleep --csv FILE: rank, name,
+07_gantt.png (1280x720), from executed span CSVs (07_dualpipe --compute sleep --csv FILE: rank, name,
 stream, start_us, end_us, bytes): one Gantt chart per schedule, gpipe, 1f1b, zb-h1, dualpipe and
 dualpipev at P = 4, M = 8, and dualpipe at P = 8, M = 16. One row per rank, time in ms since the
 first op started; each compute span is a box coloured by its kind, F (forward), B (backward),
@@ -11,13 +11,16 @@ rank) and DualPipeV's second stage on the rank (the up leg of the V). Idle time 
 thin grey line inside it is the rank blocked in a receive. Each title gives the measured bubble
 ratio, the largest over ranks of (makespan - busy) / makespan, where the makespan runs from the
 first compute start to the last compute end over all ranks and busy is the sum of the rank's
-compute spans; the right-hand column gives each rank's own ratio. The figure's title gives the
-op costs as the runs show them (median duration of each kind, in units of F's).
+compute spans; the right-hand column gives each rank's own ratio. The five P = 4 panels share one time axis
+(the longest makespan among them), so their lengths compare at a glance; a dashed line marks each
+panel's own makespan. The P = 8 panel has its own axis. The figure's title gives the op costs as
+the runs show them (median duration of each kind, in units of F's).
 
-07_bubble.png, from the simulator's CSV (07_dualpipe --simulate --csv FILE: schedule, P, M,
+07_bubble.png (1280x720), from the simulator's CSV (07_dualpipe --simulate --csv FILE: schedule, P, M,
 makespan, bubble, ratio; P = 8, M = 8..64) and the executed span CSVs at P = 8: the bubble ratio
 against the number of micro-batches M, a line per schedule from the simulator and a marker per
-executed run (same measure as the Gantt titles), same colour per schedule. At the lesson's
+executed run (same measure as the Gantt titles), same colour per schedule; the schedule legend
+shows each schedule's line and marker, a second legend says line = simulator, marker = executed. At the lesson's
 default costs gpipe and 1f1b have the same bubble, and zb-h1 and dualpipev the same ratio
 (dualpipev's bubble is twice zb-h1's over twice the work): those pairs of lines lie on each other
 (drawn thick and dashed).
@@ -115,14 +118,15 @@ if missing:
 durations = defaultdict(list)  # kind ("F", "B", "I", "W", "F&B") -> [ms], for the title
 
 
-def draw_gantt(ax, schedule, P, M, path):
-    compute, recv = load_run(path)
+def draw_gantt(ax, schedule, P, M, run, xmax):
+    """One panel; the time axis runs from 0 to xmax ms (shared by the panels that compare)."""
+    compute, recv = run
     for v in compute.values():
         for s, e, name in v:
             durations["F&B" if "&" in name else name[0]].append(e - s)
     makespan, ratio = bubbles(compute)
     H = 0.8  # box height; row r is centred on y = r
-    label_w = makespan / 110  # narrowest box (ms) that gets a label
+    label_w = xmax / 60  # narrowest box (ms) that gets a label
     for r in range(P):
         for s, e, _ in recv.get(r, []):
             s, e = max(s, 0.0), min(e, makespan)
@@ -137,30 +141,37 @@ def draw_gantt(ax, schedule, P, M, path):
                 ax.add_patch(Rectangle((s, y), e - s, h, facecolor=color, edgecolor="white", lw=0.6))
                 if e - s >= label_w:
                     ax.text((s + e) / 2, y + h / 2, str(mb), ha="center", va="center",
-                            fontsize=7 if len(ops) == 1 else 6, color=text_color(color))
+                            fontsize=8 if len(ops) == 1 else 6.5, color=text_color(color))
             if len(ops) > 1:  # outline the pair so that it reads as one op
                 ax.add_patch(Rectangle((s, r - H / 2), e - s, H, fill=False, edgecolor="black", lw=0.9))
-        ax.text(makespan * 1.01, r, f"{100 * ratio[r]:.0f}%", va="center", fontsize=7, color="#444")
-    ax.set_xlim(0, makespan)
+        ax.text(xmax * 1.01, r, f"{100 * ratio[r]:.0f}%", va="center", fontsize=8.5, color="#444")
+    if makespan < xmax * 0.995:
+        ax.axvline(makespan, color="#444", lw=1, ls=(0, (3, 2)))
+    ax.set_xlim(0, xmax)
     ax.set_ylim(P - 0.5, -0.5)
     ax.set_yticks(range(P))
-    ax.set_yticklabels([f"rank {r}" for r in range(P)], fontsize=7)
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("time (ms)", fontsize=7, labelpad=1)
+    ax.set_yticklabels([f"rank {r}" for r in range(P)], fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8.5, pad=1)
+    ax.set_xlabel("time (ms)", fontsize=8.5, labelpad=0)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_title(f"{schedule}, P={P}, M={M}: bubble {100 * max(ratio.values()):.1f}%, "
-                 f"makespan {makespan:.0f} ms", fontsize=10, loc="left")
+                 f"makespan {makespan:.0f} ms", fontsize=10.5, loc="left", pad=3)
 
 
-fig = plt.figure(figsize=(16, 9.5), dpi=150)
-outer = fig.add_gridspec(1, 2, wspace=0.12, left=0.05, right=0.97, top=0.91, bottom=0.05)
+loaded = {panel: load_run(runs[panel]) for panel in PANELS}
+# one time axis for the P = 4 panels, so that their makespans compare at a glance
+shared = max(bubbles(loaded[panel][0])[0] for panel in PANELS if panel[1] == 4)
+fig = plt.figure(figsize=(12.8, 7.2), dpi=100)
+outer = fig.add_gridspec(1, 2, wspace=0.2, left=0.055, right=0.965, top=0.905, bottom=0.055)
 # rows of ranks: the left column (3 panels of 4 ranks and the legend) and the right one (4, 4, 8)
-left = outer[0].subgridspec(4, 1, hspace=0.75)
-right = outer[1].subgridspec(3, 1, height_ratios=[4, 4, 8], hspace=0.75 * 3 / 4)
+left = outer[0].subgridspec(4, 1, hspace=0.85)
+right = outer[1].subgridspec(3, 1, height_ratios=[4, 4, 8], hspace=0.85 * 3 / 4)
 slots = [left[0], left[1], left[2], right[0], right[1], right[2]]
 for slot, (schedule, P, M) in zip(slots, PANELS):
-    draw_gantt(fig.add_subplot(slot), schedule, P, M, runs[(schedule, P, M)])
+    run = loaded[(schedule, P, M)]
+    draw_gantt(fig.add_subplot(slot), schedule, P, M, run,
+               shared if P == 4 else bubbles(run[0])[0])
 lax = fig.add_subplot(left[3])
 lax.axis("off")
 handles = [Patch(facecolor=KIND_COLORS[k][0], label=lbl) for k, lbl in
@@ -169,19 +180,21 @@ handles = [Patch(facecolor=KIND_COLORS[k][0], label=lbl) for k, lbl in
 handles += [Patch(facecolor=KIND_COLORS["F"][0], edgecolor="black", lw=0.9,
                   label="F&B pair (split box: F on top, B below)"),
             Patch(facecolor=KIND_COLORS["F"][1],
-                  label="light shade: dualpipe direction 1 / dualpipev's 2nd stage"),
+                  label="light: dualpipe dir. 1 / dualpipev stage 2"),
             Patch(facecolor="white", edgecolor="#bbbbbb", label="idle (the bubble)"),
-            Line2D([], [], color="#9a9a9a", lw=2.5, label="blocked in a receive")]
+            Line2D([], [], color="#9a9a9a", lw=2.5, label="blocked in a receive"),
+            Line2D([], [], color="#444", lw=1, ls=(0, (3, 2)), label="makespan (P = 4 share one axis)")]
 lax.legend(handles=handles, loc="center", ncol=2, fontsize=8.5, frameon=False,
+           columnspacing=1.0, handlelength=1.6,
            title="box label: micro-batch;  right column: each rank's idle / makespan",
-           title_fontsize=8.5)
+           title_fontsize=9)
 # the op costs as the runs show them: median duration of each kind, in units of F's
 median = lambda v: sorted(v)[len(v) // 2]
 unit = median(durations["F"])
 costs = ", ".join(f"{k} = {median(durations[k]) / unit:.2g}" for k in ("F", "B", "I", "W", "F&B")
                   if durations[k])
-fig.suptitle(f"Pipeline schedules executed on MPI ranks (ops last, in units of F = {unit:.1f} ms: "
-             f"{costs})", fontsize=13)
+fig.suptitle(f"Pipeline schedules executed on MPI ranks\n(op durations in units of F = {unit:.1f} ms: "
+             f"{costs})", fontsize=12.5)
 fig.savefig(f"{out}/07_gantt.png")
 plt.close(fig)
 
@@ -198,7 +211,8 @@ for (schedule, P, M), path in sorted(runs.items()):
     if P == 8:
         measured[schedule].append((M, max(bubbles(load_run(path)[0])[1].values())))
 
-fig, ax = plt.subplots(figsize=(10, 5.6), dpi=150)
+plt.rcParams.update({"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 11})
+fig, ax = plt.subplots(figsize=(12.8, 7.2), dpi=100)
 names = [s for s in SCHEDULES if s in sim or s in measured]
 names += sorted(s for s in set(sim) | set(measured) if s not in names)
 # lines that coincide at the default costs: the second of each pair is dashed, on top
@@ -217,27 +231,39 @@ for i, name in enumerate(names):
         ax.plot([x + dx for x in xs], [100 * y for y in ys], ls="none", marker=MARKERS.get(name, "o"),
                 ms=8, mfc=color, mec="black", mew=0.8, color=color,
                 label=None if name in sim else f"{name} (executed)")
-ax.set_xlabel("micro-batches per step, M")
-ax.set_ylabel("bubble: worst rank's idle / makespan")
+ax.set_xlabel("micro-batches per step, M (count)")
+ax.set_ylabel("bubble: worst rank's idle / makespan (%)")
 ax.set_xticks(range(8, 65, 8))
 ax.set_xlim(6, 66)
 ax.set_ylim(0, None)
 ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
 ax.grid(alpha=0.3)
 ax.set_title("Pipeline bubble vs micro-batches at P = 8 ranks")
-leg = ax.legend(loc="upper right", title="schedule", fontsize=9)
+# per schedule: its line (simulator) and its marker (executed runs), in one entry
+sched_handles = []  # a tuple draws the line and, on top of it, the opaque marker
+for i, name in enumerate(names):
+    color = SCHED_COLORS.get(name, f"C{i}")
+    parts = []
+    if name in sim:
+        parts.append(Line2D([], [], color=color, **STYLE.get(name, dict(lw=2))))
+    if name in measured:
+        parts.append(Line2D([], [], ls="none", marker=MARKERS.get(name, "o"), ms=8, mfc=color,
+                            mec="black", mew=0.8))
+    sched_handles.append(tuple(parts))
+leg = ax.legend(handles=sched_handles, labels=names, loc="upper right", title="schedule",
+                handlelength=3.5)
 ax.add_artist(leg)
-ax.legend(handles=[Line2D([], [], color="black", lw=2, label="simulator"),
+ax.legend(handles=[Line2D([], [], color="black", lw=2, label="line: simulator"),
                    Line2D([], [], color="#bbbbbb", ls="none", marker="o", ms=8, mec="black",
-                          label="executed, 8 MPI ranks (--compute sleep)")],
-          loc="upper center", fontsize=9)
+                          label="marker: executed, 8 MPI ranks (--compute sleep)")],
+          loc="upper center", title="how to read", )
 # name the coinciding pairs on the curves themselves
 for a, b, why, dy in [("gpipe", "1f1b", "same bubble", 14),
                       ("zb-h1", "dualpipev", "same ratio at these costs", 12)]:
     at = dict(sim.get(a, [])), dict(sim.get(b, []))
     if 44 in at[0] and 44 in at[1] and abs(at[0][44] - at[1][44]) < 1e-3:
         ax.annotate(f"{a} = {b} ({why})", (44, 100 * at[0][44]),
-                    xytext=(0, dy), textcoords="offset points", ha="left", fontsize=8.5, color="#444")
+                    xytext=(0, dy), textcoords="offset points", ha="left", fontsize=10.5, color="#444")
 fig.tight_layout()
 fig.savefig(f"{out}/07_bubble.png")
 plt.close(fig)
