@@ -1,21 +1,28 @@
 // common/comm/comm.cpp — Comm: every blocking call is its non-blocking twin plus a watched wait.
 //
-// The one loop that waits is wait_one(): it polls MPI_Test against a deadline, so a
-// deadlock (two ranks that both Ssend first, a collective one rank never enters) ends as
-// one `error:` line naming rank, operation, peer, tag and bytes, then MPI_Abort.
+// The loops that wait are wait_one() (MPI_Test) and wait_all() (MPI_Testsome), both paced by
+// one Backoff against a deadline, so a deadlock (two ranks that both Ssend first, a
+// collective one rank never enters) ends as one `error:` line naming rank, operation, peer,
+// tag and bytes, then MPI_Abort. How they pace their polls (spin or sleep) is decided once,
+// in Comm::world: see "the watchdog" below.
 //
 // Self-messages (peer == rank) work through non-blocking pairs: post irecv, then isend,
 // then wait both. A *blocking* ssend to self can never be matched (the matching recv is
 // only posted after ssend returns): the watchdog reports it like any other deadlock.
 #include "common/comm/comm.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include "common/core/check.h"
@@ -62,6 +69,120 @@ static void counts_and_displs(const std::vector<size_t>& bytes, const char* op,
 static double now_us() { return trace().now_us(); }
 
 // ----------------------------------------------------------------------------
+// the wait policy: spin or sleep (see WaitPolicy in comm.h), decided once in Comm::world
+
+static WaitPolicy g_wait;  // until Comm::world decides: sleep, safe everywhere
+static bool g_wait_decided = false;
+
+const WaitPolicy& Comm::wait_policy() { return g_wait; }
+
+// The whole of a small file (a cgroup or proc file); "" if it cannot be read.
+static std::string read_small_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  if (in) ss << in.rdbuf();
+  return ss.str();
+}
+
+double cgroup_cpu_max_cores(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota, period;
+  if (!(in >> quota >> period) || quota == "max") return 0;
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  if (end == quota.c_str() || *end != '\0' || !(q > 0)) return 0;  // cgroup v1 writes -1: no limit
+  const double p = std::strtod(period.c_str(), &end);
+  if (end == period.c_str() || *end != '\0' || !(p > 0)) return 0;
+  return q / p;
+}
+
+// The tightest CPU quota on this process's cgroups (0: none). cgroup v2: cpu.max of our own
+// cgroup and of each parent up to the root (a parent's limit binds its children); cgroup v1:
+// cpu.cfs_quota_us / cpu.cfs_period_us where the cpu controller is mounted.
+static double cgroup_cores() {
+  double best = 0;
+  auto take = [&](double cores) {
+    if (cores > 0 && (best == 0 || cores < best)) best = cores;
+  };
+  std::string own;  // our cgroup v2 path, from the "0::/path" line of /proc/self/cgroup
+  std::istringstream lines(read_small_file("/proc/self/cgroup"));
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("0::", 0) == 0) own = line.substr(3);
+  for (std::string dir = own;; dir = dir.substr(0, dir.rfind('/'))) {
+    while (!dir.empty() && dir.back() == '/') dir.pop_back();
+    take(cgroup_cpu_max_cores(read_small_file("/sys/fs/cgroup" + dir + "/cpu.max")));
+    if (dir.empty()) break;
+  }
+  for (const char* v1 : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+    const std::string base = v1;
+    take(cgroup_cpu_max_cores(read_small_file(base + "/cpu.cfs_quota_us") + " " +
+                              read_small_file(base + "/cpu.cfs_period_us")));
+  }
+  return best;
+}
+
+// Ranks of this job on this node, and the cores they may use between them: the union of
+// their affinity masks (an mpirun that binds each rank to its own core gives each a
+// one-core mask), capped by the cgroup quota. Collective over MPI_COMM_WORLD.
+static void measure_node(int* node_ranks, double* cores) {
+  MPI_Comm node = MPI_COMM_NULL;
+  mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  mpiCheck(MPI_Comm_size(node, node_ranks));
+  constexpr int kWords = CPU_SETSIZE / 64;
+  uint64_t mask[kWords] = {};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &set)) mask[c / 64] |= uint64_t{1} << (c % 64);
+  } else {  // no affinity to read: all the cores the machine has
+    const int n = std::max(1, std::min((int)std::thread::hardware_concurrency(), CPU_SETSIZE));
+    for (int c = 0; c < n; c++) mask[c / 64] |= uint64_t{1} << (c % 64);
+  }
+  mpiCheck(MPI_Allreduce(MPI_IN_PLACE, mask, kWords, MPI_UINT64_T, MPI_BOR, node));
+  mpiCheck(MPI_Comm_free(&node));
+  int n = 0;
+  for (uint64_t w : mask) n += __builtin_popcountll(w);
+  *cores = (double)std::max(1, n);
+  const double quota = cgroup_cores();
+  if (quota > 0 && quota < *cores) *cores = quota;
+}
+
+// Reads FF_WAIT and measures the node; collective over MPI_COMM_WORLD. A bad FF_WAIT is a
+// usage error on every rank: the lowest rank that saw it prints the one line.
+static void decide_wait_policy() {
+  const char* env = std::getenv("FF_WAIT");
+  const std::string mode = env ? env : "auto";
+  const bool bad = mode != "spin" && mode != "sleep" && mode != "auto";
+  int rank = 0, size = 1;
+  mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  int first_bad = bad ? rank : size;
+  mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first_bad < size) {
+    if (rank == first_bad)
+      std::fprintf(stderr, "error: FF_WAIT='%s' is not a wait policy; want spin, sleep or auto\n",
+                   mode.c_str());
+    Comm::exit_all(2);
+  }
+  WaitPolicy w;
+  measure_node(&w.node_ranks, &w.cores);  // collective: measured whatever FF_WAIT says
+  char why[160];
+  if (mode == "auto") {
+    w.spin = w.node_ranks <= w.cores;
+    std::snprintf(why, sizeof why, "auto: %d rank%s on %g core%s%s", w.node_ranks,
+                  w.node_ranks == 1 ? "" : "s", w.cores, w.cores == 1 ? "" : "s",
+                  w.spin ? "" : ", oversubscribed");
+  } else {
+    w.spin = mode == "spin";
+    std::snprintf(why, sizeof why, "FF_WAIT=%s", mode.c_str());
+  }
+  w.reason = why;
+  g_wait = w;
+  g_wait_decided = true;
+}
+
+// ----------------------------------------------------------------------------
 // construction
 
 Comm::Comm(MPI_Comm c) : comm_(c) {
@@ -85,6 +206,7 @@ Comm Comm::world(int* argc, char*** argv) {
       std::exit(1);
     }
   }
+  if (!g_wait_decided) decide_wait_policy();
   return Comm(MPI_COMM_WORLD);
 }
 
@@ -108,73 +230,196 @@ Comm Comm::split(int color, int key) const {
 
 // ----------------------------------------------------------------------------
 // the watchdog
-
-// Polling: a few quick polls first (short messages finish in microseconds), then sleep
-// between polls. Ranks are oversubscribed (up to 32 on 2 cores): a spinning rank would
-// steal the core from the very peer it waits for. The sleep starts at 50 us and grows
-// with the time already waited (1% of it, at most 1 ms), so a rank stuck for long costs
-// ~1% of a core while a short wait still reacts within ~0.1 ms.
+//
+// Every wait polls MPI_Test (or MPI_Testsome) and, between polls that find nothing done,
+// pauses as the wait policy says. Why two policies: a small message completes in a few
+// microseconds, so a wait should cost about that — but only a rank that keeps polling sees
+// it then. With a core per rank, polling flat out costs nobody anything, and any sleep
+// costs its wake-up latency (50 us asked, ~100 us got, whenever the first quick polls miss:
+// lesson 04's 64-byte all-to-alls, ~2 us each, measured at 2.3x to 285x MPI_Alltoallv
+// between runs). With ranks sharing cores (up to 32 on 2 here), a spinning rank steals the
+// core from the very peer it waits for, and yielding and sleeping are what let it run.
+//   spin  (each rank has a core): poll flat out, with a pause instruction, for kSpinS; a
+//         wait longer than that is waiting on the peer's work, not on the message, and
+//         goes on as below.
+//   sleep (oversubscribed): kQuickPolls polls that yield the core, then sleeps.
+// The sleeps start at 50 us and grow with the time already waited (1% of it, at most
+// 1 ms), so a rank stuck for long costs ~1% of a core while a short wait still reacts
+// within ~0.1 ms.
+static constexpr double kSpinS = 2e-3;
 static constexpr int kQuickPolls = 16;
 static constexpr double kMinSleepS = 50e-6, kMaxSleepS = 1e-3, kSleepFraction = 0.01;
 
-void Comm::wait_one(Request& r) {
-  if (r.req == MPI_REQUEST_NULL) return;  // already completed (or never posted)
+// Tells the core this is a spin-wait loop (saves power, frees the pipeline for a sibling
+// hyperthread); one instruction, no system call.
+static inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// The pauses of one wait, and its deadline.
+class Backoff {
+ public:
+  explicit Backoff(double timeout_s) : timeout_s_(timeout_s), start_(clock::now()) {}
+  // Called after a poll that found nothing done; false once the deadline has passed.
+  bool pause() {
+    const double waited = std::chrono::duration<double>(clock::now() - start_).count();
+    if (waited > timeout_s_) return false;
+    if (g_wait.spin && waited < kSpinS) {
+      cpu_relax();
+    } else if (!g_wait.spin && polls_++ < kQuickPolls) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(
+          std::min(kMaxSleepS, std::max(kMinSleepS, kSleepFraction * waited))));
+    }
+    return true;
+  }
+
+ private:
   using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
+  double timeout_s_;
+  clock::time_point start_;
+  int polls_ = 0;
+};
+
+[[noreturn]] void Comm::report_deadlock(const Request& r) const {
+  // Collectives carry peer -1 and no tag; a receive may name a wildcard.
+  char peer[32], tag[32];
+  if (r.is_recv && r.peer == MPI_ANY_SOURCE) std::snprintf(peer, sizeof peer, "any");
+  else if (r.peer < 0) std::snprintf(peer, sizeof peer, "all");
+  else std::snprintf(peer, sizeof peer, "%d", r.peer);
+  if (r.is_recv && r.tag == MPI_ANY_TAG) std::snprintf(tag, sizeof tag, "any");
+  else if (r.peer < 0 && !r.is_recv) std::snprintf(tag, sizeof tag, "-");
+  else std::snprintf(tag, sizeof tag, "%d", r.tag);
+  std::fprintf(stderr,
+               "error: rank %d: no progress for %g s in %s with peer %s (tag %s, %zu bytes) "
+               "— likely deadlock\n",
+               rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+// A receive must get exactly the bytes it asked for: MPI accepts shorter messages, which
+// would leave the tail of the buffer stale without anyone noticing.
+static void check_received(const Request& r, const MPI_Status& status, int rank) {
+  if (!r.is_recv || status.MPI_SOURCE == MPI_PROC_NULL) return;
+  int got = 0;
+  mpiCheck(MPI_Get_count(&status, MPI_BYTE, &got));
+  FF_CHECK((size_t)got == r.bytes, r.op << " on rank " << rank << " from rank " << status.MPI_SOURCE
+                                        << " (tag " << status.MPI_TAG << "): expected " << r.bytes
+                                        << " bytes, got " << got);
+}
+
+MPI_Status Comm::wait_one(Request& r) {
   MPI_Status status;
-  for (int poll = 0;; poll++) {
+  std::memset(&status, 0, sizeof status);
+  status.MPI_SOURCE = MPI_PROC_NULL;
+  if (r.req == MPI_REQUEST_NULL) return status;  // already completed (or never posted)
+  Backoff backoff(timeout_s_);
+  for (;;) {
     int done = 0;
     mpiCheck(MPI_Test(&r.req, &done, &status));
     if (done) break;
-    if (poll < kQuickPolls) {
-      std::this_thread::yield();
-      continue;
-    }
-    double waited = std::chrono::duration<double>(clock::now() - start).count();
-    if (waited > timeout_s_) {
-      // Collectives carry peer -1 and no tag; a receive may name a wildcard.
-      char peer[32], tag[32];
-      if (r.is_recv && r.peer == MPI_ANY_SOURCE) std::snprintf(peer, sizeof peer, "any");
-      else if (r.peer < 0) std::snprintf(peer, sizeof peer, "all");
-      else std::snprintf(peer, sizeof peer, "%d", r.peer);
-      if (r.is_recv && r.tag == MPI_ANY_TAG) std::snprintf(tag, sizeof tag, "any");
-      else if (r.peer < 0 && !r.is_recv) std::snprintf(tag, sizeof tag, "-");
-      else std::snprintf(tag, sizeof tag, "%d", r.tag);
-      std::fprintf(stderr,
-                   "error: rank %d: no progress for %g s in %s with peer %s (tag %s, %zu bytes) "
-                   "— likely deadlock\n",
-                   rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      std::exit(1);
-    }
-    std::this_thread::sleep_for(std::chrono::duration<double>(
-        std::min(kMaxSleepS, std::max(kMinSleepS, kSleepFraction * waited))));
+    if (!backoff.pause()) report_deadlock(r);
   }
-  // A receive must get exactly the bytes it asked for: MPI accepts shorter messages, which
-  // would leave the tail of the buffer stale without anyone noticing.
-  if (r.is_recv && status.MPI_SOURCE != MPI_PROC_NULL) {
-    int got = 0;
-    mpiCheck(MPI_Get_count(&status, MPI_BYTE, &got));
-    FF_CHECK((size_t)got == r.bytes, r.op << " on rank " << rank_ << " from rank " << status.MPI_SOURCE
-                                          << " (tag " << status.MPI_TAG << "): expected " << r.bytes
-                                          << " bytes, got " << got);
-  }
+  check_received(r, status, rank_);
+  return status;
 }
 
-// Records r's span [post, completion).
-static void record(const Request& r, int64_t bytes) {
-  if (trace().enabled()) trace().add(r.op, "comm", r.start_us, now_us(), bytes);
+// ----------------------------------------------------------------------------
+// trace records (see comm.h): blocking calls are spans, requests are flights plus the span
+// of the wait that sat blocked on them
+
+// r as a trace record [start, end): peer and tag as the completed status says for a receive
+// that named a wildcard; peer "all" and no tag for a collective (peer -1, not a receive).
+static Span comm_record(const std::string& name, const Request& r, const MPI_Status* status,
+                        double start, double end, SpanKind kind) {
+  Span s;
+  s.name = name;
+  s.stream = "comm";
+  s.start_us = start;
+  s.end_us = end;
+  s.bytes = (int64_t)r.bytes;
+  s.kind = kind;
+  if (!r.is_recv && r.peer == -1) {
+    s.peer = Span::kAllRanks;
+    return s;
+  }
+  const bool got = r.is_recv && status && status->MPI_SOURCE != MPI_PROC_NULL;
+  s.peer = got && r.peer == MPI_ANY_SOURCE ? status->MPI_SOURCE : r.peer;
+  s.tag = got && r.tag == MPI_ANY_TAG ? status->MPI_TAG : r.tag;
+  return s;
+}
+
+// A blocking call: one span, from its post to its return.
+static void record_blocking(const Request& r, const MPI_Status& status) {
+  if (trace().enabled()) trace().add(comm_record(r.op, r, &status, r.start_us, now_us(), SpanKind::span));
 }
 
 void Comm::wait(Request& r) {
   if (r.req == MPI_REQUEST_NULL) return;
-  wait_one(r);
-  record(r, (int64_t)r.bytes);
+  const double entered = trace().enabled() ? now_us() : 0.0;
+  MPI_Status status = wait_one(r);
+  if (!trace().enabled()) return;
+  const double done = now_us();
+  trace().add(comm_record(r.op, r, &status, r.start_us, done, SpanKind::flight));
+  trace().add(comm_record("wait " + r.op, r, &status, entered, done, SpanKind::span));
 }
 
 void Comm::wait_all(std::vector<Request>& rs) {
-  for (Request& r : rs) wait(r);
+  std::vector<MPI_Request> handles;  // the pending requests, for MPI_Testsome
+  std::vector<size_t> where;         // handles[i] is rs[where[i]].req
+  for (size_t i = 0; i < rs.size(); i++)
+    if (rs[i].req != MPI_REQUEST_NULL) {
+      handles.push_back(rs[i].req);
+      where.push_back(i);
+    }
+  if (handles.empty()) return;
+  const bool tracing = trace().enabled();
+  const double entered = tracing ? now_us() : 0.0;
+  const int n = (int)handles.size();
+  std::vector<int> indices(n);
+  std::vector<MPI_Status> statuses(n);
+  Backoff backoff(timeout_s_);
+  for (int left = n; left > 0;) {
+    int count = 0;
+    mpiCheck(MPI_Testsome(n, handles.data(), &count, indices.data(), statuses.data()));
+    if (count == MPI_UNDEFINED) break;  // (cannot happen while some are pending)
+    if (count == 0) {
+      if (backoff.pause()) continue;
+      for (int i = 0; i < n; i++)  // the first one, in the caller's order, still pending
+        if (handles[i] != MPI_REQUEST_NULL) report_deadlock(rs[where[i]]);
+    }
+    const double done = tracing ? now_us() : 0.0;
+    for (int k = 0; k < count; k++) rs[where[indices[k]]].req = MPI_REQUEST_NULL;
+    for (int k = 0; k < count; k++) {
+      const Request& r = rs[where[indices[k]]];
+      check_received(r, statuses[k], rank_);
+      if (tracing) trace().add(comm_record(r.op, r, &statuses[k], r.start_us, done, SpanKind::flight));
+    }
+    left -= count;
+  }
+  if (!tracing) return;
+  // The blocked time, one span: bytes of all the requests; peer and tag where they agree.
+  Span s;
+  s.name = "wait_all";
+  s.stream = "comm";
+  s.start_us = entered;
+  s.end_us = now_us();
+  s.peer = rs[where[0]].peer;
+  s.tag = rs[where[0]].tag;
+  for (size_t i : where) {
+    const Request& r = rs[i];
+    s.bytes += (int64_t)r.bytes;
+    if (r.peer != s.peer || r.peer < 0) s.peer = Span::kNoPeer;
+    if (r.tag != s.tag || r.tag < 0) s.tag = Span::kNoTag;
+  }
+  trace().add(std::move(s));
 }
 
 // ----------------------------------------------------------------------------
@@ -201,31 +446,36 @@ Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
 void Comm::send(const void* buf, size_t bytes, int peer, int tag) {
   Request r = isend(buf, bytes, peer, tag);
   r.op = "send";
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::ssend(const void* buf, size_t bytes, int peer, int tag) {
   Request r = issend(buf, bytes, peer, tag);
   r.op = "ssend";
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::recv(void* buf, size_t bytes, int peer, int tag) {
   Request r = irecv(buf, bytes, peer, tag);
   r.op = "recv";
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 // The receive is posted first, so sendrecv with oneself (dest == src == rank) works.
-// One span, "sendrecv", counting the bytes sent and received.
+// One span, "sendrecv", counting the bytes sent and received; its peer is the destination,
+// its tag the send's, and `from` the source.
 void Comm::sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* rbuf, size_t rbytes,
                     int src, int rtag) {
   Request rr = irecv(rbuf, rbytes, src, rtag);
   Request sr = isend(sbuf, sbytes, dest, stag);
   rr.op = sr.op = "sendrecv";
-  wait_one(rr);  // named after the receive while it is the one missing...
-  wait_one(sr);  // ...then after the send
-  record(rr, (int64_t)(sbytes + rbytes));
+  MPI_Status got = wait_one(rr);  // named after the receive while it is the one missing...
+  wait_one(sr);                   // ...then after the send
+  if (!trace().enabled()) return;
+  Span s = comm_record("sendrecv", sr, nullptr, rr.start_us, now_us(), SpanKind::span);
+  s.bytes = (int64_t)(sbytes + rbytes);
+  s.from = src == MPI_ANY_SOURCE && got.MPI_SOURCE != MPI_PROC_NULL ? got.MPI_SOURCE : src;
+  trace().add(std::move(s));
 }
 
 // ----------------------------------------------------------------------------
@@ -240,7 +490,7 @@ void Comm::allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op) {
   mpiCheck(MPI_Type_size(type, &type_size));
   Request r = collective("allreduce", (size_t)count * (size_t)type_size);
   mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));  // one span, as a blocking point-to-point call
 }
 
 void Comm::allreduce_sum(float* buf, size_t n) {
@@ -255,7 +505,7 @@ void Comm::allgather(const void* send, size_t bytes, void* recv) {
   // Our own block already in place in recv: MPI forbids the aliasing, MPI_IN_PLACE says it.
   const void* s = send == static_cast<char*>(recv) + (size_t)rank_ * bytes ? MPI_IN_PLACE : send;
   mpiCheck(MPI_Iallgather(s, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::allgatherv(const void* send, size_t bytes, void* recv,
@@ -271,7 +521,7 @@ void Comm::allgatherv(const void* send, size_t bytes, void* recv,
   const void* s = send == static_cast<char*>(recv) + displs[rank_] ? MPI_IN_PLACE : send;
   mpiCheck(MPI_Iallgatherv(s, counts[rank_], MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE,
                            comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) {
@@ -285,19 +535,19 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
   to_count(total * sizeof(float), "reduce_scatter");
   Request r = collective("reduce_scatter", total * sizeof(float));
   mpiCheck(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::bcast(void* buf, size_t bytes, int root) {
   Request r = collective("bcast", bytes);
   mpiCheck(MPI_Ibcast(buf, to_count(bytes, "bcast"), MPI_BYTE, root, comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::barrier() {
   Request r = collective("barrier", 0);
   mpiCheck(MPI_Ibarrier(comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 void Comm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
@@ -313,7 +563,7 @@ void Comm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, vo
   Request r = collective("alltoallv", sent + received);
   mpiCheck(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(),
                           rdispls.data(), MPI_BYTE, comm_, &r.req));
-  wait(r);
+  record_blocking(r, wait_one(r));
 }
 
 // ----------------------------------------------------------------------------

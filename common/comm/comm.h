@@ -8,8 +8,19 @@
 //    one line:
 //      error: rank R: no progress for T s in <op> with peer P (tag G, N bytes) — likely deadlock
 //    followed by MPI_Abort. Collectives name the peer "all" and the tag "-".
+//  * A wait costs what the message costs where it can: with a core per rank it polls in a
+//    tight loop first, and sleeps between polls only when this node has more ranks than
+//    cores (or the wait is long). FF_WAIT=spin|sleep|auto (default auto) overrides; see
+//    WaitPolicy and "the watchdog" in comm.cpp.
 //  * Buffers are host memory. Tensor overloads stage sim/cuda tensors through the host.
-//  * Every operation records a span (stream "comm") into trace() when tracing is on.
+//  * Tracing (trace() enabled), on the "comm" track of this rank:
+//      - a blocking call (send, ssend, recv, sendrecv, a collective) is one span, call to return;
+//      - a non-blocking request (isend, issend, irecv) is a *flight*, from its post to its
+//        completion as a wait sees it (an async event: flights overlap each other freely),
+//        and the time a wait() sat blocked on it is a span "wait irecv" ("wait isend", ...;
+//        wait_all: one span "wait_all" for all its requests);
+//    each with its peer, tag and bytes. Spans on one track nest or are disjoint. Inside a
+//    Trace::Category all of them go to the category's track instead (see trace.h).
 #pragma once
 #include <mpi.h>
 
@@ -32,14 +43,37 @@ struct Request {
   int peer = -1;        // -1: a collective ("all")
   int tag = -1;
   size_t bytes = 0;
-  double start_us = 0;  // for the trace span
+  double start_us = 0;  // when it was posted (trace time), for the trace
   bool is_recv = false;  // a receive: the message must fill exactly `bytes`
 };
 
+// How this process's waits poll, decided once in Comm::world.
+//   spin:  MPI_Test in a tight loop (with a pause instruction) for the first 2 ms of a
+//          wait, then sleeps that grow with the time waited. Right when every rank has a core.
+//   sleep: a few polls that yield, then sleeps (50 us and up). Right when ranks share cores:
+//          a spinning rank would take the core from the very peer it waits for.
+// FF_WAIT=spin|sleep picks one; FF_WAIT=auto (or FF_WAIT unset) picks spin unless this node is
+// oversubscribed: more ranks of this job on it (MPI_COMM_TYPE_SHARED) than cores they may use
+// (the union of their CPU affinity masks, capped by a cgroup CPU quota if there is one).
+// (Before Comm::world has run: sleep, the policy that is never wrong, only slow.)
+struct WaitPolicy {
+  bool spin = false;
+  int node_ranks = 1;  // ranks of this job on this node
+  double cores = 0;    // cores they may use (measured whatever FF_WAIT says; 0 before world())
+  std::string reason;  // one phrase, e.g. "auto: 2 ranks on 2 cores" or "FF_WAIT=sleep"
+};
+
+// The cores a cgroup v2 cpu.max ("QUOTA PERIOD", e.g. "200000 100000" = 2 cores) allows;
+// 0 when it sets no limit ("max 100000") or cannot be read.
+double cgroup_cpu_max_cores(const std::string& cpu_max);
+
 class Comm {
  public:
-  // Initializes MPI once per process and returns MPI_COMM_WORLD.
+  // Initializes MPI once per process and returns MPI_COMM_WORLD. The first call (collective)
+  // also decides the WaitPolicy; an FF_WAIT other than spin, sleep or auto is a usage error:
+  // one `error:` line, exit 2 on every rank.
   static Comm world(int* argc, char*** argv);
+  static const WaitPolicy& wait_policy();
   // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.
   [[noreturn]] static void exit_all(int code);
 
@@ -58,6 +92,9 @@ class Comm {
   Request issend(const void* buf, size_t bytes, int peer, int tag);
   Request irecv(void* buf, size_t bytes, int peer, int tag);
   void wait(Request& r);
+  // Waits for all of rs, polling all of them (each flight ends when it completes, whatever
+  // the order); the watchdog names the first one, in rs's order, still pending. Its trace
+  // span "wait_all" counts the bytes of all; its peer and tag are theirs where all agree.
   void wait_all(std::vector<Request>& rs);
   void sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* rbuf, size_t rbytes,
                 int src, int rtag);
@@ -90,7 +127,8 @@ class Comm {
 
  private:
   explicit Comm(MPI_Comm c);
-  void wait_one(Request& r);  // the watchdog loop
+  MPI_Status wait_one(Request& r);  // the watchdog loop: returns when r completes
+  [[noreturn]] void report_deadlock(const Request& r) const;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;

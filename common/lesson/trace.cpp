@@ -1,12 +1,14 @@
-// common/lesson/trace.cpp — per-rank spans, gathered to rank 0 and written as Chrome-trace JSON
-// (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU, the
-// "Trace Event Format": complete events ph "X" plus metadata events ph "M") and as CSV.
+// common/lesson/trace.cpp — per-rank spans and flights, gathered to rank 0 and written as
+// Chrome-trace JSON (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU,
+// the "Trace Event Format": complete events ph "X" for spans, nestable async events ph "b"/"e"
+// for flights, metadata events ph "M" for track names) and as CSV.
 #include "common/lesson/trace.h"
 
 #include <mpi.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -14,6 +16,7 @@
 
 #include "common/core/check.h"
 #include "common/comm/comm.h"
+#include "common/lesson/files.h"
 
 namespace ff {
 
@@ -25,10 +28,13 @@ Trace& trace() {
 // ----------------------------------------------------------------------------
 // recording
 
+const char* span_kind_name(SpanKind k) { return k == SpanKind::flight ? "flight" : "span"; }
+
 void Trace::enable(const Comm& comm) {
   // A raw barrier: the Comm one would try to record a span into a trace half enabled.
   mpiCheck(MPI_Barrier(comm.raw()));
   epoch_s_ = MPI_Wtime();
+  next_id_ = (uint64_t)comm.rank() << 32;  // flight ids unique across ranks, never 0
   enabled_ = true;
 }
 
@@ -36,19 +42,46 @@ double Trace::now_us() const { return (MPI_Wtime() - epoch_s_) * 1e6; }
 
 void Trace::add(const std::string& name, const std::string& stream, double start_us, double end_us,
                 int64_t bytes) {
-  spans_.push_back(Span{name, stream, start_us, end_us, bytes});
+  Span s;
+  s.name = name;
+  s.stream = stream;
+  s.start_us = start_us;
+  s.end_us = end_us;
+  s.bytes = bytes;
+  add(std::move(s));
+}
+
+void Trace::add(Span s) {
+  if (!category_.empty()) s.stream = category_;
+  if (s.kind == SpanKind::flight && s.id == 0) s.id = ++next_id_;
+  spans_.push_back(std::move(s));
 }
 
 Trace::Scope::Scope(Trace& t, std::string name, std::string stream, int64_t bytes)
-    : t_(t), name_(std::move(name)), stream_(std::move(stream)), bytes_(bytes),
-      start_(t.enabled() ? t.now_us() : 0.0) {}
+    : t_(t), name_(std::move(name)),
+      stream_(t.category().empty() ? std::move(stream) : t.category()),  // the category now
+      bytes_(bytes), start_(t.enabled() ? t.now_us() : 0.0) {}
 
 Trace::Scope::~Scope() {
-  if (t_.enabled()) t_.add(name_, stream_, start_, t_.now_us(), bytes_);
+  if (!t_.enabled()) return;
+  Span s;
+  s.name = name_;
+  s.stream = stream_;
+  s.start_us = start_;
+  s.end_us = t_.now_us();
+  s.bytes = bytes_;
+  t_.spans_.push_back(std::move(s));  // as captured: a Category begun since does not apply
 }
 
+Trace::Category::Category(Trace& t, std::string name) : t_(t), previous_(t.category_) {
+  FF_CHECK(!name.empty(), "Trace::Category: the name must not be empty");
+  t_.category_ = std::move(name);
+}
+
+Trace::Category::~Category() { t_.category_ = previous_; }
+
 // ----------------------------------------------------------------------------
-// gathering: each rank's spans as one byte string, MPI_Gatherv'd to rank 0
+// gathering: each rank's records as one byte string, MPI_Gatherv'd to rank 0
 
 static void put_bytes(std::vector<char>& out, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -86,6 +119,11 @@ std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
     put_bytes(mine, &s.start_us, sizeof s.start_us);
     put_bytes(mine, &s.end_us, sizeof s.end_us);
     put_bytes(mine, &s.bytes, sizeof s.bytes);
+    put_bytes(mine, &s.kind, sizeof s.kind);
+    put_bytes(mine, &s.peer, sizeof s.peer);
+    put_bytes(mine, &s.tag, sizeof s.tag);
+    put_bytes(mine, &s.from, sizeof s.from);
+    put_bytes(mine, &s.id, sizeof s.id);
   }
   // Every rank learns every size, so all of them agree on refusing an oversized gather.
   const int P = comm.size(), rank = comm.rank();
@@ -115,6 +153,11 @@ std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
       in.get(&s.start_us, sizeof s.start_us);
       in.get(&s.end_us, sizeof s.end_us);
       in.get(&s.bytes, sizeof s.bytes);
+      in.get(&s.kind, sizeof s.kind);
+      in.get(&s.peer, sizeof s.peer);
+      in.get(&s.tag, sizeof s.tag);
+      in.get(&s.from, sizeof s.from);
+      in.get(&s.id, sizeof s.id);
       out.emplace_back(r, std::move(s));
     }
   }
@@ -122,23 +165,7 @@ std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
 }
 
 // ----------------------------------------------------------------------------
-// writing (rank 0)
-
-static FILE* open_for_writing(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw Error("cannot write trace file " + path + ": " + std::strerror(errno));
-  return f;
-}
-
-static void close_written(FILE* f, const std::string& path) {
-  bool bad = std::ferror(f) != 0;
-  int saved = errno;
-  if (std::fclose(f) != 0 && !bad) {
-    bad = true;
-    saved = errno;
-  }
-  if (bad) throw Error("cannot write trace file " + path + ": " + std::strerror(saved));
-}
+// writing (rank 0), through OutputFile: every write checked, the file renamed into place whole
 
 static std::string json_escape(const std::string& s) {
   std::string out;
@@ -170,12 +197,35 @@ static std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
+// A peer as text: a rank, "all" for a collective, "" for none.
+static std::string peer_text(int peer) {
+  if (peer == Span::kNoPeer) return "";
+  if (peer == Span::kAllRanks) return "all";
+  return std::to_string(peer);
+}
+static std::string tag_text(int tag) { return tag == Span::kNoTag ? "" : std::to_string(tag); }
+
+// JSON args: bytes always; peer, tag and from when there are.
+static std::string json_args(const Span& s) {
+  std::string a = "{\"bytes\": " + std::to_string(s.bytes);
+  if (s.peer == Span::kAllRanks) a += ", \"peer\": \"all\"";
+  else if (s.peer != Span::kNoPeer) a += ", \"peer\": " + std::to_string(s.peer);
+  if (s.tag != Span::kNoTag) a += ", \"tag\": " + std::to_string(s.tag);
+  if (s.from != Span::kNoPeer) a += ", \"from\": " + std::to_string(s.from);
+  return a + "}";
+}
+
+// Times as written (%.3f): the end is rounded on its own and the duration taken between the
+// rounded ends, so two spans that nest in memory still nest in the file. Records before the
+// epoch are clipped to it.
+static double round_us(double t) { return std::round(t * 1000.0) / 1000.0; }
+
 void Trace::write_chrome_json(const Comm& comm, const std::string& path) const {
   std::vector<std::pair<int, Span>> all = gather(comm);
   if (comm.rank() != 0) return;
 
   // One thread track per stream, the same tid on every rank: compute first, comm second,
-  // any other stream after them in order of first appearance.
+  // any other stream (a category such as "check") after them in order of first appearance.
   std::map<std::string, int> tid{{"compute", 1}, {"comm", 2}};
   std::vector<std::string> streams{"compute", "comm"};
   std::set<std::pair<int, std::string>> used;  // (rank, stream) pairs that get a named track
@@ -184,43 +234,56 @@ void Trace::write_chrome_json(const Comm& comm, const std::string& path) const {
     used.emplace(rs.first, rs.second.stream);
   }
 
-  FILE* f = open_for_writing(path);
-  std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  OutputFile f(path);
+  f.printf("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
   const char* sep = "";
   for (int r = 0; r < comm.size(); r++) {
-    std::fprintf(f, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
-                    "\"args\": {\"name\": \"rank %d\"}}", sep, r, r);
+    f.printf("%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+             "\"args\": {\"name\": \"rank %d\"}}", sep, r, r);
     sep = ",\n";
-    std::fprintf(f, "%s{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
-                    "\"args\": {\"sort_index\": %d}}", sep, r, r);
+    f.printf("%s{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+             "\"args\": {\"sort_index\": %d}}", sep, r, r);
     for (const std::string& s : streams) {
       if (!used.count({r, s})) continue;
-      std::fprintf(f, "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
-                      "\"args\": {\"name\": \"%s\"}}", sep, r, tid[s], json_escape(s).c_str());
-      std::fprintf(f, "%s{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
-                      "\"args\": {\"sort_index\": %d}}", sep, r, tid[s], tid[s]);
+      f.printf("%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+               "\"args\": {\"name\": \"%s\"}}", sep, r, tid[s], json_escape(s).c_str());
+      f.printf("%s{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+               "\"args\": {\"sort_index\": %d}}", sep, r, tid[s], tid[s]);
     }
   }
   for (const auto& [r, s] : all) {
-    double dur = s.end_us > s.start_us ? s.end_us - s.start_us : 0.0;
-    std::fprintf(f, "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, "
-                    "\"dur\": %.3f, \"pid\": %d, \"tid\": %d, \"args\": {\"bytes\": %lld}}",
-                 sep, json_escape(s.name).c_str(), json_escape(s.stream).c_str(),
-                 s.start_us > 0 ? s.start_us : 0.0, dur, r, tid[s.stream], (long long)s.bytes);
+    const double start = round_us(s.start_us > 0 ? s.start_us : 0.0);
+    const double end = std::max(start, round_us(s.end_us));
+    const std::string name = json_escape(s.name), cat = json_escape(s.stream), args = json_args(s);
+    if (s.kind == SpanKind::span) {
+      f.printf("%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
+               "\"pid\": %d, \"tid\": %d, \"args\": %s}",
+               sep, name.c_str(), cat.c_str(), start, end - start, r, tid[s.stream], args.c_str());
+    } else {  // a flight: begin and end of one async slice, matched by (cat, id)
+      f.printf("%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"b\", \"id\": %llu, \"ts\": %.3f, "
+               "\"pid\": %d, \"tid\": %d, \"args\": %s}",
+               sep, name.c_str(), cat.c_str(), (unsigned long long)s.id, start, r, tid[s.stream],
+               args.c_str());
+      f.printf("%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"e\", \"id\": %llu, \"ts\": %.3f, "
+               "\"pid\": %d, \"tid\": %d}",
+               sep, name.c_str(), cat.c_str(), (unsigned long long)s.id, end, r, tid[s.stream]);
+    }
   }
-  std::fprintf(f, "\n]}\n");
-  close_written(f, path);
+  f.printf("\n]}\n");
+  f.commit();
 }
 
 void Trace::write_csv(const Comm& comm, const std::string& path) const {
   std::vector<std::pair<int, Span>> all = gather(comm);
   if (comm.rank() != 0) return;
-  FILE* f = open_for_writing(path);
-  std::fprintf(f, "rank,name,stream,start_us,end_us,bytes\n");
+  OutputFile f(path);
+  f.printf("rank,name,stream,start_us,end_us,bytes,kind,peer,tag,from\n");
   for (const auto& [r, s] : all)
-    std::fprintf(f, "%d,%s,%s,%.3f,%.3f,%lld\n", r, csv_field(s.name).c_str(),
-                 csv_field(s.stream).c_str(), s.start_us, s.end_us, (long long)s.bytes);
-  close_written(f, path);
+    f.printf("%d,%s,%s,%.3f,%.3f,%lld,%s,%s,%s,%s\n", r, csv_field(s.name).c_str(),
+             csv_field(s.stream).c_str(), s.start_us, s.end_us, (long long)s.bytes,
+             span_kind_name(s.kind), peer_text(s.peer).c_str(),
+             tag_text(s.tag).c_str(), peer_text(s.from).c_str());
+  f.commit();
 }
 
 }  // namespace ff

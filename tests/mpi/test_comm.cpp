@@ -10,16 +10,23 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/core/check.h"
 #include "common/comm/comm.h"
 #include "common/core/tensor.h"
+#include "common/lesson/files.h"
 #include "common/lesson/trace.h"
 
 using namespace ff;
@@ -401,6 +408,66 @@ TEST_CASE("tensor overloads stage sim tensors through the host") {
 }
 
 // ----------------------------------------------------------------------------
+// the wait policy
+
+TEST_CASE("wait policy: cgroup cpu.max parsing") {
+  CHECK(cgroup_cpu_max_cores("max 100000") == 0);
+  CHECK(cgroup_cpu_max_cores("max 100000\n") == 0);
+  CHECK(cgroup_cpu_max_cores("200000 100000") == 2);
+  CHECK(cgroup_cpu_max_cores("150000 100000\n") == 1.5);
+  CHECK(cgroup_cpu_max_cores("50000 100000") == 0.5);
+  CHECK(cgroup_cpu_max_cores("-1 100000") == 0);  // cgroup v1's "no limit", as its files join
+  CHECK(cgroup_cpu_max_cores("") == 0);           // no file
+  CHECK(cgroup_cpu_max_cores("200000") == 0);     // no period: not a cpu.max
+  CHECK(cgroup_cpu_max_cores("2x 100000") == 0);
+  CHECK(cgroup_cpu_max_cores("200000 0") == 0);
+}
+
+TEST_CASE("wait policy: decided in Comm::world, spin exactly when the node has a core per rank") {
+  Comm c = test_comm();
+  const WaitPolicy& w = Comm::wait_policy();
+  CHECK(w.node_ranks >= 1);
+  CHECK(w.node_ranks <= c.size());
+  CHECK(w.cores > 0);
+  REQUIRE(!w.reason.empty());
+  const char* env = std::getenv("FF_WAIT");
+  const std::string mode = env ? env : "auto";
+  if (mode == "auto") {
+    CHECK(w.spin == (w.node_ranks <= w.cores));
+    CHECK(w.reason.rfind("auto: ", 0) == 0);
+  } else {
+    CHECK(w.spin == (mode == "spin"));
+    CHECK(w.reason == "FF_WAIT=" + mode);
+  }
+  // The node's rank count is the same on every rank of one node (all of ours, here).
+  int lo = w.node_ranks, hi = w.node_ranks;
+  c.allreduce(&lo, 1, MPI_INT, MPI_MIN);
+  c.allreduce(&hi, 1, MPI_INT, MPI_MAX);
+  CHECK(lo == hi);
+}
+
+TEST_CASE("wait policy: a short wait returns within a poll, a long one still ends") {
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
+  // 200 ring exchanges of one int: whatever the policy, they all complete and arrive in order.
+  int got = -1;
+  for (int i = 0; i < 200; i++) {
+    int mine = 1000 * r + i;
+    Request rr = c.irecv(&got, sizeof got, left, 40);
+    Request sr = c.isend(&mine, sizeof mine, right, 40);
+    std::vector<Request> both{rr, sr};
+    c.wait_all(both);
+    REQUIRE(got == 1000 * left + i);
+  }
+  // A wait past the spin window (rank 0 arrives 30 ms late): the others sleep, then wake.
+  c.barrier();
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  int token = r;
+  c.allreduce(&token, 1, MPI_INT, MPI_SUM);
+  CHECK(token == P * (P - 1) / 2);
+}
+
+// ----------------------------------------------------------------------------
 // trace
 
 static int count_spans(const std::vector<Span>& spans, const std::string& name) {
@@ -411,8 +478,21 @@ static const Span* find_span(const std::vector<Span>& spans, const std::string& 
     if (s.name == name) return &s;
   return nullptr;
 }
+static std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
-TEST_CASE("trace: comm and compute spans, gathered to rank 0, written as JSON and CSV") {
+// A file name rank 0 chooses (its pid), the same on every rank.
+static std::string shared_temp_base(Comm& c, const std::string& what) {
+  int pid = (int)getpid();
+  c.bcast(&pid, sizeof pid, 0);
+  return "/tmp/fivefold_mpi_tests_" + std::to_string(pid) + "_" + what;
+}
+
+TEST_CASE("trace: blocking calls are spans; requests are flights plus the span of their wait") {
   Comm c = test_comm();
   const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
   Trace& tr = trace();
@@ -427,8 +507,8 @@ TEST_CASE("trace: comm and compute spans, gathered to rank 0, written as JSON an
     Trace::Scope s(tr, "work", "compute", 42);
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }
-  // An irecv's span runs from its post to the end of its wait: here it must cover the
-  // sender's 20 ms sleep.
+  // An irecv's flight runs from its post to its completion: here it must cover the sender's
+  // 20 ms sleep; the wait's span only the part this rank sat in wait().
   float late = 0, mine = (float)r;
   Request rr = c.irecv(&late, sizeof late, left, 32);
   c.barrier();
@@ -439,75 +519,347 @@ TEST_CASE("trace: comm and compute spans, gathered to rank 0, written as JSON an
   CHECK(late == (float)left);
 
   const std::vector<Span>& spans = tr.spans();
-  REQUIRE(spans.size() == 6);
+  REQUIRE(spans.size() == 8);
+  for (const Span& s : spans) {
+    CHECK(s.end_us >= s.start_us);
+    CHECK(s.start_us >= 0);
+  }
   const Span* s = find_span(spans, "sendrecv");
   REQUIRE(s != nullptr);
   CHECK(s->stream == "comm");
+  CHECK(s->kind == SpanKind::span);
   CHECK(s->bytes == 2 * (int64_t)sizeof out);
-  CHECK(s->end_us >= s->start_us);
-  CHECK(s->start_us >= 0);
+  CHECK(s->peer == right);
+  CHECK(s->from == left);
+  CHECK(s->tag == 31);
   s = find_span(spans, "allreduce");
   REQUIRE(s != nullptr);
+  CHECK(s->kind == SpanKind::span);
   CHECK(s->bytes == 3 * (int64_t)sizeof(int));
+  CHECK(s->peer == Span::kAllRanks);
+  CHECK(s->tag == Span::kNoTag);
   s = find_span(spans, "work");
   REQUIRE(s != nullptr);
   CHECK(s->stream == "compute");
   CHECK(s->bytes == 42);
+  CHECK(s->peer == Span::kNoPeer);
   CHECK(s->end_us - s->start_us >= 3000 * 0.9);
-  s = find_span(spans, "irecv");
-  REQUIRE(s != nullptr);
-  CHECK(s->bytes == (int64_t)sizeof late);
-  if (P > 1) CHECK(s->end_us - s->start_us >= 10000);  // 20 ms minus any barrier skew
-  CHECK(count_spans(spans, "isend") == 1);
+  const Span* flight = find_span(spans, "irecv");
+  const Span* wait = find_span(spans, "wait irecv");
+  REQUIRE(flight != nullptr);
+  REQUIRE(wait != nullptr);
+  CHECK(flight->kind == SpanKind::flight);
+  CHECK(flight->id != 0);
+  CHECK(flight->bytes == (int64_t)sizeof late);
+  CHECK(flight->peer == left);
+  CHECK(flight->tag == 32);
+  if (P > 1) CHECK(flight->end_us - flight->start_us >= 10000);  // 20 ms minus any barrier skew
+  CHECK(wait->kind == SpanKind::span);
+  CHECK(wait->stream == "comm");
+  CHECK(wait->peer == left);
+  CHECK(wait->start_us >= flight->start_us + 10000);  // entered wait() after this rank's sleep
+  CHECK(wait->end_us == flight->end_us);               // both end at the completion
+  const Span* sflight = find_span(spans, "isend");
+  REQUIRE(sflight != nullptr);
+  CHECK(sflight->kind == SpanKind::flight);
+  CHECK(sflight->id != flight->id);
+  CHECK(sflight->peer == right);
+  CHECK(count_spans(spans, "wait isend") == 1);
   CHECK(count_spans(spans, "barrier") == 1);
 
-  // gather: 6 spans from every rank, in rank order, on rank 0 only
+  // gather: 8 records from every rank, in rank order, on rank 0 only, fields intact
   std::vector<std::pair<int, Span>> all = tr.gather(c);
   if (r == 0) {
-    REQUIRE(all.size() == (size_t)(6 * P));
+    REQUIRE(all.size() == (size_t)(8 * P));
     for (int q = 0; q < P; q++) {
-      CHECK(all[6 * q].first == q);
-      CHECK(all[6 * q].second.name == "sendrecv");
-      CHECK(all[6 * q + 2].second.name == "work");
-      CHECK(all[6 * q + 2].second.bytes == 42);
+      CHECK(all[8 * q].first == q);
+      CHECK(all[8 * q].second.name == "sendrecv");
+      CHECK(all[8 * q].second.peer == (q + 1) % P);
+      CHECK(all[8 * q].second.from == (q + P - 1) % P);
+      CHECK(all[8 * q + 2].second.name == "work");
+      CHECK(all[8 * q + 2].second.bytes == 42);
+      CHECK(all[8 * q + 4].second.kind == SpanKind::flight);
+      CHECK((all[8 * q + 4].second.id >> 32) == (uint64_t)q);  // flight ids carry their rank
     }
   } else {
     CHECK(all.empty());
   }
-
-  // the files: a path rank 0 chooses, one process track per rank
-  int pid = (int)getpid();
-  c.bcast(&pid, sizeof pid, 0);
-  const std::string base = "/tmp/fivefold_mpi_tests_" + std::to_string(pid);
   tr.clear();
+}
+
+TEST_CASE("trace: wait_all — concurrent flights, one blocked span, each flight ends at its completion") {
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size();
+  Trace& tr = trace();
+  tr.enable(c);
+  tr.clear();
+  // Every rank to every rank; rank 0's messages leave 30 ms late, so flights from rank 0 end
+  // ~30 ms after the others on every rank that is not rank 0.
+  std::vector<int> in(P, -1), out(P);
+  std::vector<Request> reqs;
+  for (int s = 0; s < P; s++) reqs.push_back(c.irecv(&in[s], sizeof(int), s, 41));
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (int d = 0; d < P; d++) {
+    out[d] = 100 * r + d;
+    reqs.push_back(c.isend(&out[d], sizeof(int), d, 41));
+  }
+  c.wait_all(reqs);
+  for (int s = 0; s < P; s++) CHECK(in[s] == 100 * s + r);
+
+  const std::vector<Span>& spans = tr.spans();
+  REQUIRE(spans.size() == (size_t)(2 * P + 1));
+  CHECK(count_spans(spans, "irecv") == P);
+  CHECK(count_spans(spans, "isend") == P);
+  const Span* w = find_span(spans, "wait_all");
+  REQUIRE(w != nullptr);
+  CHECK(w->kind == SpanKind::span);
+  CHECK(w->bytes == 2 * P * (int64_t)sizeof(int));
+  CHECK(w->tag == 41);                                       // all the same tag
+  CHECK(w->peer == (P == 1 ? 0 : Span::kNoPeer));            // peers differ (unless one rank)
+  std::vector<uint64_t> ids;
+  double from_0 = 0, latest_other = 0;
+  for (const Span& s : spans) {
+    if (s.kind != SpanKind::flight) continue;
+    ids.push_back(s.id);
+    CHECK(s.end_us <= w->end_us);
+    CHECK(s.tag == 41);
+    if (s.name == "irecv" && s.peer == 0) from_0 = s.end_us;
+    if (s.name == "irecv" && s.peer != 0) latest_other = std::max(latest_other, s.end_us);
+  }
+  std::sort(ids.begin(), ids.end());
+  CHECK(std::unique(ids.begin(), ids.end()) == ids.end());
+  if (r != 0 && P > 2) CHECK(from_0 - latest_other >= 10000);  // each flight its own end
+  tr.clear();
+}
+
+TEST_CASE("trace: Trace::Category puts every record on its own track, and nests") {
+  Comm c = test_comm();
+  Trace& tr = trace();
+  tr.enable(c);
+  tr.clear();
+  CHECK(tr.category().empty());
+  int v = 1;
+  {
+    Trace::Scope before(tr, "started before the check", "compute");  // keeps its stream
+    Trace::Category check(tr, "check");
+    CHECK(tr.category() == "check");
+    c.allreduce(&v, 1, MPI_INT, MPI_SUM);
+    {
+      Trace::Scope inside(tr, "compare", "compute");
+      Trace::Category inner(tr, "inner");
+      c.barrier();
+    }
+    CHECK(tr.category() == "check");
+    Request rr = c.irecv(&v, sizeof v, c.rank(), 42);
+    Request sr = c.isend(&v, sizeof v, c.rank(), 42);
+    c.wait(rr);
+    c.wait(sr);
+  }
+  CHECK(tr.category().empty());
+  c.barrier();
+  const std::vector<Span>& spans = tr.spans();
+  REQUIRE(spans.size() == 9);
+  auto stream_of = [&](const std::string& name) {
+    const Span* s = find_span(spans, name);
+    return s ? s->stream : std::string("(missing)");
+  };
+  CHECK(stream_of("allreduce") == "check");
+  CHECK(stream_of("compare") == "check");
+  CHECK(spans[1].name == "barrier");
+  CHECK(spans[1].stream == "inner");
+  CHECK(stream_of("irecv") == "check");
+  CHECK(stream_of("wait irecv") == "check");
+  CHECK(stream_of("started before the check") == "compute");
+  CHECK(spans.back().name == "barrier");
+  CHECK(spans.back().stream == "comm");
+  tr.clear();
+}
+
+// scripts/check-trace.py, found from the working directory or from this binary's place
+// (build/.../tests/mpi_tests): the first parent holding it.
+static std::string find_checker() {
+  std::vector<std::string> starts{"."};
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) starts.push_back(std::string(exe, (size_t)n));
+  for (std::string dir : starts) {
+    for (int up = 0; up < 8; up++) {
+      const std::string candidate = dir + "/scripts/check-trace.py";
+      if (access(candidate.c_str(), R_OK) == 0) return candidate;
+      const size_t slash = dir.rfind('/');
+      if (dir == "." ) dir = "..";
+      else if (dir.rfind("..", 0) == 0) dir = "../" + dir;
+      else if (slash == std::string::npos || slash == 0) break;
+      else dir = dir.substr(0, slash);
+    }
+  }
+  return "";
+}
+
+// Runs the checker; its exit code, and its output in *out.
+static int run_checker(const std::string& json, const std::string& csv, int nranks, std::string* out) {
+  const std::string checker = find_checker();
+  REQUIRE_MESSAGE(!checker.empty(), "scripts/check-trace.py not found from here or above the binary");
+  const std::string python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  const std::string log = json + ".out";
+  const std::string cmd = python + " " + checker + " " + json + " " + csv + " " +
+                          std::to_string(nranks) + " >" + log + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  *out = slurp(log);
+  std::remove(log.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST_CASE("trace: JSON and CSV as written, and check-trace.py accepts them") {
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
+  const std::string base = shared_temp_base(c, "trace");  // (before tracing: a bcast)
+  Trace& tr = trace();
+  tr.enable(c);
+  tr.clear();
+
+  // hand-made records with exact times, then real concurrent requests and a check section
   tr.add("a \"quoted\", name", "compute", 1.0, 2.5, 0);
+  Span f;
+  f.name = "irecv";
+  f.stream = "comm";
+  f.kind = SpanKind::flight;
+  f.start_us = 3.0;
+  f.end_us = 7.25;
+  f.bytes = 16;
+  f.peer = left;
+  f.tag = 5;
+  tr.add(f);
+  {
+    Trace::Scope outer(tr, "exchange", "comm");
+    int a = r, b = r, got_l = -1, got_r = -1;
+    std::vector<Request> reqs{c.irecv(&got_l, sizeof got_l, left, 6), c.irecv(&got_r, sizeof got_r, right, 7),
+                              c.isend(&a, sizeof a, right, 6), c.isend(&b, sizeof b, left, 7)};
+    c.wait_all(reqs);
+    CHECK(got_l == left);
+    CHECK(got_r == right);
+  }
+  {
+    Trace::Category check(tr, "check");
+    int v = 1;
+    c.allreduce(&v, 1, MPI_INT, MPI_SUM);
+  }
   tr.write_chrome_json(c, base + ".json");
   tr.write_csv(c, base + ".csv");
   if (r == 0) {
-    std::ifstream jf(base + ".json"), cf(base + ".csv");
-    std::stringstream js, cs;
-    js << jf.rdbuf();
-    cs << cf.rdbuf();
-    const std::string json = js.str(), csv = cs.str();
+    const std::string json = slurp(base + ".json"), csv = slurp(base + ".csv");
     for (int q = 0; q < P; q++)
       CHECK(json.find("\"args\": {\"name\": \"rank " + std::to_string(q) + "\"}") != std::string::npos);
     CHECK(json.find("\"name\": \"a \\\"quoted\\\", name\"") != std::string::npos);
     CHECK(json.find("\"ts\": 1.000, \"dur\": 1.500") != std::string::npos);
-    std::string want_csv = "rank,name,stream,start_us,end_us,bytes\n";
-    for (int q = 0; q < P; q++)
-      want_csv += std::to_string(q) + ",\"a \"\"quoted\"\", name\",compute,1.000,2.500,0\n";
-    CHECK(csv == want_csv);
+    CHECK(json.find("\"name\": \"check\"") != std::string::npos);  // the check's own track
+    const std::string id0 = std::to_string((uint64_t)0 << 32 | 1);
+    CHECK(json.find("{\"name\": \"irecv\", \"cat\": \"comm\", \"ph\": \"b\", \"id\": " + id0 +
+                    ", \"ts\": 3.000, \"pid\": 0, \"tid\": 2, \"args\": {\"bytes\": 16, \"peer\": " +
+                    std::to_string(P - 1) + ", \"tag\": 5}}") != std::string::npos);
+    CHECK(json.find("{\"name\": \"irecv\", \"cat\": \"comm\", \"ph\": \"e\", \"id\": " + id0 +
+                    ", \"ts\": 7.250, \"pid\": 0, \"tid\": 2}") != std::string::npos);
+    CHECK_MESSAGE(csv.rfind("rank,name,stream,start_us,end_us,bytes,kind,peer,tag,from\n"
+                            "0,\"a \"\"quoted\"\", name\",compute,1.000,2.500,0,span,,,\n"
+                            "0,irecv,comm,3.000,7.250,16,flight," + std::to_string(P - 1) + ",5,\n", 0) == 0,
+                  csv);
+    CHECK(csv.find(",allreduce,check,") != std::string::npos);
+    CHECK(csv.find(",span,all,,\n") != std::string::npos);
+    std::string out;
+    CHECK_MESSAGE(run_checker(base + ".json", base + ".csv", P, &out) == 0, out);
+    CHECK_MESSAGE(out.rfind("trace ok: " + std::to_string(P) + " ranks, ", 0) == 0, out);
     std::remove((base + ".json").c_str());
     std::remove((base + ".csv").c_str());
   }
+  tr.clear();
+}
 
-  // rank 0 cannot write: it throws, the others return normally
+TEST_CASE("check-trace.py fails on spans that cross and on flights that do not pair up") {
+  Comm c = test_comm();
+  const std::string base = shared_temp_base(c, "fixture");
+  if (c.rank() != 0) return;
+  const std::string head =
+      "{\"traceEvents\": [\n"
+      "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"rank 0\"}},\n"
+      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 2, \"args\": {\"name\": \"comm\"}},\n";
+  auto check = [&](const std::string& events, int want_rc, const std::string& want_out) {
+    write_text_file(base + ".json", head + events + "\n]}\n");
+    std::string out;
+    const int rc = run_checker(base + ".json", "-", 1, &out);
+    CHECK_MESSAGE(rc == want_rc, out);
+    CHECK_MESSAGE(out == want_out, out);
+  };
+  const std::string isend = "{\"name\": \"isend\", \"ph\": \"X\", \"ts\": 10.000, \"dur\": 20.000, \"pid\": 0, \"tid\": 2}";
+  // nested, disjoint, touching, and equal to the rounding of %.3f: all fine
+  check(isend + ",\n"
+        "{\"name\": \"inner\", \"ph\": \"X\", \"ts\": 12.000, \"dur\": 5.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"equal\", \"ph\": \"X\", \"ts\": 10.000, \"dur\": 20.001, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"touching\", \"ph\": \"X\", \"ts\": 30.000, \"dur\": 1.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"other track\", \"ph\": \"X\", \"ts\": 15.000, \"dur\": 30.000, \"pid\": 0, \"tid\": 1},\n"
+        "{\"name\": \"f\", \"cat\": \"comm\", \"ph\": \"b\", \"id\": 1, \"ts\": 11.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"g\", \"cat\": \"comm\", \"ph\": \"b\", \"id\": 2, \"ts\": 12.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"f\", \"cat\": \"comm\", \"ph\": \"e\", \"id\": 1, \"ts\": 40.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"g\", \"cat\": \"comm\", \"ph\": \"e\", \"id\": 2, \"ts\": 41.000, \"pid\": 0, \"tid\": 2}",
+        0, "trace ok: 1 ranks, 5 spans, 2 flights\n");
+  // the hand-made crossing pair: isend [10, 30] and irecv [20, 40] on one track
+  check(isend + ",\n"
+        "{\"name\": \"irecv\", \"ph\": \"X\", \"ts\": 20.000, \"dur\": 20.000, \"pid\": 0, \"tid\": 2}",
+        1, "error: " + base + ".json: on track \"comm\" (pid 0, tid 2) \"isend\" [10.000, 30.000] "
+           "(event 2) and \"irecv\" [20.000, 40.000] (event 3) cross: neither nests in the other\n");
+  // a flight that never ends, and an end without a begin
+  check("{\"name\": \"f\", \"cat\": \"comm\", \"ph\": \"b\", \"id\": 7, \"ts\": 1.000, \"pid\": 0, \"tid\": 2}", 1,
+        "error: " + base + ".json: async begin \"f\" (event 2, cat 'comm', id 7, pid 0) at 1.000 never ends\n");
+  check("{\"name\": \"f\", \"cat\": \"comm\", \"ph\": \"b\", \"id\": 7, \"ts\": 1.000, \"pid\": 0, \"tid\": 2},\n"
+        "{\"name\": \"f\", \"cat\": \"check\", \"ph\": \"e\", \"id\": 7, \"ts\": 2.000, \"pid\": 0, \"tid\": 2}", 1,
+        "error: " + base + ".json: async end \"f\" (event 3, cat 'check', id 7, pid 0) at 2.000 has no begin\n");
+  std::remove((base + ".json").c_str());
+}
+
+TEST_CASE("trace files: checked writes, renamed into place whole; devices written in place") {
+  Comm c = test_comm();
+  const int r = c.rank();
+  Trace& tr = trace();
+  tr.enable(c);
+  tr.clear();
+  tr.add("x", "compute", 0, 1);
+  const std::string base = shared_temp_base(c, "writes");
+
+  // rank 0 cannot write: it throws, naming the file; the others return normally
   const std::string bad = "/nonexistent-fivefold-dir/trace.json";
   if (r == 0)
     CHECK_THROWS_WITH_AS(tr.write_chrome_json(c, bad),
-                         ("cannot write trace file " + bad + ": No such file or directory").c_str(),
-                         Error);
+                         ("cannot write " + bad + ": No such file or directory").c_str(), Error);
   else
     CHECK_NOTHROW(tr.write_chrome_json(c, bad));
+
+  // a full device: the error says so (written in place: a device is never renamed over)
+  if (r == 0)
+    CHECK_THROWS_WITH_AS(tr.write_csv(c, "/dev/full"), "cannot write /dev/full: No space left on device",
+                         Error);
+  else
+    CHECK_NOTHROW(tr.write_csv(c, "/dev/full"));
+  struct stat st;
+  CHECK((stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode)));
+
+  // an existing file is replaced whole, and no temporary is left beside it
+  const std::string dir = base + "_dir";
+  if (r == 0) {
+    REQUIRE(mkdir(dir.c_str(), 0755) == 0);
+    write_text_file(dir + "/t.csv", "old contents\n");
+  }
+  tr.write_csv(c, dir + "/t.csv");
+  c.barrier();
+  if (r == 0) {
+    CHECK(slurp(dir + "/t.csv").rfind("rank,name,stream,start_us,end_us,bytes,kind,peer,tag,from\n0,x,compute,", 0) == 0);
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+      while (dirent* e = readdir(d))
+        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.push_back(e->d_name);
+      closedir(d);
+    }
+    CHECK(names == std::vector<std::string>{"t.csv"});
+    std::remove((dir + "/t.csv").c_str());
+    rmdir(dir.c_str());
+  }
   tr.clear();
 }
