@@ -101,6 +101,7 @@ check "watchdog turns a two-rank Ssend deadlock into one error line" 1 \
 check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 ranks' \
   bash -c "$MPIRUN -np 3 $T/trace_demo $LOG/trace.json $LOG/trace.csv && $PYTHON scripts/check-trace.py $LOG/trace.json $LOG/trace.csv 3"
 
+usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus $MPIRUN -np 2 $T/trace_demo /dev/null /dev/null
 source tests/lessons.sh
 source tests/bad_input.sh
 

@@ -23,6 +23,8 @@ check "01 --help lists every flag with its default" 0 '--block N .*\(default: 64
   $MPIRUN -np 2 $L01 --help
 check "01 --dump: numpy recomputes softmax and attention from the dumped inputs" 0 '^dump ok' \
   bash -c "rm -rf $LOG/d01 && $MPIRUN -np 3 $L01 --dump $LOG/d01 --reps 1 >/dev/null && $PYTHON tests/check_dump_01.py $LOG/d01 3"
+check "01 --trace: spans nest on every track, the check's traffic on its own track (P=3)" 0 '^trace ok: 3 ranks' \
+  bash -c "$MPIRUN -np 3 $L01 --reps 2 --trace $LOG/t01.json >/dev/null && grep -q '\"check\"' $LOG/t01.json && $PYTHON scripts/check-trace.py $LOG/t01.json - 3"
 usage_error "01 bad input: --cols 0" $MPIRUN -np 3 $L01 --cols 0
 usage_error "01 bad input: --block -1" $MPIRUN -np 3 $L01 --block -1
 usage_error "01 bad input: --rows abc" $MPIRUN -np 3 $L01 --rows abc
@@ -74,8 +76,10 @@ check "02 --mask local: causal mask from local indices leaks future tokens" 1 'o
   $MPIRUN -np 4 $L02 --causal --mask local
 check "02 --dump: numpy recomputes attention forward and backward from the dump (P=3, zigzag)" 0 '^dump ok' \
   bash -c "rm -rf $LOG/d02 && $MPIRUN -np 3 $L02 --causal --layout zigzag --seq 30 --dump $LOG/d02 >/dev/null && $PYTHON tests/check_dump_02.py $LOG/d02 3"
-check "02 --trace: Chrome JSON with one track per rank (async order)" 0 '^trace ok: 4 ranks' \
+check "02 --trace: one track per rank, spans nest, messages in flight as async events (async order)" 0 '^trace ok: 4 ranks, [0-9]+ spans, [1-9][0-9]* flights' \
   bash -c "$MPIRUN -np 4 $L02 --order async --causal --trace $LOG/t02.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t02.json - 4"
+check "02 --trace, evenodd order: spans nest on every track" 0 '^trace ok: 3 ranks' \
+  bash -c "$MPIRUN -np 3 $L02 --causal --trace $LOG/t02e.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t02e.json - 3"
 check "02 --help lists every flag with its default" 0 '--layout .*\(default: contiguous\)' $MPIRUN -np 2 $L02 --help
 usage_error "02 bad input: --seq shorter than P" $MPIRUN -np 4 $L02 --seq 3
 usage_error "02 bad input: zigzag needs 2P tokens" $MPIRUN -np 4 $L02 --layout zigzag --seq 7
@@ -107,6 +111,8 @@ check "03 planted bug: SiLU' without the upstream gradient" 1 'd experts_w1 .*FA
   $MPIRUN -np 1 $L03 --bug silu-no-upstream
 check "03 planted bug: router path missing from dx" 1 'dx .*FAIL' \
   $MPIRUN -np 1 $L03 --bug no-router-path --gate topk-softmax
+check "03 --trace: spans nest, the check on its own track" 0 '^trace ok: 1 ranks' \
+  bash -c "$MPIRUN -np 1 $L03 --trace $LOG/t03.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t03.json - 1"
 check "03 --dump: numpy recomputes the layer and its gradients" 0 '^dump ok' \
   bash -c "rm -rf $LOG/d03 && $MPIRUN -np 1 $L03 --gate topk-softmax --starve 2 --alpha 0.5 --dump $LOG/d03 >/dev/null && $PYTHON tests/check_dump_03.py $LOG/d03"
 check "03 --help lists every flag with its default" 0 '--gate .*\(default: softmax-topk\)' $MPIRUN -np 1 $L03 --help
@@ -135,6 +141,8 @@ check "04 the three all-to-alls give bitwise-identical y, dx and gradients (P=3)
   bash -c "for a in ordered async library; do rm -rf $LOG/d04\$a; $MPIRUN -np 3 $L04 --experts 6 --starve 2 --a2a \$a --dump $LOG/d04\$a >/dev/null || exit 1; done; \
            for f in y dx aux_loss d_router_w d_router_b d_experts_w1 d_experts_w2 d_experts_w3 topk_idx; do \
              cmp $LOG/d04ordered/\$f.npy $LOG/d04async/\$f.npy && cmp $LOG/d04ordered/\$f.npy $LOG/d04library/\$f.npy || exit 1; done; echo identical"
+check "04 --trace: the all-to-all's spans nest on every track (P=4, async)" 0 '^trace ok: 4 ranks, [0-9]+ spans, [1-9][0-9]* flights' \
+  bash -c "$MPIRUN -np 4 $L04 --a2a async --trace $LOG/t04.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t04.json - 4"
 check "04 --dump: numpy recomputes the layer on all ranks' tokens (lesson 03's check)" 0 '^dump ok' \
   $PYTHON tests/check_dump_03.py $LOG/d04async
 check "04 --bench: the three all-to-alls timed, as ratios to MPI_Alltoallv" 0 'ordered/lib' \

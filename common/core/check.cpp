@@ -8,6 +8,7 @@
 
 #include "common/comm/comm.h"
 #include "common/core/tensor.h"
+#include "common/lesson/trace.h"
 
 namespace ff {
 
@@ -46,6 +47,7 @@ double max_abs(const Tensor& t) {
 }
 
 bool CheckReport::all_ranks(bool ok) {
+  Trace::Category check_traffic(trace(), "check");  // kept apart from the algorithm's
   int bad = ok ? 0 : 1;
   comm_.allreduce(&bad, 1, MPI_INT, MPI_MAX);
   return bad == 0;
@@ -58,6 +60,7 @@ void CheckReport::line(const char* what, bool pass, const std::string& detail) {
 }
 
 void CheckReport::close(const char* what, const Tensor& got, const Tensor& want, double atol) {
+  Trace::Category check_traffic(trace(), "check");
   Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, 0.0);
   double v[2] = {d.max_abs, max_abs(want)};
   comm_.allreduce(v, 2, MPI_DOUBLE, MPI_MAX);
@@ -70,6 +73,7 @@ void CheckReport::close(const char* what, const Tensor& got, const Tensor& want,
 
 void CheckReport::close(const char* what, const Tensor& got, const Tensor& want, double atol,
                         double rtol) {
+  Trace::Category check_traffic(trace(), "check");
   Diff d = compare(got.to(Device::cpu), want.to(Device::cpu), atol, rtol);
   double v[2] = {d.max_abs, d.max_rel};
   comm_.allreduce(v, 2, MPI_DOUBLE, MPI_MAX);

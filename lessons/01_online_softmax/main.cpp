@@ -381,9 +381,13 @@ static int online_softmax_lesson(Lesson& lesson) {
     }
     return y;
   };
-  Tensor y_chain = gather_softmax(by_chain), y_allreduce = gather_softmax(by_allreduce);
-  check.close("chain     vs single-process softmax", y_chain, reference, atol_x, rtol_x);
-  check.close("allreduce vs single-process softmax", y_allreduce, reference, atol_x, rtol_x);
+  Tensor y_chain, y_allreduce;
+  {
+    Trace::Category check_traffic(trace(), "check");  // gathering to compare: the check's traffic
+    y_chain = gather_softmax(by_chain), y_allreduce = gather_softmax(by_allreduce);
+    check.close("chain     vs single-process softmax", y_chain, reference, atol_x, rtol_x);
+    check.close("allreduce vs single-process softmax", y_allreduce, reference, atol_x, rtol_x);
+  }
 
   // ---------------- [3] flash-decoding: queries x keys sharded over ranks
   const int64_t nq = rows, d = dim, dv = dim;

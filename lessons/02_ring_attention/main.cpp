@@ -559,6 +559,9 @@ static int ring_attention_lesson(Lesson& lesson) {
   if (rank == 0)
     std::printf("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
                 "autograd attention (worst rank shown)\n");
+  // From here on, the check: its traffic goes to the trace's "check" track, apart from the
+  // algorithm's timeline.
+  Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
   Tensor lse4 = reshape(lse, {c.B, c.H, (int64_t)me.pos.size(), 1});
   check.close("o   = softmax(QK^T/sqrt(D)+mask) V", o.to(Device::cpu), take_tokens(R.o, me.pos),

@@ -293,9 +293,11 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
 static std::string bench(Comm& comm, int64_t reps) {
   const int r = comm.rank(), P = comm.size();
   if (r == 0)
-    std::printf("all-to-all, P=%d, %lld repetitions (slowest rank), bytes per peer block; "
-                "ratios median [min, max]\n  %9s %10s %10s %10s %24s %24s\n", P, (long long)reps,
-                "bytes", "library us", "ordered us", "async us", "ordered/library", "async/library");
+    std::printf("all-to-all, P=%d, %lld repetitions after 5 warm-up (slowest rank), bytes per peer "
+                "block; waits: %s\nlibrary = MPI_Ialltoallv + Comm's watched wait; ratios median "
+                "[min, max]\n  %9s %10s %10s %10s %24s %24s\n", P, (long long)reps,
+                Comm::wait_policy().reason.c_str(), "bytes", "library us", "ordered us", "async us",
+                "ordered/library", "async/library");
   std::string rows;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -306,6 +308,8 @@ static std::string bench(Comm& comm, int64_t reps) {
     std::vector<char> send(bytes * (size_t)P, (char)r), recv(bytes * (size_t)P);
     std::vector<size_t> b((size_t)P, bytes);
     std::vector<double> us[3], ratio[2];
+    for (int impl = 0; impl < 3; impl++)  // warm-up: first-touch of buffers and connections
+      for (int w = 0; w < 5; w++) all_to_all(comm, (A2A)impl, send.data(), b, recv.data(), b, 9);
     for (int64_t i = 0; i < reps; i++) {
       for (int impl = 0; impl < 3; impl++) {
         comm.barrier();
@@ -434,6 +438,9 @@ static int gshard_lesson(Lesson& lesson) {
   std::vector<int64_t> mine_in_ref((size_t)(T * k));
   for (int64_t s = 0; s < T * k; s++) mine_in_ref[(size_t)lpos[(size_t)s]] = rpos[(size_t)(rank * T * k + s)];
 
+  // From here on, the check: its traffic goes to the trace's "check" track, apart from the
+  // algorithm's timeline.
+  Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
   const double eps = FLT_EPSILON, n = (double)(T_all * k + d + f + N);
   auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };

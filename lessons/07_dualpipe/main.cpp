@@ -526,6 +526,9 @@ static int dualpipe_lesson(Lesson& lesson) {
     run_backward(l, Tensor::full({}, 1.f, mc.dev));
   }
 
+  // From here on, the check: its traffic goes to the trace's "check" track, apart from the
+  // algorithm's timeline.
+  Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
   if (rank == 0)
     std::printf("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
