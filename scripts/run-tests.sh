@@ -104,6 +104,7 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
 usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus $MPIRUN -np 2 $T/trace_demo /dev/null /dev/null
 source tests/lessons.sh
 source tests/bad_input.sh
+echo "== READMEs"; check "every output a README shows equals a real run (and a changed line is caught)" 0 '^readme ok: [0-9]+ blocks' bash -c "$PYTHON tests/check_readme.py --self-test && $PYTHON tests/check_readme.py"
 
 echo
 [ "$skipped" != 0 ] && echo "($skipped kernel test cases not run on cuda: no GPU; they ran on sim)"
