@@ -32,6 +32,9 @@ with an HTML comment on the line right before it (invisible on GitHub):
   * The `+ ...` line that make run prints is shown as root sees it with the default build
     directory: in the output, "+ $MPIRUN " reads as "+ mpirun --oversubscribe -q --mca
     odls_base_sigkill_timeout 0 --allow-run-as-root " and "$BUILD/bin/" as "build/bin/".
+  * The blocks show device cpu (`--device auto` without a GPU). Where this build and machine
+    have a GPU, auto would pick cuda, so a block that names no --device runs with --device cpu
+    added (and left out of its `+` line again).
   * A block may be indented (inside a list item): its fence's indentation is removed from its lines.
   * A fenced block that starts with a `$ ` line and shows output must carry the marker, so
     that no shown output escapes the check.
@@ -188,11 +191,22 @@ def compare(expected, actual):
 
 # ---------------------------------------------------------------------------- running
 
-def run_block(block, build, mpirun):
+def has_cuda(build):
+    """Whether --device auto means cuda here (tests/progs/device_query says so)."""
+    try:
+        out = subprocess.run([os.path.join(build, "tests", "device_query")], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b" cuda" in out
+
+
+def run_block(block, build, mpirun, cuda=False):
     lesson, np_, args = block.command
+    added = ["--device", "cpu"] if cuda and not any(a.startswith("--device") for a in args) else []
     env = dict(os.environ, BUILD=build, MPIRUN=mpirun)
     try:
-        p = subprocess.run(["bash", "scripts/run-lesson.sh", lesson, np_] + args, cwd=ROOT, env=env,
+        p = subprocess.run(["bash", "scripts/run-lesson.sh", lesson, np_] + args + added, cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
         out, rc = p.stdout.decode("utf-8", "replace"), p.returncode
     except subprocess.TimeoutExpired as e:
@@ -201,13 +215,15 @@ def run_block(block, build, mpirun):
     for k, l in enumerate(lines):  # the `+` line as the README shows it (see the top)
         if l.startswith(f"+ {mpirun} "):
             l = f"+ {DOC_MPIRUN} " + l[len(f"+ {mpirun} "):]
+            if added and l.endswith(" " + " ".join(added)):
+                l = l[:-len(" " + " ".join(added))]
             lines[k] = l.replace(f" {build}/bin/", " build/bin/")
     return rc, lines
 
 
-def check_block(block, build, mpirun):
+def check_block(block, build, mpirun, cuda=False):
     """"" when the block matches a real run, else the report."""
-    rc, actual = run_block(block, build, mpirun)
+    rc, actual = run_block(block, build, mpirun, cuda)
     cmd = f"`{block.command_text}`"
     if rc != block.exit:
         tail = "\n".join("    | " + l for l in actual[-15:])
@@ -229,6 +245,7 @@ def check_files(paths, build, mpirun, texts=None):
     """Returns (blocks, lines, reports)."""
     nblocks = nlines = 0
     reports = []
+    cuda = has_cuda(build)
     for path in paths:
         text = texts[path] if texts else open(os.path.join(ROOT, path), encoding="utf-8").read()
         blocks, errors = read_blocks(path, text)
@@ -236,7 +253,7 @@ def check_files(paths, build, mpirun, texts=None):
         for b in blocks:
             nblocks += 1
             nlines += counted_lines(b)
-            report = check_block(b, build, mpirun)
+            report = check_block(b, build, mpirun, cuda)
             if report:
                 reports.append(report)
     return nblocks, nlines, reports
@@ -311,7 +328,7 @@ def main(argv):
             for e in errors:
                 print(e)
             for b in blocks:
-                rc, lines = run_block(b, build, mpirun)
+                rc, lines = run_block(b, build, mpirun, has_cuda(build))
                 print(f"==== {b.where()} (exit {rc})")
                 print("\n".join(lines))
         return 0
