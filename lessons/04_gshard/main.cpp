@@ -15,10 +15,10 @@
 //   experts live (their gradients stay there), dx comes back by the reverse all-to-all; the
 //   router is replicated, so its gradients are all-reduced.
 //   The all-to-all, by hand (--a2a):
-//     ordered  P-1 rounds of pairwise exchanges with synchronous sends, the lower rank of each
-//              pair sending first;
+//     ordered  P rounds of pairwise exchanges with synchronous sends (one of them the copy to
+//              itself), the lower rank of each pair sending first;
 //     async    every irecv and isend posted at once, then waited;
-//     library  MPI_Alltoallv.
+//     library  MPI_Alltoallv (posted as MPI_Ialltoallv, then the watchdog's wait).
 // Why: expert parallelism is how MoE models scale past one device's memory; the all-to-all is
 //   its whole communication cost, twice per layer forward and twice backward.
 // Run:  make run L=04 NP=4
