@@ -56,7 +56,7 @@ def ink(e):  # black text on light colors, white on dark ones
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
 
 
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6), dpi=150,
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.8, 7.2), dpi=100,
                                gridspec_kw={"width_ratios": [1, 1.35]})
 
 # ---- left: slots per expert
@@ -64,15 +64,15 @@ ax1.bar(range(N), sizes, color=[color(e) for e in range(N)], edgecolor="black", 
 uniform = M / N
 ax1.axhline(uniform, color="black", ls="--", lw=1, label=f"uniform T·k/N = {uniform:.1f}")
 for e, n in enumerate(sizes):
-    ax1.text(e, n, str(n), ha="center", va="bottom", fontsize=8)
+    ax1.text(e, n, str(n), ha="center", va="bottom", fontsize=10.8)
 tick_every = 1 if N <= 16 else (N + 15) // 16
 ax1.set_xticks(range(0, N, tick_every))
-ax1.set_xticklabels([f"e{e}" for e in range(0, N, tick_every)], fontsize=8)
+ax1.set_xticklabels([f"e{e}" for e in range(0, N, tick_every)], fontsize=10.8)
 ax1.set_xlabel("expert")
 ax1.set_ylabel("routing slots (token, choice)")
 ax1.set_ylim(0, max(max(sizes), uniform) * 1.15)
-ax1.set_title(f"Tokens per expert: {T} tokens, top-{k} of N={N}, {gate}", fontsize=10)
-ax1.legend(loc="upper right", fontsize=8)
+ax1.set_title(f"Tokens per expert: {T} tokens, top-{k} of N={N}, {gate}", fontsize=13.5)
+ax1.legend(loc="upper right", fontsize=10.8)
 
 # ---- right: permute -> grouped GEMM -> unpermute
 shown = [r for r in route if r[0] // k < show_tokens]
@@ -88,8 +88,8 @@ for i, (s, e, r) in enumerate(shown):
     t, j = divmod(s, k)
     ax2.add_patch(Rectangle((xs - w, H - (i + 1) * slot_h), w, slot_h, facecolor=color(e),
                             edgecolor="white", lw=0.6))
-    ax2.text(xs - w - 0.02, ys(i), f"t{t}.{j}", ha="right", va="center", fontsize=6.5)
-    ax2.text(xs - w / 2, ys(i), f"e{e}", ha="center", va="center", fontsize=6, color=ink(e),
+    ax2.text(xs - w - 0.02, ys(i), f"t{t}.{j}", ha="right", va="center", fontsize=8.8)
+    ax2.text(xs - w / 2, ys(i), f"e{e}", ha="center", va="center", fontsize=8.1, color=ink(e),
              fontweight="bold")
     if j == 0 and i > 0:
         ax2.plot([xs - w - 0.09, xs], [H - i * slot_h] * 2, color="black", lw=0.5)
@@ -102,7 +102,7 @@ for e in range(N):
                                 alpha=0.3, edgecolor="none"))
         if n * row_h > 0.022:
             ax2.text(xp + w + 0.02, H - (off + n / 2) * row_h, f"e{e}: rows {off}..{off + n - 1}",
-                     ha="left", va="center", fontsize=6.5)
+                     ha="left", va="center", fontsize=8.8)
     ax2.plot([xp - 0.02, xp + w + 0.02], [H - off * row_h] * 2, color="black", lw=0.8)
     off += n
 ax2.plot([xp - 0.02, xp + w + 0.02], [0, 0], color="black", lw=0.8)
@@ -116,17 +116,17 @@ for i, (s, e, r) in enumerate(shown):
 
 plural = "s" if show_tokens > 1 else ""
 ax2.text(xs - w / 2, H + 0.035, f"slots s = t·k + j\n(first {show_tokens} token{plural})",
-         ha="center", va="bottom", fontsize=8)
+         ha="center", va="bottom", fontsize=10.8)
 ax2.text(xp + w / 2, H + 0.035,
          f"packed rows (all {M}), grouped by expert\n(faded: the other tokens' slots)",
-         ha="center", va="bottom", fontsize=8)
+         ha="center", va="bottom", fontsize=10.8)
 ax2.text((xs + xp) / 2, -0.05, "permute: xp = x[src_token]  (counting sort by expert)\n"
          "grouped GEMM: each group × its expert's W1, W3, W2\n"
-         "unpermute: y_t = Σ_j g_tj · yp[pos[t·k + j]]", ha="center", va="top", fontsize=8)
+         "unpermute: y_t = Σ_j g_tj · yp[pos[t·k + j]]", ha="center", va="top", fontsize=10.8)
 ax2.set_xlim(-0.55, 1.65)
 ax2.set_ylim(-0.2, H + 0.12)
 ax2.axis("off")
-ax2.set_title("Permute → grouped GEMM → unpermute (the real routing)", fontsize=10)
+ax2.set_title("Permute → grouped GEMM → unpermute (the real routing)", fontsize=13.5)
 
 fig.tight_layout()
 fig.savefig(f"{out}/03_smoe.png")
