@@ -129,7 +129,7 @@ fi
 L04=$B/04_gshard
 echo "== lesson 04: GShard expert parallelism"
 for np in 1 2 3 4; do
-  check "04 P=$np, N=12: ordered, async, library all PASS (exact dispatch/combine, grads == lesson 03)" 0 '^check: PASS' \
+  check "04 P=$np, N=12: ordered, async, library all PASS (exact dispatch/combine, grads == one process)" 0 '^check: PASS' \
     bash -c "for a in ordered async library; do $MPIRUN -np $np $L04 --experts 12 --a2a \$a || exit 1; done"
 done
 check "04 starved experts: zero-size messages, both gates (P=3, N=6, 3 starved)" 0 '^check: PASS' \

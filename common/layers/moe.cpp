@@ -195,26 +195,55 @@ ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Te
 // ----------------------------------------------------------------------------
 // the layer
 
-Forward forward(const Config& c, const Params& p, const Tensor& x) {
-  const int64_t T = x.size(0), d = x.size(1), k = c.topk, N = c.experts;
-  const Device dev = x.device();
-  const KernelTable& K = kernels_for(dev);
-  Forward f;
-  f.routing = route(c, p, x);
-  // permute: counting sort of the T*k routing slots by expert
-  f.group_sizes = Tensor::empty({N}, dev, DType::i64);
-  f.src_token = Tensor::empty({T * k}, dev, DType::i64);
-  f.pos = Tensor::empty({T * k}, dev, DType::i64);
-  K.moe_permute_plan(f.group_sizes.index_data(), f.src_token.index_data(), f.pos.index_data(),
-                     f.routing.idx.index_data(), T, k, N);
-  Tensor xp = index_select(x, f.src_token);  // packed rows (T*k, d), grouped by expert
-  f.yp = experts_forward(p, xp, f.group_sizes, &f.cache);
-  // unpermute and combine: y_t = sum_j g_tj * yp[pos[t*k + j]]
-  f.y = Tensor::empty({T, d}, dev);
-  K.moe_combine(f.y.data(), f.yp.data(), f.pos.index_data(), f.routing.gates.data(), T, k, d);
-  f.stats = load_stats(c, f.routing);
-  f.aux = aux_loss(c, f.stats);
-  return f;
+Plan permute_plan(const Tensor& idx, int64_t N) {
+  const int64_t T = idx.size(0), k = idx.size(1);
+  const Device dev = idx.device();
+  Plan plan{Tensor::empty({N}, dev, DType::i64), Tensor::empty({T * k}, dev, DType::i64),
+            Tensor::empty({T * k}, dev, DType::i64), T, k};
+  kernels_for(dev).moe_permute_plan(plan.group_sizes.index_data(), plan.src_token.index_data(),
+                                    plan.pos.index_data(), idx.index_data(), T, k, N);
+  return plan;
+}
+
+Tensor permute(const Tensor& x, const Plan& plan) { return index_select(x, plan.src_token); }
+
+Tensor combine(const Tensor& yp, const Plan& plan, const Tensor& gates) {
+  const int64_t d = yp.size(1);
+  Tensor y = Tensor::empty({plan.tokens, d}, yp.device());
+  kernels_for(yp.device()).moe_combine(y.data(), yp.data(), plan.pos.index_data(), gates.data(),
+                                       plan.tokens, plan.k, d);
+  return y;
+}
+
+CombineGrads combine_backward(const Tensor& dy, const Tensor& yp, const Plan& plan,
+                              const Tensor& gates) {
+  const int64_t T = plan.tokens, k = plan.k, d = dy.size(1);
+  const Device dev = dy.device();
+  CombineGrads g{Tensor::empty({T * k, d}, dev), Tensor::empty({T, k}, dev)};
+  kernels_for(dev).moe_combine_backward(g.dyp.data(), g.dgates.data(), dy.data(), yp.data(),
+                                        plan.pos.index_data(), gates.data(), T, k, d);
+  return g;
+}
+
+// the combine kernel without gates: each token sums its k packed rows
+Tensor unpermute_sum(const Tensor& dxp, const Plan& plan) {
+  const int64_t d = dxp.size(1);
+  Tensor dx = Tensor::empty({plan.tokens, d}, dxp.device());
+  kernels_for(dxp.device()).moe_combine(dx.data(), dxp.data(), plan.pos.index_data(), nullptr,
+                                        plan.tokens, plan.k, d);
+  return dx;
+}
+
+Tensor packed_gates(const Plan& plan, const Tensor& gates) {
+  const int64_t Tk = plan.tokens * plan.k;
+  std::vector<float> gp((size_t)Tk), gh = gates.to_vector();
+  std::vector<int64_t> pos = plan.pos.to_index_vector();
+  for (int64_t s = 0; s < Tk; s++) gp[(size_t)pos[(size_t)s]] = gh[(size_t)s];
+  return Tensor::from_vector(gp, {Tk, 1}, gates.device());
+}
+
+RouterGrads router_backward(const Params& p, const Tensor& x, const Tensor& dz) {
+  return {matmul(transpose(x, 0, 1), dz), sum(dz, 0), matmul(dz, transpose(p.router_w, 0, 1))};
 }
 
 // The loop form, shared by forward_loop and the autograd reference: for each expert, the
@@ -284,37 +313,6 @@ Tensor router_dlogits(const Config& c, const Routing& r, const Tensor& dgates,
     }
   }
   return Tensor::from_vector(dz, {T, N}, r.probs.device());
-}
-
-Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
-               const Tensor& dy, const LoadStats& global, Bug bug) {
-  const int64_t T = x.size(0), d = x.size(1), k = c.topk;
-  const Device dev = x.device();
-  const KernelTable& K = kernels_for(dev);
-  // 1. combine: y_t = sum_j g_tj yp_s  ->  dyp_s = g_tj dy_t,  dL/dg_tj = <dy_t, yp_s>
-  Tensor dyp = Tensor::empty({T * k, d}, dev), dg = Tensor::empty({T, k}, dev);
-  K.moe_combine_backward(dyp.data(), dg.data(), dy.data(), f.yp.data(), f.pos.index_data(),
-                         f.routing.gates.data(), T, k, d);
-  if (bug == Bug::gate_twice) {  // scale each packed row by its slot's gate once more
-    std::vector<float> gp((size_t)(T * k)), gh = f.routing.gates.to_vector();
-    std::vector<int64_t> pos = f.pos.to_index_vector();
-    for (int64_t s = 0; s < T * k; s++) gp[(size_t)pos[(size_t)s]] = gh[(size_t)s];
-    dyp = mul(dyp, Tensor::from_vector(gp, {T * k, 1}, dev));
-  }
-  // 2. experts, on the packed rows
-  ExpertGrads eg = experts_backward(p, f.cache, dyp, bug);
-  // 3. permute: xp = x[src_token]  ->  dx_t = sum of the packed rows of token t's k slots
-  Tensor dx_experts = Tensor::empty({T, d}, dev);
-  K.moe_combine(dx_experts.data(), eg.dxp.data(), f.pos.index_data(), nullptr, T, k, d);
-  // 4. router: z = x W_g + b  ->  dW_g = x^T dz,  db = sum_t dz_t,  dx += dz W_g^T
-  Tensor dz = router_dlogits(c, f.routing, dg, global);
-  Grads g;
-  g.router_w = matmul(transpose(x, 0, 1), dz);
-  g.router_b = sum(dz, 0);
-  Tensor dx_router = matmul(dz, transpose(p.router_w, 0, 1));
-  g.dx = bug == Bug::no_router_path ? dx_experts : add(dx_experts, dx_router);
-  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
-  return g;
 }
 
 Reference autograd_reference(const Config& c, const Params& params, const Tensor& x0,

@@ -1,5 +1,6 @@
-// common/layers/moe.h — a sparse mixture-of-experts layer with a hand-written backward: taught in
-// lesson 03, distributed over expert-parallel ranks in lesson 04 (so it lives here).
+// common/layers/moe.h — the steps of a sparse mixture-of-experts layer, each with its
+// hand-written backward: lesson 03 composes them into the layer, lesson 04 distributes them
+// over expert-parallel ranks (so they live here).
 //
 //   z = x W_g + b_g                       router logits (T, N), x (T, d)
 //   p = softmax(z)                        over all N experts (also feeds the aux loss)
@@ -117,32 +118,61 @@ struct ExpertGrads {
 ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
                              Bug bug = Bug::none);
 
-// ---- the whole layer, single process
-struct Forward {
-  Routing routing;
-  Tensor group_sizes, src_token, pos;  // the permute plan (device, int64)
-  ExpertCache cache;
-  Tensor yp;                           // expert outputs, packed (T*k, d)
-  Tensor y;                            // (T, d)
-  LoadStats stats;
-  double aux = 0;
-};
-// The fast form: sort the routing slots by expert, one grouped GEMM per weight, combine.
-Forward forward(const Config& c, const Params& p, const Tensor& x);
-// The readable form: for each expert, the list of (token, slot) that chose it; the same y.
-Tensor forward_loop(const Config& c, const Params& p, const Tensor& x, const Routing& r);
+// ---- the layer's other steps, each forward with its hand-written backward beside it.
+// Lesson 03 composes them into the layer (smoe_forward / smoe_backward in its main.cpp);
+// lesson 04 composes the same steps with the all-to-alls in between.
 
-struct Grads {
-  Tensor dx, router_w, router_b, w1, w2, w3;
+// The permute plan: the T*k routing slots sorted by expert (a counting sort, kernel
+// moe_permute_plan), so that each expert's rows are contiguous ("packed").
+struct Plan {
+  Tensor group_sizes;  // (N) int64: slots per expert, in expert order
+  Tensor src_token;    // (T*k) int64: the token of packed row i
+  Tensor pos;          // (T*k) int64: the packed row of slot s = t*k + j
+  int64_t tokens = 0, k = 0;  // T, k
 };
-// Gradients of L = sum(y * dy) + L_aux. `global` are the load statistics the loss was
-// computed from (the local ones in one process; all ranks' in lesson 04).
-Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
-               const Tensor& dy, const LoadStats& global, Bug bug = Bug::none);
+Plan permute_plan(const Tensor& idx, int64_t experts);
+// xp (T*k, d) = x[src_token]: every token's row once per expert that chose it
+Tensor permute(const Tensor& x, const Plan& plan);
+// y (T, d): y_t = sum_j g_tj yp[pos[t*k + j]]   (unpermute and combine in one kernel)
+Tensor combine(const Tensor& yp, const Plan& plan, const Tensor& gates);
+// combine's backward: dyp[pos[s]] = g_s dy_t (the gate applied once), dL/dg_s = <dy_t, yp[pos[s]]>
+struct CombineGrads {
+  Tensor dyp;     // (T*k, d), packed order
+  Tensor dgates;  // (T, k)
+};
+CombineGrads combine_backward(const Tensor& dy, const Tensor& yp, const Plan& plan,
+                              const Tensor& gates);
+// permute's backward: dx_t = sum over its k slots of dxp[pos[t*k + j]]
+Tensor unpermute_sum(const Tensor& dxp, const Plan& plan);
+// Each packed row's gate, (T*k, 1): what --bug gate-twice multiplies in a second time.
+Tensor packed_gates(const Plan& plan, const Tensor& gates);
+// The router's backward, given dL/dz: dW_g = x^T dz, db = sum_t dz_t, dx = dz W_g^T.
+struct RouterGrads {
+  Tensor router_w, router_b, dx;
+};
+RouterGrads router_backward(const Params& p, const Tensor& x, const Tensor& dlogits);
 // The router's part of the backward, given dL/dg (T, k): dL/dz (T, N), including the
 // load-balance loss's path through p.
 Tensor router_dlogits(const Config& c, const Routing& r, const Tensor& dgates,
                       const LoadStats& global);
+
+// What a forward keeps for its backward.
+struct Forward {
+  Routing routing;
+  Plan plan;
+  ExpertCache cache;
+  Tensor yp;        // expert outputs, packed (T*k, d)
+  Tensor y;         // (T, d)
+  LoadStats stats;  // this process's tokens
+  double aux = 0;
+};
+struct Grads {
+  Tensor dx, router_w, router_b, w1, w2, w3;
+};
+
+// The readable form of the forward: for each expert, the list of (token, slot) that chose it;
+// the same y as the packed one.
+Tensor forward_loop(const Config& c, const Params& p, const Tensor& x, const Routing& r);
 
 // The same layer through the autograd core (loop form, ops only): the reference the
 // hand-written backward is checked against.

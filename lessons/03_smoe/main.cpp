@@ -3,8 +3,10 @@
 // What: a router picks k of N SwiGLU experts for every token; the token's output is the
 //   gate-weighted sum of those experts' outputs (Shazeer et al. 2017; Switch Transformer,
 //   Fedus et al. 2021; Mixtral, Jiang et al. 2024). A load-balance loss keeps the router from
-//   sending everything to a few experts. The layer is common/layers/moe.cpp (lesson 04 distributes
-//   it); this program runs it, shows the routing, and checks it:
+//   sending everything to a few experts. The layer is composed below (smoe_forward,
+//   smoe_backward) from steps in common/layers/moe.h, one line per step, which lesson 04
+//   reuses with its all-to-alls in between; this program runs it, shows the routing, and
+//   checks it:
 //   [1] routing: the gate variant, tokens per expert, the load-balance loss.
 //   [2] forward, two ways that must agree: the readable loop over experts with index lists,
 //       and the fast one — sort the routing slots by expert (permute), one grouped GEMM per
@@ -14,7 +16,7 @@
 //       of the same layer.
 // Why: lecture versions of this backward are often wrong (the gate applied twice, SiLU'
 //   without the upstream gradient, the router path to x forgotten). --bug plants each one;
-//   the check catches it. Finite differences and PyTorch goldens check the same code in
+//   the check catches it. Finite differences and PyTorch goldens check the same steps in
 //   tests/unit/test_moe.cpp.
 // Run:  make run L=03
 //       make run L=03 ARGS="--experts 8 --topk 2 --gate topk-softmax"
@@ -34,6 +36,46 @@
 
 using namespace ff;
 
+// ----------------------------------------------------------------------------
+// The layer, composed from its steps. Shapes: x (T, d), router z (T, N), k slots per token,
+// packed rows (T*k, d) grouped by expert.
+
+static moe::Forward smoe_forward(const moe::Config& c, const moe::Params& p, const Tensor& x) {
+  moe::Forward f;
+  f.routing = moe::route(c, p, x);                      // z = x W_g + b, top-k, gates g (T, k)
+  f.plan = moe::permute_plan(f.routing.idx, c.experts);  // the T*k slots sorted by expert
+  Tensor xp = moe::permute(x, f.plan);                   // xp = x[src_token]: packed rows
+  f.yp = moe::experts_forward(p, xp, f.plan.group_sizes, &f.cache);  // grouped GEMMs: SwiGLU
+  f.y = moe::combine(f.yp, f.plan, f.routing.gates);     // y_t = sum_j g_tj yp[pos[t k + j]]
+  f.stats = moe::load_stats(c, f.routing);               // f_i and P_i, as sums
+  f.aux = moe::aux_loss(c, f.stats);                     // alpha N sum_i f_i P_i
+  return f;
+}
+
+// Gradients of L = sum(y * dy) + L_aux, the forward's steps in reverse. `global`: the load
+// statistics the loss was computed from. The planted bugs (--bug) bite where they are named.
+static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, const Tensor& x,
+                                const moe::Forward& f, const Tensor& dy,
+                                const moe::LoadStats& global, moe::Bug bug) {
+  // combine: dyp = g dy (the gate applied once), dL/dg = <dy_t, yp>
+  moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.routing.gates);
+  Tensor dyp = cg.dyp;
+  if (bug == moe::Bug::gate_twice) dyp = mul(dyp, moe::packed_gates(f.plan, f.routing.gates));
+  // the experts on the packed rows: dW1, dW3, dW2, dxp (--bug silu-no-upstream bites inside:
+  // dA = silu'(a) * b, the upstream dH dropped)
+  moe::ExpertGrads eg = moe::experts_backward(p, f.cache, dyp, bug);
+  Tensor dx_experts = moe::unpermute_sum(eg.dxp, f.plan);  // each token sums its k rows
+  // the router: through the gates' softmax Jacobian and the load-balance loss's path
+  Tensor dz = moe::router_dlogits(c, f.routing, cg.dgates, global);
+  moe::RouterGrads rg = moe::router_backward(p, x, dz);
+  moe::Grads g;
+  g.dx = bug == moe::Bug::no_router_path ? dx_experts : add(dx_experts, rg.dx);
+  g.router_w = rg.router_w, g.router_b = rg.router_b;
+  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
+  return g;
+}
+
+// ----------------------------------------------------------------------------
 
 static int smoe_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
@@ -78,9 +120,9 @@ static int smoe_lesson(Lesson& lesson) {
   moe::Forward fw;
   {
     Trace::Scope span(trace(), "forward (permute, grouped GEMM, combine)", "compute");
-    fw = moe::forward(c, p, x);
+    fw = smoe_forward(c, p, x);
   }
-  const std::vector<int64_t> sizes = fw.group_sizes.to_index_vector();
+  const std::vector<int64_t> sizes = fw.plan.group_sizes.to_index_vector();
   std::printf("[1] routing: %s, %lld slots (token, choice)\n",
               c.gate == moe::Gate::softmax_topk
                   ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
@@ -112,7 +154,7 @@ static int smoe_lesson(Lesson& lesson) {
   moe::Grads g;
   {
     Trace::Scope span(trace(), "backward (hand-written)", "compute");
-    g = moe::backward(c, p, x, fw, dy, fw.stats, the_bug);
+    g = smoe_backward(c, p, x, fw, dy, fw.stats, the_bug);
   }
   moe::Reference ref = moe::autograd_reference(c, p, x, dy);
   // Every gradient is a float32 sum over at most n = T*k + d + f + N terms (rows of a packed
@@ -164,7 +206,7 @@ static int smoe_lesson(Lesson& lesson) {
                   (long long)N, (long long)k, (long long)T, (long long)e, (long long)sizes[(size_t)e]);
     rows += line;
   }
-  const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(), pos = fw.pos.to_index_vector();
+  const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(), pos = fw.plan.pos.to_index_vector();
   for (int64_t s = 0; s < T * k; s++) {
     std::snprintf(line, sizeof line, "route,%s,%lld,%lld,%lld,%lld,%lld,%lld\n",
                   moe::gate_name(c.gate), (long long)N, (long long)k, (long long)T, (long long)s,

@@ -203,23 +203,18 @@ struct EPForward {
 static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe::Params& full,
                             const moe::Params& mine, const Tensor& x) {
   const int r = comm.rank(), P = comm.size();
-  const int64_t T = x.size(0), d = x.size(1), k = c.topk, N = c.experts, E = N / P;
+  const int64_t d = x.size(1), N = c.experts, E = N / P;
   const Device dev = x.device();
-  const KernelTable& K = kernels_for(dev);
   EPForward f;
   moe::Forward& L = f.local;
   // route and permute, as in lesson 03: packed rows sorted by expert = grouped by destination
   L.routing = moe::route(c, full, x);
-  L.group_sizes = Tensor::empty({N}, dev, DType::i64);
-  L.src_token = Tensor::empty({T * k}, dev, DType::i64);
-  L.pos = Tensor::empty({T * k}, dev, DType::i64);
-  K.moe_permute_plan(L.group_sizes.index_data(), L.src_token.index_data(), L.pos.index_data(),
-                     L.routing.idx.index_data(), T, k, N);
-  Tensor xp = index_select(x, L.src_token);
+  L.plan = moe::permute_plan(L.routing.idx, N);
+  Tensor xp = moe::permute(x, L.plan);
   // the routing map: every rank's counts per expert, by one allgather
   Routes& R = f.routes;
   R.P = P, R.rank = r, R.N = N, R.E = E;
-  std::vector<int64_t> mine_counts = L.group_sizes.to_index_vector(), all((size_t)(P * N));
+  std::vector<int64_t> mine_counts = L.plan.group_sizes.to_index_vector(), all((size_t)(P * N));
   comm.allgather(mine_counts.data(), (size_t)N * sizeof(int64_t), all.data());
   R.counts.assign((size_t)P, {});
   for (int p = 0; p < P; p++) R.counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
@@ -237,8 +232,7 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   // combine: back in received order, back to the sources, then y_t = sum_j g_tj yp[pos]
   f.yp_back = exchange_rows(comm, how, put_rows(yl, f.order), R.bytes(false, d), R.bytes(true, d), d, 2);
   L.yp = f.yp_back;
-  L.y = Tensor::empty({T, d}, dev);
-  K.moe_combine(L.y.data(), L.yp.data(), L.pos.index_data(), L.routing.gates.data(), T, k, d);
+  L.y = moe::combine(L.yp, L.plan, L.routing.gates);
   // the load-balance loss over ALL tokens: add up the ranks' sums
   L.stats = moe::load_stats(c, L.routing);
   f.global = L.stats;
@@ -252,17 +246,13 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
 static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const moe::Params& full,
                               const moe::Params& mine, const Tensor& x, const EPForward& f,
                               const Tensor& dy) {
-  const int64_t T = x.size(0), d = x.size(1), k = c.topk;
-  const Device dev = x.device();
-  const KernelTable& K = kernels_for(dev);
+  const int64_t d = x.size(1);
   const moe::Forward& L = f.local;
   const Routes& R = f.routes;
   // combine backward at the source: dyp (packed) and dL/dg
-  Tensor dyp = Tensor::empty({T * k, d}, dev), dg = Tensor::empty({T, k}, dev);
-  K.moe_combine_backward(dyp.data(), dg.data(), dy.data(), L.yp.data(), L.pos.index_data(),
-                         L.routing.gates.data(), T, k, d);
+  moe::CombineGrads cg = moe::combine_backward(dy, L.yp, L.plan, L.routing.gates);
   // dyp travels the dispatch route to the experts; their backward runs there
-  Tensor dyl = take_rows(exchange_rows(comm, how, dyp, R.bytes(true, d), R.bytes(false, d), d, 3), f.order);
+  Tensor dyl = take_rows(exchange_rows(comm, how, cg.dyp, R.bytes(true, d), R.bytes(false, d), d, 3), f.order);
   moe::ExpertGrads eg;
   {
     Trace::Scope span(trace(), "experts backward", "compute");
@@ -270,16 +260,16 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   }
   // dxp comes home by the combine route; dx_t = sum of its slots' rows
   Tensor dxp = exchange_rows(comm, how, put_rows(eg.dxp, f.order), R.bytes(false, d), R.bytes(true, d), d, 4);
-  Tensor dx_experts = Tensor::empty({T, d}, dev);
-  K.moe_combine(dx_experts.data(), dxp.data(), L.pos.index_data(), nullptr, T, k, d);
+  Tensor dx_experts = moe::unpermute_sum(dxp, L.plan);
   // the router, replicated: local gradient, then the sum over ranks (its loss is global)
-  Tensor dz = moe::router_dlogits(c, L.routing, dg, f.global);
+  Tensor dz = moe::router_dlogits(c, L.routing, cg.dgates, f.global);
+  moe::RouterGrads rg = moe::router_backward(full, x, dz);
   moe::Grads g;
-  g.router_w = matmul(transpose(x, 0, 1), dz);
-  g.router_b = sum(dz, 0);
+  g.router_w = rg.router_w;
+  g.router_b = rg.router_b;
   comm.allreduce_sum(g.router_w);
   comm.allreduce_sum(g.router_b);
-  g.dx = add(dx_experts, matmul(dz, transpose(full.router_w, 0, 1)));
+  g.dx = add(dx_experts, rg.dx);
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
   return g;
 }
@@ -422,19 +412,26 @@ static int gshard_lesson(Lesson& lesson) {
                 "the router gradient\n", ms);
   }
 
-  // ---- the reference: lesson 03's layer, one process, on all ranks' tokens
+  // ---- the reference, one process, on all ranks' tokens: the layer through autograd (what
+  // lesson 03 checks its hand-written backward against) for the values, and lesson 03's
+  // route -> permute -> experts steps for the rows the all-to-alls must move exactly
   Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
-  moe::Forward ref = moe::forward(c, full, x_all);
-  moe::Grads rg = moe::backward(c, full, x_all, ref, dy_all, ref.stats);
+  moe::Reference ref = moe::autograd_reference(c, full, x_all, dy_all);
+  const moe::Grads& rg = ref.grads;
+  moe::Plan ref_plan = moe::permute_plan(moe::route(c, full, x_all).idx, N);
+  moe::ExpertCache ref_cache;
+  Tensor ref_xp = moe::permute(x_all, ref_plan);
+  Tensor ref_yp = moe::experts_forward(full, ref_xp, ref_plan.group_sizes, &ref_cache);
   // reference packed rows of this rank's experts: the groups of experts [rank E, (rank+1) E)
-  const std::vector<int64_t> rsizes = ref.group_sizes.to_index_vector();
+  const std::vector<int64_t> rsizes = ref_plan.group_sizes.to_index_vector();
   int64_t row0 = 0, row1 = 0;
   for (int64_t e = 0; e < (rank + 1) * E; e++) {
     if (e < rank * E) row0 += rsizes[(size_t)e];
     row1 += rsizes[(size_t)e];
   }
   // reference packed rows of this rank's tokens' slots, in this rank's packed order
-  const std::vector<int64_t> rpos = ref.pos.to_index_vector(), lpos = fw.local.pos.to_index_vector();
+  const std::vector<int64_t> rpos = ref_plan.pos.to_index_vector(),
+                             lpos = fw.local.plan.pos.to_index_vector();
   std::vector<int64_t> mine_in_ref((size_t)(T * k));
   for (int64_t s = 0; s < T * k; s++) mine_in_ref[(size_t)lpos[(size_t)s]] = rpos[(size_t)(rank * T * k + s)];
 
@@ -445,12 +442,11 @@ static int gshard_lesson(Lesson& lesson) {
   const double eps = FLT_EPSILON, n = (double)(T_all * k + d + f + N);
   auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
   if (rank == 0) std::printf("data movement (must be exact: the all-to-all only copies)\n");
-  check.exact("dispatch: rows at each expert", fw.xl, slice(ref.cache.xp, 0, row0, row1));
-  check.exact("combine: expert outputs back at source", fw.yp_back,
-                     take_rows(ref.yp, mine_in_ref));
+  check.exact("dispatch: rows at each expert", fw.xl, slice(ref_xp, 0, row0, row1));
+  check.exact("combine: expert outputs back at source", fw.yp_back, take_rows(ref_yp, mine_in_ref));
   if (rank == 0)
-    std::printf("against lesson 03's layer on all %lld tokens in one process (worst rank)\n",
-                (long long)T_all);
+    std::printf("against the layer through autograd on all %lld tokens in one process (worst "
+                "rank)\n", (long long)T_all);
   Tensor my_rows = slice(ref.y, 0, rank * T, (rank + 1) * T);
   check.close("y", fw.local.y, my_rows, tol(ref.y));
   check.scalar("aux loss (f_i, P_i summed over ranks)", fw.aux, ref.aux,

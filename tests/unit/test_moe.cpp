@@ -1,10 +1,11 @@
-// The mixture-of-experts layer of common/layers/moe.h (lesson 03), on device cpu. Five checks, each
-// against something independent of the one before:
-//   1. the hand-written moe::backward against moe::autograd_reference (the same layer in the
+// The mixture-of-experts layer of lesson 03, composed from the steps of common/layers/moe.h
+// (layer_forward / layer_backward below), on device cpu. Five checks, each against something
+// independent of the one before:
+//   1. the hand-written backward against moe::autograd_reference (the same layer in the
 //      loop form, through the autograd core), for both gates, with alpha = 1 so the
 //      load-balance loss's path matters, on ordinary sizes, k = 1, k = N, N = 1, odd T, and
-//      starved experts (exactly zero weight gradients, no NaN); forward_loop == forward;
-//   2. the hand-written backward against central finite differences of moe::forward;
+//      starved experts (exactly zero weight gradients, no NaN); forward_loop == the packed forward;
+//   2. the hand-written backward against central finite differences of the forward;
 //   3. each moe::Bug planted: the same comparison with autograd fails for exactly the
 //      gradients the bug touches (and still passes for the others);
 //   4. the load-balance loss in closed form: k = N gives exactly alpha and no gradient; all
@@ -98,6 +99,33 @@ double aux_tolerance(const Problem& pr, double want) {
   return 8.0 * n * kEps * std::max(want, 1e-3);
 }
 
+// The layer as lesson 03 composes it (lessons/03_smoe/main.cpp: smoe_forward, smoe_backward),
+// from the same steps of common/layers/moe.h: these tests check the steps together; lesson
+// 03's own composition is checked by its runs in tests/lessons.sh against the same autograd
+// reference.
+moe::Forward layer_forward(const moe::Config& c, const moe::Params& p, const Tensor& x) {
+  moe::Forward f;
+  f.routing = moe::route(c, p, x);
+  f.plan = moe::permute_plan(f.routing.idx, c.experts);
+  f.yp = moe::experts_forward(p, moe::permute(x, f.plan), f.plan.group_sizes, &f.cache);
+  f.y = moe::combine(f.yp, f.plan, f.routing.gates);
+  f.stats = moe::load_stats(c, f.routing);
+  f.aux = moe::aux_loss(c, f.stats);
+  return f;
+}
+
+moe::Grads layer_backward(const moe::Config& c, const moe::Params& p, const Tensor& x,
+                          const moe::Forward& f, const Tensor& dy, const moe::LoadStats& global,
+                          moe::Bug bug = moe::Bug::none) {
+  moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.routing.gates);
+  if (bug == moe::Bug::gate_twice) cg.dyp = mul(cg.dyp, moe::packed_gates(f.plan, f.routing.gates));
+  moe::ExpertGrads eg = moe::experts_backward(p, f.cache, cg.dyp, bug);
+  moe::RouterGrads rg = moe::router_backward(p, x, moe::router_dlogits(c, f.routing, cg.dgates, global));
+  Tensor dx_experts = moe::unpermute_sum(eg.dxp, f.plan);
+  return {bug == moe::Bug::no_router_path ? dx_experts : add(dx_experts, rg.dx), rg.router_w,
+          rg.router_b, eg.dw1, eg.dw2, eg.dw3};
+}
+
 // The six gradients of moe::Grads, by name.
 // (std::string: doctest prints a const char* in a message as a pointer)
 const std::string kGradNames[6] = {"dx", "d router_w", "d router_b", "d w1", "d w2", "d w3"};
@@ -128,8 +156,8 @@ std::vector<bool> compare_grads(const Problem& pr, const moe::Grads& got, const 
 // Hand-written backward vs the autograd reference, forward included. Returns the Forward.
 moe::Forward check_against_autograd(const Problem& pr) {
   INFO(pr.name);
-  moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
-  moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
+  moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
+  moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
   moe::Reference ref = moe::autograd_reference(pr.c, pr.p, pr.x, pr.dy);
   // the routing is data movement: exactly the same
   CHECK(fw.routing.idx.to_index_vector() == ref.idx.to_index_vector());
@@ -157,7 +185,7 @@ const moe::Gate kGates[2] = {moe::Gate::softmax_topk, moe::Gate::topk_softmax};
 
 // L = sum(y * dy) + aux, with the float32 forward, summed in double.
 double loss_of_forward(const Problem& pr, std::vector<int64_t>* idx) {
-  moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
+  moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
   const std::vector<float> y = fw.y.to_vector(), dy = pr.dy.to_vector();
   double L = fw.aux;
   for (size_t i = 0; i < y.size(); i++) L += (double)y[i] * dy[i];
@@ -199,11 +227,11 @@ TEST_CASE("moe: experts with no tokens get exactly zero weight gradients, and no
     // the last 2 of 6 experts have router bias -30 (init_params): never picked
     const Problem pr = make_problem("starved", 7, 5, 9, 6, 2, gate, /*starved=*/2);
     const moe::Forward fw = check_against_autograd(pr);
-    const std::vector<int64_t> sizes = fw.group_sizes.to_index_vector();
+    const std::vector<int64_t> sizes = fw.plan.group_sizes.to_index_vector();
     INFO(pr.name);
     CHECK(sizes[4] == 0);
     CHECK(sizes[5] == 0);
-    const moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
+    const moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
     const int64_t d = pr.c.dim, f = pr.c.ffn;
     for (const auto& [name, t] : {std::pair<const char*, Tensor>{"w1", g.w1}, {"w3", g.w3},
                                   {"w2", g.w2}}) {
@@ -232,7 +260,7 @@ TEST_CASE("moe: forward_loop (index lists) equals forward (permute, grouped GEMM
                             Shape5{11, 6, 10, 6, 2, 3}, Shape5{20, 16, 32, 1, 1, 0}}) {
       const Problem pr = make_problem("loop vs grouped", s.T, s.d, s.f, s.N, s.k, gate, s.starved);
       INFO(pr.name);
-      const moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
+      const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
       const Tensor y_loop = moe::forward_loop(pr.c, pr.p, pr.x, fw.routing);
       const double tol = y_tolerance(pr, y_loop);
       const Diff d = compare(fw.y, y_loop, tol, 0.0);
@@ -241,7 +269,7 @@ TEST_CASE("moe: forward_loop (index lists) equals forward (permute, grouped GEMM
                     d.max_abs, tol);
       CHECK_MESSAGE(d.pass, "max abs " << d.max_abs << " > " << tol);
       // the plan is a permutation: every packed row is one slot's, and group sizes add up
-      std::vector<int64_t> pos = fw.pos.to_index_vector(), sizes = fw.group_sizes.to_index_vector();
+      std::vector<int64_t> pos = fw.plan.pos.to_index_vector(), sizes = fw.plan.group_sizes.to_index_vector();
       std::sort(pos.begin(), pos.end());
       for (int64_t r = 0; r < s.T * s.k; r++) CHECK(pos[(size_t)r] == r);
       int64_t total = 0;
@@ -254,7 +282,7 @@ TEST_CASE("moe: forward_loop (index lists) equals forward (permute, grouped GEMM
 // 2. finite differences
 
 TEST_CASE("moe: hand-written backward equals central finite differences of the forward") {
-  // L = sum(y * dy) + aux, so dL/dy = dy and the backward is moe::backward(dy). Each numeric
+  // L = sum(y * dy) + aux, so dL/dy = dy and the backward is layer_backward(dy). Each numeric
   // derivative is D(h) = (L(v + h) - L(v - h)) / 2h with the float32 forward. Its error:
   //   rounding: each L is within B_L of exact, B_L = sum|dy| * (bound on y's error: the
   //     y_tolerance above) + the aux loss's (aux_tolerance), so D is within B_L / h;
@@ -275,14 +303,14 @@ TEST_CASE("moe: hand-written backward equals central finite differences of the f
   for (moe::Gate gate : kGates) {
     Problem pr = make_problem("finite differences", 6, 4, 6, 4, 2, gate, 0, /*seed=*/1200);
     INFO(pr.name);
-    moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
+    moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
     const std::vector<int64_t> idx0 = fw.routing.idx.to_index_vector();
-    const moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
+    const moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
     const moe::Bug bugs[3] = {moe::Bug::gate_twice, moe::Bug::silu_no_upstream,
                               moe::Bug::no_router_path};
     std::vector<std::vector<Tensor>> buggy;
     for (moe::Bug b : bugs)
-      buggy.push_back(grad_list(moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, b)));
+      buggy.push_back(grad_list(layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, b)));
     double sum_abs_dy = 0;
     for (float v : pr.dy.to_vector()) sum_abs_dy += std::fabs(v);
     const double B_L = sum_abs_dy * y_tolerance(pr, fw.y) + aux_tolerance(pr, fw.aux);
@@ -368,11 +396,11 @@ TEST_CASE("moe: each planted backward bug fails the comparison with autograd") {
   for (moe::Gate gate : kGates)
     for (const Problem& pr : {make_problem("planted", 12, 6, 10, 4, 2, gate),
                               make_problem("planted", 7, 5, 9, 5, 1, gate)}) {
-      const moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
+      const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
       const moe::Reference ref = moe::autograd_reference(pr.c, pr.p, pr.x, pr.dy);
       for (const Planted& b : planted) {
         INFO(pr.name << ", bug " << std::string(b.name));
-        const moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, b.bug);
+        const moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, b.bug);
         const std::vector<bool> pass = compare_grads(pr, g, ref.grads, b.name);
         const bool gate_is_one = gate == moe::Gate::topk_softmax && pr.c.topk == 1;
         for (size_t i = 0; i < 6; i++) {
@@ -498,7 +526,7 @@ TEST_CASE("moe: load-balance loss: f_i carries no gradient, P_i does") {
     Problem pr = make_problem("aux only", 11, 6, 10, 5, 2, gate);
     pr.dy = Tensor::zeros({pr.T, pr.c.dim});
     INFO(pr.name);
-    const moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
+    const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
     const Tensor dz = moe::router_dlogits(pr.c, fw.routing, Tensor::zeros({pr.T, pr.c.topk}),
                                           fw.stats);
     const std::vector<double> want_dz = aux_dlogits_double(pr, probs_double(pr), fw.stats.count);
@@ -507,7 +535,7 @@ TEST_CASE("moe: load-balance loss: f_i carries no gradient, P_i does") {
     const double dz_tol = 8.0 * kEps * max_abs(want_t);  // as in the test above
     CHECK(compare(dz, want_t, dz_tol, 0.0).pass);
     CHECK(max_abs(want_t) > 1e-3);  // P_i carries gradient
-    const moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
+    const moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
     check_against_autograd(pr);
     CHECK(max_abs(g.router_b) > 1e-3);
     CHECK(max_abs(g.router_w) > 1e-3);
@@ -536,8 +564,8 @@ TEST_CASE("moe: forward, routing and gradients match PyTorch (tests/reference/da
     pr.c.topk = golden(cn, "topk_idx").size(1);
     pr.c.alpha = golden(cn, "alpha").item();
     pr.c.gate = cn == "moe_softmax_topk" ? moe::Gate::softmax_topk : moe::Gate::topk_softmax;
-    const moe::Forward fw = moe::forward(pr.c, pr.p, pr.x);
-    const moe::Grads g = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
+    const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
+    const moe::Grads g = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats);
     // routing: exactly PyTorch's (ops.py asserts every decision has a margin)
     CHECK(fw.routing.idx.to_index_vector() == golden(cn, "topk_idx").to_index_vector());
     const Tensor want_gates = golden(cn, "gates"), want_y = golden(cn, "y");
@@ -559,7 +587,7 @@ TEST_CASE("moe: forward, routing and gradients match PyTorch (tests/reference/da
     // so no gate is identically 1)
     for (moe::Bug bug :
          {moe::Bug::gate_twice, moe::Bug::silu_no_upstream, moe::Bug::no_router_path}) {
-      const moe::Grads gb = moe::backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, bug);
+      const moe::Grads gb = layer_backward(pr.c, pr.p, pr.x, fw, pr.dy, fw.stats, bug);
       CHECK_FALSE(compare_grads(pr, gb, want, "bug vs PyTorch")[0]);
     }
   }
