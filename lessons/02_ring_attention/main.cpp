@@ -184,6 +184,7 @@ static void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std
 // in finish(), so the transfer runs while the kernel computes (`out` and `in` are two
 // buffers: double buffering).
 struct Hop {
+  Hop(Comm& c, Order o, int t) : comm(c), order(o), tag(t) {}
   Comm& comm;
   Order order;
   int tag;
