@@ -15,7 +15,7 @@ namespace ff {
 
 using Grads = std::vector<Tensor>;
 
-static const KernelTable& K(const Tensor& t) { return kernels_for(t.device()); }
+static const KernelTable& kernels_of(const Tensor& t) { return kernels_for(t.device()); }
 
 static void check_float(const Tensor& t, const char* op) {
   FF_CHECK(t.defined(), op << ": undefined tensor");
@@ -79,7 +79,7 @@ static Broadcast broadcast_kind(const Tensor& a, const Tensor& b, const char* op
 static Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, Broadcast bc) {
   Tensor out = Tensor::empty(a.shape(), a.device());
   int64_t C = a.dim() ? a.size(-1) : 1;
-  K(a).binary(op, out.data(), a.data(), b.data(), a.numel(), C == 0 ? 1 : C, bc);
+  kernels_of(a).binary(op, out.data(), a.data(), b.data(), a.numel(), C == 0 ? 1 : C, bc);
   return out;
 }
 
@@ -128,7 +128,7 @@ Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::div, a
 static Tensor affine_op(const Tensor& x, float alpha, float beta, const char* name) {
   check_float(x, name);
   Tensor out = Tensor::empty(x.shape(), x.device());
-  K(x).affine(out.data(), x.data(), x.numel(), alpha, beta);
+  kernels_of(x).affine(out.data(), x.data(), x.numel(), alpha, beta);
   return record(out, name, {x}, [alpha](const Tensor& g) -> Grads { return {scale(g, alpha)}; });
 }
 
@@ -141,11 +141,11 @@ Tensor add_scalar(const Tensor& x, float s) { return affine_op(x, 1.f, s, "add_s
 static Tensor unary_op(UnaryOp op, const Tensor& x, const char* name) {
   check_float(x, name);
   Tensor y = Tensor::empty(x.shape(), x.device());
-  K(x).unary(op, y.data(), x.data(), x.numel());
+  kernels_of(x).unary(op, y.data(), x.data(), x.numel());
   Tensor xs = x.detach(), ys = y.detach();
   return record(y, name, {x}, [op, xs, ys](const Tensor& g) -> Grads {
     Tensor dx = Tensor::empty(xs.shape(), xs.device());
-    K(xs).unary_backward(op, dx.data(), xs.data(), ys.data(), g.data(), xs.numel());
+    kernels_of(xs).unary_backward(op, dx.data(), xs.data(), ys.data(), g.data(), xs.numel());
     return {dx};
   });
 }
@@ -160,7 +160,7 @@ Tensor relu(const Tensor& x) { return unary_op(UnaryOp::relu, x, "relu"); }
 
 static Tensor masked_fill_raw(const Tensor& x, const Tensor& mask, float value) {
   Tensor out = Tensor::empty(x.shape(), x.device());
-  K(x).masked_fill(out.data(), x.data(), mask.data(), x.numel(), mask.numel(), value);
+  kernels_of(x).masked_fill(out.data(), x.data(), mask.data(), x.numel(), mask.numel(), value);
   return out;
 }
 
@@ -203,20 +203,20 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   out_shape.push_back(N);
   Tensor c = Tensor::empty(out_shape, a.device());
   int64_t stride_b = shared_b ? 0 : Kd * N;
-  K(a).matmul(c.data(), a.data(), b.data(), B, M, N, Kd, M * Kd, stride_b, false, false, false);
+  kernels_of(a).matmul(c.data(), a.data(), b.data(), B, M, N, Kd, M * Kd, stride_b, false, false, false);
   // dA = dC @ B^T (the input gradient); dB = A^T @ dC (the weight gradient, summed over the
   // batch when B is shared). Split, so that a zero-bubble pipeline can run dB later.
   auto input_grad = [a, b, B, M, N, Kd, stride_b](const Tensor& g) -> Grads {
     Tensor da = Tensor::empty(a.shape(), a.device());
-    K(a).matmul(da.data(), g.data(), b.data(), B, M, Kd, N, M * N, stride_b, false, true, false);
+    kernels_of(a).matmul(da.data(), g.data(), b.data(), B, M, Kd, N, M * N, stride_b, false, true, false);
     return {da, Tensor()};
   };
   auto weight_grad = [a, b, B, M, N, Kd, shared_b](const Tensor& g) -> Tensor {
     Tensor db = Tensor::empty(b.shape(), b.device());
     if (shared_b)
-      K(a).matmul(db.data(), a.data(), g.data(), 1, Kd, N, B * M, 0, 0, true, false, false);
+      kernels_of(a).matmul(db.data(), a.data(), g.data(), 1, Kd, N, B * M, 0, 0, true, false, false);
     else
-      K(a).matmul(db.data(), a.data(), g.data(), B, Kd, N, M, M * Kd, M * N, true, false, false);
+      kernels_of(a).matmul(db.data(), a.data(), g.data(), B, Kd, N, M, M * Kd, M * N, true, false, false);
     return db;
   };
   return record_split(c, "matmul", {a, b}, 1, input_grad, weight_grad);
@@ -264,7 +264,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
     for (int64_t i = 0; i < d0; i++) A *= s[(size_t)i];
     for (int64_t i = d0 + 1; i < d1; i++) Bm *= s[(size_t)i];
     for (size_t i = (size_t)d1 + 1; i < s.size(); i++) Cn *= s[i];
-    K(x).transpose(out.data(), x.data(), A, s[(size_t)d0], Bm, s[(size_t)d1], Cn);
+    kernels_of(x).transpose(out.data(), x.data(), A, s[(size_t)d0], Bm, s[(size_t)d1], Cn);
   }
   return record(out, "transpose", {x}, [d0, d1](const Tensor& g) -> Grads { return {transpose(g, d0, d1)}; });
 }
@@ -280,12 +280,12 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   Shape os = x.shape();
   os[(size_t)dim] = end - start;
   Tensor out = Tensor::empty(os, x.device());
-  K(x).copy_block(out.data(), end - start, 0, x.data(), n, start, outer, end - start, inner, false);
+  kernels_of(x).copy_block(out.data(), end - start, 0, x.data(), n, start, outer, end - start, inner, false);
   Shape xs = x.shape();
   Device dev = x.device();
   return record(out, "slice", {x}, [=](const Tensor& g) -> Grads {
     Tensor dx = Tensor::zeros(xs, dev);
-    K(g).copy_block(dx.data(), n, start, g.data(), end - start, 0, outer, end - start, inner, false);
+    kernels_of(g).copy_block(dx.data(), n, start, g.data(), end - start, 0, outer, end - start, inner, false);
     return {dx};
   });
 }
@@ -312,7 +312,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   std::vector<int64_t> offsets;
   int64_t off = 0;
   for (const Tensor& t : xs) {
-    K(t).copy_block(out.data(), total, off, t.data(), t.size(dim), 0, outer, t.size(dim), inner, false);
+    kernels_of(t).copy_block(out.data(), total, off, t.data(), t.size(dim), 0, outer, t.size(dim), inner, false);
     offsets.push_back(off);
     off += t.size(dim);
   }
@@ -339,7 +339,7 @@ static Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 static Tensor expand_along(const Tensor& g, const Shape& xs, int64_t outer, int64_t n, int64_t inner) {
   Tensor dx = Tensor::empty(xs, g.device());
   for (int64_t j = 0; j < n; j++)
-    K(g).copy_block(dx.data(), n, j, g.data(), 1, 0, outer, 1, inner, false);
+    kernels_of(g).copy_block(dx.data(), n, j, g.data(), 1, 0, outer, 1, inner, false);
   return dx;
 }
 
@@ -350,12 +350,12 @@ static Tensor reduce_op(ReduceOp op, const Tensor& x, int64_t dim, bool keepdim,
   FF_CHECK(n > 0 || op == ReduceOp::sum, name << ": reducing an empty dim");
   split_at(x.shape(), dim, &outer, &inner);
   Tensor y = Tensor::empty(reduced_shape(x.shape(), dim, keepdim), x.device());
-  K(x).reduce(op, y.data(), x.data(), outer, n, inner);
+  kernels_of(x).reduce(op, y.data(), x.data(), outer, n, inner);
   Tensor xs = x.detach(), ys = y.detach();
   return record(y, name, {x}, [=](const Tensor& g) -> Grads {
     if (op == ReduceOp::sum) return {expand_along(g, xs.shape(), outer, n, inner)};
     Tensor dx = Tensor::empty(xs.shape(), xs.device());
-    K(xs).max_backward(dx.data(), xs.data(), ys.data(), g.data(), outer, n, inner);
+    kernels_of(xs).max_backward(dx.data(), xs.data(), ys.data(), g.data(), outer, n, inner);
     return {dx};
   });
 }
@@ -378,11 +378,11 @@ Tensor softmax(const Tensor& x) {
   int64_t N, C;
   rows_of(x, "softmax", &N, &C);
   Tensor y = Tensor::empty(x.shape(), x.device());
-  K(x).softmax_forward(y.data(), x.data(), N, C);
+  kernels_of(x).softmax_forward(y.data(), x.data(), N, C);
   Tensor ys = y.detach();
   return record(y, "softmax", {x}, [ys, N, C](const Tensor& g) -> Grads {
     Tensor dx = Tensor::empty(ys.shape(), ys.device());
-    K(ys).softmax_backward(dx.data(), ys.data(), g.data(), N, C);
+    kernels_of(ys).softmax_backward(dx.data(), ys.data(), g.data(), N, C);
     return {dx};
   });
 }
@@ -392,11 +392,11 @@ Tensor log_softmax(const Tensor& x) {
   int64_t N, C;
   rows_of(x, "log_softmax", &N, &C);
   Tensor y = Tensor::empty(x.shape(), x.device());
-  K(x).log_softmax_forward(y.data(), x.data(), N, C);
+  kernels_of(x).log_softmax_forward(y.data(), x.data(), N, C);
   Tensor ys = y.detach();
   return record(y, "log_softmax", {x}, [ys, N, C](const Tensor& g) -> Grads {
     Tensor dx = Tensor::empty(ys.shape(), ys.device());
-    K(ys).log_softmax_backward(dx.data(), ys.data(), g.data(), N, C);
+    kernels_of(ys).log_softmax_backward(dx.data(), ys.data(), g.data(), N, C);
     return {dx};
   });
 }
@@ -412,12 +412,12 @@ Tensor rmsnorm(const Tensor& x, const Tensor& weight, float eps) {
   FF_CHECK(eps >= 0.f, "rmsnorm: eps must be >= 0");
   Tensor y = Tensor::empty(x.shape(), x.device());
   Tensor rstd = Tensor::empty({N}, x.device());
-  K(x).rmsnorm_forward(y.data(), rstd.data(), x.data(), weight.data(), N, C, eps);
+  kernels_of(x).rmsnorm_forward(y.data(), rstd.data(), x.data(), weight.data(), N, C, eps);
   Tensor xs = x.detach(), ws = weight.detach();
   return record(y, "rmsnorm", {x, weight}, [xs, ws, rstd, N, C](const Tensor& g) -> Grads {
     Tensor dx = Tensor::empty(xs.shape(), xs.device());
     Tensor dw = Tensor::empty(ws.shape(), ws.device());
-    K(xs).rmsnorm_backward(dx.data(), dw.data(), g.data(), xs.data(), ws.data(), rstd.data(), N, C);
+    kernels_of(xs).rmsnorm_backward(dx.data(), dw.data(), g.data(), xs.data(), ws.data(), rstd.data(), N, C);
     return {dx, dw};
   });
 }
@@ -433,7 +433,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   check_indices(targets, V, "cross_entropy");
   Tensor loss = Tensor::empty({N}, logits.device());
   Tensor lse = Tensor::empty({N}, logits.device());
-  K(logits).cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.index_data(), N, V);
+  kernels_of(logits).cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.index_data(), N, V);
   Tensor mean_loss;
   {
     NoGradGuard no_grad;
@@ -443,7 +443,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   return record(mean_loss, "cross_entropy", {logits, targets}, [ls, lse, targets, N, V](const Tensor& g) -> Grads {
     Tensor dloss = Tensor::full({N}, g.item() / (float)N, g.device());
     Tensor dlogits = Tensor::empty(ls.shape(), ls.device());
-    K(ls).cross_entropy_backward(dlogits.data(), ls.data(), lse.data(), targets.index_data(),
+    kernels_of(ls).cross_entropy_backward(dlogits.data(), ls.data(), lse.data(), targets.index_data(),
                                  dloss.data(), N, V);
     return {dlogits, Tensor()};
   });
@@ -457,11 +457,11 @@ Tensor index_select(const Tensor& x, const Tensor& idx) {
   int64_t N = x.size(0), C = x.size(1), M = idx.size(0);
   check_indices(idx, N, "index_select");
   Tensor out = Tensor::empty({M, C}, x.device());
-  K(x).index_select_rows(out.data(), x.data(), idx.index_data(), M, C);
+  kernels_of(x).index_select_rows(out.data(), x.data(), idx.index_data(), M, C);
   Shape xs = x.shape();
   return record(out, "index_select", {x, idx}, [xs, idx, M, C](const Tensor& g) -> Grads {
     Tensor dx = Tensor::zeros(xs, g.device());
-    K(g).index_add_rows(dx.data(), g.data(), idx.index_data(), M, C);
+    kernels_of(g).index_add_rows(dx.data(), g.data(), idx.index_data(), M, C);
     return {dx, Tensor()};
   });
 }
@@ -487,7 +487,7 @@ Tensor index_add(const Tensor& base, const Tensor& idx, const Tensor& src) {
                                              << " must be (" << M << ", " << C << ")");
   check_indices(idx, base.size(0), "index_add");
   Tensor out = base.clone();
-  K(base).index_add_rows(out.data(), src.data(), idx.index_data(), M, C);
+  kernels_of(base).index_add_rows(out.data(), src.data(), idx.index_data(), M, C);
   return record(out, "index_add", {base, idx, src},
                 [idx](const Tensor& g) -> Grads { return {g, Tensor(), index_select(g, idx)}; });
 }
@@ -501,11 +501,11 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k) {
   os.back() = k;
   Tensor vals = Tensor::empty(os, x.device());
   Tensor idx = Tensor::empty(os, x.device(), DType::i64);
-  K(x).topk_rows(vals.data(), idx.index_data(), x.data(), N, C, k);
+  kernels_of(x).topk_rows(vals.data(), idx.index_data(), x.data(), N, C, k);
   Shape xs = x.shape();
   vals = record(vals, "topk", {x}, [xs, idx, N, C, k](const Tensor& g) -> Grads {
     Tensor dx = Tensor::empty(xs, g.device());
-    K(g).topk_backward(dx.data(), g.data(), idx.index_data(), N, C, k);
+    kernels_of(g).topk_backward(dx.data(), g.data(), idx.index_data(), N, C, k);
     return {dx};
   });
   return {vals, idx};

@@ -135,7 +135,7 @@ Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_si
                        ExpertCache* cache) {
   const int64_t M = xp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
   const Device dev = xp.device();
-  const KernelTable& K = kernels_for(dev);
+  const KernelTable& kernels = kernels_for(dev);
   cache->xp = xp;
   cache->group_sizes = group_sizes;
   cache->a = Tensor::empty({M, f}, dev);
@@ -146,12 +146,12 @@ Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_si
     return yp;
   }
   // a = xp W1_e, b = xp W3_e for the rows of each group e: one grouped GEMM each
-  K.grouped_gemm(cache->a.data(), xp.data(), p.w1.data(), group_sizes.index_data(), G, M, d, f,
+  kernels.grouped_gemm(cache->a.data(), xp.data(), p.w1.data(), group_sizes.index_data(), G, M, d, f,
                  /*trans_w=*/false, /*accumulate=*/false);
-  K.grouped_gemm(cache->b.data(), xp.data(), p.w3.data(), group_sizes.index_data(), G, M, d, f,
+  kernels.grouped_gemm(cache->b.data(), xp.data(), p.w3.data(), group_sizes.index_data(), G, M, d, f,
                  false, false);
   cache->h = mul(silu(cache->a), cache->b);  // SwiGLU
-  K.grouped_gemm(yp.data(), cache->h.data(), p.w2.data(), group_sizes.index_data(), G, M, f, d,
+  kernels.grouped_gemm(yp.data(), cache->h.data(), p.w2.data(), group_sizes.index_data(), G, M, f, d,
                  false, false);
   return yp;
 }
@@ -166,7 +166,7 @@ ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Te
                              Bug bug) {
   const int64_t M = dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
   const Device dev = dyp.device();
-  const KernelTable& K = kernels_for(dev);
+  const KernelTable& kernels = kernels_for(dev);
   const int64_t* gs = cache.group_sizes.index_data();
   ExpertGrads g;
   g.dw1 = Tensor::zeros({G, d, f}, dev);
@@ -175,20 +175,20 @@ ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Te
   g.dxp = Tensor::empty({M, d}, dev);
   if (M == 0) return g;
   Tensor dh = Tensor::empty({M, f}, dev);
-  K.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
-  K.grouped_gemm_dw(g.dw2.data(), cache.h.data(), dyp.data(), gs, G, M, f, d, false);
+  kernels.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
+  kernels.grouped_gemm_dw(g.dw2.data(), cache.h.data(), dyp.data(), gs, G, M, f, d, false);
 
   Tensor s = silu(cache.a);
   Tensor db = mul(dh, s);
   // dA = silu'(a) * (dH * b): the kernel multiplies its "upstream" argument by silu'(a)
   Tensor upstream = bug == Bug::silu_no_upstream ? cache.b : mul(dh, cache.b);
   Tensor da = Tensor::empty({M, f}, dev);
-  K.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), upstream.data(), M * f);
+  kernels.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), upstream.data(), M * f);
 
-  K.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), da.data(), gs, G, M, d, f, false);
-  K.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), db.data(), gs, G, M, d, f, false);
-  K.grouped_gemm(g.dxp.data(), da.data(), p.w1.data(), gs, G, M, f, d, /*trans_w=*/true, false);
-  K.grouped_gemm(g.dxp.data(), db.data(), p.w3.data(), gs, G, M, f, d, true, /*accumulate=*/true);
+  kernels.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), da.data(), gs, G, M, d, f, false);
+  kernels.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), db.data(), gs, G, M, d, f, false);
+  kernels.grouped_gemm(g.dxp.data(), da.data(), p.w1.data(), gs, G, M, f, d, /*trans_w=*/true, false);
+  kernels.grouped_gemm(g.dxp.data(), db.data(), p.w3.data(), gs, G, M, f, d, true, /*accumulate=*/true);
   return g;
 }
 

@@ -233,7 +233,7 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
                          Tensor* lse_out, Tensor* m_out) {
   const int r = comm.rank(), P = comm.size();
   const int64_t n = (int64_t)me.pos.size();
-  const KernelTable& K = kernels_for(c.dev);
+  const KernelTable& kernels = kernels_for(c.dev);
   const float scale = 1.f / std::sqrt((float)c.D);
   Tensor o = Tensor::zeros(block_shape(c, n), c.dev);
   Tensor m = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
@@ -256,7 +256,7 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
       const std::vector<int64_t> kpos_h = owner_positions(c, P, cur.owner);
       Trace::Scope span(trace(), "fwd block of rank " + std::to_string(cur.owner), "compute");
       Tensor kpos = positions_tensor(c, kpos_h);
-      K.flash_forward_block(o.data(), m.data(), l.data(), me.q.data(), cur.k.data(), cur.v.data(),
+      kernels.flash_forward_block(o.data(), m.data(), l.data(), me.q.data(), cur.k.data(), cur.v.data(),
                             qpos.index_data(), kpos.index_data(), c.B * c.H, n,
                             (int64_t)kpos_h.size(), c.D, scale, c.causal);
     }
@@ -281,7 +281,7 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
                           Tensor* dk_out, Tensor* dv_out) {
   const int r = comm.rank(), P = comm.size();
   const int64_t n = (int64_t)me.pos.size();
-  const KernelTable& K = kernels_for(c.dev);
+  const KernelTable& kernels = kernels_for(c.dev);
   const float scale = 1.f / std::sqrt((float)c.D);
   // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
   Tensor delta = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev)
@@ -314,7 +314,7 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
       // (the bug needs equal block sizes, n_cur == n: main() checks)
       Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here : dk;
       Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here : dv;
-      K.flash_backward_block(dq.data(), dk_into.data(), dv_into.data(), me.q.data(), cur.k.data(),
+      kernels.flash_backward_block(dq.data(), dk_into.data(), dv_into.data(), me.q.data(), cur.k.data(),
                              cur.v.data(), me.dout.data(), lse_used.data(), delta.data(),
                              qpos.index_data(), kpos.index_data(), c.B * c.H, n, n_cur, c.D,
                              scale, c.causal);

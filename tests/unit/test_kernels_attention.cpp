@@ -158,14 +158,14 @@ State initial_state(const Problem& p) {
 
 // The state after folding in blocks 0, 1, ... (one entry per block), on device d.
 std::vector<State> run_forward(Device d, const Problem& p) {
-  const KernelTable& K = kernels_for(d);
+  const KernelTable& kernels = kernels_for(d);
   State s0 = initial_state(p);
   Tensor o = kt::upload(s0.o, d), m = kt::upload(s0.m, d), l = kt::upload(s0.l, d);
   Tensor q = kt::upload(p.q, d), qpos = kt::upload_indices(p.qpos, d);
   std::vector<State> states;
   for (const KvBlock& b : p.blocks) {
     Tensor k = kt::upload(b.k, d), v = kt::upload(b.v, d), kpos = kt::upload_indices(b.kpos, d);
-    K.flash_forward_block(o.data(), m.data(), l.data(), q.data(), k.data(), v.data(),
+    kernels.flash_forward_block(o.data(), m.data(), l.data(), q.data(), k.data(), v.data(),
                           qpos.index_data(), kpos.index_data(), p.BH, p.Sq, b.Sk, p.D, p.scale,
                           p.causal);
     states.push_back({o.to_vector(), m.to_vector(), l.to_vector()});
@@ -214,14 +214,14 @@ Grads initial_grads(const Problem& p, bool zero) {
 // The backward of every (Q block, KV block) pair on device d, accumulated onto g.
 Grads run_backward(Device d, const Problem& p, const std::vector<float>& dout,
                    const std::vector<float>& lse, const std::vector<float>& delta, Grads g) {
-  const KernelTable& K = kernels_for(d);
+  const KernelTable& kernels = kernels_for(d);
   Tensor q = kt::upload(p.q, d), qpos = kt::upload_indices(p.qpos, d), dq = kt::upload(g.dq, d);
   Tensor dod = kt::upload(dout, d), lsed = kt::upload(lse, d), deltad = kt::upload(delta, d);
   for (size_t bi = 0; bi < p.blocks.size(); bi++) {
     const KvBlock& b = p.blocks[bi];
     Tensor k = kt::upload(b.k, d), v = kt::upload(b.v, d), kpos = kt::upload_indices(b.kpos, d);
     Tensor dk = kt::upload(g.dk[bi], d), dv = kt::upload(g.dv[bi], d);
-    K.flash_backward_block(dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
+    kernels.flash_backward_block(dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(),
                            dod.data(), lsed.data(), deltad.data(), qpos.index_data(),
                            kpos.index_data(), p.BH, p.Sq, b.Sk, p.D, p.scale, p.causal);
     g.dk[bi] = dk.to_vector();
@@ -725,13 +725,13 @@ TEST_CASE("kernels: attention, an empty KV block changes nothing; D > 128 is ref
   Tensor x = kt::upload(std::vector<float>(16 * D, 0.f), d),
          st = kt::upload(std::vector<float>(16, 0.f), d);
   Tensor pos = kt::upload_indices(slice_positions(0, 16), d);
-  const KernelTable& K = kt::dut_kernels();
+  const KernelTable& kernels = kt::dut_kernels();
   CHECK_THROWS_AS(
-      K.flash_forward_block(x.data(), st.data(), st.data(), x.data(), x.data(), x.data(),
+      kernels.flash_forward_block(x.data(), st.data(), st.data(), x.data(), x.data(), x.data(),
                             pos.index_data(), pos.index_data(), 1, 16, 16, D, 1.f, true),
       std::invalid_argument);
   CHECK_THROWS_AS(
-      K.flash_backward_block(x.data(), x.data(), x.data(), x.data(), x.data(), x.data(), x.data(),
+      kernels.flash_backward_block(x.data(), x.data(), x.data(), x.data(), x.data(), x.data(), x.data(),
                              st.data(), st.data(), pos.index_data(), pos.index_data(), 1, 16, 16,
                              D, 1.f, true),
       std::invalid_argument);
