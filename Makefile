@@ -134,7 +134,10 @@ $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 # ---- tests
-$(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
+# the lessons' own CUDA kernels (lesson 01's), for their kernel tests
+LESSON_KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/*/*.cu)) \
+                      $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/*/*.cu)))
+$(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LESSON_KERNEL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
