@@ -78,18 +78,22 @@ static void gpipe(Schedule& s) {
   }
 }
 
-// 1F1B, non-interleaved, as in Megatron-LM (Narayanan et al., 2021): rank r runs
-// min(P-r-1, M) warm-up forwards, then one forward and one backward at a time, then the
-// remaining backwards. At most P-r micro-batches are alive on rank r.
+// 1F1B, non-interleaved, as in Megatron-LM (Narayanan et al., 2021). Rank r runs three phases:
+// warm-up, min(P-r-1, M) forwards, as many as the ranks after it need before the first backward
+// can come back; steady state, one forward then one backward at a time ("1F1B"); cool-down,
+// the backwards of the micro-batches still alive. At most P-r micro-batches are alive on rank r.
 static void one_f_one_b(Schedule& s) {
   for (int r = 0; r < s.P; r++) {
     auto& prog = s.ranks[r];
-    int warmup = std::min(s.P - r - 1, s.M);
+    const int warmup = std::min(s.P - r - 1, s.M);
+    // warm-up
     for (int m = 0; m < warmup; m++) prog.push_back(one(Kind::F, 0, m));
+    // steady state: 1F1B
     for (int i = 0; i < s.M - warmup; i++) {
       prog.push_back(one(Kind::F, 0, warmup + i));
       prog.push_back(one(Kind::B, 0, i));
     }
+    // cool-down
     for (int m = s.M - warmup; m < s.M; m++) prog.push_back(one(Kind::B, 0, m));
   }
 }
