@@ -41,14 +41,15 @@ int Schedule::dir_of(int flow, int stage) const {
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names{"gpipe", "1f1b", "zb-h1", "dualpipe", "dualpipev"};
+  static const std::vector<std::string> names{"gpipe", "1f1b",     "zb-h1",
+                                              "zb-h2", "dualpipe", "dualpipev"};
   return names;
 }
 
 std::string check_args(const std::string& name, int64_t P, int64_t M) {
   const auto& names = schedule_names();
   if (std::find(names.begin(), names.end(), name) == names.end())
-    return "unknown schedule '" + name + "' (allowed: gpipe, 1f1b, zb-h1, dualpipe, dualpipev)";
+    return "unknown schedule '" + name + "' (allowed: gpipe, 1f1b, zb-h1, zb-h2, dualpipe, dualpipev)";
   if (P < 1) return "--stages must be at least 1 (got " + std::to_string(P) + ")";
   if (M < 1) return "--microbatches must be at least 1 (got " + std::to_string(M) + ")";
   if (P > 1024 || M > 4096) return "at most 1024 stages and 4096 micro-batches";
@@ -98,29 +99,51 @@ static void one_f_one_b(Schedule& s) {
   }
 }
 
-// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1 and Figure 3):
-// 1F1B with each backward split into I (input gradient, on the critical path to the previous
-// stage) and W (weight gradient, needed by nobody but the optimizer). Rank r keeps up to r
-// W's pending and runs them in the cool-down, where 1F1B sits idle. Warm-up is 1F1B's, so
-// rank r holds at most (P-r-1) + 1 + r = P micro-batches: the peak over the ranks is 1F1B's.
-static void zb_h1(Schedule& s) {
-  for (int r = 0; r < s.P; r++) {
-    auto& prog = s.ranks[r];
-    int warmup = std::min(s.P - r - 1, s.M);
-    int f = 0;
-    std::deque<int> pending_w;
-    for (; f < warmup; f++) prog.push_back(one(Kind::F, 0, f));
-    for (int b = 0; b < s.M; b++) {
-      if (f < s.M) prog.push_back(one(Kind::F, 0, f++));
-      prog.push_back(one(Kind::I, 0, b));
-      pending_w.push_back(b);
-      if ((int)pending_w.size() > r) {
-        prog.push_back(one(Kind::W, 0, pending_w.front()));
-        pending_w.pop_front();
-      }
+// The two handcrafted zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism",
+// ICLR 2024, §2 and Figure 3) are 1F1B with each backward split into I (input gradient, on
+// the critical path to the previous stage) and W (weight gradient, needed by nobody but the
+// optimizer). They differ in two numbers per rank: the warm-up forwards, and how many W's
+// the rank may keep pending (the oldest runs first, as validate() requires).
+static void split_backward_1f1b(Schedule& s, int r, int warmup, int max_pending_w) {
+  auto& prog = s.ranks[r];
+  int f = 0;
+  std::deque<int> pending_w;
+  // warm-up
+  for (; f < warmup; f++) prog.push_back(one(Kind::F, 0, f));
+  // steady state: a forward (while any is left), an input backward, and a W once more than
+  // max_pending_w are pending
+  for (int b = 0; b < s.M; b++) {
+    if (f < s.M) prog.push_back(one(Kind::F, 0, f++));
+    prog.push_back(one(Kind::I, 0, b));
+    pending_w.push_back(b);
+    if ((int)pending_w.size() > max_pending_w) {
+      prog.push_back(one(Kind::W, 0, pending_w.front()));
+      pending_w.pop_front();
     }
-    for (int m : pending_w) prog.push_back(one(Kind::W, 0, m));
   }
+  // cool-down: the W's still pending
+  for (int m : pending_w) prog.push_back(one(Kind::W, 0, m));
+}
+
+// ZB-H1 (§2.1, Figure 3 top): 1F1B's warm-up; rank r keeps up to r W's pending and runs them
+// in the cool-down, where 1F1B sits idle. Rank r holds at most (P-r-1) + 1 + r = P
+// micro-batches: the peak over the ranks is 1F1B's.
+static void zb_h1(Schedule& s) {
+  for (int r = 0; r < s.P; r++) split_backward_1f1b(s, r, std::min(s.P - r - 1, s.M), r);
+}
+
+// ZB-H2 (§2.2, Figure 3 bottom): ZB-H1 allowed about twice the memory. Rank r runs
+// 2(P-r)-1 forwards before its first I (the warm-up plus the steady state's first forward),
+// P-r-1 more than ZB-H1: they fill the time in which rank r would wait for its first
+// gradient. It keeps up to 2r W's pending. Every rank then holds up to 2P-1 micro-batches
+// (the paper's (2p-1) M_B: 2P-2r-1 before their I, 2r waiting for their W), and at
+// F = I = W no rank is ever idle between its first op and its last: the schedule is a
+// parallelogram. Its bubble is zero only if the next iteration starts into the slants at
+// both ends (no synchronisation at the optimizer step, the paper's §4); one iteration on
+// its own, as simulate() and the lesson run it, keeps the slant: at F = I = W, (P-1)F of
+// idle on every rank, before its first op and after its last.
+static void zb_h2(Schedule& s) {
+  for (int r = 0; r < s.P; r++) split_backward_1f1b(s, r, std::min(2 * (s.P - r - 1), s.M), 2 * r);
 }
 
 // DualPipe and DualPipeV share one eight-step program per rank: the one of the authors'
@@ -235,6 +258,7 @@ Schedule make_schedule(const std::string& name, int P, int M) {
   if (name == "gpipe") gpipe(s);
   if (name == "1f1b") one_f_one_b(s);
   if (name == "zb-h1") zb_h1(s);
+  if (name == "zb-h2") zb_h2(s);
   if (name == "dualpipe") dualpipe(s);
   if (name == "dualpipev") dualpipev(s);
   return s;
@@ -415,6 +439,9 @@ double Costs::of(const Step& step) const {
 }
 
 double Simulation::bubble() const { return idle.empty() ? 0 : *std::max_element(idle.begin(), idle.end()); }
+double Simulation::inner_bubble() const {
+  return inner_idle.empty() ? 0 : *std::max_element(inner_idle.begin(), inner_idle.end());
+}
 double Simulation::bubble_ratio() const { return makespan > 0 ? bubble() / makespan : 0; }
 
 Simulation simulate(const Schedule& s, const Costs& c) {
@@ -511,6 +538,16 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   }
   sim.idle.resize((size_t)P);
   for (int r = 0; r < P; r++) sim.idle[(size_t)r] = sim.makespan - sim.busy[(size_t)r];
+  // inner idle: from the rank's first start to its last end (spans are in each rank's order)
+  std::vector<double> first((size_t)P, -1), last((size_t)P, 0);
+  for (const Span& sp : sim.spans) {
+    if (first[(size_t)sp.rank] < 0) first[(size_t)sp.rank] = sp.start;
+    last[(size_t)sp.rank] = sp.end;
+  }
+  sim.inner_idle.assign((size_t)P, 0);
+  for (int r = 0; r < P; r++)
+    if (first[(size_t)r] >= 0)
+      sim.inner_idle[(size_t)r] = last[(size_t)r] - first[(size_t)r] - sim.busy[(size_t)r];
   return sim;
 }
 
@@ -520,6 +557,8 @@ Formula formula_bubble(const std::string& name, int P, const Costs& c) {
     f = {true, (P - 1) * (c.F + c.B), "(P-1)(F+B)"};
   } else if (name == "zb-h1") {
     f = {true, (P - 1) * (c.F + c.B - 2 * c.W), "(P-1)(F+B-2W)"};
+  } else if (name == "zb-h2") {  // Qi et al.'s Table 2, (p-1)(T_F+T_B-2T_W) with T_B = I = B-W
+    f = {true, (P - 1) * (c.F + c.B - 3 * c.W), "(P-1)(F+B-3W)**"};
   } else if (name == "dualpipe") {
     f = {true, (P / 2 - 1) * (c.FB + c.B - 3 * c.W), "(P/2-1)(F&B+B-3W)"};
   } else if (name == "dualpipev") {  // not in Table 2: DualPipe's row with 2P stages

@@ -38,7 +38,7 @@ struct Step {
 };
 
 enum class Layout {
-  line,  // stage r on rank r, micro-batches enter at rank 0 (gpipe, 1f1b, zb-h1)
+  line,  // stage r on rank r, micro-batches enter at rank 0 (gpipe, 1f1b, zb-h1, zb-h2)
   dual,  // two directions: rank r holds stage r (d = 0) and stage P-1-r (d = 1)
   v      // one direction folded in a V: rank r holds stages r (d = 0) and 2P-1-r (d = 1)
 };
@@ -99,11 +99,16 @@ struct Simulation {
   double makespan = 0;
   std::vector<double> busy;     // per rank: time computing
   std::vector<double> idle;     // per rank: makespan - busy (the bubble)
+  std::vector<double> inner_idle;  // per rank: idle between its own first start and last end
   std::vector<int> peak_live;   // per rank: most micro-batch stages holding activations at once
   std::vector<int> warmup;      // per rank: forwards before the first backward
   std::vector<Span> spans;
   double bubble() const;        // the largest idle time of a rank
   double bubble_ratio() const;  // bubble / makespan
+  // The largest inner idle time: the bubble left when the previous and the next iteration
+  // fill each rank's start and end, i.e. when nothing synchronises the ranks between
+  // iterations (what ZB-H2's zero bubble assumes; Qi et al., §4).
+  double inner_bubble() const;
 };
 // Discrete-event run: each rank executes its steps in order, a step starts when the rank
 // is free and its inputs have arrived (comm after the producing step ends, 0 on the same
@@ -113,6 +118,11 @@ Simulation simulate(const Schedule& s, const Costs& c);
 // The bubble of the DeepSeek-V3 technical report's Table 2, where it has a row for the
 // schedule: 1F1B (P-1)(F+B), ZB1P (P-1)(F+B-2W), DualPipe (P/2-1)(F&B+B-3W); GPipe's is
 // 1F1B's. DualPipeV has no row; its formula, marked with a *, is DualPipe's for 2P stages.
+// ZB-H2 has none either; its formula, marked **, is the Zero Bubble paper's (Qi et al.,
+// Table 2: (p-1)(T_F+T_B-2T_W), their T_B being our I = B-W) and counts iterations run back
+// to back with nothing synchronising them: compare it with inner_bubble(). bubble() also
+// counts the idle time before a rank's first op and after its last, which one iteration on
+// its own keeps: the parallelogram's slant, (P-1)F at F = I = W.
 struct Formula {
   bool has = false;
   double bubble = 0;

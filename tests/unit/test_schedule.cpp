@@ -1,9 +1,11 @@
 // Pipeline-parallel schedules as data (common/layers/schedule.h): for every generator and a grid of
 // (P, M), the programs are valid, complete in the simulator and run the right number of each
-// op; small programs match ones traced by hand from the published algorithms; the simulated
-// bubble matches the DeepSeek-V3 Table 2 formulas; validate() catches planted errors (and a
-// cross-rank cycle it cannot see is caught by the simulator); check_args and parse_costs
-// reject bad input.
+// op; small programs match ones traced by hand from the published algorithms; the peak
+// live activations and the warm-up forwards of every rank match the papers' tables and the
+// generators' rules; the simulated bubble matches the DeepSeek-V3 Table 2 formulas (and
+// ZB-H2's, from Qi et al.'s Table 2); validate() catches planted errors (and a cross-rank
+// cycle it cannot see is caught by the simulator); check_args and parse_costs reject bad
+// input.
 //
 // Every expected value below is derived from the algorithm (see the comments of
 // common/layers/schedule.cpp), never copied from a run.
@@ -86,7 +88,55 @@ std::string join(const std::vector<int>& v) {
 
 std::vector<int> m_values(int P) { return {P, 2 * P, 2 * P + 2, 20}; }
 
+// Peak live activations, per rank: micro-batch stages whose forward has run and whose
+// backward (B, or I and then W) has not completed, the unit of the papers' memory columns
+// (one micro-batch's activations on one stage). DeepSeek-V3 Table 2: 1F1B P, ZB1P (zb-h1)
+// P, DualPipe P+1 (with 2x the parameters); Qi et al. Table 2: ZB-H2 (2p-1) M_B. Every value
+// below is an exact equality, per rank, from the generator's rule.
+std::vector<int> expected_peak_live(const std::string& name, int P, int M) {
+  std::vector<int> want((size_t)P);
+  for (int r = 0; r < P; r++) {
+    int& w = want[(size_t)r];
+    if (name == "gpipe") w = M;  // every micro-batch before the first backward
+    // 1F1B: min(P-r-1, M) warm-up forwards, then one more before the first backward
+    if (name == "1f1b") w = std::min(P - r, M);
+    // ZB-H1: a micro-batch stays live until its W; rank r's P-r forwards before its first I
+    // plus one per step of the loop, minus one W per step once r are pending: P on every rank
+    if (name == "zb-h1") w = std::min(P, M);
+    // ZB-H2: 2(P-r)-1 forwards before the first I, and up to 2r W's pending: 2P-1 everywhere
+    if (name == "zb-h2") w = std::min(2 * P - 1, M);
+    // DualPipe: P forwards in steps 1-2 (steps 3's I W F keep it there); the first pair of
+    // the main loop holds its forward and its backward's micro-batch at once: P+1 on every
+    // rank. DualPipeV: the same with 2P half-size stages per rank: 2P+1.
+    if (name == "dualpipe") w = P + 1;
+    if (name == "dualpipev") w = 2 * P + 1;
+  }
+  return want;
+}
+
+// Forwards before the first backward (B or I), per rank, as --simulate prints them: the
+// forward of an overlapped pair is not counted (it runs with a backward).
+std::vector<int> expected_warmup(const std::string& name, int P, int M) {
+  std::vector<int> want((size_t)P);
+  for (int r = 0; r < P; r++) {
+    int& w = want[(size_t)r];
+    if (name == "gpipe") w = M;
+    // 1F1B and ZB-H1: min(P-r-1, M) warm-up forwards, then the steady state's first forward
+    if (name == "1f1b" || name == "zb-h1") w = std::min(P - r, M);
+    // ZB-H2: P-r-1 more than ZB-H1, to fill the wait for the first gradient
+    if (name == "zb-h2") w = std::min(2 * (P - r) - 1, M);
+    // DualPipe: (P/2-h-1)*2 forwards of one direction, then h+1 pairs of forwards of both
+    // (h = min(r, P-1-r)): P in all; the two middle ranks (h = P/2-1) do not overlap their
+    // first main-loop pair, so its forward counts too: P+1. Independent of M.
+    if (name == "dualpipe") w = P + (r == P / 2 - 1 || r == P / 2 ? 1 : 0);
+    // DualPipeV: n = P, h = r: 2P, and 2P+1 on the last rank (h = n-1)
+    if (name == "dualpipev") w = 2 * P + (r == P - 1 ? 1 : 0);
+  }
+  return want;
+}
+
 }  // namespace
+
 
 // ---------------------------------------------------------------------------
 // 1. Every generator on a grid of (P, M)
@@ -125,43 +175,77 @@ TEST_CASE("schedule: every generator is valid, completes and runs each op the ri
       }
     }
   }
-  // gpipe, 1f1b and zb-h1 accept all 8 x 4 (P, M); dualpipev all but M = P (M >= 2P): 8 x 3;
-  // dualpipe, besides, only even P: 4 x 3
-  CHECK(cases == 3 * 32 + 24 + 12);
+  // gpipe, 1f1b, zb-h1 and zb-h2 accept all 8 x 4 (P, M); dualpipev all but M = P (M >= 2P):
+  // 8 x 3; dualpipe, besides, only even P: 4 x 3
+  CHECK(cases == 4 * 32 + 24 + 12);
 }
 
-TEST_CASE("schedule: peak live activations per rank") {
-  for (int P = 1; P <= 8; P++) {
-    for (int M : m_values(P)) {
-      CAPTURE(P);
-      CAPTURE(M);
-      Simulation g = simulate(make_schedule("gpipe", P, M), Costs{});
-      Simulation o = simulate(make_schedule("1f1b", P, M), Costs{});
-      Simulation z = simulate(make_schedule("zb-h1", P, M), Costs{});
-      REQUIRE(g.peak_live.size() == (size_t)P);
-      REQUIRE(o.peak_live.size() == (size_t)P);
-      REQUIRE(z.peak_live.size() == (size_t)P);
-      for (int r = 0; r < P; r++) {
-        CAPTURE(r);
-        // GPipe holds every micro-batch before its first backward.
-        CHECK(g.peak_live[(size_t)r] == M);
-        // 1F1B: min(P-r-1, M) warm-up forwards, then one more before the first backward.
-        CHECK(o.peak_live[(size_t)r] == std::min(P - r, M));
-        // ZB-H1: a micro-batch stays live until its W. Rank r's (P-r-1) warm-up forwards plus,
-        // in step b of the loop, b+1 forwards minus max(0, b-r) W's: P from step b = r on.
-        // Here M >= P always, so every rank peaks at exactly P = min(P, M).
-        CHECK(z.peak_live[(size_t)r] <= P);
-        CHECK(z.peak_live[(size_t)r] == std::min(P, M));
+
+TEST_CASE("schedule: peak live activations per rank == the papers' tables") {
+  int cases = 0;
+  for (const std::string& name : schedule_names()) {
+    for (int P = 1; P <= 8; P++) {
+      for (int M : {P, 2 * P - 1, 2 * P, 2 * P + 2, 3 * P, 20, 64}) {
+        if (!check_args(name, P, M).empty()) continue;
+        CAPTURE(name);
+        CAPTURE(P);
+        CAPTURE(M);
+        cases++;
+        Simulation sim = simulate(make_schedule(name, P, M), Costs{});
+        REQUIRE(sim.completed);
+        CHECK(join(sim.peak_live) == join(expected_peak_live(name, P, M)));
       }
-      CHECK(*std::max_element(z.peak_live.begin(), z.peak_live.end()) ==
-            *std::max_element(o.peak_live.begin(), o.peak_live.end()));
     }
   }
-  // For the record: one representative case per schedule.
-  for (const std::string& name : schedule_names()) {
-    Simulation sim = simulate(make_schedule(name, 4, 8), Costs{});
-    MESSAGE(name << " P=4 M=8 peak live per rank: " << join(sim.peak_live));
+  CHECK(cases > 200);
+  // The tables' columns are the worst rank, once M is large enough (M >= 2P here):
+  // 1F1B P (rank 0), ZB1P P, DualPipe P+1, ZB-H2 2P-1.
+  for (int P : {4, 8}) {
+    for (int M : {2 * P, 3 * P, 64}) {
+      CAPTURE(P);
+      CAPTURE(M);
+      auto worst = [&](const char* name) {
+        std::vector<int> v = simulate(make_schedule(name, P, M), Costs{}).peak_live;
+        return *std::max_element(v.begin(), v.end());
+      };
+      CHECK(worst("1f1b") == P);
+      CHECK(worst("zb-h1") == P);
+      CHECK(worst("dualpipe") == P + 1);
+      CHECK(worst("zb-h2") == 2 * P - 1);
+      CHECK(worst("dualpipev") == 2 * P + 1);  // stages half as deep: about P+1 full stages
+      CHECK(worst("gpipe") == M);
+    }
   }
+  // As --simulate and the README print them (P = 4, M = 8).
+  CHECK(join(simulate(make_schedule("1f1b", 4, 8), Costs{}).peak_live) == "4 3 2 1");
+  CHECK(join(simulate(make_schedule("zb-h2", 4, 8), Costs{}).peak_live) == "7 7 7 7");
+  CHECK(join(simulate(make_schedule("dualpipe", 4, 8), Costs{}).peak_live) == "5 5 5 5");
+}
+
+TEST_CASE("schedule: warm-up forwards before the first backward, per rank") {
+  for (const std::string& name : schedule_names()) {
+    for (int P = 1; P <= 8; P++) {
+      for (int M : {P, 2 * P - 1, 2 * P, 2 * P + 2, 3 * P, 20, 64}) {
+        if (!check_args(name, P, M).empty()) continue;
+        CAPTURE(name);
+        CAPTURE(P);
+        CAPTURE(M);
+        Simulation sim = simulate(make_schedule(name, P, M), Costs{});
+        REQUIRE(sim.completed);
+        CHECK(join(sim.warmup) == join(expected_warmup(name, P, M)));
+      }
+    }
+  }
+  // The rows --simulate prints at P = 8, M = 16 (and the README shows), spelled out.
+  auto row = [](const char* name) { return join(simulate(make_schedule(name, 8, 16), Costs{}).warmup); };
+  CHECK(row("gpipe") == "16 16 16 16 16 16 16 16");
+  CHECK(row("1f1b") == "8 7 6 5 4 3 2 1");
+  CHECK(row("zb-h1") == "8 7 6 5 4 3 2 1");
+  CHECK(row("zb-h2") == "15 13 11 9 7 5 3 1");
+  CHECK(row("dualpipe") == "8 8 8 9 9 8 8 8");
+  CHECK(row("dualpipev") == "16 16 16 16 16 16 16 17");
+  // DualPipe's warm-up does not depend on M (the slide formula P//2 + (M-1)*2 does)
+  CHECK(join(simulate(make_schedule("dualpipe", 8, 40), Costs{}).warmup) == "8 8 8 9 9 8 8 8");
 }
 
 // ---------------------------------------------------------------------------
@@ -187,6 +271,34 @@ TEST_CASE("schedule: zb-h1 P=2 M=3 by hand") {
   Schedule s = make_schedule("zb-h1", 2, 3);
   CHECK(format_rank(s, 0) == "rank 0: F0(0) F0(1) I0(0) W0(0) F0(2) I0(1) W0(1) I0(2) W0(2)");
   CHECK(format_rank(s, 1) == "rank 1: F0(0) I0(0) F0(1) I0(1) W0(0) F0(2) I0(2) W0(1) W0(2)");
+}
+
+TEST_CASE("schedule: zb-h2 P=4 M=8 by hand == Qi et al., Figure 3 (bottom)") {
+  // The figure, micro-batches counted from 0 here. Rank r runs 2(P-r)-1 forwards before
+  // its first I (7, 5, 3, 1) and keeps up to 2r W's pending (0, 2, 4, 6).
+  Schedule s = make_schedule("zb-h2", 4, 8);
+  CHECK(format_rank(s, 0) == "rank 0: F0(0) F0(1) F0(2) F0(3) F0(4) F0(5) F0(6) I0(0) W0(0) F0(7) "
+                             "I0(1) W0(1) I0(2) W0(2) I0(3) W0(3) I0(4) W0(4) I0(5) W0(5) I0(6) W0(6) I0(7) W0(7)");
+  CHECK(format_rank(s, 1) == "rank 1: F0(0) F0(1) F0(2) F0(3) F0(4) I0(0) F0(5) I0(1) F0(6) I0(2) W0(0) F0(7) "
+                             "I0(3) W0(1) I0(4) W0(2) I0(5) W0(3) I0(6) W0(4) I0(7) W0(5) W0(6) W0(7)");
+  CHECK(format_rank(s, 2) == "rank 2: F0(0) F0(1) F0(2) I0(0) F0(3) I0(1) F0(4) I0(2) F0(5) I0(3) F0(6) I0(4) "
+                             "W0(0) F0(7) I0(5) W0(1) I0(6) W0(2) I0(7) W0(3) W0(4) W0(5) W0(6) W0(7)");
+  CHECK(format_rank(s, 3) == "rank 3: F0(0) I0(0) F0(1) I0(1) F0(2) I0(2) F0(3) I0(3) F0(4) I0(4) F0(5) I0(5) "
+                             "F0(6) I0(6) W0(0) F0(7) I0(7) W0(1) W0(2) W0(3) W0(4) W0(5) W0(6) W0(7)");
+  CHECK(validate(s) == "");
+  // At F = I = W = 1 (the defaults) it is the figure's parallelogram: rank r works without a
+  // gap from t = r to t = r + 24, so the one-iteration makespan is 27 and every rank idles
+  // 3 = (P-1)F, all of it before its first op or after its last.
+  Simulation sim = simulate(s, Costs{});
+  REQUIRE(sim.completed);
+  CHECK(sim.makespan == 27);
+  CHECK(join(sim.warmup) == "7 5 3 1");
+  for (int r = 0; r < 4; r++) {
+    CAPTURE(r);
+    CHECK(sim.busy[(size_t)r] == 24);
+    CHECK(sim.idle[(size_t)r] == 3);
+    CHECK(sim.inner_idle[(size_t)r] == 0);
+  }
 }
 
 TEST_CASE("schedule: dualpipev P=1 M=2 by hand") {
@@ -236,6 +348,9 @@ TEST_CASE("schedule: simulated bubble == Table 2 formula at the default costs") 
         Formula f = formula_bubble(name, P, c);
         REQUIRE(f.has);
         CHECK(sim.bubble() == f.bubble);
+        // the rank that idles most works from the first moment to the last: overlapping
+        // iterations would not help these schedules
+        CHECK(sim.inner_bubble() == sim.bubble());
         // the formulas by hand: (P-1)*3, (P-1)*3, (P-1)*1, (P/2-1)*2
         double want = name == "zb-h1" ? (P - 1) * 1.0
                     : name == "dualpipe" ? (P / 2 - 1) * 2.0 : (P - 1) * 3.0;
@@ -245,11 +360,64 @@ TEST_CASE("schedule: simulated bubble == Table 2 formula at the default costs") 
   }
 }
 
+TEST_CASE("schedule: zb-h2: inner bubble == Qi et al.'s Table 2 formula; one iteration adds the slant") {
+  // Qi et al. Table 2: ZB-H2's bubble is (p-1)(T_F+T_B-2T_W), T_B the input backward (our
+  // I = B-W): (P-1)(F+B-3W). It counts iterations run back to back, the optimizer step not
+  // synchronised (their §4), so the parallelogram's slants are filled by the neighbouring
+  // iterations: the simulator's inner_bubble(). It needs enough micro-batches (M >= 2P-1,
+  // the warm-up of rank 0) and F + I >= 2W (else the formula goes negative).
+  const char* costs[] = {"F=1,B=2,W=1", "F=1,B=3,W=1", "F=2,B=3,W=1", "F=1,B=2,W=0.5", "F=1,B=1.5,W=0.5"};
+  for (const char* text : costs) {
+    Costs c;
+    REQUIRE(parse_costs(text, &c) == "");
+    for (int P : {2, 4, 8}) {
+      for (int M : {2 * P - 1, 2 * P, 20, 64}) {
+        CAPTURE(text);
+        CAPTURE(P);
+        CAPTURE(M);
+        Simulation sim = simulate(make_schedule("zb-h2", P, M), c);
+        REQUIRE(sim.completed);
+        Formula f = formula_bubble("zb-h2", P, c);
+        REQUIRE(f.has);
+        CHECK(sim.inner_bubble() == f.bubble);
+      }
+    }
+  }
+  // At the default costs the formula is 0 and one iteration on its own idles exactly the
+  // slant, (P-1)F on every rank: as much as ZB-H1, whose bubble is inside the iteration.
+  const Costs c{};
+  for (int P : {4, 8}) {
+    for (int M : {2 * P, 20, 64}) {
+      CAPTURE(P);
+      CAPTURE(M);
+      Simulation sim = simulate(make_schedule("zb-h2", P, M), c);
+      Formula f = formula_bubble("zb-h2", P, c);
+      CHECK(f.bubble == 0);
+      CHECK(sim.inner_bubble() == 0);
+      CHECK(sim.bubble() == f.bubble + (P - 1) * c.F);
+      CHECK(sim.bubble() == simulate(make_schedule("zb-h1", P, M), c).bubble());
+      for (int r = 0; r < P; r++) CHECK(sim.idle[(size_t)r] == (P - 1) * c.F);
+    }
+  }
+  // With I > F, ZB-H2 halves ZB-H1's bubble even within one iteration (F=1, I=2, W=1, P=8).
+  Costs slow_i;
+  REQUIRE(parse_costs("B=3", &slow_i) == "");
+  CHECK(simulate(make_schedule("zb-h2", 8, 16), slow_i).bubble() == 7);
+  CHECK(simulate(make_schedule("zb-h1", 8, 16), slow_i).bubble() == 14);
+  // Where 2W > F + I the formula is no bubble any more: negative.
+  Costs heavy_w;
+  REQUIRE(parse_costs("B=4,W=2", &heavy_w) == "");
+  CHECK(formula_bubble("zb-h2", 8, heavy_w).bubble == -7);
+  CHECK(simulate(make_schedule("zb-h2", 8, 16), heavy_w).inner_bubble() == 7);
+}
+
 TEST_CASE("schedule: formula_bubble rows") {
   const Costs c{};
   CHECK(formula_bubble("1f1b", 4, c).text == "(P-1)(F+B)");
   CHECK(formula_bubble("gpipe", 4, c).text == "(P-1)(F+B)");
   CHECK(formula_bubble("zb-h1", 4, c).text == "(P-1)(F+B-2W)");
+  CHECK(formula_bubble("zb-h2", 4, c).text == "(P-1)(F+B-3W)**");
+  CHECK(formula_bubble("zb-h2", 4, c).bubble == 0);           // 3 * (1 + 2 - 3)
   CHECK(formula_bubble("dualpipe", 4, c).text == "(P/2-1)(F&B+B-3W)");
   CHECK(formula_bubble("dualpipev", 4, c).bubble == 3 * (3 + 2 - 3.0));  // (P-1)(F&B+B-3W)
   CHECK_FALSE(formula_bubble("pipedream", 4, c).has);
@@ -280,23 +448,7 @@ TEST_CASE("schedule: 1f1b and gpipe makespan (M+P-1)(F+B), every rank idle (P-1)
 }
 
 // ---------------------------------------------------------------------------
-// 4. Warm-up
-
-TEST_CASE("schedule: warm-up forwards before the first backward") {
-  const int P = 8, M = 16;
-  Simulation o = simulate(make_schedule("1f1b", P, M), Costs{});
-  Simulation g = simulate(make_schedule("gpipe", P, M), Costs{});
-  REQUIRE(o.warmup.size() == (size_t)P);
-  REQUIRE(g.warmup.size() == (size_t)P);
-  for (int r = 0; r < P; r++) {
-    CAPTURE(r);
-    CHECK(o.warmup[(size_t)r] == P - r);  // P-r-1 warm-up forwards, then the first pair's F
-    CHECK(g.warmup[(size_t)r] == M);
-  }
-}
-
-// ---------------------------------------------------------------------------
-// 5. validate() and the simulator catch broken schedules
+// 4. validate() and the simulator catch broken schedules
 
 TEST_CASE("schedule: validate catches planted errors") {
   // 1f1b P=3 M=4 — rank 0: F0(0) F0(1) F0(2) B0(0) F0(3) B0(1) B0(2) B0(3)
@@ -438,7 +590,7 @@ TEST_CASE("schedule: a cross-rank cycle passes validate but the simulator gets s
 }
 
 // ---------------------------------------------------------------------------
-// 6. Argument checks
+// 5. Argument checks
 
 TEST_CASE("schedule: check_args and make_schedule reject bad arguments") {
   struct Bad {
