@@ -159,13 +159,24 @@ fi
 L07=$B/07_dualpipe
 echo "== lesson 07: pipeline schedules"
 # every schedule at every world size, M = 2P (the default), P, 2P+2 and 7, where the schedule
-# allows them (the program's own --print-schedule says which, with its usage error)
+# allows them (the program's own --print-schedule says which, with its usage error). The runs
+# are counted, so a schedule skipped by mistake (or run where it should not) fails: the four
+# schedules on a line (gpipe, 1f1b, zb-h1, zb-h2) take every M; dualpipe needs P even and
+# M even >= 2P, dualpipev M >= 2P:
+#   P=1: 16 + dualpipev at M = 2, 4, 7                                  = 19
+#   P=2: 16 + dualpipe at M = 4, 6 + dualpipev at M = 4, 6, 7           = 21
+#   P=3: 16 + dualpipev at M = 6, 8, 7                                  = 19
+#   P=4: 16 + dualpipe at M = 8, 10 + dualpipev at M = 8, 10            = 20
+runs07=(- 19 21 19 20)
 for np in 1 2 3 4; do
-  check "07 P=$np: every schedule that allows P, M in {2P, P, 2P+2, 7}, loss and grads == one process" 0 '^check: PASS' \
-    bash -c "for s in gpipe 1f1b zb-h1 dualpipe dualpipev; do for m in 0 $np $((2 * np + 2)) 7; do \
+  want07=${runs07[$np]}
+  check "07 P=$np: the $want07 runs of every schedule that allows P, M in {2P, P, 2P+2, 7}, loss and grads == one process" \
+    0 "^ran $want07 of $want07 runs: check: PASS" \
+    bash -c "n=0; for s in gpipe 1f1b zb-h1 zb-h2 dualpipe dualpipev; do for m in 0 $np $((2 * np + 2)) 7; do \
                $MPIRUN -np 1 $L07 --print-schedule --schedule \$s --stages $np --microbatches \$m >/dev/null 2>&1 || continue; \
                $MPIRUN -np $np $L07 --schedule \$s --microbatches \$m --compute real | grep -q '^check: PASS' || { echo \"\$s M=\$m FAILED\"; exit 1; }; \
-               echo \"\$s M=\$m\"; done; done; echo 'check: PASS'"
+               n=\$((n + 1)); echo \"\$s M=\$m\"; done; done; \
+             [ \$n = $want07 ] || { echo \"ran \$n runs, want $want07\"; exit 1; }; echo \"ran \$n of $want07 runs: check: PASS\""
 done
 check "07 default demo: DualPipe P=4, M=8, timed by --compute sleep" 0 '^check: PASS' $MPIRUN -np 4 $L07
 check "07 DualPipe P=4 M=8 and DualPipeV P=4 M=8 with 4 blocks per stage, width 17, 3 rows" 0 '^check: PASS' \
@@ -173,6 +184,8 @@ check "07 DualPipe P=4 M=8 and DualPipeV P=4 M=8 with 4 blocks per stage, width 
            $MPIRUN -np 4 $L07 --schedule dualpipev --layers 32 --dim 17 --rows 3 --compute real"
 check "07 planted bug: a skipped deferred W fails the check (zb-h1)" 1 'd w[12] .*FAIL' \
   $MPIRUN -np 4 $L07 --schedule zb-h1 --compute real --bug drop-w
+check "07 planted bug: a skipped deferred W fails the check (zb-h2)" 1 'd w[12] .*FAIL' \
+  $MPIRUN -np 4 $L07 --schedule zb-h2 --compute real --bug drop-w
 check "07 planted bug: a skipped deferred W fails the check (dualpipev)" 1 'd w[12] .*FAIL' \
   $MPIRUN -np 4 $L07 --schedule dualpipev --compute real --bug drop-w
 check "07 planted bug: DualPipe's two copies not summed fails the check" 1 'first stage .*FAIL' \
@@ -185,9 +198,14 @@ check "07 --print-schedule without the ranks: dualpipe P=8, M=20 from one proces
   bash -c "out=\$($MPIRUN -np 1 $L07 --print-schedule --schedule dualpipe --stages 8 --microbatches 20) || exit 1; \
            echo \"\$out\" | grep -Evq '^rank [0-7]:( [FBIW][01]\([0-9]+\)(&B[01]\([0-9]+\))?)+$' && { echo \"\$out\"; exit 1; }; \
            echo \"\$(echo \"\$out\" | wc -l) lines\""
-check "07 --simulate: the simulated bubble equals DeepSeek-V3's Table 2 formula on every row" 0 '^30 rows agree' \
-  bash -c "$MPIRUN -np 1 $L07 --simulate | awk 'NF >= 9 && \$7 ~ /^\\(P/ { n++; if (\$5 == \$6) ok++; else print } \
-           END { printf \"%d rows agree of %d\n\", ok, n; exit !(n == 30 && ok == n) }'"
+# 6 rows (P = 4, 8 x M = 2P, 20, 64) per schedule. ZB-H2's formula (Qi et al.) counts
+# iterations run back to back; one iteration on its own adds the slant, (P-1)F = P-1 here.
+check "07 --simulate: the simulated bubble equals Table 2's formula on every row (zb-h2's plus P-1)" 0 '^30 rows agree of 30, 6 zb-h2 rows of 6' \
+  bash -c "$MPIRUN -np 1 $L07 --simulate | awk 'NF >= 9 && \$7 ~ /^\\(P/ { \
+             if (\$1 == \"zb-h2\") { z++; if (\$5 == \$6 + \$2 - 1) zok++; else print } \
+             else { n++; if (\$5 == \$6) ok++; else print } } \
+           END { printf \"%d rows agree of %d, %d zb-h2 rows of %d\n\", ok, n, zok, z; \
+                 exit !(n == 30 && ok == n && z == 6 && zok == z) }'"
 check "07 --dump: numpy recomputes the loss and every layer's gradient (dualpipe, P=4)" 0 '^dump ok' \
   bash -c "rm -rf $LOG/d07 && $MPIRUN -np 4 $L07 --compute real --dump $LOG/d07 >/dev/null && $PYTHON tests/check_dump_07.py $LOG/d07"
 check "07 --dump check fails on DualPipe's unsummed copies" 1 'MISMATCH' \
