@@ -56,7 +56,7 @@ KIND_COLORS = {
     "I": ("#e6750a", "#ffc58f"),
     "W": ("#8458b3", "#cdb6e3"),
 }
-SCHED_COLORS = {"gpipe": "#7f7f7f", "1f1b": "#1f77b4", "zb-h1": "#ff7f0e",
+SCHED_COLORS = {"gpipe": "#7f7f7f", "1f1b": "#1f77b4", "zb-h1": "#ff7f0e", "zb-h2": "#9467bd",
                 "dualpipe": "#d62728", "dualpipev": "#2ca02c"}
 OP_RE = re.compile(r"^([FBIW])(\d+)\((\d+)\)$")
 RUN_RE = re.compile(r"^07_([a-z0-9-]+)_P(\d+)_M(\d+)\.csv$")
@@ -217,9 +217,10 @@ names = [s for s in SCHEDULES if s in sim or s in measured]
 names += sorted(s for s in set(sim) | set(measured) if s not in names)
 # lines that coincide at the default costs: the second of each pair is dashed, on top
 STYLE = {"gpipe": dict(lw=5, alpha=0.45), "1f1b": dict(lw=2, ls=(0, (5, 3))),
-         "zb-h1": dict(lw=5, alpha=0.45), "dualpipev": dict(lw=2, ls=(0, (5, 3))),
+         "zb-h1": dict(lw=5, alpha=0.45), "zb-h2": dict(lw=2, ls=(0, (1, 2))),
+         "dualpipev": dict(lw=2, ls=(0, (5, 3))),
          "dualpipe": dict(lw=2.2)}
-MARKERS = {"gpipe": "o", "1f1b": "s", "zb-h1": "^", "dualpipe": "D", "dualpipev": "v"}
+MARKERS = {"gpipe": "o", "1f1b": "s", "zb-h1": "^", "zb-h2": "P", "dualpipe": "D", "dualpipev": "v"}
 for i, name in enumerate(names):
     color = SCHED_COLORS.get(name, f"C{i}")
     if name in sim:

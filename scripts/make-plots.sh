@@ -50,7 +50,7 @@ run07() {  # run07 SCHEDULE P M
   $MPIRUN -np $2 "$L07" --schedule $1 --microbatches $3 --compute sleep --unit-ms 5 \
     --csv "$R07/07_$1_P$2_M$3.csv" >/dev/null
 }
-for s in gpipe 1f1b zb-h1 dualpipe dualpipev; do
+for s in gpipe 1f1b zb-h1 zb-h2 dualpipe dualpipev; do
   run07 $s 4 8
   for m in 16 24 32; do run07 $s 8 $m; done
 done

@@ -9,6 +9,7 @@
 //     gpipe      all forwards, then all backwards
 //     1f1b       warm-up forwards, then one forward / one backward, then the cool-down
 //     zb-h1      1F1B with B split into I and W, W's pushed into the cool-down bubble
+//     zb-h2      ZB-H1 with more warm-up forwards and W's at the tail: a parallelogram, 2P-1 live
 //     dualpipe   micro-batches enter at both ends; forward & backward pairs overlap
 //     dualpipev  DualPipe folded in a V: one direction, two stages per rank
 //   This file is the executor: it walks the rank's program, receives the activation (or the
@@ -310,6 +311,8 @@ static void print_simulation_table(const pp::Costs& c) {
                     *std::max_element(sim.peak_live.begin(), sim.peak_live.end()));
       }
   std::printf("   * dualpipev has no row in Table 2: the formula shown is DualPipe's for 2P stages\n");
+  std::printf("   ** zb-h2: Qi et al.'s Table 2, for iterations run back to back (Simulation::inner_bubble);"
+              " one iteration adds the slant (P-1)F\n");
 
   std::printf("== forwards each rank runs before its first backward, P = 8, M = 16\n");
   for (const std::string& name : pp::schedule_names()) {
@@ -359,7 +362,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   ModelConfig mc;
   mc.layers = 0;
   Cli& cli = lesson.cli;
-  cli.summary("Pipeline schedules (gpipe, 1f1b, zb-h1, dualpipe, dualpipev) as data: printed,\n"
+  cli.summary("Pipeline schedules (gpipe, 1f1b, zb-h1, zb-h2, dualpipe, dualpipev) as data: printed,\n"
               "simulated, and executed on P ranks with gradients checked against one process.");
   cli.choice("--schedule", &schedule, pp::schedule_names(), "the schedule");
   cli.flag("--stages", &stages, "P, pipeline ranks (0 = the world size)", 0, 1024);
