@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -135,6 +136,25 @@ std::vector<int> expected_warmup(const std::string& name, int P, int M) {
   return want;
 }
 
+// Every schedule on a grid of (P, M) it allows, simulated at the default costs: the cases the
+// per-rank tables below are checked on. Returns how many ran.
+int for_each_grid_case(const std::function<void(const std::string&, int, int, const Simulation&)>& f) {
+  int cases = 0;
+  for (const std::string& name : schedule_names())
+    for (int P = 1; P <= 8; P++)
+      for (int M : {P, 2 * P - 1, 2 * P, 2 * P + 2, 3 * P, 20, 64}) {
+        if (!check_args(name, P, M).empty()) continue;
+        CAPTURE(name);
+        CAPTURE(P);
+        CAPTURE(M);
+        cases++;
+        Simulation sim = simulate(make_schedule(name, P, M), Costs{});
+        REQUIRE(sim.completed);
+        f(name, P, M, sim);
+      }
+  return cases;
+}
+
 }  // namespace
 
 
@@ -182,21 +202,9 @@ TEST_CASE("schedule: every generator is valid, completes and runs each op the ri
 
 
 TEST_CASE("schedule: peak live activations per rank == the papers' tables") {
-  int cases = 0;
-  for (const std::string& name : schedule_names()) {
-    for (int P = 1; P <= 8; P++) {
-      for (int M : {P, 2 * P - 1, 2 * P, 2 * P + 2, 3 * P, 20, 64}) {
-        if (!check_args(name, P, M).empty()) continue;
-        CAPTURE(name);
-        CAPTURE(P);
-        CAPTURE(M);
-        cases++;
-        Simulation sim = simulate(make_schedule(name, P, M), Costs{});
-        REQUIRE(sim.completed);
-        CHECK(join(sim.peak_live) == join(expected_peak_live(name, P, M)));
-      }
-    }
-  }
+  const int cases = for_each_grid_case([](const std::string& name, int P, int M, const Simulation& sim) {
+    CHECK(join(sim.peak_live) == join(expected_peak_live(name, P, M)));
+  });
   CHECK(cases > 200);
   // The tables' columns are the worst rank, once M is large enough (M >= 2P here):
   // 1F1B P (rank 0), ZB1P P, DualPipe P+1, ZB-H2 2P-1.
@@ -223,19 +231,10 @@ TEST_CASE("schedule: peak live activations per rank == the papers' tables") {
 }
 
 TEST_CASE("schedule: warm-up forwards before the first backward, per rank") {
-  for (const std::string& name : schedule_names()) {
-    for (int P = 1; P <= 8; P++) {
-      for (int M : {P, 2 * P - 1, 2 * P, 2 * P + 2, 3 * P, 20, 64}) {
-        if (!check_args(name, P, M).empty()) continue;
-        CAPTURE(name);
-        CAPTURE(P);
-        CAPTURE(M);
-        Simulation sim = simulate(make_schedule(name, P, M), Costs{});
-        REQUIRE(sim.completed);
-        CHECK(join(sim.warmup) == join(expected_warmup(name, P, M)));
-      }
-    }
-  }
+  const int cases = for_each_grid_case([](const std::string& name, int P, int M, const Simulation& sim) {
+    CHECK(join(sim.warmup) == join(expected_warmup(name, P, M)));
+  });
+  CHECK(cases > 200);
   // The rows --simulate prints at P = 8, M = 16 (and the README shows), spelled out.
   auto row = [](const char* name) { return join(simulate(make_schedule(name, 8, 16), Costs{}).warmup); };
   CHECK(row("gpipe") == "16 16 16 16 16 16 16 16");
