@@ -36,155 +36,39 @@
 #include <string>
 #include <vector>
 
+#include "common/comm/alltoall.h"
+#include "common/layers/expert_parallel.h"
 #include "common/layers/moe.h"
 #include "common/lesson/lesson.h"
 #include "kernels/kernels.h"
 
 using namespace ff;
-
-
-enum class A2A { ordered, async, library };
-
-// ----------------------------------------------------------------------------
-// All-to-all, three ways. send holds one block per peer, back to back in rank order, block q
-// of send_bytes[q] bytes; recv gets block p (recv_bytes[p] bytes) from every rank p, likewise.
-// Both sides know every size beforehand (the routing counts are exchanged first), so a block
-// of 0 bytes is simply not sent — and not expected — on both sides.
-
-static std::vector<size_t> offsets(const std::vector<size_t>& bytes) {
-  std::vector<size_t> off(bytes.size() + 1, 0);
-  for (size_t i = 0; i < bytes.size(); i++) off[i + 1] = off[i] + bytes[i];
-  return off;
-}
-
-// ordered: in round s = 0..P-1, rank r is paired with q = (s - r) mod P — the pairing is
-// symmetric ((s - q) mod P = r), so each round is a set of disjoint pairs, and over the P rounds
-// every pair meets exactly once (r + q = s mod P); q == r is the self block, a local copy.
-// In each pair the LOWER rank Ssends first and then receives, the higher one receives first:
-// each Ssend meets a receive its partner has already posted or is about to post, so a pair
-// never waits on itself. Across pairs, a rank stuck in round s waits for a partner that is in a
-// round < s, still finishing an earlier pair; following such waits only goes to earlier
-// rounds, so it ends — at round 0, which everyone starts in. No cycle, no deadlock, for any P.
-static void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_bytes,
-                        char* recv, const std::vector<size_t>& recv_bytes, int tag) {
-  const int r = comm.rank(), P = comm.size();
-  const std::vector<size_t> so = offsets(send_bytes), ro = offsets(recv_bytes);
-  for (int s = 0; s < P; s++) {
-    const int q = ((s - r) % P + P) % P;
-    if (q == r) {
-      if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
-      continue;
-    }
-    auto do_send = [&] {
-      if (send_bytes[(size_t)q]) comm.ssend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag);
-    };
-    auto do_recv = [&] {
-      if (recv_bytes[(size_t)q]) comm.recv(recv + ro[(size_t)q], recv_bytes[(size_t)q], q, tag);
-    };
-    if (r < q) do_send(), do_recv();
-    else do_recv(), do_send();
-  }
-}
-
-// async: post every receive, then every send, then wait for all of them. MPI orders nothing
-// here, so there is nothing to deadlock on; it is the library's job to progress them all.
-static void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes,
-                      char* recv, const std::vector<size_t>& recv_bytes, int tag) {
-  const int r = comm.rank(), P = comm.size();
-  const std::vector<size_t> so = offsets(send_bytes), ro = offsets(recv_bytes);
-  std::vector<Request> reqs;
-  for (int q = 0; q < P; q++)
-    if (q != r && recv_bytes[(size_t)q])
-      reqs.push_back(comm.irecv(recv + ro[(size_t)q], recv_bytes[(size_t)q], q, tag));
-  for (int q = 0; q < P; q++)
-    if (q != r && send_bytes[(size_t)q])
-      reqs.push_back(comm.isend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag));
-  if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
-  comm.wait_all(reqs);
-}
-
-static void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
-                       void* recv, const std::vector<size_t>& recv_bytes, int tag) {
-  Trace::Scope span(trace(), "all-to-all", "comm");
-  const char* s = static_cast<const char*>(send);
-  char* d = static_cast<char*>(recv);
-  switch (how) {
-    case A2A::ordered: a2a_ordered(comm, s, send_bytes, d, recv_bytes, tag); break;
-    case A2A::async: a2a_async(comm, s, send_bytes, d, recv_bytes, tag); break;
-    case A2A::library: comm.alltoallv(s, send_bytes, d, recv_bytes); break;
-  }
-}
+using ep::Routes;
+using ep::exchange_rows;
+using ep::put_rows;
+using ep::take_rows;
 
 // ----------------------------------------------------------------------------
-// The routes. counts[p][e] = routing slots of rank p that chose expert e, known everywhere
-// after one allgather. Everything about who sends what to whom follows from it.
+// All-to-all, three ways: a2a_ordered, a2a_async and the library's, in
+// common/comm/alltoall.cpp (lesson 05 dispatches with the same code). send holds one block per
+// peer, back to back in rank order; recv gets one block from every rank. Both sides know every
+// size beforehand (the routing counts are exchanged first), so a block of 0 bytes is simply
+// not sent — and not expected — on both sides.
+//   ordered: in round s = 0..P-1, rank r is paired with q = (s - r) mod P, a symmetric pairing
+//     in which every pair meets exactly once; in each pair the LOWER rank Ssends first, so a
+//     pair never waits on itself, and a rank stuck in round s waits only on partners in earlier
+//     rounds: no cycle, no deadlock, for any P (the proof is written out beside the code).
+//   async: every irecv and isend posted at once, then one wait for all of them.
 
-struct Routes {
-  int P = 1, rank = 0;
-  int64_t N = 0, E = 0;                      // experts in all, per rank
-  std::vector<std::vector<int64_t>> counts;  // [P][N]
-  int64_t rows_to(int q) const {             // rows this rank sends to rank q
-    int64_t n = 0;
-    for (int64_t e = q * E; e < (q + 1) * E; e++) n += counts[(size_t)rank][(size_t)e];
-    return n;
-  }
-  int64_t rows_from(int p) const {           // rows this rank receives from rank p
-    int64_t n = 0;
-    for (int64_t e = rank * E; e < (rank + 1) * E; e++) n += counts[(size_t)p][(size_t)e];
-    return n;
-  }
-  std::vector<size_t> bytes(bool to, int64_t width) const {
-    std::vector<size_t> b((size_t)P);
-    for (int q = 0; q < P; q++) b[(size_t)q] = (size_t)((to ? rows_to(q) : rows_from(q)) * width) * sizeof(float);
-    return b;
-  }
-  // The received rows arrive grouped by source, each source's rows sorted by local expert.
-  // The experts want them grouped by local expert: for expert e, source 0's rows of e, then
-  // source 1's, ... order[i] = the received row that becomes local packed row i.
-  std::vector<int64_t> regroup_order() const {
-    std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
-    int64_t row = 0;
-    for (int p = 0; p < P; p++)
-      for (int64_t e = 0; e < E; e++) {
-        start[(size_t)(p * E + e)] = row;
-        row += counts[(size_t)p][(size_t)(rank * E + e)];
-      }
-    std::vector<int64_t> order;
-    for (int64_t e = 0; e < E; e++)
-      for (int p = 0; p < P; p++)
-        for (int64_t i = 0; i < counts[(size_t)p][(size_t)(rank * E + e)]; i++)
-          order.push_back(start[(size_t)(p * E + e)] + i);
-    return order;
-  }
-  std::vector<int64_t> local_group_sizes() const {
-    std::vector<int64_t> g((size_t)E, 0);
-    for (int p = 0; p < P; p++)
-      for (int64_t e = 0; e < E; e++) g[(size_t)e] += counts[(size_t)p][(size_t)(rank * E + e)];
-    return g;
-  }
-};
-
-// Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
-static Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& sb,
-                            const std::vector<size_t>& rb, int64_t width, int tag) {
-  std::vector<float> send = rows.to_vector();
-  size_t total = 0;
-  for (size_t b : rb) total += b / sizeof(float);
-  std::vector<float> recv(total);
-  all_to_all(comm, how, send.data(), sb, recv.data(), rb, tag);
-  return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
-}
-
-// Rows of t in the order `order` (a gather); and the inverse scatter.
-static Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order) {
-  if (order.empty()) return Tensor::empty({0, t.size(1)}, t.device());
-  return index_select(t, Tensor::from_indices(order, {(int64_t)order.size()}, t.device()));
-}
-static Tensor put_rows(const Tensor& t, const std::vector<int64_t>& order) {
-  std::vector<int64_t> inv(order.size());
-  for (size_t i = 0; i < order.size(); i++) inv[(size_t)order[i]] = (int64_t)i;
-  return take_rows(t, inv);
-}
+// ----------------------------------------------------------------------------
+// The routes (ep::Routes in common/layers/expert_parallel.h, which lesson 05 reuses):
+// counts[p][e] = routing slots of rank p that chose expert e, known everywhere after one
+// allgather. Everything about who sends what to whom follows from it: rows_to(q) and
+// rows_from(p) are sums of counts over the experts rank q holds; the received rows arrive
+// grouped by source, each source's rows sorted by local expert, and regroup_order() lists them
+// grouped by local expert instead (source 0's rows of expert e, then source 1's, ...), which
+// is what the grouped GEMMs want. exchange_rows() moves the rows of a tensor through the
+// all-to-all; take_rows/put_rows gather rows in an order and scatter them back.
 
 // ----------------------------------------------------------------------------
 // The expert-parallel layer: forward and backward with the routes above.
@@ -202,7 +86,7 @@ struct EPForward {
 
 static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe::Params& full,
                             const moe::Params& mine, const Tensor& x) {
-  const int r = comm.rank(), P = comm.size();
+  const int P = comm.size();
   const int64_t d = x.size(1), N = c.experts, E = N / P;
   const Device dev = x.device();
   EPForward f;
@@ -212,12 +96,8 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   L.plan = moe::permute_plan(L.routing.idx, N);
   Tensor xp = moe::permute(x, L.plan);
   // the routing map: every rank's counts per expert, by one allgather
-  Routes& R = f.routes;
-  R.P = P, R.rank = r, R.N = N, R.E = E;
-  std::vector<int64_t> mine_counts = L.plan.group_sizes.to_index_vector(), all((size_t)(P * N));
-  comm.allgather(mine_counts.data(), (size_t)N * sizeof(int64_t), all.data());
-  R.counts.assign((size_t)P, {});
-  for (int p = 0; p < P; p++) R.counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
+  f.routes = ep::gather_routes(comm, L.plan.group_sizes.to_index_vector(), N);
+  const Routes& R = f.routes;
   // dispatch, regroup by local expert, run the experts
   Tensor recv = exchange_rows(comm, how, xp, R.bytes(true, d), R.bytes(false, d), d, 1);
   f.order = R.regroup_order();

@@ -1,0 +1,35 @@
+// common/comm/alltoall.h — the all-to-all written by hand from point-to-point messages
+// (taught in lesson 04, reused by lesson 05's flat expert-parallel dispatch).
+//
+// send holds one block per peer, back to back in rank order, block q of send_bytes[q] bytes;
+// recv gets block p (recv_bytes[p] bytes) from every rank p, likewise. Both sides know every
+// size beforehand (the routing counts are exchanged first), so a block of 0 bytes is simply
+// not sent — and not expected — on both sides.
+//   ordered  P rounds of pairwise exchanges with synchronous sends (one of them the copy to
+//            itself), the lower rank of each pair sending first;
+//   async    every irecv and isend posted at once, then waited;
+//   library  MPI_Alltoallv (posted as MPI_Ialltoallv, then the watchdog's wait).
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/comm/comm.h"
+
+namespace ff {
+
+enum class A2A { ordered, async, library };
+const char* a2a_name(A2A how);
+
+// Prefix sums of block sizes: off[i] = bytes before block i, off[n] = total.
+std::vector<size_t> block_offsets(const std::vector<size_t>& bytes);
+
+void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
+                 const std::vector<size_t>& recv_bytes, int tag);
+void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
+               const std::vector<size_t>& recv_bytes, int tag);
+// One of the three, as one "all-to-all" span on the comm track of the trace.
+void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
+                void* recv, const std::vector<size_t>& recv_bytes, int tag);
+
+}  // namespace ff

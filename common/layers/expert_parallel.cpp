@@ -1,0 +1,82 @@
+// common/layers/expert_parallel.cpp — routes and row exchange of expert_parallel.h.
+#include "common/layers/expert_parallel.h"
+
+#include "common/core/ops.h"
+
+namespace ff::ep {
+
+int64_t Routes::rows_to(int q) const {
+  int64_t n = 0;
+  for (int64_t e = q * E; e < (q + 1) * E; e++) n += counts[(size_t)rank][(size_t)e];
+  return n;
+}
+
+int64_t Routes::rows_from(int p) const {
+  int64_t n = 0;
+  for (int64_t e = rank * E; e < (rank + 1) * E; e++) n += counts[(size_t)p][(size_t)e];
+  return n;
+}
+
+std::vector<size_t> Routes::bytes(bool to, int64_t width) const {
+  std::vector<size_t> b((size_t)P);
+  for (int q = 0; q < P; q++)
+    b[(size_t)q] = (size_t)((to ? rows_to(q) : rows_from(q)) * width) * sizeof(float);
+  return b;
+}
+
+std::vector<int64_t> Routes::regroup_order() const {
+  std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
+  int64_t row = 0;
+  for (int p = 0; p < P; p++)
+    for (int64_t e = 0; e < E; e++) {
+      start[(size_t)(p * E + e)] = row;
+      row += counts[(size_t)p][(size_t)(rank * E + e)];
+    }
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; e++)
+    for (int p = 0; p < P; p++)
+      for (int64_t i = 0; i < counts[(size_t)p][(size_t)(rank * E + e)]; i++)
+        order.push_back(start[(size_t)(p * E + e)] + i);
+  return order;
+}
+
+std::vector<int64_t> Routes::local_group_sizes() const {
+  std::vector<int64_t> g((size_t)E, 0);
+  for (int p = 0; p < P; p++)
+    for (int64_t e = 0; e < E; e++) g[(size_t)e] += counts[(size_t)p][(size_t)(rank * E + e)];
+  return g;
+}
+
+Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N) {
+  const int P = comm.size();
+  Routes R;
+  R.P = P, R.rank = comm.rank(), R.N = N, R.E = N / P;
+  std::vector<int64_t> all((size_t)(P * N));
+  comm.allgather(mine.data(), (size_t)N * sizeof(int64_t), all.data());
+  R.counts.assign((size_t)P, {});
+  for (int p = 0; p < P; p++) R.counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
+  return R;
+}
+
+Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& sb,
+                     const std::vector<size_t>& rb, int64_t width, int tag) {
+  std::vector<float> send = rows.to_vector();
+  size_t total = 0;
+  for (size_t b : rb) total += b / sizeof(float);
+  std::vector<float> recv(total);
+  all_to_all(comm, how, send.data(), sb, recv.data(), rb, tag);
+  return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
+}
+
+Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order) {
+  if (order.empty()) return Tensor::empty({0, t.size(1)}, t.device());
+  return index_select(t, Tensor::from_indices(order, {(int64_t)order.size()}, t.device()));
+}
+
+Tensor put_rows(const Tensor& t, const std::vector<int64_t>& order) {
+  std::vector<int64_t> inv(order.size());
+  for (size_t i = 0; i < order.size(); i++) inv[(size_t)order[i]] = (int64_t)i;
+  return take_rows(t, inv);
+}
+
+}  // namespace ff::ep

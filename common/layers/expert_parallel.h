@@ -1,0 +1,40 @@
+// common/layers/expert_parallel.h — what expert parallelism needs besides the layer: the
+// routes (who sends which rows to whom, from the routing counts of every rank) and moving rows
+// of a tensor through an all-to-all. Taught in lesson 04; lesson 05 reuses it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "common/comm/alltoall.h"
+#include "common/core/tensor.h"
+
+namespace ff::ep {
+
+// counts[p][e] = routing slots of rank p that chose expert e; rank q holds experts
+// [q E, (q+1) E). Every rank holds the same counts (one allgather), so both sides of every
+// message know its size.
+struct Routes {
+  int P = 1, rank = 0;
+  int64_t N = 0, E = 0;                      // experts in all, per rank
+  std::vector<std::vector<int64_t>> counts;  // [P][N]
+  int64_t rows_to(int q) const;              // rows this rank sends to rank q
+  int64_t rows_from(int p) const;            // rows this rank receives from rank p
+  // Bytes per peer of rows `width` floats wide: to = what this rank sends, else what it receives.
+  std::vector<size_t> bytes(bool to, int64_t width) const;
+  // The received rows arrive grouped by source, each source's rows sorted by local expert.
+  // The experts want them grouped by local expert: for expert e, source 0's rows of e, then
+  // source 1's, ... order[i] = the received row that becomes local packed row i.
+  std::vector<int64_t> regroup_order() const;
+  std::vector<int64_t> local_group_sizes() const;  // rows per local expert
+};
+// The routes from this rank's per-expert counts (the first N entries of `mine`): one allgather.
+Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N);
+
+// Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
+Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& send_bytes,
+                     const std::vector<size_t>& recv_bytes, int64_t width, int tag);
+// Rows of t in the order `order` (a gather); and the inverse scatter.
+Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order);
+Tensor put_rows(const Tensor& t, const std::vector<int64_t>& order);
+
+}  // namespace ff::ep
