@@ -138,6 +138,18 @@ struct KernelTable {
   void (*moe_combine_backward)(float* dyp, float* dgates, const float* dy, const float* yp,
                                const int64_t* pos, const float* gates, int64_t T, int64_t k,
                                int64_t d);
+
+  // ---- DeepSeek-V3's node-limited routing (the readable definition is
+  // kernels/cpu/moe_routing.cpp). scores (T, N): the biased affinities s + b of T tokens over N
+  // experts, split into G groups of N/G contiguous experts (G divides N, 1 <= M <= G,
+  // group_topk >= 1, 1 <= K <= M N/G; scores finite). Per token: a group's score is the sum of
+  // its min(group_topk, N/G) largest scores (lower expert first on ties), added in ascending
+  // expert index order from 0.f; kept_groups (T, M) = the M groups of largest score,
+  // descending, lower group first on ties; idx (T, K) = the K largest scores among the kept
+  // groups' experts, descending, lower expert first on ties (as topk_rows). G == 1 or M == G:
+  // idx is plain top-K.
+  void (*moe_group_topk)(int64_t* idx, int64_t* kept_groups, const float* scores, int64_t T,
+                         int64_t N, int64_t G, int64_t M, int64_t group_topk, int64_t K);
 };
 
 // The tile edge of the attention kernels (queries and keys), the same on every device, so the
@@ -155,7 +167,7 @@ const KernelTable& kernels_for(Device d);
         copy_block, rmsnorm_forward, rmsnorm_backward, cross_entropy_forward,                \
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
-        grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward                     \
+        grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk     \
   }
 
 }  // namespace ff
