@@ -157,6 +157,15 @@ Tensor Tensor::view(const Shape& new_shape) const {
   return out;
 }
 
+void Tensor::copy_from(const Tensor& src) const {
+  FF_CHECK(shape() == src.shape() && dtype() == src.dtype() && device() == src.device(),
+           "copy_from: cannot copy a " << dtype_name(src.dtype()) << " tensor of shape "
+               << shape_str(src.shape()) << " on " << device_name(src.device()) << " into a "
+               << dtype_name(dtype()) << " tensor of shape " << shape_str(shape()) << " on "
+               << device_name(device()));
+  if (raw() != src.raw()) device_memcpy(raw(), device(), src.raw(), src.device(), nbytes());
+}
+
 // ---------------------------------------------------------------------------
 // autograd slots
 

@@ -84,6 +84,10 @@ class Tensor {
   Tensor clone() const;
   Tensor detach() const;                 // same storage, no autograd history
   Tensor view(const Shape& shape) const; // same storage, new shape (no autograd; see ops reshape)
+  // Writes src's values into this tensor's storage, in place: every Tensor sharing the
+  // storage sees them. Same shape, dtype and device; not recorded by autograd, so call it
+  // where no pending backward still needs the old values (e.g. an optimizer step).
+  void copy_from(const Tensor& src) const;
 
   // ---- autograd
   bool requires_grad() const;

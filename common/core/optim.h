@@ -1,0 +1,46 @@
+// common/core/optim.h — AdamW, the optimizer the lessons train with.
+//
+// torch.optim.AdamW's update, for parameter p with gradient g at step t = 1, 2, ...:
+//
+//   p    <- p - lr * weight_decay * p               decoupled weight decay, applied first
+//   m    <- beta1 * m + (1 - beta1) * g             first moment
+//   v    <- beta2 * v + (1 - beta2) * g * g         second moment
+//   mhat =  m / (1 - beta1^t)                       bias corrections (m, v start at 0)
+//   vhat =  v / (1 - beta2^t)
+//   p    <- p - lr * mhat / (sqrt(vhat) + eps)
+//
+// It runs in float32 with the core's ops under a NoGradGuard, so it works on every device;
+// m and v live on the parameter's device. The new value is written into the parameter's
+// storage (Tensor::copy_from), so every Tensor sharing it sees the step.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "common/core/tensor.h"
+
+namespace ff {
+
+struct AdamConfig {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+class Adam {
+ public:
+  explicit Adam(AdamConfig config = {}) : config_(config) {}
+
+  // One step for every parameter, grads[i] being the gradient of *params[i] (same shape and
+  // device; a parameter that got no gradient needs zeros). The first call fixes the list:
+  // later calls pass as many parameters, with the same shapes and devices, in the same order.
+  void step(const std::vector<Tensor*>& params, const std::vector<Tensor>& grads);
+
+  int64_t steps() const { return t_; }
+  AdamConfig& config() { return config_; }  // e.g. to follow a learning-rate schedule
+  const AdamConfig& config() const { return config_; }
+
+ private:
+  AdamConfig config_;
+  int64_t t_ = 0;
+  std::vector<Tensor> m_, v_;  // one of each per parameter
+};
+
+}  // namespace ff
