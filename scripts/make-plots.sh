@@ -39,6 +39,20 @@ for np in 2 4; do
 done
 $PYTHON plots/04_gshard.py "$DATA/04_traffic.csv" "$DATA/04_a2a.csv" "$OUT"
 
+# Lesson 05: routing with and without the node limit, bytes per link class, and the expert
+# loads over 300 training steps for each balancing scheme and planted bug.
+echo "+ lesson 05 at P=8"
+L05="$BUILD/bin/05_deepseek_moe"
+rm -f "$DATA/05_layer.csv" "$DATA/05_train.csv"
+for m in 2 4; do $MPIRUN -np 8 "$L05" --topk-groups $m --csv "$DATA/05_layer.csv" >/dev/null; done
+for b in none aux bias; do
+  $MPIRUN -np 8 "$L05" --train 300 --balance $b --csv "$DATA/05_train.csv" >/dev/null
+done
+for bug in ema-zero-init bias-peek; do
+  $MPIRUN -np 8 "$L05" --train 300 --balance bias --bug $bug --csv "$DATA/05_train.csv" >/dev/null
+done
+$PYTHON plots/05_deepseek_moe.py "$DATA/05_layer.csv" "$DATA/05_train.csv" "$OUT"
+
 # Lesson 07: Gantt charts of the executed schedules, and the bubble against M at P = 8
 # (simulator lines, executed markers). --compute sleep makes each op last its cost x 5 ms, so
 # the timelines hold on an oversubscribed machine.

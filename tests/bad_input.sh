@@ -11,12 +11,13 @@ mkdir -p "$BI"
 : > "$BI/plain_file"   # a regular file, to put paths under
 
 # lesson binary, world size, and flags whose sizes pass every range check but not memory
-declare -A bi_np=([01_online_softmax]=3 [02_ring_attention]=3 [03_smoe]=1 [04_gshard]=2 [07_dualpipe]=2)
+declare -A bi_np=([01_online_softmax]=3 [02_ring_attention]=3 [03_smoe]=1 [04_gshard]=2 [05_deepseek_moe]=2 [07_dualpipe]=2)
 declare -A bi_huge=(
   [01_online_softmax]="--rows 4096 --cols 4194304"
   [02_ring_attention]="--seq 65536 --dim 1024"
   [03_smoe]="--batch 4096 --tokens 65536 --dim 4096"
   [04_gshard]="--batch 4096 --tokens 65536 --dim 4096"
+  [05_deepseek_moe]="--batch 4096 --tokens 65536 --dim 4096"
   [07_dualpipe]="--layers 4096 --dim 4096 --rows 65536")
 
 # bad_input_job ID WANT_RC NP ENV OUTFILE BIN ARGS... — runs one job, writes ID.res
@@ -47,7 +48,7 @@ bad_input_job() {
 
 bi_jobs=()   # "ID|NAME|WANT|NP|ENV|OUTFILE|BIN ARGS..."
 bi_add() { bi_jobs+=("${#bi_jobs[@]}|$1|$2|$3|$4|$5|$6"); }
-for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 07_dualpipe; do
+for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 05_deepseek_moe 07_dualpipe; do
   np=${bi_np[$L]}; bin="$B/$L"; d="$BI/$L"; mkdir -p "$d"
   bi_add "$L --csv DIR (a directory given as a FILE)"        2 "$np" "" ""               "$bin --csv $d"
   bi_add "$L --trace DIR"                                     2 "$np" "" ""               "$bin --trace $d"

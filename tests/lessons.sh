@@ -156,6 +156,55 @@ if $T/device_query | grep -qw cuda; then
   check "04 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L04 --device cuda
 fi
 
+L05=$B/05_deepseek_moe
+echo "== lesson 05: DeepSeek-V3 MoE"
+for np in 1 2 4 8; do
+  check "05 P=$np: sigmoid gate, groups, shared expert, hierarchical and flat both PASS" 0 '^check: PASS' \
+    bash -c "for a in hierarchical flat; do $MPIRUN -np $np $L05 --a2a \$a || exit 1; done"
+done
+check "05 odd P=3 with R=1 (3 nodes of one rank), N=12, both all-to-alls" 0 '^check: PASS' \
+  bash -c "for a in hierarchical flat; do $MPIRUN -np 3 $L05 --ranks-per-node 1 --experts 12 --a2a \$a || exit 1; done"
+check "05 softmax gate; no groups (G=1); S=0 and S=2; K=1 (P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L05 --gate softmax && $MPIRUN -np 4 $L05 --groups 1 --topk-groups 1 && \
+           $MPIRUN -np 4 $L05 --shared 0 --topk 1 && $MPIRUN -np 4 $L05 --shared 2 --route-scale 1"
+check "05 capacity: drop and next-best, hierarchical and flat (P=8, C=0.6)" 0 '^check: PASS' \
+  bash -c "for o in drop next-best; do for a in hierarchical flat; do $MPIRUN -np 8 $L05 --capacity-factor 0.6 --overflow \$o --a2a \$a || exit 1; done; done"
+check "05 capacity table: overflow dropped, or moved and nothing dropped when room is left (P=4)" 0 '^next-best dropped 0$' \
+  bash -c "$MPIRUN -np 4 $L05 --capacity-factor 0.8 | grep -Eq '^ +[0-9]+ +[0-9]+ +[0-9]+ +[1-9][0-9]* +[1-9]' || exit 1; \
+           $MPIRUN -np 4 $L05 --capacity-factor 1.2 --overflow next-best | awk '/^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$/ {d += \$5; m += \$6} END {if (m == 0) exit 1; print \"next-best dropped \" d}'"
+check "05 flat and hierarchical dumps: routing and expert rows byte-identical, y/dx/grads within tolerance (P=8)" 0 '^dumps ok' \
+  bash -c "for a in flat hierarchical; do rm -rf $LOG/d05\$a; $MPIRUN -np 8 $L05 --capacity-factor 0.8 --overflow next-best --a2a \$a --dump $LOG/d05\$a >/dev/null || exit 1; done; \
+           for f in x dy topk_idx kept gates router_w bias experts_w1 experts_w2 experts_w3 shared_w1 shared_w2 shared_w3; do cmp $LOG/d05flat/\$f.npy $LOG/d05hierarchical/\$f.npy || exit 1; done; \
+           $PYTHON tests/check_dump_05.py $LOG/d05flat $LOG/d05hierarchical"
+check "05 --train 20 on 8 ranks equals one process over the same global batch (loss every step, parameters), one bias everywhere" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 8 $L05 --train 20 --log-every 5 | tee /dev/stderr | grep -q 'the bias is the same on every rank  *PASS'"
+check "05 --train with --balance aux (softmax gate, flat all-to-all) and none equal one process (P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L05 --train 20 --balance aux --a2a flat && $MPIRUN -np 4 $L05 --train 20 --balance none"
+check "05 --train planted bias-update bugs run and are named (ema-zero-init, bias-peek, P=2)" 0 'planted: bias-peek' \
+  bash -c "$MPIRUN -np 2 $L05 --train 20 --bug ema-zero-init | grep -q 'planted: ema-zero-init' && $MPIRUN -np 2 $L05 --train 20 --bug bias-peek"
+usage_error "05 bad input: --data that cannot be read" $MPIRUN -np 2 $L05 --train 5 --data /nonexistent/text.txt
+usage_error "05 bad input: a backward bug with --train" $MPIRUN -np 2 $L05 --train 5 --bug no-renorm
+for bug in bias-grad no-renorm no-shared-grad; do
+  check "05 planted bug --bug $bug fails the check (P=4)" 1 '^check: FAIL' $MPIRUN -np 4 $L05 --bug $bug
+done
+check "05 --help lists every flag with its default" 0 '--ranks-per-node N .*\(default: 2\)' $MPIRUN -np 1 $L05 --help
+check "05 --trace: spans nest on every track (P=4, hierarchical)" 0 '^trace ok: 4 ranks' \
+  bash -c "$MPIRUN -np 4 $L05 --trace $LOG/t05.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t05.json - 4"
+usage_error "05 bad input: N not a multiple of P" $MPIRUN -np 4 $L05 --experts 6
+usage_error "05 bad input: K more than the experts of M groups" $MPIRUN -np 4 $L05 --experts 8 --topk 6
+usage_error "05 bad input: M more than G" $MPIRUN -np 4 $L05 --topk-groups 3
+usage_error "05 bad input: G not dividing N" $MPIRUN -np 4 $L05 --experts 8 --groups 3
+usage_error "05 bad input: R not dividing P" $MPIRUN -np 4 $L05 --ranks-per-node 3
+usage_error "05 bad input: --capacity-factor 0" $MPIRUN -np 2 $L05 --capacity-factor 0
+usage_error "05 bad input: --capacity-factor -1" $MPIRUN -np 2 $L05 --capacity-factor -1
+usage_error "05 bad input: --a2a typo" $MPIRUN -np 2 $L05 --a2a ring
+usage_error "05 bad input: training bug without --train" $MPIRUN -np 2 $L05 --bug ema-zero-init
+check "05 --device sim: the layer's kernels under the emulator (P=2, capacity next-best)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L05 --device sim --capacity-factor 0.8 --overflow next-best --batch 1
+if $T/device_query | grep -qw cuda; then
+  check "05 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L05 --device cuda
+fi
+
 L07=$B/07_dualpipe
 echo "== lesson 07: pipeline schedules"
 # every schedule at every world size, M = 2P (the default), P, 2P+2 and 7, where the schedule

@@ -1,0 +1,753 @@
+// Lesson 05 — DeepSeek-V3 MoE: what changed after GShard, and why.
+//
+// What: lesson 04's expert-parallel layer, rebuilt as DeepSeek-V3's (technical report §2.1.2,
+//   inference/model.py's Gate and MoE), on P ranks grouped into virtual nodes of R ranks:
+//     sigmoid gate     s = sigmoid(x W_g): every expert scored on its own; the gates are the
+//                      selected s normalised over the K selected (softmax couples all N)
+//     selection vs gating
+//                      experts are SELECTED on s + b, where b is a balancing bias with no
+//                      gradient; the GATES come from the unbiased s. Balance is steered by
+//                      nudging b, not by a loss that fights the language-model loss.
+//     node-limited routing
+//                      experts in G groups (one per node); a token first picks its top M
+//                      groups (group score = sum of its top-2 biased affinities), then its
+//                      top K experts inside them: at most M nodes per token, bounding the
+//                      slow inter-node traffic
+//     shared experts   S experts every token passes through, ungated
+//     capacity         optional: --capacity-factor C gives each expert ceil(C T K / N) slots;
+//                      the overflow is dropped (Switch) or moved to the next-best expert
+//     balance loss     a small sequence-wise one, alpha sum f_i P_i per sequence
+//   and the all-to-all becomes HIERARCHICAL, as DeepEP's normal kernels do it: a token crosses
+//   the slow inter-node link once per target node (to the rank with its own local index
+//   there, over the "rail"), then fans out over the fast intra-node link; on the way back the
+//   node's partial outputs are summed before they cross the rail again.
+// Why: at 256 experts on 8-GPU nodes, the flat all-to-all sends one copy of a token per
+//   expert over InfiniBand (3x slower than NVLink); node-limited routing plus the two-level
+//   all-to-all cut that to at most M copies. And the aux-loss-free bias keeps experts
+//   balanced without the gradient interference of lesson 03's auxiliary loss.
+// Run:  make run L=05                          (8 ranks = 4 virtual nodes x 2)
+//       make run L=05 ARGS="--a2a flat"        (lesson 04's all-to-all: same rows, more bytes)
+//       make run L=05 ARGS="--capacity-factor 1 --overflow next-best"
+// Expect: the routing demonstrations, the byte counts per link class, the checks against one
+//   process on all ranks' tokens (data movement exact, values within tolerance), check: PASS.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/comm/alltoall.h"
+#include "common/layers/dsv3_moe.h"
+#include "common/layers/expert_parallel.h"
+#include "common/layers/moe.h"
+#include "common/lesson/lesson.h"
+#include "lessons/05_deepseek_moe/deepseek_moe.h"
+
+namespace ff {
+
+// ----------------------------------------------------------------------------
+// The two-level network: ranks r = node * R + local. node_comm joins the R ranks of a node
+// (NVLink), rail_comm joins the ranks with the same local index on every node (InfiniBand:
+// in DeepSeek's clusters each GPU has its own NIC, and GPU l of one node talks to GPU l of
+// another).
+
+Topology make_topology(Comm& comm, int R) {
+  Topology t;
+  t.P = comm.size(), t.R = R, t.nodes = t.P / R;
+  t.node = comm.rank() / R, t.local = comm.rank() % R;
+  t.node_comm = comm.split(t.node, t.local);  // rank in node_comm = local index
+  t.rail_comm = comm.split(t.local, t.node);  // rank in rail_comm = node
+  return t;
+}
+
+// ----------------------------------------------------------------------------
+// The routing map. Every rank routes its own tokens; then one allgather gives every rank the
+// affinities, the selections and the kept groups of ALL tokens (T N + T K + T M numbers per
+// rank). Capacity is global (cap = ceil(C T K / N) over the EP group), so every rank runs the
+// same deterministic assignment on the same global data and keeps its own rows; and the
+// hierarchical all-to-all's senders, forwarders and receivers all read who needs what from it.
+// (DeepEP exchanges per-rank counts and per-token rank masks instead; the map here is the
+// readable version, small at these sizes.)
+
+// ----------------------------------------------------------------------------
+// The layer, distributed (EPForward, in deepseek_moe.h, is what its forward keeps for the
+// backward).
+
+// ---- flat: lesson 04's all-to-all, one copy per routing slot
+
+static void flat_dispatch(Comm& comm, A2A how, const dsv3::Params& mine, const Tensor& x,
+                          EPForward& f) {
+  const int64_t d = x.size(1);
+  Tensor xk = slice(moe::permute(x, f.plan), 0, 0, f.kept_rows);
+  f.routes = ep::gather_routes(comm, f.plan.group_sizes.to_index_vector(), f.map.N);
+  const ep::Routes& R = f.routes;
+  Tensor recv = ep::exchange_rows(comm, how, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
+  f.order = R.regroup_order();
+  f.xl = ep::take_rows(recv, f.order);
+  std::vector<int64_t> gl = R.local_group_sizes();
+  Trace::Scope span(trace(), "experts forward", "compute");
+  f.yl = moe::experts_forward(dsv3::routed(mine), f.xl,
+                              Tensor::from_indices(gl, {(int64_t)gl.size()}, x.device()), &f.cache);
+}
+
+static Tensor flat_combine(Comm& comm, A2A how, const Tensor& x, EPForward& f) {
+  const int64_t d = x.size(1), TK = f.plan.tokens * f.plan.k;
+  const ep::Routes& R = f.routes;
+  Tensor back = ep::exchange_rows(comm, how, ep::put_rows(f.yl, f.order), R.bytes(false, d),
+                                  R.bytes(true, d), d, 2);
+  f.yp = f.kept_rows < TK ? concat({back, Tensor::zeros({TK - f.kept_rows, d}, x.device())}, 0) : back;
+  return moe::combine(f.yp, f.plan, f.gates);
+}
+
+// ---- hierarchical: one copy per (token, node) over the rail, then a fan-out inside the node
+//
+// dispatch, rows [x_t | g_t] (the gates travel with the token: the combine sums inside the node)
+//   hop 1 (rail)  source (n, l) sends token t to (n', l) for every node n' holding one of t's
+//                 experts, once, tokens in order;
+//   hop 2 (fan)   forwarder (n', l) sends each row it received (in arrival order: by source
+//                 node, then token) to every rank of its node whose experts the token chose.
+//   At the expert rank the rows are laid out exactly as lesson 04's flat dispatch lays them
+//   out (by local expert, then source rank, then the source's slot order): the same bytes go
+//   into the same grouped GEMMs.
+// combine, the routes backwards, summing on the way:
+//   the expert rank sums the gated outputs of a token's slots it holds (one row per token),
+//   the forwarder sums its node's rows (one row per token per node), the source sums the
+//   nodes' rows. The sums run in another order than the flat combine's (slot by slot): y
+//   agrees with it to rounding, not bit for bit.
+
+static void hier_plan(const Topology& topo, EPForward& f) {
+  const RoutingMap& m = f.map;
+  const int me = topo.node * topo.R + topo.local;
+  f.rail = {}, f.fan = {};
+  f.rail.send_rows.assign((size_t)topo.nodes, 0), f.rail.recv_rows.assign((size_t)topo.nodes, 0);
+  f.fan.send_rows.assign((size_t)topo.R, 0), f.fan.recv_rows.assign((size_t)topo.R, 0);
+  f.rail_src.clear(), f.fan_src.clear(), f.xl_row.clear(), f.xl_slot.clear();
+  auto node_needs = [&](int p, int64_t t, int node) {
+    for (int q = node * topo.R; q < (node + 1) * topo.R; q++)
+      if (m.needs(p, t, q)) return true;
+    return false;
+  };
+  // hop 1, sender side: my tokens, per target node
+  for (int n = 0; n < topo.nodes; n++)
+    for (int64_t t = 0; t < m.T; t++)
+      if (node_needs(me, t, n)) f.rail.send_rows[(size_t)n]++, f.rail_src.push_back(t);
+  // hop 1, forwarder side: tokens of (n', my local) that need my node, by source node
+  std::vector<std::pair<int, int64_t>> arrived;  // (source rank, token), in arrival order
+  for (int n = 0; n < topo.nodes; n++) {
+    const int p = n * topo.R + topo.local;
+    for (int64_t t = 0; t < m.T; t++)
+      if (node_needs(p, t, topo.node)) f.rail.recv_rows[(size_t)n]++, arrived.push_back({p, t});
+  }
+  // hop 2, forwarder side: each arrived row to every rank of my node that needs it
+  for (int l = 0; l < topo.R; l++)
+    for (size_t i = 0; i < arrived.size(); i++)
+      if (m.needs(arrived[i].first, arrived[i].second, topo.node * topo.R + l))
+        f.fan.send_rows[(size_t)l]++, f.fan_src.push_back((int64_t)i);
+  // hop 2, receiver side: from forwarder l, the tokens of sources (n', l) that need me
+  std::vector<std::vector<int64_t>> row_of((size_t)m.P, std::vector<int64_t>((size_t)m.T, -1));
+  int64_t row = 0;
+  for (int l = 0; l < topo.R; l++)
+    for (int n = 0; n < topo.nodes; n++) {
+      const int p = n * topo.R + l;
+      for (int64_t t = 0; t < m.T; t++)
+        if (m.needs(p, t, me)) f.fan.recv_rows[(size_t)l]++, row_of[(size_t)p][(size_t)t] = row++;
+    }
+  // the expert rows, in flat's order: local expert, source rank, the source's slot order
+  for (int64_t e = me * m.E; e < (me + 1) * m.E; e++)
+    for (int p = 0; p < m.P; p++)
+      for (int64_t t = 0; t < m.T; t++)
+        for (int64_t j = 0; j < m.K; j++)
+          if (m.expert(p, t, j) == e)
+            f.xl_row.push_back(row_of[(size_t)p][(size_t)t]), f.xl_slot.push_back(j);
+}
+
+static std::vector<size_t> to_bytes(const std::vector<size_t>& rows, int64_t width) {
+  std::vector<size_t> b(rows.size());
+  for (size_t i = 0; i < rows.size(); i++) b[i] = rows[i] * (size_t)width * sizeof(float);
+  return b;
+}
+
+// Rows of `rows` (n, w) in the order `src`, sent through one hop; what arrives, (m, w).
+static Tensor hop_forward(Comm& hop_comm, const EPForward::Hop& hop, const Tensor& rows,
+                          const std::vector<int64_t>& src, int tag) {
+  const int64_t w = rows.size(1);
+  return ep::exchange_rows(hop_comm, A2A::async, ep::take_rows(rows, src),
+                           to_bytes(hop.send_rows, w), to_bytes(hop.recv_rows, w), w, tag);
+}
+// The way back: rows shaped like what the hop delivered go back to where they came from.
+static Tensor hop_back(Comm& hop_comm, const EPForward::Hop& hop, const Tensor& rows, int tag) {
+  const int64_t w = rows.size(1);
+  return ep::exchange_rows(hop_comm, A2A::async, rows, to_bytes(hop.recv_rows, w),
+                           to_bytes(hop.send_rows, w), w, tag);
+}
+// out[i] = sum over the rows j with dst[j] == i of rows[j], in j order: each row sent out
+// (once per destination) comes back and is summed into the row it was sent from. With gates,
+// row j is scaled by gates[j] first. moe::combine/unpermute_sum do it: `tokens` = n outputs,
+// `k` = the most rows one output receives, missing ones pointing at an appended zero row.
+static Tensor sum_back(const Tensor& rows, const std::vector<int64_t>& dst, int64_t n,
+                       const std::vector<float>* gates = nullptr) {
+  const int64_t w = rows.size(1), zero = rows.size(0);
+  std::vector<std::vector<int64_t>> from((size_t)n);
+  for (size_t j = 0; j < dst.size(); j++) from[(size_t)dst[j]].push_back((int64_t)j);
+  int64_t k = 1;
+  for (const auto& v : from) k = std::max<int64_t>(k, (int64_t)v.size());
+  std::vector<int64_t> pos((size_t)(n * k), zero);
+  std::vector<float> g((size_t)(n * k), 0.f);
+  for (int64_t i = 0; i < n; i++)
+    for (size_t q = 0; q < from[(size_t)i].size(); q++) {
+      pos[(size_t)(i * k + (int64_t)q)] = from[(size_t)i][q];
+      g[(size_t)(i * k + (int64_t)q)] = gates ? (*gates)[(size_t)from[(size_t)i][q]] : 1.f;
+    }
+  moe::Plan plan;
+  plan.pos = Tensor::from_indices(pos, {n * k}, rows.device());
+  plan.tokens = n, plan.k = k;
+  Tensor padded = concat({rows, Tensor::zeros({1, w}, rows.device())}, 0);
+  if (!gates) return moe::unpermute_sum(padded, plan);
+  return moe::combine(padded, plan, Tensor::from_vector(g, {n, k}, rows.device()));
+}
+
+static void hier_dispatch(Topology& topo, const dsv3::Params& mine, const Tensor& x, EPForward& f) {
+  const int64_t d = x.size(1), K = f.map.K;
+  Tensor rows = concat({x, f.gates}, 1);  // [x_t | g_t]
+  Tensor at_forwarder = hop_forward(topo.rail_comm, f.rail, rows, f.rail_src, 11);
+  f.recv_fan = hop_forward(topo.node_comm, f.fan, at_forwarder, f.fan_src, 12);
+  f.xl = ep::take_rows(slice(f.recv_fan, 1, 0, d), f.xl_row);
+  std::vector<int64_t> gl((size_t)f.map.E, 0);
+  const int me = topo.node * topo.R + topo.local;
+  for (int64_t e = 0; e < f.map.E; e++)
+    for (int p = 0; p < f.map.P; p++)
+      for (int64_t t = 0; t < f.map.T; t++)
+        for (int64_t j = 0; j < K; j++) gl[(size_t)e] += f.map.expert(p, t, j) == me * f.map.E + e;
+  Trace::Scope span(trace(), "experts forward", "compute");
+  f.yl = moe::experts_forward(dsv3::routed(mine), f.xl,
+                              Tensor::from_indices(gl, {f.map.E}, x.device()), &f.cache);
+}
+
+// the gate of each expert row, from the row that brought its token
+static std::vector<float> xl_gates(const EPForward& f) {
+  const int64_t d = f.recv_fan.size(1) - f.map.K;
+  const std::vector<float> rf = f.recv_fan.to_vector();
+  std::vector<float> g(f.xl_row.size());
+  for (size_t i = 0; i < g.size(); i++)
+    g[i] = rf[(size_t)(f.xl_row[i] * (d + f.map.K) + d + f.xl_slot[i])];
+  return g;
+}
+
+static Tensor hier_combine(Topology& topo, const Tensor& x, EPForward& f) {
+  const std::vector<float> g = xl_gates(f);
+  // expert rank: one row per token it received, sum of its slots' gated outputs
+  Tensor partial = sum_back(f.yl, f.xl_row, f.recv_fan.size(0), &g);
+  // forwarder: its node's rows summed per token; source: the nodes' rows summed per token
+  Tensor node_sum = sum_back(hop_back(topo.node_comm, f.fan, partial, 13), f.fan_src,
+                             (int64_t)std::accumulate(f.rail.recv_rows.begin(), f.rail.recv_rows.end(), size_t(0)));
+  return sum_back(hop_back(topo.rail_comm, f.rail, node_sum, 14), f.rail_src, x.size(0));
+}
+
+// ----------------------------------------------------------------------------
+// The forward: route (every rank its own tokens), the routing map, capacity, gates, then the
+// experts through the chosen all-to-all, the shared experts beside them.
+
+
+EPForward ep_forward(Comm& comm, Topology& topo, Scheme scheme, const dsv3::Config& c,
+                            const dsv3::Params& full, const dsv3::Params& mine, const Tensor& x) {
+  const int P = comm.size(), r = comm.rank();
+  const int64_t T = x.size(0), N = c.experts, K = c.topk;
+  const Device dev = x.device();
+  EPForward f;
+  f.s = dsv3::affinities(c, full, x);
+  f.sel = dsv3::select(c, f.s, full.bias);
+  // the routing map: everybody's affinities and choices, then capacity over all of them
+  RoutingMap& m = f.map;
+  m.P = P, m.T = T, m.N = N, m.K = K, m.E = N / P;
+  const std::vector<float> s_all = allgather_vec(comm, f.s.to_vector());
+  const std::vector<int64_t> idx_all = allgather_vec(comm, f.sel.idx.to_index_vector()),
+                             groups_all = allgather_vec(comm, f.sel.kept_groups.to_index_vector());
+  m.assign = dsv3::assign_capacity(c, s_all, full.bias.to_vector(), idx_all, groups_all, T * P);
+  std::vector<int64_t> my_idx(m.assign.idx.begin() + r * T * K, m.assign.idx.begin() + (r + 1) * T * K);
+  f.idx = Tensor::from_indices(my_idx, {T, K}, dev);
+  f.gates = dsv3::gates(c, f.s, f.idx);
+  f.plan = moe::permute_plan(dsv3::plan_ids(c, m.assign.idx, m.assign.kept, r * T, T, dev), N + 1);
+  for (int64_t e = 0; e < N; e++) f.kept_rows += f.plan.group_sizes.to_index_vector()[(size_t)e];
+  Tensor routed;
+  if (scheme == Scheme::flat) {
+    flat_dispatch(comm, A2A::async, mine, x, f);
+    routed = flat_combine(comm, A2A::async, x, f);
+  } else {
+    hier_plan(topo, f);
+    hier_dispatch(topo, mine, x, f);
+    routed = hier_combine(topo, x, f);
+  }
+  f.y = c.shared > 0 ? add(routed, dsv3::shared_forward(full, x, &f.shared_cache)) : routed;
+  // the balance loss: per sequence on its rank, then the mean over all sequences
+  f.bal = dsv3::balance_stats(c, f.s, f.sel.idx);
+  double sums[2] = {f.bal.loss_sum, (double)f.bal.sequences};
+  comm.allreduce(sums, 2, MPI_DOUBLE, MPI_SUM);
+  f.sequences_all = (int64_t)sums[1];
+  f.balance = dsv3::balance_loss(c, sums[0], f.sequences_all);
+  return f;
+}
+
+// ----------------------------------------------------------------------------
+// The backward retraces the routes. At the source the combine's backward gives dL/dg and the
+// gated dy per slot (flat); hierarchically dy travels like x did, and the expert rank applies
+// the gate and forms dL/dg = <dy_t, E(x_t)> itself, sending it home with the partial dx (K
+// extra columns, zero but for the slots it holds: the sums on the way add zeros to it, exactly).
+
+dsv3::Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const dsv3::Config& c,
+                               const dsv3::Params& full, const dsv3::Params& mine, const Tensor& x,
+                               const EPForward& f, const Tensor& dy, dsv3::Bug bug) {
+  const int64_t T = x.size(0), d = x.size(1), K = c.topk, TK = T * K;
+  const Device dev = x.device();
+  Tensor dgates, dx_routed;
+  moe::ExpertGrads eg;
+  if (scheme == Scheme::flat) {
+    const ep::Routes& R = f.routes;
+    moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.gates);
+    Tensor dyl = ep::take_rows(ep::exchange_rows(comm, A2A::async, slice(cg.dyp, 0, 0, f.kept_rows),
+                                                 R.bytes(true, d), R.bytes(false, d), d, 3),
+                               f.order);
+    {
+      Trace::Scope span(trace(), "experts backward", "compute");
+      eg = moe::experts_backward(dsv3::routed(mine), f.cache, dyl);
+    }
+    Tensor dxp = ep::exchange_rows(comm, A2A::async, ep::put_rows(eg.dxp, f.order), R.bytes(false, d),
+                                   R.bytes(true, d), d, 4);
+    if (f.kept_rows < TK) dxp = concat({dxp, Tensor::zeros({TK - f.kept_rows, d}, dev)}, 0);
+    dx_routed = moe::unpermute_sum(dxp, f.plan);
+    dgates = cg.dgates;
+  } else {
+    Tensor at_forwarder = hop_forward(topo.rail_comm, f.rail, dy, f.rail_src, 15);
+    Tensor dy_rows = ep::take_rows(hop_forward(topo.node_comm, f.fan, at_forwarder, f.fan_src, 16),
+                                   f.xl_row);
+    const std::vector<float> g = xl_gates(f);
+    const int64_t n = (int64_t)g.size();
+    Tensor dyl = mul(dy_rows, Tensor::from_vector(g, {n, 1}, dev));        // g dy, per slot
+    std::vector<float> dg_rows = sum(mul(dy_rows, f.yl), 1, true).to_vector();  // <dy, E(x)>
+    {
+      Trace::Scope span(trace(), "experts backward", "compute");
+      eg = moe::experts_backward(dsv3::routed(mine), f.cache, dyl);
+    }
+    // per expert row: [dx part (d) | dL/dg in its slot's column (K)], summed home
+    std::vector<float> dg_cols((size_t)(n * K), 0.f);
+    for (int64_t i = 0; i < n; i++) dg_cols[(size_t)(i * K + f.xl_slot[(size_t)i])] = dg_rows[(size_t)i];
+    Tensor rows = concat({eg.dxp, Tensor::from_vector(dg_cols, {n, K}, dev)}, 1);
+    Tensor partial = sum_back(rows, f.xl_row, f.recv_fan.size(0));
+    Tensor node_sum = sum_back(hop_back(topo.node_comm, f.fan, partial, 17), f.fan_src,
+                               (int64_t)std::accumulate(f.rail.recv_rows.begin(), f.rail.recv_rows.end(), size_t(0)));
+    Tensor home = sum_back(hop_back(topo.rail_comm, f.rail, node_sum, 18), f.rail_src, T);
+    dx_routed = slice(home, 1, 0, d);
+    dgates = slice(home, 1, d, d + K);
+  }
+  // the router (replicated): dL/dz from dL/dg and the balance loss, then its matmuls
+  Tensor dz = dsv3::router_dlogits(c, f.s, full.bias, f.idx, dgates, f.bal, f.sequences_all, bug);
+  dsv3::Grads g;
+  g.router_w = matmul(transpose(x, 0, 1), dz);
+  g.dx = add(dx_routed, matmul(dz, transpose(full.router_w, 0, 1)));
+  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
+  if (c.shared > 0) {
+    moe::ExpertGrads sg = dsv3::shared_backward(full, f.shared_cache, dy);
+    if (bug != dsv3::Bug::no_shared_grad) g.dx = add(g.dx, sg.dxp);
+    g.sw1 = sg.dw1, g.sw2 = sg.dw2, g.sw3 = sg.dw3;
+    comm.allreduce_sum(g.sw1), comm.allreduce_sum(g.sw2), comm.allreduce_sum(g.sw3);
+  }
+  comm.allreduce_sum(g.router_w);  // data parallel outside the experts: sum over ranks
+  return g;
+}
+
+// ----------------------------------------------------------------------------
+// Bytes per link class, counted from the routing map (every rank's sends, summed): what the
+// forward's dispatch and combine put on the links. A message to oneself is a copy, not counted.
+
+struct MapBytes {
+  double intra = 0, inter = 0;
+};
+
+static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d) {
+  MapBytes b;
+  const double row = (double)d * sizeof(float), wide = (double)(d + m.K) * sizeof(float);
+  auto add = [&](int from, int to, double bytes) {
+    if (from == to) return;
+    (from / R == to / R ? b.intra : b.inter) += bytes;
+  };
+  for (int p = 0; p < m.P; p++)
+    for (int64_t t = 0; t < m.T; t++) {
+      if (scheme == Scheme::flat) {
+        for (int64_t j = 0; j < m.K; j++) {
+          const int64_t e = m.expert(p, t, j);
+          if (e >= 0) add(p, (int)(e / m.E), 2 * row);  // dispatch x, combine E(x)
+        }
+        continue;
+      }
+      for (int n = 0; n < m.P / R; n++) {
+        const int fwd = n * R + p % R;  // the rail peer on node n
+        bool any = false;
+        for (int q = n * R; q < (n + 1) * R; q++)
+          if (m.needs(p, t, q)) {
+            any = true;
+            add(fwd, q, wide), add(q, fwd, row);  // fan out [x | g], partial sum back
+          }
+        if (any) add(p, fwd, wide), add(fwd, p, row);  // over the rail and back
+      }
+    }
+  return b;
+}
+
+// DeepSeek-V3's shape (N = 256 routed experts, K = 8, 8 nodes, M = 4), routed on random
+// affinities: how many nodes a token reaches, and the inter-node copies per token of the flat
+// and the hierarchical all-to-all, with and without the node limit.
+static void paper_shape_counts(uint64_t seed) {
+  dsv3::Config pc;
+  pc.experts = 256, pc.topk = 8, pc.groups = 8, pc.topk_groups = 4;
+  const int64_t T = 4096, per_node = 32;
+  Tensor s = sigmoid(randn({T, pc.experts}, seed + 77));
+  Tensor zero = Tensor::zeros({pc.experts});
+  for (int limit : {0, 1}) {
+    dsv3::Config c = pc;
+    if (!limit) c.topk_groups = c.groups;
+    std::vector<int64_t> idx = dsv3::select(c, s, zero).idx.to_index_vector();
+    double flat = 0, hier = 0, nodes = 0;
+    for (int64_t t = 0; t < T; t++) {
+      const int home = (int)(t % 8);  // the token's own node, spread evenly
+      std::set<int64_t> seen;
+      for (int64_t j = 0; j < c.topk; j++) {
+        const int64_t n = idx[(size_t)(t * c.topk + j)] / per_node;
+        seen.insert(n);
+        flat += n != home;
+      }
+      nodes += (double)seen.size();
+      hier += (double)seen.size() - (double)seen.count(home);
+    }
+    std::printf("    %-22s %5.2f nodes per token, %5.2f experts per node reached; inter-node "
+                "copies per token: flat %.2f, hierarchical %.2f (%.1fx fewer)\n",
+                limit ? "node-limited (M = 4):" : "no node limit:", nodes / (double)T,
+                (double)(T * c.topk) / nodes, flat / (double)T, hier / (double)T, flat / hier);
+    if (limit)  // seed 001 §1.5: V_inter <= 2 B K d (M - 1) / nodes
+      std::printf("    seed 001's bound 2 K (M-1)/nodes = %.2f rows per token over the inter-node "
+                  "links (dispatch + combine); flat moves %.2f, hierarchical %.2f: it bounds "
+                  "neither (hierarchical's bound is 2 M = %d)\n",
+                  2.0 * (double)c.topk * (double)(c.topk_groups - 1) / (double)c.groups,
+                  2.0 * flat / (double)T, 2.0 * hier / (double)T, (int)(2 * c.topk_groups));
+  }
+}
+
+}  // namespace ff
+
+using namespace ff;
+
+// ----------------------------------------------------------------------------
+
+static int deepseek_lesson(Lesson& lesson) {
+  Comm& comm = lesson.comm;
+  const int rank = comm.rank(), P = comm.size();
+  dsv3::Config c;
+  c.experts = 16, c.topk = 4, c.shared = 1, c.groups = 0, c.topk_groups = 2;
+  c.route_scale = 2.5, c.alpha = 0.01;
+  int64_t batch = 2, R = 2;
+  double bias_init = 0.05;
+  std::string gate = "sigmoid", a2a = "hierarchical", overflow = "drop", bug = "none";
+  Cli& cli = lesson.cli;
+  cli.summary("DeepSeek-V3 MoE: sigmoid gate with a balancing bias for selection only, node-limited\n"
+              "routing, shared experts, capacity, and a hierarchical (rail, then node) all-to-all,\n"
+              "checked against the single-process layer on all ranks' tokens.");
+  cli.choice("--gate", &gate, {"sigmoid", "softmax"}, "affinity: sigmoid (DeepSeek-V3) or softmax");
+  cli.flag("--experts", &c.experts, "routed experts N (a multiple of the world size P)", 1, 4096);
+  cli.flag("--topk", &c.topk, "routed experts per token K", 1, 4096);
+  cli.flag("--shared", &c.shared, "shared experts S (every token, ungated)", 0, 64);
+  cli.flag("--groups", &c.groups, "expert groups G (0: one per virtual node)", 0, 4096);
+  cli.flag("--topk-groups", &c.topk_groups, "groups a token may use M (at most G; with one group, 1)", 1, 4096);
+  cli.flag("--group-score-topk", &c.group_score_topk,
+           "a group's score sums its top this-many biased affinities (capped at N/G)", 1, 4096);
+  cli.flag("--route-scale", &c.route_scale, "gates are scaled by this", 0.0, 1000.0);
+  cli.flag("--alpha", &c.alpha, "weight of the sequence-wise balance loss", 0.0, 100.0);
+  cli.flag("--batch", &batch, "sequences per rank", 1, 4096);
+  cli.flag("--tokens", &c.seq_len, "tokens per sequence L", 1, 1 << 16);
+  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
+  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
+  cli.flag("--bias-init", &bias_init, "std of the initial balancing bias b", 0.0, 10.0);
+  cli.flag("--ranks-per-node", &R, "ranks per virtual node R (must divide P; 2 when P is even, else 1)", 1, 4096);
+  cli.choice("--a2a", &a2a, {"flat", "hierarchical"},
+             "lesson 04's all-to-all, or rail then node (DeepEP's normal kernels)");
+  cli.flag("--capacity-factor", &c.capacity_factor,
+           "C > 0: each expert takes ceil(C T K / N) slots of the T tokens of all ranks "
+           "(default: no limit)", 0.0, 1e6);
+  cli.choice("--overflow", &overflow, {"drop", "next-best"},
+             "slots beyond capacity: dropped, or moved to the token's next-best expert with room");
+  TrainOptions train;
+  cli.flag("--train", &train.steps, "train a tiny character model this many steps (0: check "
+           "the layer once)", 0, 1000000);
+  cli.choice("--balance", &train.balance, {"none", "aux", "bias"},
+             "--train: no balancing, softmax gate + balance loss, or sigmoid gate + the "
+             "loss-free bias update");
+  cli.flag("--lr", &train.lr, "--train: Adam learning rate", 0.0, 10.0);
+  cli.flag("--gamma", &train.gamma, "--train: bias update speed", 0.0, 10.0);
+  cli.flag("--aux-alpha", &train.aux_alpha, "--train: balance loss weight with --balance aux",
+           0.0, 100.0);
+  cli.flag("--bias-ema", &train.ema, "--train: steer the bias by a smoothed load (0: the "
+           "step's own loads, as DeepSeek-V3)", 0.0, 0.999999);
+  cli.flag("--log-every", &train.log_every, "--train: print every this many steps", 1, 1000000);
+  cli.flag("--data", &train.data, "--train: the text to train on");
+  cli.choice("--bug", &bug, {"none", "bias-grad", "no-renorm", "no-shared-grad", "ema-zero-init",
+                             "bias-peek"},
+             "plant a bug: in the backward, the gate differentiated through s + b, the sigmoid "
+             "gate's normalisation forgotten, the shared experts' dx missing; in --train, the "
+             "smoothed load starting at 0, the bias updated from the batch it routes");
+  cli.epilog("run:  make run L=05 ARGS=\"--a2a flat\"\n"
+             "      make run L=05 ARGS=\"--capacity-factor 1 --overflow next-best\"");
+  lesson.parse();
+  if (!cli.given("--ranks-per-node")) R = P % 2 == 0 ? 2 : 1;  // default: nodes of 2 when P is even
+  const int nodes = (int)(P / std::max<int64_t>(R, 1));
+  lesson.usage_error_if(P % R != 0, "--ranks-per-node " + std::to_string(R) +
+                                        " does not divide the " + std::to_string(P) + " ranks");
+  if (c.groups == 0) c.groups = nodes;
+  if (!cli.given("--topk-groups")) c.topk_groups = std::min<int64_t>(c.topk_groups, c.groups);
+  lesson.usage_error_if(c.experts % P != 0, "--experts " + std::to_string(c.experts) +
+                                                " is not a multiple of the " + std::to_string(P) +
+                                                " ranks: every rank holds N/P experts");
+  lesson.usage_error_if(c.experts % c.groups != 0, "--groups " + std::to_string(c.groups) +
+                                                       " does not divide --experts " +
+                                                       std::to_string(c.experts));
+  lesson.usage_error_if(c.topk_groups > c.groups, "--topk-groups " + std::to_string(c.topk_groups) +
+                                                      " is more than the " +
+                                                      std::to_string(c.groups) + " groups");
+  lesson.usage_error_if(c.topk > c.topk_groups * (c.experts / c.groups),
+                        "--topk " + std::to_string(c.topk) + " is more than the " +
+                            std::to_string(c.topk_groups * (c.experts / c.groups)) +
+                            " experts in " + std::to_string(c.topk_groups) +
+                            " groups: K must be at most M N / G");
+  lesson.usage_error_if(cli.given("--capacity-factor") && c.capacity_factor <= 0,
+                        "--capacity-factor must be > 0 (leave it out for no capacity limit)");
+  const bool train_bug = bug == "ema-zero-init" || bug == "bias-peek";
+  lesson.usage_error_if(train_bug && train.steps == 0, "--bug " + bug + " plants a training bug: "
+                        "it needs --train STEPS");
+  lesson.usage_error_if(train.steps > 0 && bug != "none" && !train_bug,
+                        "--bug " + bug + " plants a backward bug, for the layer check: leave "
+                        "out --train");
+  lesson.usage_error_if(train_bug && train.balance != "bias", "--bug " + bug +
+                        " is a bug of the bias update: it needs --balance bias");
+  c.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;
+  c.overflow = overflow == "drop" ? dsv3::Overflow::drop : dsv3::Overflow::next_best;
+  const dsv3::Bug the_bug = bug == "bias-grad"        ? dsv3::Bug::bias_grad
+                            : bug == "no-renorm"      ? dsv3::Bug::no_renorm
+                            : bug == "no-shared-grad" ? dsv3::Bug::no_shared_grad
+                                                      : dsv3::Bug::none;
+  const Scheme scheme = a2a == "flat" ? Scheme::flat : Scheme::hierarchical;
+  const int64_t T = batch * c.seq_len, N = c.experts, E = N / P, K = c.topk, d = c.dim;
+  const int64_t T_all = T * P;
+  lesson.require_memory(dsv3::memory_bytes(c, T_all),
+                        "--batch, --tokens, --experts, --dim or --ffn (the reference runs all "
+                        "ranks' tokens in every process)");
+  const Device dev = lesson.device;
+  const uint64_t seed = (uint64_t)lesson.flags.seed;
+  Topology topo = make_topology(comm, (int)R);
+  if (train.steps > 0) {
+    train.batch = batch, train.bug = bug;
+    return run_training(lesson, topo, scheme, c, train);
+  }
+
+  dsv3::Params full = dsv3::init_params(c, seed, bias_init, dev);
+  dsv3::Params mine = dsv3::slice_experts(full, rank * E, (rank + 1) * E);
+  Tensor x = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 10).to(dev);
+  Tensor dy = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 11).to(dev);
+  if (rank == 0)
+    std::printf("== 05 DeepSeek-V3 MoE: P=%d ranks = %d nodes x %lld, %lld routed experts (%lld "
+                "per rank) in %lld groups, top-%lld within %lld groups, %lld shared, gate %s, "
+                "%lld tokens per rank, all-to-all %s, device %s\n",
+                P, nodes, (long long)R, (long long)N, (long long)E, (long long)c.groups,
+                (long long)K, (long long)c.topk_groups, (long long)c.shared, gate.c_str(),
+                (long long)T, a2a.c_str(), device_name(dev));
+  lesson.start_trace();
+  comm.barrier();
+  const double t0 = MPI_Wtime();
+  EPForward fw = ep_forward(comm, topo, scheme, c, full, mine, x);
+  dsv3::Grads g = ep_backward(comm, topo, scheme, c, full, mine, x, fw, dy, the_bug);
+  double ms = (MPI_Wtime() - t0) * 1e3;
+  comm.allreduce(&ms, 1, MPI_DOUBLE, MPI_MAX);
+
+  // ---- what the routing did, on all tokens (every rank holds the map; rank 0 prints)
+  const RoutingMap& m = fw.map;
+  Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
+  Tensor s_all = dsv3::affinities(c, full, x_all);
+  if (rank == 0) {
+    // selection vs gating: the tokens whose experts the bias changed
+    dsv3::Selection unbiased = dsv3::select(c, s_all, Tensor::zeros({N}, dev));
+    const std::vector<int64_t> iu = unbiased.idx.to_index_vector(), ib = fw.sel.idx.to_index_vector();
+    const std::vector<int64_t> ib_all = dsv3::select(c, s_all, full.bias).idx.to_index_vector();
+    int64_t changed = 0, first = -1;
+    for (int64_t t = 0; t < T_all; t++) {
+      std::set<int64_t> a(iu.begin() + t * K, iu.begin() + (t + 1) * K),
+          b(ib_all.begin() + t * K, ib_all.begin() + (t + 1) * K);
+      if (a != b) changed++, first = first < 0 ? t : first;
+    }
+    std::printf("selection vs gating: the bias b (std %.3g) changes the experts of %lld of %lld "
+                "tokens\n", bias_init, (long long)changed, (long long)T_all);
+    if (first >= 0) {
+      const std::vector<float> sv = s_all.to_vector(), bv = full.bias.to_vector();
+      Tensor g1 = dsv3::gates(c, slice(s_all, 0, first, first + 1),
+                              Tensor::from_indices(std::vector<int64_t>(ib_all.begin() + first * K,
+                                                                        ib_all.begin() + (first + 1) * K),
+                                                   {1, K}, dev));
+      const std::vector<float> gv = g1.to_vector();
+      std::printf("    token %lld: top-%lld by s: {", (long long)first, (long long)K);
+      for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)iu[(size_t)(first * K + j)]);
+      std::printf("}, by s + b: {");
+      for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)ib_all[(size_t)(first * K + j)]);
+      std::printf("}\n    its gates come from s of the experts chosen:");
+      for (int64_t j = 0; j < K; j++) {
+        const int64_t e = ib_all[(size_t)(first * K + j)];
+        std::printf(" e%lld s=%.4f b=%+.4f g=%.4f%s", (long long)e, sv[(size_t)(first * N + e)],
+                    bv[(size_t)e], gv[(size_t)j], j + 1 < K ? ";" : "\n");
+      }
+    }
+    // the group score: DeepSeek-V3's top-2 sum against seed 001's sum of the whole group
+    if (c.groups > 1 && c.topk_groups < c.groups) {
+      const std::vector<int64_t> a = dsv3::select(c, s_all, full.bias).kept_groups.to_index_vector(),
+                                 b = dsv3::kept_groups_sum_all(c, s_all, full.bias).to_index_vector();
+      int64_t differ = 0;
+      const int64_t M = c.topk_groups;
+      for (int64_t t = 0; t < T_all; t++)
+        differ += std::set<int64_t>(a.begin() + t * M, a.begin() + (t + 1) * M) !=
+                  std::set<int64_t>(b.begin() + t * M, b.begin() + (t + 1) * M);
+      std::printf("group score: top-%lld sum (DeepSeek-V3's code) and sum of all %lld (seed 001) "
+                  "pick different nodes for %lld of %lld tokens\n", (long long)c.group_score_k(),
+                  (long long)(N / c.groups), (long long)differ, (long long)T_all);
+    }
+    if (c.capacity_factor > 0) {
+      std::printf("capacity %lld slots per expert (C = %g, %lld slots), overflow %s\n"
+                  "    %6s %8s %6s %8s %8s %9s %8s %5s\n", (long long)m.assign.capacity,
+                  c.capacity_factor, (long long)(T_all * K), overflow.c_str(), "expert",
+                  "capacity", "demand", "overflow", "dropped", "moved out", "moved in", "load");
+      for (int64_t e = 0; e < N; e++) {
+        const dsv3::ExpertLoad& L = m.assign.experts[(size_t)e];
+        std::printf("    %6lld %8lld %6lld %8lld %8lld %9lld %8lld %5lld\n", (long long)e,
+                    (long long)L.capacity, (long long)L.demand, (long long)L.overflow,
+                    (long long)L.dropped, (long long)L.moved_out, (long long)L.moved_in,
+                    (long long)L.load);
+      }
+    }
+    std::printf("bytes on the links, forward (dispatch + combine), all ranks; the backward moves the same:\n");
+    for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
+      MapBytes b = count_bytes(m, (int)R, sc, d);
+      std::printf("    %-13s intra-node %9.0f B, inter-node %9.0f B\n",
+                  sc == Scheme::flat ? "flat" : "hierarchical", b.intra, b.inter);
+    }
+    MapBytes bf = count_bytes(m, (int)R, Scheme::flat, d), bh = count_bytes(m, (int)R, Scheme::hierarchical, d);
+    std::printf("    inter-node bytes: hierarchical / flat = %.2f (%.1fx fewer)\n",
+                bh.inter / std::max(bf.inter, 1.0), bf.inter / std::max(bh.inter, 1.0));
+    std::printf("at DeepSeek-V3's shape (N = 256, K = 8, 8 nodes of 32 experts; random affinities):\n");
+    paper_shape_counts(seed);
+    std::printf("forward + backward %.2f ms (slowest rank)\n", ms);
+  }
+
+  // ---- the reference: one process, all ranks' tokens, the same layer (hand-written backward
+  // aside: the autograd core on the loop form) and the packed steps for the exact rows
+  dsv3::Forward ref_fw = dsv3::forward(c, full, x_all);
+  dsv3::Reference ref = dsv3::autograd_reference(c, full, x_all, dy_all, ref_fw.assign);
+  const std::vector<int64_t> rsizes = ref_fw.plan.group_sizes.to_index_vector();
+  int64_t row0 = 0, row1 = 0;
+  for (int64_t e = 0; e < (rank + 1) * E; e++) {
+    if (e < rank * E) row0 += rsizes[(size_t)e];
+    row1 += rsizes[(size_t)e];
+  }
+  Tensor ref_xp = moe::permute(x_all, ref_fw.plan);
+
+  Trace::Category check_traffic(trace(), "check");
+  CheckReport check(comm);
+  const double eps = FLT_EPSILON, n = (double)(T_all * K + d + c.ffn * std::max<int64_t>(c.shared, 1) + N);
+  auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
+  if (rank == 0) std::printf("data movement (must be exact: the all-to-alls only copy)\n");
+  check.holds("routing: every slot's expert and kept flag equal one process's",
+              m.assign.idx == ref_fw.assign.idx && m.assign.kept == ref_fw.assign.kept);
+  check.exact("dispatch: rows at each expert", fw.xl, slice(ref_xp, 0, row0, row1));
+  check.exact("experts: outputs at each expert", fw.yl, slice(ref_fw.yp, 0, row0, row1));
+  if (rank == 0)
+    std::printf("against the layer through autograd on all %lld tokens in one process (worst "
+                "rank)\n", (long long)T_all);
+  const dsv3::Grads& rg = ref.grads;
+  auto mine_rows = [&](const Tensor& t) { return slice(t, 0, rank * T, (rank + 1) * T); };
+  check.close("y", fw.y, mine_rows(ref.y), tol(ref.y));
+  check.scalar("balance loss (sequences of all ranks)", fw.balance, ref.balance,
+               8.0 * n * eps * std::max(std::fabs(ref.balance), 1e-3));
+  check.close("dx", g.dx, mine_rows(rg.dx), tol(rg.dx));
+  check.close("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
+  check.close("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
+  check.close("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
+  check.close("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
+  if (c.shared > 0) {
+    check.close("d shared_w1 (allreduced)", g.sw1, rg.sw1, tol(rg.sw1));
+    check.close("d shared_w3 (allreduced)", g.sw3, rg.sw3, tol(rg.sw3));
+    check.close("d shared_w2 (allreduced)", g.sw2, rg.sw2, tol(rg.sw2));
+  }
+
+  // ---- outputs
+  auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
+    std::vector<float> all = allgather_vec(comm, t.to_vector());
+    Shape s = t.shape();
+    s[0] *= P;
+    return Tensor::from_vector(all, s);
+  };
+  if (lesson.dumping()) {
+    Tensor y_all = gather_rows(fw.y), dx_all = gather_rows(g.dx), gates_all = gather_rows(fw.gates);
+    Tensor w1_all = gather_rows(g.w1), w3_all = gather_rows(g.w3), w2_all = gather_rows(g.w2);
+    if (rank == 0) {
+      const int64_t B_all = batch * P, L = c.seq_len;
+      auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
+        lesson.dump(name, t.to(Device::cpu).view(shape));
+      };
+      save("x", x_all, {B_all, L, d});
+      save("dy", dy_all, {B_all, L, d});
+      save("y", y_all, {B_all, L, d});
+      for (const moe::NamedTensor& nt : dsv3::named_parameters(full)) lesson.dump(nt.name, nt.t.to(Device::cpu));
+      lesson.dump("aux_loss", Tensor::from_vector({(float)fw.balance}, {}));
+      std::vector<int64_t> kept(m.assign.kept.begin(), m.assign.kept.end());
+      save("topk_idx", Tensor::from_indices(m.assign.idx, {T_all, K}), {B_all, L, K});
+      save("kept", Tensor::from_indices(kept, {T_all, K}), {B_all, L, K});
+      save("gates", gates_all, {B_all, L, K});
+      save("dx", dx_all, {B_all, L, d});
+      dsv3::Grads all = g;
+      all.dx = dx_all, all.w1 = w1_all, all.w3 = w3_all, all.w2 = w2_all;
+      for (const moe::NamedTensor& nt : dsv3::named_grads(all))
+        if (nt.name != "dx") lesson.dump(nt.name, nt.t.to(Device::cpu));
+      lesson.dump_text("meta.json", dsv3::meta_json(c, P, ", \"a2a\": \"" + a2a +
+                                                              "\", \"ranks_per_node\": " +
+                                                              std::to_string(R) +
+                                                              ", \"residual\": false"));
+    }
+  }
+  // series routing: a = expert, b = node, c = slots finally processed (the routing picture)
+  std::string rows;
+  for (int64_t e = 0; e < N; e++)
+    rows += "load," + std::to_string(P) + "," + std::to_string(e) + "," +
+            std::to_string((e / E) / R) + "," + std::to_string(m.assign.experts[(size_t)e].load) + "\n";
+  // series nodes: a = M, b = nodes a token's kept slots reach, c = tokens
+  std::vector<int64_t> reach((size_t)nodes + 1, 0);
+  for (int p = 0; p < P; p++)
+    for (int64_t t = 0; t < T; t++) {
+      std::set<int> ns;
+      for (int q = 0; q < P; q++)
+        if (m.needs(p, t, q)) ns.insert(q / (int)R);
+      reach[ns.size()]++;
+    }
+  for (size_t k = 0; k < reach.size(); k++)
+    rows += "nodes," + std::to_string(P) + "," + std::to_string(c.topk_groups) + "," +
+            std::to_string(k) + "," + std::to_string(reach[k]) + "\n";
+  for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
+    MapBytes b = count_bytes(m, (int)R, sc, d);
+    const char* name = sc == Scheme::flat ? "flat" : "hierarchical";
+    for (int inter = 0; inter < 2; inter++)  // series bytes: a = scheme, b = link class, c = bytes
+      rows += "bytes," + std::to_string(P) + "," + name + "," + (inter ? "inter" : "intra") +
+              "-M" + std::to_string(c.topk_groups) + "," +
+              std::to_string((long long)(inter ? b.inter : b.intra)) + "\n";
+  }
+  lesson.csv_append("series,P,a,b,c", rows);
+  return lesson.finish(check);
+}
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "05_deepseek_moe", deepseek_lesson);
+}
