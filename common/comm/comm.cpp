@@ -6,6 +6,11 @@
 // tag and bytes, then MPI_Abort. How they pace their polls (spin or sleep) is decided once,
 // in Comm::world: see "the watchdog" below.
 //
+// With the link model on (Comm::set_link), a point-to-point request is done when MPI says so
+// AND its modelled time has come: isend/issend take their modelled completion at the post,
+// a receive when a wait first sees it complete in MPI (link_posted, link_arrived); the waits
+// then sleep or poll until that time. See "the link model" below and in comm.h.
+//
 // Self-messages (peer == rank) work through non-blocking pairs: post irecv, then isend,
 // then wait both. A *blocking* ssend to self can never be matched (the matching recv is
 // only posted after ssend returns): the watchdog reports it like any other deadlock.
@@ -16,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +30,7 @@
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "common/core/check.h"
 #include "common/core/tensor.h"
@@ -183,6 +190,99 @@ static void decide_wait_policy() {
 }
 
 // ----------------------------------------------------------------------------
+// the link model (see comm.h): process-wide, like the links it stands for
+
+namespace {
+struct LinkState {
+  LinkModel model;
+  // when each link of this rank is next free, on link_now_s()'s clock: [0] intra, [1] inter
+  double out_free_s[2] = {0, 0}, in_free_s[2] = {0, 0};
+  LinkBytes sent;
+};
+LinkState g_link;
+}  // namespace
+
+// The model's clock: seconds on steady_clock since the first call (the Backoff's clock too).
+static double link_now_s() {
+  using clock = std::chrono::steady_clock;
+  static const clock::time_point epoch = clock::now();
+  return std::chrono::duration<double>(clock::now() - epoch).count();
+}
+
+void Comm::set_link(const LinkModel& m) {
+  FF_CHECK(std::isfinite(m.intra_bytes_per_s) && m.intra_bytes_per_s > 0 &&
+               std::isfinite(m.inter_bytes_per_s) && m.inter_bytes_per_s > 0,
+           "link model: bandwidths must be positive and finite, got intra "
+               << m.intra_bytes_per_s << " and inter " << m.inter_bytes_per_s << " bytes/s");
+  FF_CHECK(std::isfinite(m.latency_s) && m.latency_s >= 0,
+           "link model: latency must be non-negative and finite, got " << m.latency_s << " s");
+  FF_CHECK(m.ranks_per_node >= 1, "link model: ranks_per_node must be at least 1, got " << m.ranks_per_node);
+  LinkState fresh;
+  fresh.model = m;
+  fresh.sent = g_link.sent;  // the counters run on; reset_bytes_sent() clears them
+  g_link = fresh;
+}
+
+const LinkModel& Comm::link() { return g_link.model; }
+LinkBytes Comm::bytes_sent() { return g_link.sent; }
+void Comm::reset_bytes_sent() { g_link.sent = LinkBytes{}; }
+
+int Comm::world_rank(int r) const {
+  FF_CHECK(r >= 0 && r < size_, "world_rank: rank " << r << " is not in this communicator of " << size_);
+  return world_ranks_ ? (*world_ranks_)[(size_t)r] : r;
+}
+
+LinkClass Comm::link_class(int peer) const {
+  FF_CHECK(peer >= 0 && peer < size_,
+           "link_class: peer " << peer << " is not a rank of this communicator of " << size_);
+  if (peer == rank_) return LinkClass::self;
+  const LinkModel& m = g_link.model;
+  return m.node_of(world_rank(peer)) == m.node_of(world_rank(rank_)) ? LinkClass::intra
+                                                                      : LinkClass::inter;
+}
+
+// The message of `bytes` on the link of class c whose next free time is *free_s, from t:
+// it starts when both it and the link are ready, holds the link bytes / bandwidth, and is
+// complete one latency later. Returns that completion.
+static double charge_link(double* free_s, LinkClass c, size_t bytes, double t) {
+  const LinkModel& m = g_link.model;
+  const double bandwidth = c == LinkClass::intra ? m.intra_bytes_per_s : m.inter_bytes_per_s;
+  const double start = std::max(t, *free_s);
+  *free_s = start + (double)bytes / bandwidth;
+  return *free_s + m.latency_s;
+}
+static int link_index(LinkClass c) { return c == LinkClass::intra ? 0 : 1; }
+
+// A send just posted: its bytes counted by class; with the model on, its modelled completion.
+void Comm::link_posted(Request& r) {
+  if (r.peer < 0 || r.peer >= size_) return;  // MPI_PROC_NULL: nothing is sent
+  const LinkClass c = link_class(r.peer);
+  (c == LinkClass::self ? g_link.sent.self : c == LinkClass::intra ? g_link.sent.intra
+                                                                   : g_link.sent.inter) += r.bytes;
+  if (!g_link.model.enabled || c == LinkClass::self) return;
+  r.modelled = true;
+  r.link_done_s = charge_link(&g_link.out_free_s[link_index(c)], c, r.bytes, link_now_s());
+}
+
+// A modelled receive a wait has just seen complete in MPI: its incoming link is charged from
+// now (the source, for a wildcard receive, as the status says).
+void Comm::link_arrived(Request& r, const MPI_Status& status) {
+  if (!r.modelled || !r.is_recv || r.link_done_s >= 0) return;
+  const int src = r.peer == MPI_ANY_SOURCE ? status.MPI_SOURCE : r.peer;
+  if (!g_link.model.enabled || src < 0 || src >= size_ || src == rank_) {
+    r.modelled = false;
+    return;
+  }
+  const LinkClass c = link_class(src);
+  r.link_done_s = charge_link(&g_link.in_free_s[link_index(c)], c, r.bytes, link_now_s());
+}
+
+// Whether r is done as far as the model goes (a receive not yet seen in MPI is not).
+static bool link_due(const Request& r, double now_s) {
+  return !r.modelled || (r.link_done_s >= 0 && now_s >= r.link_done_s);
+}
+
+// ----------------------------------------------------------------------------
 // construction
 
 Comm::Comm(MPI_Comm c) : comm_(c) {
@@ -194,6 +294,16 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
   mpiCheck(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
   mpiCheck(MPI_Comm_rank(c, &rank_));
   mpiCheck(MPI_Comm_size(c, &size_));
+  // The world rank of each member, for the link model's virtual nodes.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  mpiCheck(MPI_Comm_group(c, &group));
+  mpiCheck(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine((size_t)size_), theirs((size_t)size_);
+  std::iota(mine.begin(), mine.end(), 0);
+  mpiCheck(MPI_Group_translate_ranks(group, size_, mine.data(), world, theirs.data()));
+  mpiCheck(MPI_Group_free(&group));
+  mpiCheck(MPI_Group_free(&world));
+  world_ranks_ = std::make_shared<const std::vector<int>>(std::move(theirs));
 }
 
 Comm Comm::world(int* argc, char*** argv) {
@@ -246,9 +356,14 @@ Comm Comm::split(int color, int key) const {
 // The sleeps start at 50 us and grow with the time already waited (1% of it, at most
 // 1 ms), so a rank stuck for long costs ~1% of a core while a short wait still reacts
 // within ~0.1 ms.
+// With the link model, a wait may also hold requests MPI has completed whose modelled time
+// has not come yet. No sleep goes past the earliest such time; and once MPI has nothing left
+// pending, the wait sleeps until kModelSpinS before that time (a sleep overshoots by some
+// 50 us), then polls the clock as above for the rest, so a modelled wait costs next to no CPU.
 static constexpr double kSpinS = 2e-3;
 static constexpr int kQuickPolls = 16;
 static constexpr double kMinSleepS = 50e-6, kMaxSleepS = 1e-3, kSleepFraction = 0.01;
+static constexpr double kModelSpinS = 100e-6;
 
 // Tells the core this is a spin-wait loop (saves power, frees the pipeline for a sibling
 // hyperthread); one instruction, no system call.
@@ -263,42 +378,74 @@ static inline void cpu_relax() {
 // The pauses of one wait, and its deadline.
 class Backoff {
  public:
-  explicit Backoff(double timeout_s) : timeout_s_(timeout_s), start_(clock::now()) {}
-  // Called after a poll that found nothing done; false once the deadline has passed.
-  bool pause() {
-    const double waited = std::chrono::duration<double>(clock::now() - start_).count();
+  explicit Backoff(double timeout_s) : timeout_s_(timeout_s), start_s_(link_now_s()) {}
+  // Called after a poll that found nothing new done; false once the deadline has passed.
+  // due_s: the earliest modelled completion among the wait's requests MPI has completed
+  // (infinity: none); mpi_pending: whether MPI still has some of them pending.
+  bool pause(double due_s = kNever, bool mpi_pending = true) {
+    const double now = link_now_s(), waited = now - start_s_;
     if (waited > timeout_s_) return false;
-    if (g_wait.spin && waited < kSpinS) {
+    const double to_due = due_s - now, to_deadline = timeout_s_ - waited;
+    if (!mpi_pending) {  // only the model's clock to wait for
+      if (to_due > kModelSpinS)
+        sleep(std::min(to_due - kModelSpinS, to_deadline + kMinSleepS));
+      else if (g_wait.spin)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    } else if (g_wait.spin && waited < kSpinS) {
       cpu_relax();
     } else if (!g_wait.spin && polls_++ < kQuickPolls) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::duration<double>(
-          std::min(kMaxSleepS, std::max(kMinSleepS, kSleepFraction * waited))));
+      sleep(std::min({kMaxSleepS, std::max(kMinSleepS, kSleepFraction * waited), std::max(0.0, to_due)}));
     }
     return true;
   }
+  double waited() const { return link_now_s() - start_s_; }
+  static constexpr double kNever = 1e300;
 
  private:
-  using clock = std::chrono::steady_clock;
+  static void sleep(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
   double timeout_s_;
-  clock::time_point start_;
+  double start_s_;
   int polls_ = 0;
 };
 
-[[noreturn]] void Comm::report_deadlock(const Request& r) const {
-  // Collectives carry peer -1 and no tag; a receive may name a wildcard.
-  char peer[32], tag[32];
+// r's peer and tag as the watchdog names them. Collectives carry peer -1 and no tag; a
+// receive may name a wildcard.
+static void name_peer_and_tag(const Request& r, char (&peer)[32], char (&tag)[32]) {
   if (r.is_recv && r.peer == MPI_ANY_SOURCE) std::snprintf(peer, sizeof peer, "any");
   else if (r.peer < 0) std::snprintf(peer, sizeof peer, "all");
   else std::snprintf(peer, sizeof peer, "%d", r.peer);
   if (r.is_recv && r.tag == MPI_ANY_TAG) std::snprintf(tag, sizeof tag, "any");
   else if (r.peer < 0 && !r.is_recv) std::snprintf(tag, sizeof tag, "-");
   else std::snprintf(tag, sizeof tag, "%d", r.tag);
+}
+
+[[noreturn]] void Comm::report_deadlock(const Request& r) const {
+  char peer[32], tag[32];
+  name_peer_and_tag(r, peer, tag);
   std::fprintf(stderr,
                "error: rank %d: no progress for %g s in %s with peer %s (tag %s, %zu bytes) "
                "— likely deadlock\n",
                rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+// The watchdog's deadline passed while MPI had completed r but the link model still held it:
+// no deadlock, a modelled time longer than the timeout.
+[[noreturn]] void Comm::report_link_overrun(const Request& r, double waited_s) const {
+  char peer[32], tag[32];
+  name_peer_and_tag(r, peer, tag);
+  std::fprintf(stderr,
+               "error: rank %d: %s with peer %s (tag %s, %zu bytes) is modelled to complete %g s "
+               "after its wait began, past the timeout of %g s — raise the timeout or the "
+               "modelled bandwidth\n",
+               rank_, r.op.c_str(), peer, tag, r.bytes, waited_s + (r.link_done_s - link_now_s()),
+               timeout_s_);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::exit(1);
@@ -328,6 +475,9 @@ MPI_Status Comm::wait_one(Request& r) {
     if (!backoff.pause()) report_deadlock(r);
   }
   check_received(r, status, rank_);
+  link_arrived(r, status);
+  while (!link_due(r, link_now_s()))
+    if (!backoff.pause(r.link_done_s, /*mpi_pending=*/false)) report_link_overrun(r, backoff.waited());
   return status;
 }
 
@@ -385,24 +535,43 @@ void Comm::wait_all(std::vector<Request>& rs) {
   const int n = (int)handles.size();
   std::vector<int> indices(n);
   std::vector<MPI_Status> statuses(n);
+  // Completed in MPI, not yet in the link model: (index in rs, its status).
+  std::vector<std::pair<size_t, MPI_Status>> held;
   Backoff backoff(timeout_s_);
-  for (int left = n; left > 0;) {
+  for (int left = n; left > 0 || !held.empty();) {
     int count = 0;
-    mpiCheck(MPI_Testsome(n, handles.data(), &count, indices.data(), statuses.data()));
-    if (count == MPI_UNDEFINED) break;  // (cannot happen while some are pending)
-    if (count == 0) {
-      if (backoff.pause()) continue;
-      for (int i = 0; i < n; i++)  // the first one, in the caller's order, still pending
-        if (handles[i] != MPI_REQUEST_NULL) report_deadlock(rs[where[i]]);
+    if (left > 0) {
+      mpiCheck(MPI_Testsome(n, handles.data(), &count, indices.data(), statuses.data()));
+      if (count == MPI_UNDEFINED) count = 0, left = 0;  // (cannot happen while some are pending)
     }
-    const double done = tracing ? now_us() : 0.0;
     for (int k = 0; k < count; k++) rs[where[indices[k]]].req = MPI_REQUEST_NULL;
     for (int k = 0; k < count; k++) {
-      const Request& r = rs[where[indices[k]]];
+      Request& r = rs[where[indices[k]]];
       check_received(r, statuses[k], rank_);
-      if (tracing) trace().add(comm_record(r.op, r, &statuses[k], r.start_us, done, SpanKind::flight));
+      link_arrived(r, statuses[k]);
+      held.emplace_back(where[indices[k]], statuses[k]);
     }
     left -= count;
+    // Each flight ends when its wait sees it done in MPI and in the model.
+    const double now_s = link_now_s(), done = tracing ? now_us() : 0.0;
+    size_t kept = 0;
+    for (auto& h : held) {
+      const Request& r = rs[h.first];
+      if (!link_due(r, now_s)) {
+        held[kept++] = h;
+      } else if (tracing) {
+        trace().add(comm_record(r.op, r, &h.second, r.start_us, done, SpanKind::flight));
+      }
+    }
+    const bool finished_some = kept < held.size();
+    held.resize(kept);
+    if (count > 0 || finished_some) continue;
+    double due = Backoff::kNever;  // the earliest modelled completion of those held
+    for (const auto& h : held) due = std::min(due, rs[h.first].link_done_s);
+    if (backoff.pause(due, left > 0)) continue;
+    for (int i = 0; i < n; i++)  // the first one, in the caller's order, still pending in MPI
+      if (handles[i] != MPI_REQUEST_NULL) report_deadlock(rs[where[i]]);
+    report_link_overrun(rs[held.front().first], backoff.waited());
   }
   if (!tracing) return;
   // The blocked time, one span: bytes of all the requests; peer and tag where they agree.
@@ -428,18 +597,22 @@ void Comm::wait_all(std::vector<Request>& rs) {
 Request Comm::isend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, "isend", peer, tag, bytes, now_us()};
   mpiCheck(MPI_Isend(buf, to_count(bytes, "isend"), MPI_BYTE, peer, tag, comm_, &r.req));
+  link_posted(r);
   return r;
 }
 
 Request Comm::issend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, "issend", peer, tag, bytes, now_us()};
   mpiCheck(MPI_Issend(buf, to_count(bytes, "issend"), MPI_BYTE, peer, tag, comm_, &r.req));
+  link_posted(r);
   return r;
 }
 
 Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, "irecv", peer, tag, bytes, now_us(), /*is_recv=*/true};
   mpiCheck(MPI_Irecv(buf, to_count(bytes, "irecv"), MPI_BYTE, peer, tag, comm_, &r.req));
+  // Modelled unless to itself (or from nobody); a wildcard source is looked at on arrival.
+  r.modelled = g_link.model.enabled && peer != rank_ && peer != MPI_PROC_NULL;
   return r;
 }
 

@@ -21,16 +21,84 @@
 //        wait_all: one span "wait_all" for all its requests);
 //    each with its peer, tag and bytes. Spans on one track nest or are disjoint. Inside a
 //    Trace::Category all of them go to the category's track instead (see trace.h).
+//  * The link model (optional; Comm::set_link, the lessons' --link): an alpha-beta model
+//    that delays the completion of point-to-point messages, so that topology effects are
+//    visible on one machine. See "the link model" below.
+//
+// The link model. World rank w sits on virtual node w / ranks_per_node; a message between two
+// ranks of one node takes the intra-node class of link (NVLink), between nodes the inter-node
+// class (InfiniBand), to oneself the self class. Each rank has, per class, one outgoing and
+// one incoming link of the class's bandwidth, and every message pays the latency once more.
+// When the model is enabled, each point-to-point message (isend, issend, irecv and the
+// blocking send, ssend, recv and sendrecv built on them) completes, as this rank's wait sees
+// it, no earlier than its modelled time, on both sides:
+//   sender    the message occupies this rank's outgoing link of its class from
+//             max(its post, when that link is next free), for bytes / bandwidth, and
+//             completes latency after that. Messages to several peers over one class thus
+//             queue on the rank's outgoing link, one after another, as they do on a real NIC:
+//             a rank that sends P-1 blocks to P-1 other nodes pays P-1 inter-node transfers
+//             back to back, which is what a hierarchical all-to-all (one inter-node message
+//             per node, then an intra-node fan-out) saves.
+//   receiver  likewise on this rank's incoming link of the class, from when a wait's poll
+//             (MPI_Test / MPI_Testsome) first sees the message complete in MPI. An
+//             approximation: a receive whose wait comes late is charged from when that wait
+//             first sees it, not from when the data arrived.
+// A wait whose request is complete in MPI but not yet in the model keeps waiting (sleeping
+// when the modelled time is more than ~100 us away) until the modelled time; the watchdog's
+// deadline still applies, and the trace flight ends at the modelled completion. Messages to
+// oneself are free; collectives (allreduce, alltoallv, ...) are not modelled. The model and
+// the link state are process-wide: set once per rank (every rank the same), they apply to
+// every Comm, sub-communicators from split included (whose peers are mapped to their world
+// ranks to find the class). Whether or not the model is enabled, every point-to-point send
+// this process posts adds its bytes to a counter per class (Comm::bytes_sent), so lessons can
+// report exact traffic per link class.
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace ff {
 
 class Tensor;
+
+// ---- the link model (see the top of this file)
+
+struct LinkModel {
+  bool enabled = false;
+  // per direction, per rank: the H800 cluster of DeepSeek-V3 §3.2 (NVLink 160 GB/s within a
+  // node, InfiniBand 50 GB/s between nodes)
+  double intra_bytes_per_s = 160e9, inter_bytes_per_s = 50e9;
+  double latency_s = 3e-6;
+  int ranks_per_node = 2;
+  int node_of(int world_rank) const { return world_rank / ranks_per_node; }
+};
+
+// Parses --link's "intra=BW,inter=BW,latency=T": any subset of the three keys, in any order,
+// each at most once; the keys left out keep LinkModel's defaults. BW is a positive number with
+// unit GB/s, MB/s, KB/s or B/s (GB = 1e9 bytes; a bare number is GB/s); T a non-negative
+// number with unit s, ms, us or ns (a bare number is us). On success sets *out (enabled, the
+// three values; ranks_per_node is left as it was) and returns true. On anything malformed
+// (an unknown or repeated key, an empty part, a value that is not a number, zero or negative
+// bandwidth, negative latency, inf or nan, an unknown unit) leaves *out alone, sets *error to
+// one sentence naming the bad part and what is allowed, e.g.
+//   --link: 'inter=fast': bandwidth must be a positive number with unit GB/s, MB/s, KB/s or B/s
+// and returns false.
+bool parse_link(const std::string& spec, LinkModel* out, std::string* error);
+// One line for a lesson's output, e.g.
+//   "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 2 ranks per node";
+// for a disabled model "links not modelled (2 ranks per node)".
+std::string describe(const LinkModel& m);
+
+enum class LinkClass { self, intra, inter };
+const char* link_class_name(LinkClass c);  // "self", "intra", "inter"
+
+// Bytes of point-to-point sends this process posted, per link class.
+struct LinkBytes {
+  size_t intra = 0, inter = 0, self = 0;
+};
 
 // mpiCheck(call): on an MPI error, prints "error: MPI: <MPI_Error_string> (file:line)" and aborts.
 void mpi_check(int code, const char* file, int line);
@@ -45,6 +113,9 @@ struct Request {
   size_t bytes = 0;
   double start_us = 0;  // when it was posted (trace time), for the trace
   bool is_recv = false;  // a receive: the message must fill exactly `bytes`
+  bool modelled = false;   // the link model delays its completion (on at its post; not self)
+  double link_done_s = -1;  // its modelled completion on the model's clock (a receive's is
+                            // known once a wait first sees it complete); < 0: not yet known
 };
 
 // How this process's waits poll, decided once in Comm::world.
@@ -81,6 +152,8 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm raw() const { return comm_; }
+  // The world rank of this communicator's rank r (r itself for a default-constructed Comm).
+  int world_rank(int r) const;
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
@@ -118,6 +191,21 @@ class Comm {
   // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split).
   Comm split(int color, int key) const;
 
+  // ---- the link model (process-wide; see the top of this file)
+  // Sets the model for every Comm of this process and starts every link idle. Every rank
+  // should set the same one. Refuses (ff::Error) a bandwidth that is not positive and finite,
+  // a latency that is negative or not finite, or ranks_per_node < 1.
+  static void set_link(const LinkModel& m);
+  static const LinkModel& link();
+  // The class of the link to peer (a rank of this communicator): self, or intra / inter as
+  // this rank's and peer's world ranks share a virtual node of link().ranks_per_node or not
+  // (which holds whether or not the model is enabled).
+  LinkClass link_class(int peer) const;
+  // Bytes of every point-to-point send (isend, issend, send, ssend, sendrecv, tensor sends)
+  // this process has posted on any Comm since the start or the last reset, per class.
+  static LinkBytes bytes_sent();
+  static void reset_bytes_sent();
+
   // ---- tensors (float32 or int64; staged through the host when not on cpu)
   void send(const Tensor& t, int peer, int tag);
   void ssend(const Tensor& t, int peer, int tag);
@@ -129,9 +217,13 @@ class Comm {
   explicit Comm(MPI_Comm c);
   MPI_Status wait_one(Request& r);  // the watchdog loop: returns when r completes
   [[noreturn]] void report_deadlock(const Request& r) const;
+  [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
+  void link_posted(Request& r);                             // count a send; model its sending
+  void link_arrived(Request& r, const MPI_Status& status);  // model a receive's arrival
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
+  std::shared_ptr<const std::vector<int>> world_ranks_;  // world rank of each rank (null: the identity)
 };
 
 }  // namespace ff

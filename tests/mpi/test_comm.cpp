@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -862,4 +863,424 @@ TEST_CASE("trace files: checked writes, renamed into place whole; devices writte
     rmdir(dir.c_str());
   }
   tr.clear();
+}
+
+// ----------------------------------------------------------------------------
+// the link model
+
+// Puts the link model back to its disabled default when a test case ends, however it ends.
+struct LinkModelReset {
+  ~LinkModelReset() { Comm::set_link(LinkModel{}); }
+};
+
+static std::string parse_error(const std::string& spec) {
+  LinkModel m;
+  std::string error;
+  if (parse_link(spec, &m, &error)) return "(accepted)";
+  return error;
+}
+
+TEST_CASE("link model: parse_link accepts units, bare numbers and subsets; describe") {
+  LinkModel m;
+  m.ranks_per_node = 8;
+  std::string error = "untouched";
+  REQUIRE(parse_link("intra=160GB/s,inter=50GB/s,latency=3us", &m, &error));
+  CHECK(error == "untouched");
+  CHECK(m.enabled);
+  CHECK(m.intra_bytes_per_s == 160e9);
+  CHECK(m.inter_bytes_per_s == 50e9);
+  CHECK(m.latency_s == doctest::Approx(3e-6).epsilon(1e-12));
+  CHECK(m.ranks_per_node == 8);  // not parse_link's business
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 8 ranks per node");
+
+  // any order, any subset: the rest keep the defaults (also over values set before)
+  m.intra_bytes_per_s = 1;
+  REQUIRE(parse_link("latency=2ms,inter=400MB/s", &m, &error));
+  CHECK(m.intra_bytes_per_s == 160e9);
+  CHECK(m.inter_bytes_per_s == 400e6);
+  CHECK(m.latency_s == doctest::Approx(2e-3).epsilon(1e-12));
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 400 MB/s, latency 2 ms, 8 ranks per node");
+
+  // bare numbers: GB/s and us; every unit
+  REQUIRE(parse_link("intra=2.5,inter=1e1,latency=7", &m, &error));
+  CHECK(m.intra_bytes_per_s == 2.5e9);
+  CHECK(m.inter_bytes_per_s == 10e9);
+  CHECK(m.latency_s == doctest::Approx(7e-6).epsilon(1e-12));
+  REQUIRE(parse_link("intra=3KB/s,inter=12B/s,latency=1.5s", &m, &error));
+  CHECK(m.intra_bytes_per_s == 3e3);
+  CHECK(m.inter_bytes_per_s == 12);
+  CHECK(m.latency_s == 1.5);
+  CHECK(describe(m) == "modelled links: intra-node 3 KB/s, inter-node 12 B/s, latency 1.5 s, 8 ranks per node");
+  REQUIRE(parse_link("latency=250ns", &m, &error));
+  CHECK(m.latency_s == doctest::Approx(250e-9).epsilon(1e-12));
+  CHECK(m.inter_bytes_per_s == 50e9);
+  REQUIRE(parse_link("latency=0", &m, &error));  // a pure bandwidth model
+  CHECK(m.latency_s == 0);
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 0 us, 8 ranks per node");
+
+  LinkModel off;
+  off.ranks_per_node = 1;
+  CHECK(describe(off) == "links not modelled (1 rank per node)");
+  CHECK(describe(LinkModel{}) == "links not modelled (2 ranks per node)");
+}
+
+TEST_CASE("link model: parse_link refuses every malformed spec, naming the part") {
+  const std::string bw = "bandwidth must be a positive number with unit GB/s, MB/s, KB/s or B/s";
+  const std::string lat = "latency must be a non-negative number with unit s, ms, us or ns";
+  CHECK(parse_error("inter=fast") == "--link: 'inter=fast': " + bw);
+  CHECK(parse_error("intra=0") == "--link: 'intra=0': " + bw);
+  CHECK(parse_error("intra=0GB/s") == "--link: 'intra=0GB/s': " + bw);
+  CHECK(parse_error("intra=-5GB/s") == "--link: 'intra=-5GB/s': " + bw);
+  CHECK(parse_error("intra=inf") == "--link: 'intra=inf': " + bw);
+  CHECK(parse_error("intra=nan") == "--link: 'intra=nan': " + bw);
+  CHECK(parse_error("intra=1e999") == "--link: 'intra=1e999': " + bw);  // overflows to inf
+  CHECK(parse_error("intra=160Gb/s") == "--link: 'intra=160Gb/s': " + bw);
+  CHECK(parse_error("intra=160GB/sx") == "--link: 'intra=160GB/sx': " + bw);  // trailing garbage
+  CHECK(parse_error("intra=160 GB/s") == "--link: 'intra=160 GB/s': " + bw);
+  CHECK(parse_error("intra=0x10") == "--link: 'intra=0x10': " + bw);
+  CHECK(parse_error("intra=") == "--link: 'intra=': " + bw);
+  CHECK(parse_error("inter=.") == "--link: 'inter=.': " + bw);
+  CHECK(parse_error("inter=5e") == "--link: 'inter=5e': " + bw);
+  CHECK(parse_error("latency=3GB/s") == "--link: 'latency=3GB/s': " + lat);
+  CHECK(parse_error("latency=-1us") == "--link: 'latency=-1us': " + lat);
+  CHECK(parse_error("latency=3usec") == "--link: 'latency=3usec': " + lat);
+  CHECK(parse_error("latency=inf") == "--link: 'latency=inf': " + lat);
+  CHECK(parse_error("intra=1,speed=2") ==
+        "--link: 'speed=2': unknown key 'speed'; the keys are intra, inter and latency");
+  CHECK(parse_error("Intra=1") == "--link: 'Intra=1': unknown key 'Intra'; the keys are intra, inter and latency");
+  CHECK(parse_error("intra=1,inter=2,intra=3") ==
+        "--link: 'intra=3': intra is given twice; each key at most once");
+  const std::string want = "want intra=BW,inter=BW,latency=T (any of them, each once)";
+  CHECK(parse_error("intra=1,,inter=2") == "--link: empty part in 'intra=1,,inter=2'; " + want);
+  CHECK(parse_error("intra=1,") == "--link: empty part in 'intra=1,'; " + want);
+  CHECK(parse_error(",intra=1") == "--link: empty part in ',intra=1'; " + want);
+  CHECK(parse_error("") == "--link: empty; " + want);
+  CHECK(parse_error("intra") == "--link: 'intra': not key=value; " + want);
+  CHECK(parse_error("intra=1=2") == "--link: 'intra=1=2': " + bw);
+
+  // a refused spec leaves the model as it was
+  LinkModel m;
+  m.intra_bytes_per_s = 7;
+  std::string error;
+  CHECK_FALSE(parse_link("intra=1,inter=zero", &m, &error));
+  CHECK(m.intra_bytes_per_s == 7);
+  CHECK_FALSE(m.enabled);
+}
+
+TEST_CASE("link model: set_link refuses impossible models and keeps the last good one") {
+  LinkModelReset reset;
+  LinkModel good;
+  good.ranks_per_node = 3;
+  Comm::set_link(good);
+  LinkModel bad = good;
+  bad.inter_bytes_per_s = 0;
+  CHECK_THROWS_AS(Comm::set_link(bad), Error);
+  bad = good;
+  bad.intra_bytes_per_s = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_AS(Comm::set_link(bad), Error);
+  bad = good;
+  bad.latency_s = -1e-6;
+  CHECK_THROWS_AS(Comm::set_link(bad), Error);
+  bad = good;
+  bad.ranks_per_node = 0;
+  CHECK_THROWS_AS(Comm::set_link(bad), Error);
+  CHECK(Comm::link().ranks_per_node == 3);
+  CHECK_FALSE(Comm::link().enabled);
+}
+
+TEST_CASE("link model: link_class by virtual node of the WORLD rank, in sub-communicators too") {
+  LinkModelReset reset;
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size();
+  LinkModel m;  // disabled: the classes hold all the same
+  m.ranks_per_node = 2;
+  Comm::set_link(m);
+  CHECK(c.link_class(r) == LinkClass::self);
+  for (int q = 0; q < P; q++) {
+    const LinkClass want = q == r ? LinkClass::self : q / 2 == r / 2 ? LinkClass::intra : LinkClass::inter;
+    CHECK(c.link_class(q) == want);
+    CHECK(c.world_rank(q) == q);
+  }
+  if (P >= 2 && r == 0) CHECK(c.link_class(1) == LinkClass::intra);
+  if (P >= 3 && r == 0) CHECK(c.link_class(2) == LinkClass::inter);
+  if (P >= 3 && r == 2) CHECK(c.link_class(0) == LinkClass::inter);
+  CHECK_THROWS_AS(c.link_class(P), Error);
+  CHECK_THROWS_AS(c.link_class(-1), Error);
+  CHECK(std::string(link_class_name(LinkClass::inter)) == "inter");
+
+  // Even and odd world ranks, in descending order: sub-rank i is world rank members[i]. With
+  // 4 ranks: {2, 0} (nodes 1 and 0: inter) and {3, 1} (nodes 1 and 0: inter), although their
+  // sub-ranks 0 and 1 would share a node if they were world ranks.
+  Comm sub = c.split(r % 2, -r);
+  std::vector<int> members;
+  for (int q = P - 1; q >= 0; q--)
+    if (q % 2 == r % 2) members.push_back(q);
+  REQUIRE(sub.size() == (int)members.size());
+  for (int i = 0; i < sub.size(); i++) {
+    CHECK(sub.world_rank(i) == members[i]);
+    const LinkClass want = members[i] == r ? LinkClass::self
+                           : members[i] / 2 == r / 2 ? LinkClass::intra : LinkClass::inter;
+    CHECK(sub.link_class(i) == want);
+  }
+  if (P == 4) CHECK(sub.link_class(1 - sub.rank()) == LinkClass::inter);
+  // Pairs {0, 1} and {2, 3} in descending order: intra, though sub-ranks 0 and 1 are swapped.
+  Comm pair = c.split(r / 2, -r);
+  for (int i = 0; i < pair.size(); i++)
+    CHECK(pair.link_class(i) == (i == pair.rank() ? LinkClass::self : LinkClass::intra));
+  // One rank per node: every other rank is inter-node, in the sub-communicators too.
+  m.ranks_per_node = 1;
+  Comm::set_link(m);
+  for (int q = 0; q < P; q++) CHECK(c.link_class(q) == (q == r ? LinkClass::self : LinkClass::inter));
+  for (int i = 0; i < pair.size(); i++)
+    CHECK(pair.link_class(i) == (i == pair.rank() ? LinkClass::self : LinkClass::inter));
+}
+
+TEST_CASE("link model: bytes_sent counts every point-to-point send by class, model on or off") {
+  LinkModelReset reset;
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
+  LinkModel m;
+  m.ranks_per_node = 2;
+  Comm::set_link(m);
+  Comm::reset_bytes_sent();
+  LinkBytes b = Comm::bytes_sent();
+  CHECK((b.intra == 0 && b.inter == 0 && b.self == 0));
+
+  // rank s sends 1 + s + 2d int64 to every d, itself included; then a sendrecv ring of
+  // 3 + s ints; expected counts by the node w / 2 of each world rank
+  auto count = [](int s, int d) { return (size_t)(1 + s + 2 * d); };
+  LinkBytes want;
+  auto add = [&](int d, size_t bytes) {
+    (d == r ? want.self : d / 2 == r / 2 ? want.intra : want.inter) += bytes;
+  };
+  auto exchange = [&] {
+    std::vector<std::vector<int64_t>> out(P), in(P);
+    std::vector<Request> reqs;
+    for (int s = 0; s < P; s++) {
+      in[s].assign(count(s, r), -1);
+      reqs.push_back(c.irecv(in[s].data(), in[s].size() * sizeof(int64_t), s, 50));
+    }
+    for (int d = 0; d < P; d++) {
+      out[d].assign(count(r, d), r);
+      reqs.push_back(c.isend(out[d].data(), out[d].size() * sizeof(int64_t), d, 50));
+      add(d, out[d].size() * sizeof(int64_t));
+    }
+    c.wait_all(reqs);
+    for (int s = 0; s < P; s++) CHECK(in[s] == std::vector<int64_t>(count(s, r), s));
+    std::vector<int> ring_out = ring_payload(r), ring_in(ring_payload(left).size(), -1);
+    c.sendrecv(ring_out.data(), bytes_of(ring_out), right, 51, ring_in.data(), bytes_of(ring_in), left, 51);
+    add(right, bytes_of(ring_out));
+    CHECK(ring_in == ring_payload(left));
+  };
+  exchange();
+  // collectives are not point-to-point: not counted
+  int token = 1;
+  c.allreduce(&token, 1, MPI_INT, MPI_SUM);
+  c.barrier();
+  b = Comm::bytes_sent();
+  CHECK(b.intra == want.intra);
+  CHECK(b.inter == want.inter);
+  CHECK(b.self == want.self);
+  if (P == 4 && r == 0) {  // 8 * 3 + 4 * 3 to rank 1; 8 * 5 and 8 * 7 to ranks 2, 3; 8 * 1 to 0
+    CHECK(b.intra == 24 + 12);
+    CHECK(b.inter == 96);
+    CHECK(b.self == 8);
+  }
+
+  // the same with the model on (fast links: it only delays): counted all the same
+  m.enabled = true;
+  m.intra_bytes_per_s = m.inter_bytes_per_s = 1e12;
+  m.latency_s = 0;
+  Comm::set_link(m);
+  exchange();
+  b = Comm::bytes_sent();
+  CHECK(b.intra == want.intra);
+  CHECK(b.inter == want.inter);
+  CHECK(b.self == want.self);
+
+  // blocking and synchronous sends and tensors count too; in a sub-communicator by world rank
+  Comm::reset_bytes_sent();
+  want = LinkBytes{};
+  Comm sub = c.split(r % 2, -r);
+  const int sr = sub.rank(), sp = sub.size();
+  const int sub_right = (sr + 1) % sp, sub_left = (sr + sp - 1) % sp;
+  if (sp > 1) {
+    Tensor t = Tensor::full({3}, (float)r), got = Tensor::zeros({3});
+    std::vector<int> v(5, r), w(5, -1);
+    if (sr % 2 == 0) {
+      sub.send(t, sub_right, 52);
+      sub.recv(got, sub_left, 52);
+      sub.ssend(v.data(), bytes_of(v), sub_right, 53);
+      sub.recv(w.data(), bytes_of(w), sub_left, 53);
+    } else {
+      sub.recv(got, sub_left, 52);
+      sub.send(t, sub_right, 52);
+      sub.recv(w.data(), bytes_of(w), sub_left, 53);
+      sub.ssend(v.data(), bytes_of(v), sub_right, 53);
+    }
+    add(sub.world_rank(sub_right), 3 * sizeof(float) + bytes_of(v));
+    CHECK(got.to_vector() == std::vector<float>(3, (float)sub.world_rank(sub_left)));
+    CHECK(w == std::vector<int>(5, sub.world_rank(sub_left)));
+  }
+  b = Comm::bytes_sent();
+  CHECK(b.intra == want.intra);
+  CHECK(b.inter == want.inter);
+  CHECK(b.self == want.self);
+  if (P >= 3 && sp > 1) CHECK(b.inter == 3 * sizeof(float) + 5 * sizeof(int));  // 0 <-> 2, 1 <-> 3
+  Comm::reset_bytes_sent();
+  b = Comm::bytes_sent();
+  CHECK((b.intra == 0 && b.inter == 0 && b.self == 0));
+}
+
+// Seconds since t0, on the clock the model uses (steady_clock).
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// measured >= modelled exactly (a modelled completion is never early), measured < 20x modelled
+// (very generous: CI noise must not fail it); the ratio is printed.
+static void check_modelled(const std::string& what, double measured_s, double modelled_s) {
+  MESSAGE(what << ": measured " << measured_s * 1e3 << " ms / modelled " << modelled_s * 1e3
+               << " ms = " << measured_s / modelled_s);
+  CHECK_MESSAGE(measured_s >= modelled_s, what << ": " << measured_s << " s < modelled " << modelled_s << " s");
+  CHECK_MESSAGE(measured_s < 20 * modelled_s, what << ": " << measured_s << " s >= 20x modelled " << modelled_s << " s");
+}
+
+TEST_CASE("link model: a message completes no earlier than modelled, on both sides; links serialise") {
+  LinkModelReset reset;
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size();
+  using clock = std::chrono::steady_clock;
+  constexpr size_t kBytes = 4000000;  // 4 ms at 1 GB/s
+  std::vector<char> out(2 * kBytes, (char)(r + 1)), in(2 * kBytes, 0);
+  LinkModel m;
+  m.enabled = true;
+  m.latency_s = 0;
+  m.intra_bytes_per_s = 1e9;
+  m.inter_bytes_per_s = 0.5e9;
+  m.ranks_per_node = 2;
+  Comm::set_link(m);
+
+  // To oneself: free, however slow the links (4 MB at 1 KB/s would be 4000 s).
+  {
+    LinkModel slow = m;
+    slow.intra_bytes_per_s = slow.inter_bytes_per_s = 1e3;
+    slow.latency_s = 1;
+    Comm::set_link(slow);
+    const auto t0 = clock::now();
+    Request rr = c.irecv(in.data(), kBytes, r, 60);
+    Request sr = c.isend(out.data(), kBytes, r, 60);
+    c.wait(rr);
+    c.wait(sr);
+    CHECK(seconds_since(t0) < 5);
+    CHECK(in[kBytes - 1] == (char)(r + 1));
+    Comm::set_link(m);
+  }
+  if (P < 2) return;
+
+  // 0 -> 1 (intra, 1 GB/s, 4 ms), blocking send and recv; then back with a wildcard receive.
+  const double intra_one = kBytes / m.intra_bytes_per_s;
+  c.barrier();
+  if (r == 0) {
+    const auto t0 = clock::now();
+    c.send(out.data(), kBytes, 1, 61);
+    check_modelled("send 4 MB intra", seconds_since(t0), intra_one);
+    const auto t1 = clock::now();
+    c.recv(in.data(), kBytes, MPI_ANY_SOURCE, 62);
+    check_modelled("recv 4 MB intra, any source", seconds_since(t1), intra_one);
+    CHECK(in[0] == 2);
+  } else if (r == 1) {
+    const auto t0 = clock::now();
+    c.recv(in.data(), kBytes, 0, 61);
+    check_modelled("recv 4 MB intra", seconds_since(t0), intra_one);
+    CHECK(in[kBytes - 1] == 1);
+    c.send(out.data(), kBytes, 0, 62);
+  }
+  // The flight of a modelled isend, in the trace, lasts its modelled time (the trace's clock
+  // is MPI_Wtime, not the model's: 1% slack).
+  Trace& tr = trace();
+  tr.enable(c);
+  tr.clear();
+  if (r == 0) {
+    Request sr = c.isend(out.data(), kBytes, 1, 63);
+    c.wait(sr);
+  } else if (r == 1) {
+    Request rr = c.irecv(in.data(), kBytes, 0, 63);
+    c.wait(rr);
+  }
+  if (r <= 1) {
+    const std::vector<Span> spans = tr.spans();
+    const Span* f = find_span(spans, r == 0 ? "isend" : "irecv");
+    REQUIRE(f != nullptr);
+    CHECK(f->kind == SpanKind::flight);
+    CHECK(f->end_us - f->start_us >= 0.99 * intra_one * 1e6);
+  }
+  tr.clear();
+  if (P < 3) return;
+
+  // 0 -> 2 (inter, 0.5 GB/s, 8 ms).
+  const double inter_one = kBytes / m.inter_bytes_per_s;
+  c.barrier();
+  if (r == 0) {
+    const auto t0 = clock::now();
+    Request sr = c.isend(out.data(), kBytes, 2, 64);
+    c.wait(sr);
+    check_modelled("isend 4 MB inter", seconds_since(t0), inter_one);
+  } else if (r == 2) {
+    const auto t0 = clock::now();
+    Request rr = c.irecv(in.data(), kBytes, 0, 64);
+    c.wait(rr);
+    check_modelled("irecv 4 MB inter", seconds_since(t0), inter_one);
+  }
+
+  // All on one node: rank 0 sends 4 MB to each of 1 and 2 at once. Its one outgoing intra link
+  // carries them one after the other: 8 ms for the two, 4 ms for each receiver.
+  m.ranks_per_node = 4;
+  Comm::set_link(m);
+  c.barrier();
+  if (r == 0) {
+    const auto t0 = clock::now();
+    std::vector<Request> both{c.isend(out.data(), kBytes, 1, 65), c.isend(out.data() + kBytes, kBytes, 2, 65)};
+    c.wait_all(both);
+    check_modelled("2 x isend 4 MB intra, one link", seconds_since(t0), 2 * intra_one);
+  } else if (r == 1 || r == 2) {
+    const auto t0 = clock::now();
+    Request rr = c.irecv(in.data(), kBytes, 0, 65);
+    c.wait(rr);
+    check_modelled("irecv 4 MB intra, one of two", seconds_since(t0), intra_one);
+  }
+  // And back: 1 and 2 each send 4 MB to 0, whose one incoming intra link takes 8 ms for both.
+  c.barrier();
+  if (r == 0) {
+    const auto t0 = clock::now();
+    std::vector<Request> both{c.irecv(in.data(), kBytes, 1, 66), c.irecv(in.data() + kBytes, kBytes, 2, 66)};
+    c.wait_all(both);
+    check_modelled("2 x irecv 4 MB intra, one link", seconds_since(t0), 2 * intra_one);
+    CHECK(in[0] == 2);
+    CHECK(in[2 * kBytes - 1] == 3);
+  } else if (r == 1 || r == 2) {
+    const auto t0 = clock::now();
+    c.send(out.data(), kBytes, 0, 66);
+    check_modelled("send 4 MB intra, one of two", seconds_since(t0), intra_one);
+  }
+
+  // Links of different classes do not share: with latency, a message costs latency + bytes /
+  // bandwidth, and rank 0's intra and inter sends each cost only their own.
+  m.ranks_per_node = 2;
+  m.latency_s = 2e-3;
+  Comm::set_link(m);
+  c.barrier();
+  if (r == 0) {
+    const auto t0 = clock::now();
+    Request to1 = c.isend(out.data(), kBytes, 1, 67);  // intra: 4 + 2 ms
+    Request to2 = c.isend(out.data(), kBytes, 2, 67);  // inter: 8 + 2 ms, not 4 + 8 + 2
+    c.wait(to1);
+    check_modelled("isend 4 MB intra + 2 ms latency", seconds_since(t0), intra_one + m.latency_s);
+    c.wait(to2);
+    check_modelled("isend 4 MB inter + 2 ms latency", seconds_since(t0), inter_one + m.latency_s);
+  } else if (r == 1 || r == 2) {
+    Request rr = c.irecv(in.data(), kBytes, 0, 67);
+    c.wait(rr);
+  }
+  c.barrier();
 }
