@@ -160,6 +160,7 @@ bench: deps
 	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
 	$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
+	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
 
 test: deps
 	@$(MAKE) --no-print-directory build

@@ -198,6 +198,10 @@ usage_error "05 bad input: R not dividing P" $MPIRUN -np 4 $L05 --ranks-per-node
 usage_error "05 bad input: --capacity-factor 0" $MPIRUN -np 2 $L05 --capacity-factor 0
 usage_error "05 bad input: --capacity-factor -1" $MPIRUN -np 2 $L05 --capacity-factor -1
 usage_error "05 bad input: --a2a typo" $MPIRUN -np 2 $L05 --a2a ring
+check "05 --link: bytes counted by Comm equal the routing map's, flat and hierarchical timed under the model (P=8)" 0 'hierarchical / flat = [0-9.]+ \(modelled' \
+  bash -c "$MPIRUN -np 8 $L05 --link intra=2GB/s,inter=500MB/s,latency=5us --reps 2 | tee /dev/stderr | grep -q '^check: PASS'"
+usage_error "05 bad input: malformed --link" $MPIRUN -np 2 $L05 --link inter=fast
+usage_error "05 bad input: --link with an unknown key" $MPIRUN -np 2 $L05 --link intra=1GB/s,wan=1
 usage_error "05 bad input: training bug without --train" $MPIRUN -np 2 $L05 --bug ema-zero-init
 check "05 --device sim: the layer's kernels under the emulator (P=2, capacity next-best)" 0 '^check: PASS' \
   $MPIRUN -np 2 $L05 --device sim --capacity-factor 0.8 --overflow next-best --batch 1

@@ -471,6 +471,12 @@ static int deepseek_lesson(Lesson& lesson) {
   cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
   cli.flag("--bias-init", &bias_init, "std of the initial balancing bias b", 0.0, 10.0);
   cli.flag("--ranks-per-node", &R, "ranks per virtual node R (must divide P; 2 when P is even, else 1)", 1, 4096);
+  std::string link_spec;
+  int64_t reps = 5;
+  cli.flag("--link", &link_spec, "model the network: intra=BW,inter=BW,latency=T (e.g. "
+           "intra=160GB/s,inter=50GB/s,latency=3us; keys left out take those values) and time "
+           "flat against hierarchical under it", "SPEC");
+  cli.flag("--reps", &reps, "--link: timed repetitions of each all-to-all scheme", 1, 10000);
   cli.choice("--a2a", &a2a, {"flat", "hierarchical"},
              "lesson 04's all-to-all, or rail then node (DeepEP's normal kernels)");
   cli.flag("--capacity-factor", &c.capacity_factor,
@@ -530,6 +536,14 @@ static int deepseek_lesson(Lesson& lesson) {
                         "out --train");
   lesson.usage_error_if(train_bug && train.balance != "bias", "--bug " + bug +
                         " is a bug of the bias update: it needs --balance bias");
+  LinkModel link;
+  link.ranks_per_node = (int)R;
+  if (cli.given("--link")) {
+    std::string why;
+    lesson.usage_error_if(!parse_link(link_spec, &link, &why), why);
+  }
+  lesson.usage_error_if(cli.given("--link") && train.steps > 0,
+                        "--link times the layer's all-to-alls: leave out --train");
   c.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;
   c.overflow = overflow == "drop" ? dsv3::Overflow::drop : dsv3::Overflow::next_best;
   const dsv3::Bug the_bug = bug == "bias-grad"        ? dsv3::Bug::bias_grad
@@ -562,12 +576,28 @@ static int deepseek_lesson(Lesson& lesson) {
                 (long long)K, (long long)c.topk_groups, (long long)c.shared, gate.c_str(),
                 (long long)T, a2a.c_str(), device_name(dev));
   lesson.start_trace();
+  Comm::set_link(link);  // enabled only with --link
   comm.barrier();
+  Comm::reset_bytes_sent();
   const double t0 = MPI_Wtime();
   EPForward fw = ep_forward(comm, topo, scheme, c, full, mine, x);
   dsv3::Grads g = ep_backward(comm, topo, scheme, c, full, mine, x, fw, dy, the_bug);
   double ms = (MPI_Wtime() - t0) * 1e3;
   comm.allreduce(&ms, 1, MPI_DOUBLE, MPI_MAX);
+  const LinkBytes sent = Comm::bytes_sent();  // this rank's point-to-point sends, by class
+  double sent_all[2] = {(double)sent.intra, (double)sent.inter};
+  comm.allreduce(sent_all, 2, MPI_DOUBLE, MPI_SUM);
+  // --link: both schemes' forward + backward, timed under the modelled network
+  double modelled_ms[2] = {0, 0};
+  if (link.enabled)
+    for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
+      RepTimes t = time_reps(comm, reps, [&] {
+        EPForward f2 = ep_forward(comm, topo, sc, c, full, mine, x);
+        ep_backward(comm, topo, sc, c, full, mine, x, f2, dy, dsv3::Bug::none);
+      });
+      modelled_ms[sc == Scheme::hierarchical] = t.median / 1e3;
+    }
+  Comm::set_link(LinkModel{});  // the check's traffic is not modelled
 
   // ---- what the routing did, on all tokens (every rank holds the map; rank 0 prints)
   const RoutingMap& m = fw.map;
@@ -639,6 +669,11 @@ static int deepseek_lesson(Lesson& lesson) {
     MapBytes bf = count_bytes(m, (int)R, Scheme::flat, d), bh = count_bytes(m, (int)R, Scheme::hierarchical, d);
     std::printf("    inter-node bytes: hierarchical / flat = %.2f (%.1fx fewer)\n",
                 bh.inter / std::max(bf.inter, 1.0), bf.inter / std::max(bh.inter, 1.0));
+    if (link.enabled)
+      std::printf("%s\n    forward + backward under it (median of %lld, slowest rank): flat %.3f ms, "
+                  "hierarchical %.3f ms: hierarchical / flat = %.2f (modelled network, real "
+                  "compute)\n", describe(link).c_str(), (long long)reps, modelled_ms[0],
+                  modelled_ms[1], modelled_ms[1] / modelled_ms[0]);
     std::printf("at DeepSeek-V3's shape (N = 256, K = 8, 8 nodes of 32 experts; random affinities):\n");
     paper_shape_counts(seed);
     std::printf("forward + backward %.2f ms (slowest rank)\n", ms);
@@ -663,6 +698,11 @@ static int deepseek_lesson(Lesson& lesson) {
   if (rank == 0) std::printf("data movement (must be exact: the all-to-alls only copy)\n");
   check.holds("routing: every slot's expert and kept flag equal one process's",
               m.assign.idx == ref_fw.assign.idx && m.assign.kept == ref_fw.assign.kept);
+  {
+    MapBytes want = count_bytes(m, (int)R, scheme, d);  // forward; the backward moves the same
+    check.holds("bytes sent per link class (Comm's counters) = twice the routing map's forward count",
+                sent_all[0] == 2 * want.intra && sent_all[1] == 2 * want.inter);
+  }
   check.exact("dispatch: rows at each expert", fw.xl, slice(ref_xp, 0, row0, row1));
   check.exact("experts: outputs at each expert", fw.yl, slice(ref_fw.yp, 0, row0, row1));
   if (rank == 0)
