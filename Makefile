@@ -5,6 +5,9 @@
 #   make lessons    run every lesson at its default rank count, with a summary table
 #   make run L=01 NP=4 ARGS="--rows 8"   run one lesson
 #   make plots      regenerate the figures into plots/out/ from real runs
+#   make slides     the lesson decks (slides/*.md) -> build/slides/*.html, .pdf, index.html,
+#                   with code, outputs and figures from the tree and real runs
+#   make lecture    make plots + make slides
 #   make reference  regenerate the PyTorch golden data in tests/reference/data/
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
 #   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
@@ -79,7 +82,7 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build found deps test lessons run plots reference sanitize bench clean help
+.PHONY: all build found deps test lessons run plots slides lecture reference sanitize bench clean help
 .DEFAULT_GOAL := all
 
 all: deps
@@ -180,6 +183,16 @@ plots: deps
 	@$(MAKE) --no-print-directory build
 	@bash scripts/make-plots.sh
 
+# Needs Chromium (Debian's chromium, installed here when missing, as root) for PDF and PNG.
+# DECKS="02 05" builds those decks only.
+slides:
+	@FIVEFOLD_WITH_CHROMIUM=1 bash scripts/install-deps.sh
+	@$(MAKE) --no-print-directory build
+	$(PYTHON) scripts/slides.py build $(DECKS)
+
+lecture: plots
+	@$(MAKE) --no-print-directory slides
+
 # Needs PyTorch (Debian's python3-torch): installed here when missing, as root.
 reference:
 	@FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
@@ -199,6 +212,6 @@ clean:
 	rm -rf $(BUILD) plots/out
 
 help:
-	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,18p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

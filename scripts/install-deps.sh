@@ -5,13 +5,32 @@ set -euo pipefail
 
 packages=(openmpi-bin libopenmpi-dev doctest-dev libboost-context-dev
           python3-matplotlib python3-numpy)
-# PyTorch is needed only to regenerate the golden data (make reference).
+# PyTorch is needed only to regenerate the golden data (make reference), Chromium only to
+# render the slides to PDF and PNG (make slides).
 if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+if [ "${FIVEFOLD_WITH_CHROMIUM:-0}" = 1 ]; then packages+=(chromium); fi
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# Marp (slides/package.json, versions pinned by slides/package-lock.json) from the npm
+# registry, into slides/node_modules: installed again only when the lock file changed.
+slides_deps() {
+  local stamp=slides/node_modules/.fivefold-lock
+  if [ -f "$stamp" ] && cmp -s slides/package-lock.json "$stamp"; then return 0; fi
+  if ! command -v npm >/dev/null; then
+    echo "error: npm not found: the slides need Node.js and npm (Debian: apt-get install nodejs npm)" >&2
+    exit 1
+  fi
+  echo "installing: slides/node_modules (npm ci: @marp-team/marp-cli, puppeteer-core)"
+  (cd slides && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+    { echo "error: npm ci in slides/ failed (the npm registry must be reachable)" >&2; exit 1; }
+  cp slides/package-lock.json "$stamp"
+}
+cd "$(dirname "$0")/.."
+slides_deps
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 cmd="apt-get install -y --no-install-recommends ${missing[*]}"

@@ -104,6 +104,9 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
 usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus $MPIRUN -np 2 $T/trace_demo /dev/null /dev/null
 source tests/lessons.sh
 source tests/bad_input.sh
+echo "== slides"
+check "every deck builds to HTML; its code markers, figures and runs exist (bad ones are caught)" 0 '^slides ok: [0-9]+ decks build to HTML' \
+  $PYTHON scripts/slides.py check
 echo "== READMEs"; check "every output a README shows equals a real run (and a changed line is caught)" 0 '^readme ok: [0-9]+ blocks' bash -c "$PYTHON tests/check_readme.py --self-test && $PYTHON tests/check_readme.py"
 
 echo

@@ -48,6 +48,7 @@ class Comm;
 // part of the single-process reference; the worst result over the ranks is printed on rank 0,
 // one line per comparison, and counted. Every rank must make the same calls (collectives).
 //     o   = softmax(...) V   max abs err 3.6e-07  (tol 2.5e-04, values up to  2.16)  PASS
+// [slide:check-report]
 class CheckReport {
  public:
   explicit CheckReport(Comm& comm) : comm_(comm) {}
@@ -64,6 +65,7 @@ class CheckReport {
   int failures() const { return failures_; }
   // "check: PASS (0 comparisons failed)" on rank 0; returns the exit code (0 or 1)
   int verdict() const;
+  // [/slide]
 
  private:
   bool all_ranks(bool ok);  // true when ok on every rank

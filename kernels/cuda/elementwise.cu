@@ -22,9 +22,11 @@ __global__ void fill_kernel(float* out, int64_t n, float value) {
   for (int64_t i = grid_index(); i < n; i += grid_stride()) out[i] = value;
 }
 
+// [slide:affine-kernel]
 __global__ void affine_kernel(float* out, const float* x, int64_t n, float alpha, float beta) {
   for (int64_t i = grid_index(); i < n; i += grid_stride()) out[i] = alpha * x[i] + beta;
 }
+// [/slide]
 
 __device__ __forceinline__ float apply_binary(BinaryOp op, float a, float b) {
   switch (op) {
@@ -109,11 +111,13 @@ void fill(float* out, int64_t n, float value) {
   SIMT_CHECK_LAUNCH();
 }
 
+// [slide:affine-launch]
 void affine(float* out, const float* x, int64_t n, float alpha, float beta) {
   if (n == 0) return;
   SIMT_LAUNCH(affine_kernel, elementwise_grid(n), kElementwiseBlock, 0, 0, out, x, n, alpha, beta);
   SIMT_CHECK_LAUNCH();
 }
+// [/slide]
 
 void binary(BinaryOp op, float* out, const float* a, const float* b, int64_t n, int64_t C,
             Broadcast bc) {

@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""The lesson decks: slides/NN_name.md (Marp Markdown) -> build/slides/NN_name.{html,pdf}.
+
+A deck is Marp Markdown plus three things this script fills in, so that a slide cannot drift
+from the code it shows:
+
+  <!-- code: lessons/02_ring_attention/main.cpp#ring-step -->
+      the source lines between `[slide:ring-step]` and the next `[/slide]` (or
+      `[/slide:ring-step]`) in that file, as a fenced code block; marker lines inside the
+      excerpt are left out and the common indentation is removed
+  <!-- run: L=05 NP=8 ARGS="--train 20" keep="^check:|PASS$" max=12 expect=0 -->
+      the lesson run for real (make slides) and an excerpt of what it printed: the lines that
+      match `keep` (all if absent), at most `max` (default 14), under its `make run` line; the
+      run must exit with `expect` (default 0; 1 for a planted bug that fails the check)
+  ![...](../plots/out/NAME.png)
+      a figure from `make plots`; NAME must be a file a plots/*.py script writes
+
+The front matter (Marp, the fivefold theme, KaTeX, page numbers, the footer) is added here.
+
+  slides.py check [NN..] make test: every deck's markers, figures, runs and slide count are
+                         checked statically, and every deck builds to HTML (no browser, no
+                         lesson runs: a run's excerpt is its command line); every lesson
+                         has a deck and every deck a lesson
+  slides.py build [NN..] make slides: the runs, HTML, PDF and one PNG per slide, index.html,
+                         then slides/check-render.mjs (overflow) and the blank-slide check
+Each mode first shows its checks failing on decks made bad on purpose (the self-tests).
+"""
+import hashlib
+import html
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLIDES = ROOT / "slides"
+BUILD = ROOT / os.environ.get("BUILD", "build")
+MARP = SLIDES / "node_modules" / ".bin" / "marp"
+MIN_SLIDES, MAX_SLIDES = 8, 15  # a lesson deck covers its lesson in 8-15 slides
+DEFAULT_MAX_LINES = 14
+
+CODE = re.compile(r"^<!--\s*code:\s*(\S+?)#([\w.-]+)\s*-->\s*$")
+RUN = re.compile(r"^<!--\s*run:\s*(.*?)\s*-->\s*$")
+FIGURE = re.compile(r"\]\(\.\./plots/out/([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~)")
+LANGS = {".cpp": "cpp", ".h": "cpp", ".cu": "cpp", ".py": "python", ".sh": "bash",
+         ".mk": "makefile", "Makefile": "makefile"}
+
+
+class DeckError(Exception):
+    """One line: the deck, its line and what is wrong."""
+
+
+def fail(deck, lineno, msg):
+    raise DeckError(f"{deck.relative_to(ROOT)}:{lineno}: {msg}")
+
+
+def lessons():
+    """lessons/NN_name directories that exist, by number."""
+    return sorted(p.name for p in (ROOT / "lessons").glob("[0-9][0-9]_*") if p.is_dir())
+
+
+def decks(only=()):
+    found = sorted(SLIDES.glob("[0-9][0-9]_*.md"))
+    if only:
+        found = [d for d in found if d.name[:2] in only]
+    return found
+
+
+# ---- code excerpts ------------------------------------------------------------------------
+def excerpt(deck, lineno, path, name):
+    src = ROOT / path
+    if not src.is_file():
+        fail(deck, lineno, f"code: no file {path}")
+    lines = src.read_text().splitlines()
+    begin = [i for i, l in enumerate(lines) if re.search(rf"\[slide:{re.escape(name)}\]", l)]
+    if not begin:
+        fail(deck, lineno, f"code: marker [slide:{name}] not found in {path}")
+    if len(begin) > 1:
+        fail(deck, lineno, f"code: marker [slide:{name}] appears {len(begin)} times in {path}")
+    end_re = re.compile(rf"\[/slide(:{re.escape(name)})?\]")
+    body = []
+    for l in lines[begin[0] + 1:]:
+        if end_re.search(l):
+            break
+        if "[slide:" not in l and "[/slide" not in l:
+            body.append(l)
+    else:
+        fail(deck, lineno, f"code: marker [slide:{name}] in {path} has no [/slide]")
+    while body and not body[-1].strip():
+        body.pop()
+    if not body:
+        fail(deck, lineno, f"code: marker [slide:{name}] in {path} encloses no code")
+    indent = min(len(l) - len(l.lstrip()) for l in body if l.strip())
+    lang = LANGS.get(src.suffix, LANGS.get(src.name, ""))
+    return [f"```{lang}"] + [l[indent:] for l in body] + ["```"]
+
+
+# ---- lesson runs --------------------------------------------------------------------------
+def parse_run(deck, lineno, spec):
+    try:
+        words = shlex.split(spec)
+    except ValueError as e:
+        fail(deck, lineno, f"run: cannot parse '{spec}': {e}")
+    opts = {}
+    for w in words:
+        key, eq, value = w.partition("=")
+        if not eq or key not in ("L", "NP", "ARGS", "keep", "max", "expect"):
+            fail(deck, lineno, f"run: '{w}' is not one of L= NP= ARGS= keep= max= expect=")
+        opts[key] = value
+    if "L" not in opts:
+        fail(deck, lineno, "run: L=NN is missing")
+    lesson = [n for n in lessons() if n[:2] == opts["L"]]
+    if not lesson:
+        fail(deck, lineno, f"run: there is no lesson {opts['L']} (lessons: {', '.join(lessons())})")
+    np = opts.get("NP") or (ROOT / "lessons" / lesson[0] / "NP").read_text().strip()
+    for key in ("NP", "max", "expect"):
+        if key in opts and not opts[key].isdigit():
+            fail(deck, lineno, f"run: {key}={opts[key]} is not a number")
+    try:
+        keep = re.compile(opts.get("keep", ""))
+    except re.error as e:
+        fail(deck, lineno, f"run: keep='{opts['keep']}' is not a regular expression: {e}")
+    shown = f"make run L={opts['L']}" + (f" NP={opts['NP']}" if "NP" in opts else "") + \
+            (f" ARGS=\"{opts['ARGS']}\"" if opts.get("ARGS") else "")
+    return dict(lesson=lesson[0], np=int(np), args=shlex.split(opts.get("ARGS", "")),
+                keep=keep, max=int(opts.get("max", DEFAULT_MAX_LINES)),
+                expect=int(opts.get("expect", 0)), shown=shown)
+
+
+def run_output(deck, lineno, run, cache):
+    """The lesson's output, run once per distinct command (cached in build/slides/runs)."""
+    mpirun = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe -q"))
+    cmd = mpirun + ["-np", str(run["np"]), str(BUILD / "bin" / run["lesson"])] + run["args"]
+    key = hashlib.sha1(" ".join(cmd).encode()).hexdigest()[:16]
+    path = cache / f"{key}.txt"
+    if not path.exists():
+        print(f"+ {run['shown']}", flush=True)
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=600)
+        if p.returncode != run["expect"]:
+            tail = "\n".join(p.stdout.splitlines()[-10:])
+            fail(deck, lineno, f"run: {run['shown']} exited {p.returncode}, "
+                               f"expected {run['expect']}:\n{tail}")
+        path.write_text(p.stdout)
+    lines = [l for l in path.read_text().splitlines() if run["keep"].search(l)]
+    if not lines:
+        fail(deck, lineno, f"run: no line of {run['shown']} matches keep='{run['keep'].pattern}'")
+    if len(lines) > run["max"]:
+        lines = lines[:run["max"] - 1] + ["…"]
+    return lines
+
+
+# ---- figures ------------------------------------------------------------------------------
+def figures_written():
+    """Every NAME.png a plots/*.py script names (the figures make plots can produce)."""
+    names = set()
+    for script in (ROOT / "plots").glob("*.py"):
+        names.update(re.findall(r"([\w.-]+\.png)", script.read_text()))
+    return names
+
+
+# ---- one deck -----------------------------------------------------------------------------
+def front_matter(deck):
+    number = deck.name[:2]
+    footer = "fivefold" if number == "00" else f"fivefold · lesson {number}"
+    return ["---", "marp: true", "theme: fivefold", "math: katex", "paginate: true",
+            f"footer: '{footer}'", "---", ""]
+
+
+def render(deck, mode, cache, figdir):
+    """The deck with its directives filled in; mode 'check' runs nothing."""
+    out, figures, slides, fenced = [], figures_written(), 1, False
+    lines = deck.read_text().splitlines()
+    if lines and lines[0].strip() == "---":
+        fail(deck, 1, "no front matter in a deck: slides.py adds it (theme, math, footer)")
+    for lineno, line in enumerate(lines, 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        if fenced:
+            out.append(line)
+            continue
+        if line.strip() == "---":
+            slides += 1
+        if m := CODE.match(line):
+            out += excerpt(deck, lineno, m.group(1), m.group(2))
+            continue
+        if m := RUN.match(line):
+            run = parse_run(deck, lineno, m.group(1))
+            body = ["(the output is captured by make slides)"] if mode == "check" else \
+                run_output(deck, lineno, run, cache)
+            out += ["```text", f"$ {run['shown']}"] + body + ["```"]
+            continue
+        if line.lstrip().startswith("<!--") and re.match(r"^\s*<!--\s*(code|run)\b", line):
+            fail(deck, lineno, "malformed directive: <!-- code: PATH#NAME --> or <!-- run: L=NN ... -->")
+        for name in FIGURE.findall(line):
+            if name not in figures:
+                fail(deck, lineno, f"figure {name}: no plots/*.py script writes it")
+            src = ROOT / "plots" / "out" / name
+            if mode == "build":
+                if not src.is_file():
+                    fail(deck, lineno, f"figure plots/out/{name} is missing: run make plots "
+                                       f"(make lecture runs both)")
+                shutil.copyfile(src, figdir / name)
+        out.append(FIGURE.sub(lambda m: f"](figures/{m.group(1)})", line))
+    if fenced:
+        fail(deck, len(lines), "a code fence is never closed")
+    if deck.name[:2] != "00" and not MIN_SLIDES <= slides <= MAX_SLIDES:
+        fail(deck, 1, f"{slides} slides: a lesson deck has {MIN_SLIDES} to {MAX_SLIDES}")
+    return front_matter(deck) + out, slides
+
+
+def title_of(deck):
+    for line in deck.read_text().splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return deck.stem
+
+
+def check_lessons_have_decks():
+    have = {d.stem for d in decks()}
+    missing = [n for n in lessons() if n not in have]
+    orphans = [d for d in have if d != "00_course" and d not in lessons()]
+    problems = [f"slides/{n}.md: lesson {n} has no deck" for n in missing]
+    problems += [f"slides/{d}.md: no lesson {d} (decks exist only for lessons that do)"
+                 for d in orphans]
+    if "00_course" not in have:
+        problems.append("slides/00_course.md: the course deck is missing")
+    return problems
+
+
+def chrome_env():
+    return dict(os.environ, CHROME_PATH=os.environ.get("CHROME_PATH", "/usr/bin/chromium"))
+
+
+def marp(*args):
+    env = chrome_env()
+    cmd = [str(MARP), "--no-config-file", "--allow-local-files",
+           "--theme-set", str(SLIDES / "fivefold.css"), *map(str, args)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise DeckError("marp failed: " + " ".join(map(str, args)) + "\n" + p.stdout)
+    return p.stdout
+
+
+def write_index(out, built):
+    rows = "\n".join(
+        f'<li><a href="{d.stem}.html">{html.escape(title_of(d))}</a>'
+        f' · <a href="{d.stem}.pdf">PDF</a></li>' for d in built)
+    (out / "index.html").write_text(f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>fivefold — the lectures</title>
+<style>body {{ font: 18px/1.5 sans-serif; max-width: 46em; margin: 3em auto; }}
+li {{ margin: 0.4em 0; }}</style></head>
+<body><h1>fivefold — the lectures</h1>
+<p>One deck per lesson, built by <code>make slides</code> from the code, real runs and
+<code>make plots</code>'s figures.</p>
+<ol start="0">
+{rows}
+</ol></body></html>
+""")
+
+
+def blank_slides(pngs):
+    """Slides whose PNG is (nearly) a single colour."""
+    import matplotlib.image as mpimg  # Debian's python3-matplotlib (and numpy)
+    blank = []
+    for png in pngs:
+        img = mpimg.imread(png)[..., :3]
+        if img.std() < 0.01:
+            blank.append(png)
+    return blank
+
+
+def static_self_test(out):
+    """make test's checks must be able to fail: a deck naming a marker its file lacks, a
+    figure no plot script writes, a lesson that does not exist, or an unclosed marker, is an
+    error naming the deck, the line and the name."""
+    test = out / "self-test"
+    test.mkdir(parents=True, exist_ok=True)
+    (test / "source.cpp").write_text("// [slide:open]\nint x;\n")
+    cases = [("<!-- code: common/core/check.h#no-such-marker -->", "no-such-marker"),
+             ("![w:900](../plots/out/no_such_figure.png)", "no_such_figure.png"),
+             ("<!-- run: L=99 -->", "no lesson 99"),
+             (f"<!-- code: {test.relative_to(ROOT)}/source.cpp#open -->", "has no [/slide]")]
+    for n, (line, name) in enumerate(cases):
+        deck = test / f"00_bad{n}.md"
+        deck.write_text("# A slide\n\n" + line + "\n")
+        try:
+            render(deck, "check", out, out)
+        except DeckError as e:
+            want = f"{deck.relative_to(ROOT)}:3: "
+            if str(e).startswith(want) and name in str(e):
+                continue
+            raise DeckError(f"static self-test: '{line}' gave '{e}', not '{want}…{name}…'")
+        raise DeckError(f"static self-test: '{line}' was not caught")
+    print(f"  self-test: {len(cases)} bad references caught, each naming its deck, line and name")
+
+
+def self_test(out):
+    """make slides' checks must be able to fail: a deck with a slide too tall, a code line too
+    wide and a blank slide must be reported as exactly those three."""
+    test = out / "self-test"
+    test.mkdir(exist_ok=True)
+    tall = ["# Too tall"] + [f"- item {i}" for i in range(30)]
+    wide = ["# Too wide", "```cpp", "int x = " + "1 + " * 60 + "1;", "```"]
+    deck = front_matter(Path("00_self_test.md")) + tall + ["", "---", ""] + wide + ["", "---", ""]
+    (test / "00_self_test.md").write_text("\n".join(deck) + "\n")
+    marp("--images", "png", test / "00_self_test.md")
+    marp("--html", "--template", "bare", test / "00_self_test.md")
+    blank = [int(p.name.split(".")[1]) for p in blank_slides(sorted(test.glob("*.png")))]
+    r = subprocess.run(["node", str(SLIDES / "check-render.mjs"), str(test / "00_self_test.html")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=chrome_env())
+    overflowing = sorted({int(n) for n in re.findall(r"slide (\d+) overflows", r.stdout)})
+    if blank != [3] or overflowing != [1, 2] or r.returncode != 1:
+        raise DeckError(f"the render check's self-test: expected slides 1 and 2 to overflow and 3 "
+                        f"to be blank, found overflowing {overflowing}, blank {blank}:\n{r.stdout}")
+    print("  self-test: a slide too tall, a code line too wide and a blank slide are caught")
+
+
+def main(argv):
+    if not argv or argv[0] not in ("check", "build"):
+        print("usage: slides.py check | build [NN ...]   (see the top of scripts/slides.py)",
+              file=sys.stderr)
+        return 2
+    mode, only = argv[0], argv[1:]
+    if not MARP.exists():
+        print("error: slides/node_modules has no marp: run scripts/install-deps.sh", file=sys.stderr)
+        return 2
+    out = BUILD / ("slides-check" if mode == "check" else "slides")
+    cache, figdir = out / "runs", out / "figures"
+    for d in (out, cache, figdir):
+        d.mkdir(parents=True, exist_ok=True)
+    problems = check_lessons_have_decks() if not only else []
+    todo = decks(only)
+    if only and len(todo) != len(only):
+        problems.append(f"no deck for {' '.join(only)} in slides/")
+    if mode == "check":
+        try:
+            static_self_test(out)
+        except DeckError as e:
+            problems.append(str(e))
+    built = []
+    for deck in todo:
+        try:
+            text, n = render(deck, mode, cache, figdir)
+        except DeckError as e:
+            problems.append(str(e))
+            continue
+        (out / deck.name).write_text("\n".join(text) + "\n")
+        built.append(deck)
+        print(f"  {deck.name}: {n} slides")
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 1
+    # marp writes each output next to its source when given several files
+    sources = [out / d.name for d in built]
+    try:
+        marp("--html", *sources)
+        if mode == "build":
+            self_test(out)
+            marp("--pdf", *sources)
+            pngdir, bare = out / "png", out / "bare"
+            for d in (pngdir, bare):
+                d.mkdir(exist_ok=True)
+            for d in built:  # a deck that lost slides must not keep its old PNGs
+                for png in pngdir.glob(f"{d.stem}.[0-9]*.png"):
+                    png.unlink()
+            marp("--images", "png", *sources)
+            for d in built:
+                for png in out.glob(f"{d.stem}.[0-9]*.png"):
+                    png.rename(pngdir / png.name)
+            # every slide laid out on one page, for the overflow check in a browser
+            if not (bare / "figures").exists():
+                (bare / "figures").symlink_to("../figures")
+            for src in sources:
+                shutil.copyfile(src, bare / src.name)
+            marp("--html", "--template", "bare", *[bare / s.name for s in sources])
+    except DeckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if mode == "check":
+        print(f"slides ok: {len(built)} decks build to HTML")
+        return 0
+    write_index(out, decks())
+    pngs = sorted((out / "png").glob("*.png"))
+    blank = blank_slides([p for p in pngs if p.name.split(".")[0] in {d.stem for d in built}])
+    for p in blank:
+        deck, number = p.name.split(".")[:2]
+        print(f"error: slides/{deck}.md: slide {int(number)} is blank", file=sys.stderr)
+    r = subprocess.run(["node", str(SLIDES / "check-render.mjs")] +
+                       [str(out / "bare" / f"{d.stem}.html") for d in built], env=chrome_env())
+    if blank or r.returncode != 0:
+        return 1
+    print(f"slides ok: {len(built)} decks in {out.relative_to(ROOT)}/ "
+          f"(HTML, PDF, {len(pngs)} slide PNGs in png/), index.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
