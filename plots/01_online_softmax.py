@@ -10,7 +10,8 @@ Right: what was measured — the time to merge the per-rank states (m, l), media
 repetitions with a band from the fastest to the slowest (series chain_us and allreduce_us:
 y = median, y_min, y_max), on a log scale. The times are noisy; the step counts are not.
 
-usage: 01_online_softmax.py CSV PNG
+writes OUTDIR/01_online_softmax.png
+usage: 01_online_softmax.py CSV OUTDIR
 """
 import csv
 import sys
@@ -23,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 if len(sys.argv) != 3:
     sys.exit(__doc__.strip().splitlines()[-1])
-src, dst = sys.argv[1], sys.argv[2]
+src, dst = sys.argv[1], f"{sys.argv[2]}/01_online_softmax.png"
 series = defaultdict(dict)  # name -> x -> (y, y_min, y_max) (the last run wins for fold_*)
 meta = {}
 with open(src) as f:

@@ -13,7 +13,7 @@ for np in 1 2 3 4 5 6 7 8; do
   echo "+ lesson 01 at P=$np"
   $MPIRUN -np $np "$BUILD/bin/01_online_softmax" --reps 200 --csv "$DATA/01_merge.csv" >/dev/null
 done
-$PYTHON plots/01_online_softmax.py "$DATA/01_merge.csv" "$OUT/01_online_softmax.png"
+$PYTHON plots/01_online_softmax.py "$DATA/01_merge.csv" "$OUT"
 # Lesson 02: per-rank causal work for the three layouts; ring timelines, evenodd vs async.
 echo "+ lesson 02 at P=4"
 L02="$BUILD/bin/02_ring_attention"
