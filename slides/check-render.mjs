@@ -31,6 +31,12 @@ try {
       sections.forEach((section, i) => {
         const box = section.getBoundingClientRect();
         const scale = box.width / 1280;  // the SVG scales the slide to the page
+        // inside an absolutely positioned box (or that box itself): not in the slide's flow
+        const positioned = (el, top) => {
+          for (let e = el; e && e !== top; e = e.parentElement)
+            if (getComputedStyle(e).position === "absolute") return true;
+          return false;
+        };
         const name = (el) => {
           const text = (el.textContent || "").trim().replace(/\s+/g, " ").slice(0, 50);
           return `<${el.tagName.toLowerCase()}> "${text}"`;
@@ -38,7 +44,7 @@ try {
         for (const el of section.querySelectorAll("*")) {
           const r = el.getBoundingClientRect();
           if (r.width === 0 && r.height === 0) continue;
-          if (getComputedStyle(el).position === "absolute") continue;  // header, footer
+          if (positioned(el, section)) continue;  // header, footer, KaTeX's hidden MathML
           const below = (r.bottom - box.bottom) / scale, above = (box.top - r.top) / scale;
           const right = (r.right - box.right) / scale;
           if (below > slack || above > slack || right > slack) {
