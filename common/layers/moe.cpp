@@ -89,6 +89,7 @@ Params slice_experts(const Params& p, int64_t e0, int64_t e1) {
 // ----------------------------------------------------------------------------
 // routing and the load-balance loss
 
+// [slide:smoe-route]
 Routing route(const Config& c, const Params& p, const Tensor& x) {
   Routing r;
   r.logits = add(matmul(x, p.router_w), p.router_b);
@@ -104,6 +105,7 @@ Routing route(const Config& c, const Params& p, const Tensor& x) {
   }
   return r;
 }
+// [/slide]
 
 LoadStats load_stats(const Config& c, const Routing& r) {
   LoadStats s;
@@ -115,6 +117,7 @@ LoadStats load_stats(const Config& c, const Routing& r) {
   return s;
 }
 
+// [slide:smoe-aux]
 // L_aux = alpha * N * sum_i f_i P_i, f_i = count_i / (k T), P_i = prob_sum_i / T (Switch
 // Transformer, eq. 4; Mixtral's form with top-k). With perfectly uniform routing f_i = P_i =
 // 1/N and L_aux = alpha; any imbalance the router is confident about raises it.
@@ -127,6 +130,7 @@ double aux_loss(const Config& c, const LoadStats& g) {
   }
   return c.alpha * (double)c.experts * loss;
 }
+// [/slide]
 
 // ----------------------------------------------------------------------------
 // the expert path
@@ -178,12 +182,14 @@ ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Te
   kernels.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
   kernels.grouped_gemm_dw(g.dw2.data(), cache.h.data(), dyp.data(), gs, G, M, f, d, false);
 
+  // [slide:smoe-silu-bwd]
   Tensor s = silu(cache.a);
   Tensor db = mul(dh, s);
   // dA = silu'(a) * (dH * b): the kernel multiplies its "upstream" argument by silu'(a)
   Tensor upstream = bug == Bug::silu_no_upstream ? cache.b : mul(dh, cache.b);
   Tensor da = Tensor::empty({M, f}, dev);
   kernels.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), upstream.data(), M * f);
+  // [/slide]
 
   kernels.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), da.data(), gs, G, M, d, f, false);
   kernels.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), db.data(), gs, G, M, d, f, false);
@@ -254,6 +260,7 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
   const int64_t T = x.size(0), d = x.size(1), f = p.w1.size(2), N = p.w1.size(0);
   const Device dev = x.device();
   Tensor y = Tensor::zeros({T, d}, dev);
+  // [slide:smoe-loop]
   Tensor gate_rows = reshape(gates, {T * k, 1});
   for (int64_t e = 0; e < N; e++) {
     std::vector<int64_t> tokens, slots;
@@ -270,6 +277,7 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
     Tensor g = index_select(gate_rows, Tensor::from_indices(slots, {n}, dev));  // (n, 1)
     y = index_add(y, tok, mul(out, g));
   }
+  // [/slide]
   return y;
 }
 

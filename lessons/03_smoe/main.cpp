@@ -40,6 +40,7 @@ using namespace ff;
 // The layer, composed from its steps. Shapes: x (T, d), router z (T, N), k slots per token,
 // packed rows (T*k, d) grouped by expert.
 
+// [slide:smoe-forward]
 static moe::Forward smoe_forward(const moe::Config& c, const moe::Params& p, const Tensor& x) {
   moe::Forward f;
   f.routing = moe::route(c, p, x);                      // z = x W_g + b, top-k, gates g (T, k)
@@ -51,12 +52,14 @@ static moe::Forward smoe_forward(const moe::Config& c, const moe::Params& p, con
   f.aux = moe::aux_loss(c, f.stats);                     // alpha N sum_i f_i P_i
   return f;
 }
+// [/slide]
 
 // Gradients of L = sum(y * dy) + L_aux, the forward's steps in reverse. `global`: the load
 // statistics the loss was computed from. The planted bugs (--bug) bite where they are named.
 static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, const Tensor& x,
                                 const moe::Forward& f, const Tensor& dy,
                                 const moe::LoadStats& global, moe::Bug bug) {
+  // [slide:smoe-backward]
   // combine: dyp = g dy (the gate applied once), dL/dg = <dy_t, yp>
   moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.routing.gates);
   Tensor dyp = cg.dyp;
@@ -73,6 +76,7 @@ static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, cons
   g.router_w = rg.router_w, g.router_b = rg.router_b;
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
   return g;
+  // [/slide]
 }
 
 // ----------------------------------------------------------------------------
