@@ -45,6 +45,8 @@ try {
           const r = el.getBoundingClientRect();
           if (r.width === 0 && r.height === 0) continue;
           if (positioned(el, section)) continue;  // header, footer, KaTeX's hidden MathML
+          const math = el.closest(".katex");      // a formula is measured as a whole: KaTeX
+          if (math && math !== el) continue;      // draws \sqrt with a clipped, very wide SVG
           const below = (r.bottom - box.bottom) / scale, above = (box.top - r.top) / scale;
           const right = (r.right - box.right) / scale;
           if (below > slack || above > slack || right > slack) {
