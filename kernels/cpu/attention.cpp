@@ -88,6 +88,7 @@ void flash_forward_block(float* o, float* m, float* l, const float* q, const flo
           s[(size_t)(j - t.j0)] = sij;
           m_tile = std::max(m_tile, sij);
         }
+        // [slide:fold]
         const float m_new = std::max(mb[i], m_tile);
         if (m_new == -INFINITY) continue;  // nothing visible to this row yet
         // rescale the past to the new max (an empty past, m = -inf, contributes 0)
@@ -102,6 +103,7 @@ void flash_forward_block(float* o, float* m, float* l, const float* q, const flo
         }
         mb[i] = m_new;
         lb[i] = l_new;
+        // [/slide]
       }
     });
   }

@@ -167,6 +167,7 @@ __global__ void flash_forward_kernel(float* o, float* m, float* l, const float* 
   const int64_t q_max = max_position(qpos, i0, tile_rows(i0, Sq));
   __syncthreads();  // the Q and O tiles are in place
 
+  // [slide:tile-skip]
   for (int64_t j0 = 0; j0 < Sk; j0 += kTile) {
     const int nk = tile_rows(j0, Sk);
     // the causal tile skip: the same decision in every thread (see the header)
@@ -176,6 +177,7 @@ __global__ void flash_forward_kernel(float* o, float* m, float* l, const float* 
     load_tile(v_tile, v, j0, Sk, D, ld);
     if (t < nk) kpos_tile[t] = kpos[j0 + t];
     __syncthreads();  // the K and V tiles are in place
+    // [/slide]
 
     if (has_row) {
       // the scores of this row against the tile's keys, and their max

@@ -74,6 +74,7 @@ static std::vector<int64_t> layout_positions(Layout layout, int64_t S, int P, in
     split_range(S, parts, part, &b, &e);
     for (int64_t t = b; t < e; t++) pos.push_back(t);
   };
+  // [slide:layouts]
   switch (layout) {
     case Layout::contiguous: add_range(P, r); break;
     case Layout::zigzag: add_range(2 * P, r); add_range(2 * P, 2 * P - 1 - r); break;
@@ -81,16 +82,19 @@ static std::vector<int64_t> layout_positions(Layout layout, int64_t S, int P, in
       for (int64_t t = r; t < S; t += P) pos.push_back(t);
       break;
   }
+  // [/slide]
   return pos;
 }
 
 // The positions the causal mask is built from: the global ones, or — the classic bug — the
 // rank-local indices 0..n-1, as if every block started the sequence.
 static std::vector<int64_t> mask_positions(const Config& c, const std::vector<int64_t>& global) {
+  // [slide:mask-positions]
   if (c.global_mask) return global;
   std::vector<int64_t> local(global.size());
   for (size_t i = 0; i < local.size(); i++) local[i] = (int64_t)i;
   return local;
+  // [/slide]
 }
 
 // (B, H, S, D) <-> (B, H, n, D): the tokens at `pos`, and back.
@@ -169,6 +173,7 @@ static void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std
                      int tag) {
   const int r = comm.rank(), P = comm.size(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const size_t out_bytes = out.size() * sizeof(float), in_bytes = in.size() * sizeof(float);
+  // [slide:hop-sync]
   if (order == Order::naive || r % 2 == 0) {
     comm.ssend(out.data(), out_bytes, next, tag);
     comm.recv(in.data(), in_bytes, prev, tag);
@@ -176,6 +181,7 @@ static void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std
     comm.recv(in.data(), in_bytes, prev, tag);
     comm.ssend(out.data(), out_bytes, next, tag);
   }
+  // [/slide]
 }
 
 // One hop in the protocol --order asked for, the same in the forward and the backward:
@@ -191,6 +197,7 @@ struct Hop {
   std::vector<float> out, in;  // what goes to r+1; what comes from r-1 (sized by the caller)
   std::vector<Request> reqs;
 
+  // [slide:hop]
   void start() {
     if (order != Order::async) return;
     const int r = comm.rank(), P = comm.size();
@@ -201,6 +208,7 @@ struct Hop {
     if (order == Order::async) comm.wait_all(reqs);
     else hop_sync(comm, order, out, in, tag);
   }
+  // [/slide]
 };
 
 // ----------------------------------------------------------------------------
@@ -245,6 +253,7 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
     const bool more = s < P - 1;
     const int next_owner = (r - s - 1 + 2 * P) % P;
     const int64_t n_next = (int64_t)owner_positions(c, P, next_owner).size();
+    // [slide:ring-fwd]
     // the hop of this step: this block's K, V to r+1, the next block's from r-1
     Hop kv{comm, c.order, s};
     if (more) {
@@ -262,6 +271,7 @@ static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o
     }
     if (!more) break;
     kv.finish();
+    // [/slide]
     Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
               next_owner};
     unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
@@ -319,6 +329,7 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
                              qpos.index_data(), kpos.index_data(), c.B * c.H, n, n_cur, c.D,
                              scale, c.causal);
     }
+    // [slide:ring-bwd-dkv]
     if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
     // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
     Hop dkv{comm, c.order, 200 + s};
@@ -335,6 +346,7 @@ static void ring_backward(Comm& comm, const Config& c, const Local& me, const Te
     cur = nxt;
     dk = dk_next;
     dv = dv_next;
+    // [/slide]
   }
   // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
   FF_CHECK(cur.owner == r, "ring bookkeeping: rank " << r << " ended with block " << cur.owner);
