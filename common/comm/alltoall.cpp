@@ -29,6 +29,7 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
                  const std::vector<size_t>& recv_bytes, int tag) {
   const int r = comm.rank(), P = comm.size();
   const std::vector<size_t> so = block_offsets(send_bytes), ro = block_offsets(recv_bytes);
+  // [slide:a2a-ordered]
   for (int s = 0; s < P; s++) {
     const int q = ((s - r) % P + P) % P;
     if (q == r) {
@@ -44,6 +45,7 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
     if (r < q) do_send(), do_recv();
     else do_recv(), do_send();
   }
+  // [/slide]
 }
 
 // async: post every receive, then every send, then wait for all of them. MPI orders nothing
@@ -52,6 +54,7 @@ void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_byt
                const std::vector<size_t>& recv_bytes, int tag) {
   const int r = comm.rank(), P = comm.size();
   const std::vector<size_t> so = block_offsets(send_bytes), ro = block_offsets(recv_bytes);
+  // [slide:a2a-async]
   std::vector<Request> reqs;
   for (int q = 0; q < P; q++)
     if (q != r && recv_bytes[(size_t)q])
@@ -61,6 +64,7 @@ void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_byt
       reqs.push_back(comm.isend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag));
   if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
   comm.wait_all(reqs);
+  // [/slide]
 }
 
 void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
@@ -68,11 +72,13 @@ void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>
   Trace::Scope span(trace(), "all-to-all", "comm");
   const char* s = static_cast<const char*>(send);
   char* d = static_cast<char*>(recv);
+  // [slide:a2a-three]
   switch (how) {
     case A2A::ordered: a2a_ordered(comm, s, send_bytes, d, recv_bytes, tag); break;
     case A2A::async: a2a_async(comm, s, send_bytes, d, recv_bytes, tag); break;
     case A2A::library: comm.alltoallv(s, send_bytes, d, recv_bytes); break;
   }
+  // [/slide]
 }
 
 }  // namespace ff

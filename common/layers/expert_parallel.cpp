@@ -24,6 +24,7 @@ std::vector<size_t> Routes::bytes(bool to, int64_t width) const {
   return b;
 }
 
+// [slide:regroup-order]
 std::vector<int64_t> Routes::regroup_order() const {
   std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
   int64_t row = 0;
@@ -39,6 +40,7 @@ std::vector<int64_t> Routes::regroup_order() const {
         order.push_back(start[(size_t)(p * E + e)] + i);
   return order;
 }
+// [/slide]
 
 std::vector<int64_t> Routes::local_group_sizes() const {
   std::vector<int64_t> g((size_t)E, 0);

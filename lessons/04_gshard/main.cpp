@@ -91,6 +91,7 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   const Device dev = x.device();
   EPForward f;
   moe::Forward& L = f.local;
+  // [slide:layout]
   // route and permute, as in lesson 03: packed rows sorted by expert = grouped by destination
   L.routing = moe::route(c, full, x);
   L.plan = moe::permute_plan(L.routing.idx, N);
@@ -98,6 +99,8 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   // the routing map: every rank's counts per expert, by one allgather
   f.routes = ep::gather_routes(comm, L.plan.group_sizes.to_index_vector(), N);
   const Routes& R = f.routes;
+  // [/slide]
+  // [slide:dispatch-combine]
   // dispatch, regroup by local expert, run the experts
   Tensor recv = exchange_rows(comm, how, xp, R.bytes(true, d), R.bytes(false, d), d, 1);
   f.order = R.regroup_order();
@@ -113,6 +116,7 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   f.yp_back = exchange_rows(comm, how, put_rows(yl, f.order), R.bytes(false, d), R.bytes(true, d), d, 2);
   L.yp = f.yp_back;
   L.y = moe::combine(L.yp, L.plan, L.routing.gates);
+  // [/slide]
   // the load-balance loss over ALL tokens: add up the ranks' sums
   L.stats = moe::load_stats(c, L.routing);
   f.global = L.stats;
@@ -129,6 +133,7 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   const int64_t d = x.size(1);
   const moe::Forward& L = f.local;
   const Routes& R = f.routes;
+  // [slide:backward]
   // combine backward at the source: dyp (packed) and dL/dg
   moe::CombineGrads cg = moe::combine_backward(dy, L.yp, L.plan, L.routing.gates);
   // dyp travels the dispatch route to the experts; their backward runs there
@@ -151,6 +156,7 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   comm.allreduce_sum(g.router_b);
   g.dx = add(dx_experts, rg.dx);
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
+  // [/slide]
   return g;
 }
 
