@@ -49,6 +49,7 @@ static Bug g_bug = Bug::none;
 // ----------------------------------------------------------------------------
 // The online softmax state and its two operations.
 
+// [slide:state]
 // The running max m of the values seen so far, and l = sum over them of exp(x - m).
 // The empty state is (m = -inf, l = 0): the identity of merge().
 struct SoftmaxState {
@@ -62,7 +63,9 @@ static float rescale(float a, float b) {
   if (g_bug != Bug::no_inf_guard && a == kNegInf) return 0.f;
   return std::exp(a - b);
 }
+// [/slide]
 
+// [slide:fold-block]
 // Folds a block of values into the state: one pass over the block.
 static SoftmaxState fold_block(SoftmaxState s, const float* x, int64_t n) {
   float m_new = s.m;
@@ -72,13 +75,16 @@ static SoftmaxState fold_block(SoftmaxState s, const float* x, int64_t n) {
   for (int64_t j = 0; j < n; j++) l += rescale(x[j], m_new);
   return {m_new, l};
 }
+// [/slide]
 
+// [slide:merge]
 // Merges two states: the same rescaling, applied to both sides.
 static SoftmaxState merge(SoftmaxState a, SoftmaxState b) {
   float m = std::max(a.m, b.m);
   if (g_bug == Bug::no_rescale) return {m, a.l + b.l};
   return {m, a.l * rescale(a.m, m) + b.l * rescale(b.m, m)};
 }
+// [/slide]
 
 // One row in blocks of `block` columns (the last block may be shorter).
 static SoftmaxState fold_row(const float* x, int64_t n, int64_t block) {
@@ -92,6 +98,7 @@ static void normalise(float* y, const float* x, int64_t n, SoftmaxState s) {
   for (int64_t j = 0; j < n; j++) y[j] = rescale(x[j], s.m) / s.l;
 }
 
+// [slide:two-pass]
 // The safe two-pass softmax, written out: pass 1 finds the max, pass 2 sums.
 static void two_pass_softmax(float* y, const float* x, int64_t n) {
   float m = kNegInf;
@@ -100,6 +107,7 @@ static void two_pass_softmax(float* y, const float* x, int64_t n) {
   for (int64_t j = 0; j < n; j++) l += std::exp(x[j] - m);
   for (int64_t j = 0; j < n; j++) y[j] = std::exp(x[j] - m) / l;
 }
+// [/slide]
 
 // ----------------------------------------------------------------------------
 // The same algorithm as CUDA kernels (online_softmax.cu), for --device sim or cuda.
@@ -170,6 +178,7 @@ static Tensor make_x(int64_t rows, int64_t cols, int64_t c0, int64_t c1, int64_t
 // (a) The chain: rank r waits for the merged state of ranks 0..r-1, folds in its own
 // and passes it on; the last rank holds the answer and broadcasts it. P-1 sequential
 // hops plus a broadcast: O(P) latency.
+// [slide:chain]
 static std::vector<SoftmaxState> chain_merge(Comm& comm, std::vector<SoftmaxState> local) {
   const int r = comm.rank(), P = comm.size();
   const size_t bytes = local.size() * sizeof(SoftmaxState);
@@ -183,7 +192,9 @@ static std::vector<SoftmaxState> chain_merge(Comm& comm, std::vector<SoftmaxStat
   comm.bcast(acc.data(), bytes, P - 1);
   return acc;
 }
+// [/slide]
 
+// [slide:merge-op]
 // (b) One MPI_Allreduce with a user-defined reduction. MPI may combine the states in
 // any order and grouping (a tree, a ring, recursive doubling): that is allowed because
 // merge() is associative and commutative. O(log P) latency.
@@ -192,6 +203,7 @@ static void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* b = static_cast<SoftmaxState*>(inout);
   for (int i = 0; i < *len; i++) b[i] = merge(a[i], b[i]);
 }
+// [/slide]
 
 static std::vector<SoftmaxState> allreduce_merge(Comm& comm, std::vector<SoftmaxState> local,
                                                  MPI_Datatype state_type, MPI_Op op) {
@@ -200,6 +212,7 @@ static std::vector<SoftmaxState> allreduce_merge(Comm& comm, std::vector<Softmax
 }
 
 // ----------------------------------------------------------------------------
+// [slide:mlo-merge]
 // [3] Flash-decoding state: (m, l, o[dv]) per query. o is the sum over keys of
 // exp(s - m) * v, so the merge rescales o exactly as it rescales l.
 
@@ -211,6 +224,7 @@ static void merge_mlo(const float* a, float* b, int64_t dv) {
   b[1] = a[1] * fa + b[1] * fb;
   for (int64_t k = 0; k < dv; k++) b[2 + k] = a[2 + k] * fa + b[2 + k] * fb;
 }
+// [/slide]
 
 // The datatype is (2 + dv) floats; MPI passes it to the op, so dv comes from its size.
 static void merge_mlo_op(void* in, void* inout, int* len, MPI_Datatype* type) {
@@ -332,6 +346,7 @@ static int online_softmax_lesson(Lesson& lesson) {
                 "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
   }
 
+  // [slide:op-create]
   MPI_Datatype state_type;
   mpiCheck(MPI_Type_contiguous(2, MPI_FLOAT, &state_type));
   mpiCheck(MPI_Type_commit(&state_type));
@@ -340,6 +355,7 @@ static int online_softmax_lesson(Lesson& lesson) {
 
   std::vector<SoftmaxState> by_chain = chain_merge(comm, local);
   std::vector<SoftmaxState> by_allreduce = allreduce_merge(comm, local, state_type, state_op);
+  // [/slide]
   const RepTimes chain_us = time_reps(comm, reps, [&] { chain_merge(comm, local); });
   const RepTimes allreduce_us =
       time_reps(comm, reps, [&] { allreduce_merge(comm, local, state_type, state_op); });
@@ -435,6 +451,7 @@ static int online_softmax_lesson(Lesson& lesson) {
       }
     }
   }
+  // [slide:mlo-allreduce]
   MPI_Datatype mlo_type;
   mpiCheck(MPI_Type_contiguous((int)width, MPI_FLOAT, &mlo_type));
   mpiCheck(MPI_Type_commit(&mlo_type));
@@ -445,6 +462,7 @@ static int online_softmax_lesson(Lesson& lesson) {
   for (int64_t i = 0; i < nq; i++)
     for (int64_t c = 0; c < dv; c++)
       out.data()[i * dv + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
+  // [/slide]
   // Reference on every rank: the whole K and V, softmax(q K^T * scale) V with the library ops.
   Tensor K = randn({keys, d}, seed + 2), V = randn({keys, dv}, seed + 3);
   Tensor attn_ref = matmul(softmax(scale * matmul(q, transpose(K, 0, 1))), V);

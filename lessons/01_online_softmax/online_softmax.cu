@@ -56,11 +56,13 @@ __global__ void row_states_kernel(float* state, const float* x, int64_t rows, in
     }
     l += rescale(v, m);
   }
+  // [slide:warp-butterfly]
   for (int offset = 16; offset > 0; offset /= 2) {
     float m2 = __shfl_xor_sync(kFullMask, m, offset);
     float l2 = __shfl_xor_sync(kFullMask, l, offset);
     merge_ml(m, l, m2, l2);
   }
+  // [/slide]
   if (lane == 0) {
     state[2 * row] = m;
     state[2 * row + 1] = l;
@@ -86,6 +88,7 @@ __global__ void decode_partial_kernel(float* partial, const float* s, const floa
   const float* sq = s + q * nk;
   float* out = partial + (q * splits + chunk) * (2 + dv);
   for (int64_t c = threadIdx.x; c < dv; c += blockDim.x) {
+    // [slide:decode-partial]
     float m = -INFINITY, l = 0.f, o = 0.f;
     for (int64_t t = t0; t < t1; t++) {
       float st = sq[t];
@@ -99,6 +102,7 @@ __global__ void decode_partial_kernel(float* partial, const float* s, const floa
       l += p;
       o += p * v[t * dv + c];
     }
+    // [/slide]
     out[2 + c] = o;
     if (c == 0) {
       out[0] = m;
