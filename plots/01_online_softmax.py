@@ -1,8 +1,9 @@
 """Lesson 01 figure, from the lesson's --csv (long format: P,rows,cols,block,series,x,y,y_min,y_max).
 
 Left: the online softmax state of one row as blocks arrive. The running max m jumps when a
-block holds a new maximum; at that moment the running normaliser l *drops*, because the
-whole past is rescaled by exp(m_old - m_new) before the block's terms are added.
+block holds a new maximum; at that moment the running normaliser l is rescaled: the whole past
+is multiplied by exp(m_old - m_new) before the block's terms are added, so l drops (or grows
+less than the block added).
 Middle: what is exact — the sequential merge steps on the critical path against the number of
 ranks P (series chain_steps and allreduce_steps): the chain takes P-1 hops and then a
 broadcast of ceil(log2 P) rounds, one MPI_Allreduce takes ceil(log2 P) rounds.
