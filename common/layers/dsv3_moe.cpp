@@ -59,6 +59,7 @@ Tensor affinities(const Config& c, const Params& p, const Tensor& x) {
   return c.gate == GateFn::sigmoid ? sigmoid(z) : softmax(z);
 }
 
+// [slide:select]
 Selection select(const Config& c, const Tensor& s, const Tensor& bias) {
   const int64_t T = s.size(0), N = c.experts, K = c.topk, G = c.groups, M = c.topk_groups;
   const Device dev = s.device();
@@ -69,6 +70,7 @@ Selection select(const Config& c, const Tensor& s, const Tensor& bias) {
                                     biased.data(), T, N, G, M, c.group_score_k(), K);
   return sel;
 }
+// [/slide]
 
 Tensor kept_groups_sum_all(const Config& c, const Tensor& s, const Tensor& bias) {
   Config all = c;
@@ -154,8 +156,10 @@ Tensor gates(const Config& c, const Tensor& s, const Tensor& idx) {
   Tensor sel = reshape(index_select(reshape(s, {T * N, 1}),
                                     Tensor::from_indices(flat, {T * K}, s.device())),
                        {T, K});
+  // [slide:gates]
   if (c.gate == GateFn::sigmoid) sel = div(sel, add_scalar(sum(sel, 1, true), 1e-20f));
   return scale(sel, (float)c.route_scale);
+  // [/slide]
 }
 
 Tensor plan_ids(const Config& c, const std::vector<int64_t>& idx, const std::vector<uint8_t>& kept,
@@ -220,6 +224,7 @@ Tensor router_dlogits(const Config& c, const Tensor& s, const Tensor& bias, cons
     std::fill(ds.begin(), ds.end(), 0.0);
     const int64_t* it = &iv[(size_t)(t * K)];
     const float* dgt = &dg[(size_t)(t * K)];
+    // [slide:router-bwd]
     if (c.gate == GateFn::sigmoid && bug != Bug::no_renorm) {
       auto sel = [&](int64_t j) {
         return (double)st[it[j]] + (bug == Bug::bias_grad ? (double)bv[(size_t)it[j]] : 0.0);
@@ -231,6 +236,7 @@ Tensor router_dlogits(const Config& c, const Tensor& s, const Tensor& bias, cons
     } else {
       for (int64_t j = 0; j < K; j++) ds[(size_t)it[j]] += rs * (double)dgt[j];
     }
+    // [/slide]
     if (c.alpha != 0 && sequences_all > 0) {
       const double* f = &bal.f[(size_t)((t / L) * N)];
       const double w = c.alpha / ((double)sequences_all * (double)L);

@@ -214,10 +214,12 @@ static Tensor sum_back(const Tensor& rows, const std::vector<int64_t>& dst, int6
 
 static void hier_dispatch(Topology& topo, const dsv3::Params& mine, const Tensor& x, EPForward& f) {
   const int64_t d = x.size(1), K = f.map.K;
+  // [slide:hier-dispatch]
   Tensor rows = concat({x, f.gates}, 1);  // [x_t | g_t]
   Tensor at_forwarder = hop_forward(topo.rail_comm, f.rail, rows, f.rail_src, 11);
   f.recv_fan = hop_forward(topo.node_comm, f.fan, at_forwarder, f.fan_src, 12);
   f.xl = ep::take_rows(slice(f.recv_fan, 1, 0, d), f.xl_row);
+  // [/slide]
   std::vector<int64_t> gl((size_t)f.map.E, 0);
   const int me = topo.node * topo.R + topo.local;
   for (int64_t e = 0; e < f.map.E; e++)
@@ -377,6 +379,7 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
   };
   for (int p = 0; p < m.P; p++)
     for (int64_t t = 0; t < m.T; t++) {
+      // [slide:count-bytes]
       if (scheme == Scheme::flat) {
         for (int64_t j = 0; j < m.K; j++) {
           const int64_t e = m.expert(p, t, j);
@@ -394,6 +397,7 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
           }
         if (any) add(p, fwd, wide), add(fwd, p, row);  // over the rail and back
       }
+      // [/slide]
     }
   return b;
 }

@@ -82,6 +82,7 @@ struct BiasUpdater {
   void update(Tensor& bias, const std::vector<double>& load, double slots) {
     const int64_t N = (int64_t)load.size();
     std::vector<float> b = bias.to_vector();
+    // [slide:bias-update]
     double mean = 0;
     for (double l : load) mean += l / (double)N;
     for (int64_t i = 0; i < N; i++) {
@@ -92,6 +93,7 @@ struct BiasUpdater {
       }
       b[(size_t)i] += (float)(gamma * (err > 0 ? 1.0 : err < 0 ? -1.0 : 0.0));
     }
+    // [/slide]
     bias = Tensor::from_vector(b, {N}, bias.device());
   }
 };
@@ -221,6 +223,7 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
     CharCorpus::Batch b = corpus.batch(CharCorpus::Split::train, step, B_all, L, distributed ? rank * o.batch : 0,
                            distributed ? (rank + 1) * o.batch : B_all, seed);
     Tensor ids = b.inputs.to(dev), targets = b.targets.to(dev);
+    // [slide:step-order]
     if (peek && run.bias.gamma > 0) {  // the planted order: this batch's loads steer its routing
       Tensor u = rmsnorm(embedding(run.model.emb, reshape(ids, {ids.numel()})), run.model.norm_w);
       run.bias.update(run.model.moe.bias, router_loads(cm, c, run.model.moe, u.detach()),
@@ -230,6 +233,7 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                               distributed);
     if (!peek && run.bias.gamma > 0)  // DeepSeek-V3: at the end of the step, for the next one
       run.bias.update(run.model.moe.bias, r.load, (double)(T_all * c.topk));
+    // [/slide]
     run.model.mine.bias = run.model.moe.bias;
     run.losses.push_back(r.ce + r.balance);
     return r;
