@@ -22,7 +22,7 @@
 //   there, over the "rail"), then fans out over the fast intra-node link; on the way back the
 //   node's partial outputs are summed before they cross the rail again.
 // Why: at 256 experts on 8-GPU nodes, the flat all-to-all sends one copy of a token per
-//   expert over InfiniBand (3x slower than NVLink); node-limited routing plus the two-level
+//   expert over InfiniBand (3.2x slower than NVLink on H800); node-limited routing plus the two-level
 //   all-to-all cut that to at most M copies. And the aux-loss-free bias keeps experts
 //   balanced without the gradient interference of lesson 03's auxiliary loss.
 // Run:  make run L=05                          (8 ranks = 4 virtual nodes x 2)

@@ -19,7 +19,7 @@
 //         applies the same update to the same bias. The next step selects with it.
 //   With --bias-ema beta the update follows a smoothed load fraction instead,
 //   est = beta est + (1 - beta) load / (T K), b_i += gamma * sign(1/N - est_i), est starting at 1/N.
-// Planted (--train-bug):
+// Planted (--bug, with --train):
 //   ema-zero-init  the smoothed estimate starts at zeros (seed 000's bug): every est_i is below
 //                  1/N at first, every bias rises by the same gamma, nothing is steered until
 //                  the estimate has climbed to 1/N — about 1/(1 - beta) steps.
@@ -114,7 +114,7 @@ std::vector<double> router_loads(Comm& comm, const dsv3::Config& c, const dsv3::
 StepResult train_step(Comm& comm, Topology& topo, Scheme scheme, const dsv3::Config& c,
                       Model& m, Adam& adam, const Tensor& ids, const Tensor& targets,
                       int64_t T_all, bool distributed) {
-  const int64_t T = ids.numel(), d = c.dim;
+  const int64_t T = ids.numel();
   const float share = (float)((double)T / (double)T_all);  // this process's part of the mean
   for (Tensor* t : {&m.emb, &m.norm_w, &m.head}) t->zero_grad(), t->requires_grad_();
   Tensor h0 = embedding(m.emb, reshape(ids, {T}));
@@ -158,7 +158,6 @@ StepResult train_step(Comm& comm, Topology& topo, Scheme scheme, const dsv3::Con
     for (Tensor* t : {&m.emb, &m.norm_w, &m.head}) t->requires_grad_(false);
     adam.step(trainable(m, c), grads);
   }
-  (void)d;
   return r;
 }
 
@@ -196,7 +195,8 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                 o.bug != "none" ? ", planted: " : "", o.bug != "none" ? o.bug.c_str() : "",
                 scheme == Scheme::flat ? "flat" : "hierarchical", device_name(dev));
 
-  // the run and, for its first steps, the same run on one process over the same global batch
+  // the run and, when it has at most 20 steps, the same run on one process over the same
+  // global batches (the check re-runs them all)
   const int64_t check_steps = std::min<int64_t>(o.steps, 20);
   struct Run {
     Model model;
@@ -238,7 +238,6 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
     run.losses.push_back(r.ce + r.balance);
     return r;
   };
-  std::vector<float> dense_at_check;
   for (int64_t step = 0; step < o.steps; step++) {
     StepResult r = step_once(dist, comm, P > 1, step);
     if (rank == 0 && (step % o.log_every == 0 || step + 1 == o.steps))
@@ -250,7 +249,6 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                   imbalance(r.load), (long long)r.dropped);
     csv += line;
   }
-  (void)dense_at_check;
   lesson.csv_append("series,P,balance,bug,step,loss,balance_loss,max_over_mean,dropped", csv);
 
   // ---- the check: the first steps again on one process, all rows, every expert
@@ -262,6 +260,9 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
     same_bias &= std::equal(bias_all.begin(), bias_all.begin() + c.experts,
                             bias_all.begin() + p * c.experts);
   check.holds("the bias is the same on every rank", same_bias);
+  if (P > 1 && check_steps < o.steps && rank == 0)
+    std::printf("(the one-process comparison runs for --train %lld or fewer steps: this run checks the "
+                "bias only)\n", (long long)check_steps);
   if (P > 1 && check_steps == o.steps) {
     for (int64_t step = 0; step < check_steps; step++) step_once(one, self, false, step);
     const double eps = FLT_EPSILON;
@@ -289,7 +290,6 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
     if (c.shared > 0)
       check.close("shared_w1", dist.model.moe.sw1, one.model.moe.sw1, ptol(one.model.moe.sw1));
   }
-  (void)error;
   return lesson.finish(check);
 }
 
