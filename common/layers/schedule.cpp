@@ -15,9 +15,11 @@ namespace ff::pp {
 
 int Schedule::stage_of(int rank, int dir) const {
   switch (layout) {
+    // [slide:stage-of]
     case Layout::line: return rank;
     case Layout::dual: return dir == 0 ? rank : P - 1 - rank;
     case Layout::v: return dir == 0 ? rank : 2 * P - 1 - rank;
+    // [/slide]
   }
   return rank;
 }
@@ -86,6 +88,7 @@ static void gpipe(Schedule& s) {
 static void one_f_one_b(Schedule& s) {
   for (int r = 0; r < s.P; r++) {
     auto& prog = s.ranks[r];
+    // [slide:one-f-one-b]
     const int warmup = std::min(s.P - r - 1, s.M);
     // warm-up
     for (int m = 0; m < warmup; m++) prog.push_back(one(Kind::F, 0, m));
@@ -96,6 +99,7 @@ static void one_f_one_b(Schedule& s) {
     }
     // cool-down
     for (int m = s.M - warmup; m < s.M; m++) prog.push_back(one(Kind::B, 0, m));
+    // [/slide]
   }
 }
 
@@ -108,6 +112,7 @@ static void split_backward_1f1b(Schedule& s, int r, int warmup, int max_pending_
   auto& prog = s.ranks[r];
   int f = 0;
   std::deque<int> pending_w;
+  // [slide:split-backward]
   // warm-up
   for (; f < warmup; f++) prog.push_back(one(Kind::F, 0, f));
   // steady state: a forward (while any is left), an input backward, and a W once more than
@@ -123,6 +128,7 @@ static void split_backward_1f1b(Schedule& s, int r, int warmup, int max_pending_
   }
   // cool-down: the W's still pending
   for (int m : pending_w) prog.push_back(one(Kind::W, 0, m));
+  // [/slide]
 }
 
 // ZB-H1 (§2.1, Figure 3 top): 1F1B's warm-up; rank r keeps up to r W's pending and runs them
@@ -194,6 +200,7 @@ static void dual_program(DualProgram& p, int n, int h, int chunks) {
     p.W();
     p.F(1);
   }
+  // [slide:dual-main]
   // 4: nF0B1F1B0 — the main loop of overlapped forward&backward pairs. The first pair of the
   // special ranks is not overlapped ("to further reduce bubble size", says the reference).
   for (int i = 0; i < chunks - 2 * n + h + 1; i++) {
@@ -205,6 +212,7 @@ static void dual_program(DualProgram& p, int n, int h, int chunks) {
     }
     p.FB(1, 0);
   }
+  // [/slide]
   // 5: nB1F1B0
   for (int i = 0; i < n - h - 1; i++) {
     p.B(1);
@@ -486,6 +494,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     progress = false;
     for (int r = 0; r < P; r++) {
       auto& prog = s.ranks[(size_t)r];
+      // [slide:sim-step]
       while (pc[(size_t)r] < prog.size()) {
         const Step& step = prog[pc[(size_t)r]];
         double start = free_at[(size_t)r];
@@ -498,6 +507,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
         if (blocked) break;
         double cost = c.of(step);
         double end = start + cost;
+        // [/slide]
         for (const Op& op : ops_of(step)) {
           int st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);
           if (op.kind == Kind::F) {

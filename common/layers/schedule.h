@@ -22,6 +22,7 @@
 
 namespace ff::pp {
 
+// [slide:op-step]
 enum class Kind : uint8_t { F, B, I, W };
 
 struct Op {
@@ -36,6 +37,7 @@ struct Step {
   bool paired = false;
   Op with;  // the backward of an overlapped pair (op is then the forward)
 };
+// [/slide]
 
 enum class Layout {
   line,  // stage r on rank r, micro-batches enter at rank 0 (gpipe, 1f1b, zb-h1, zb-h2)

@@ -226,6 +226,7 @@ class Executor {
       case Kind::I: {
         Live& lv = live_.at(key);
         Tensor dy = last ? Tensor::full({}, 1.f, mc_.dev) : in;
+        // [slide:b-or-i]
         if (op.kind == Kind::B) {
           run_backward(lv.y, dy);
         } else {
@@ -233,6 +234,7 @@ class Executor {
           run_backward(lv.y, dy, &w);
           deferred_.push_back({key, std::move(w)});
         }
+        // [/slide]
         Tensor dx = lv.x.requires_grad() ? lv.x.grad() : Tensor();
         lv.y = Tensor();  // the graph is no longer needed (a deferred W holds what it uses)
         if (op.kind == Kind::B) live_.erase(key);
@@ -241,9 +243,11 @@ class Executor {
       case Kind::W: {
         FF_CHECK(!deferred_.empty() && deferred_.front().first == key,
                  "rank " << r_ << ": " << pp::to_string(op) << " is not the oldest deferred W");
+        // [slide:w-fifo]
         bool drop = opt_.bug == Bug::drop_w && ++w_run_ == w_total_;  // the rank's last W
         if (!drop) deferred_.front().second.run();
         deferred_.pop_front();
+        // [/slide]
         live_.erase(key);
         return Tensor();
       }
@@ -469,6 +473,7 @@ static int dualpipe_lesson(Lesson& lesson) {
         mine.insert(mine.end(), v.begin(), v.end());
       }
     theirs.resize(mine.size());
+    // [slide:copy-sum]
     const int partner = P - 1 - rank;
     comm.sendrecv(mine.data(), mine.size() * sizeof(float), partner, 3, theirs.data(),
                   theirs.size() * sizeof(float), partner, 3);
@@ -478,6 +483,7 @@ static int dualpipe_lesson(Lesson& lesson) {
       mine[i] += theirs[half + i];
       mine[half + i] += theirs[i];
     }
+    // [/slide]
     size_t at = 0;
     for (auto& gs : grads)
       for (auto& t : gs) {
