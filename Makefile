@@ -40,6 +40,18 @@ ARCH      := $(shell uname -m)
 SIM_FMA   ?= $(if $(filter aarch64,$(ARCH)),1,$(if $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo y),1,0))
 SIM_FLAGS := $(if $(filter 1,$(SIM_FMA)),-ffp-contract=fast $(if $(filter x86_64,$(ARCH)),-mfma))
 
+# The cpu device's kernels (kernels/cpu/) share their work among OpenMP threads (GCC's libgomp):
+# OMP_NUM_THREADS sets how many; under mpirun the node's cores are divided among its ranks
+# (kernels/README.md). The matmul's inner loop is compiled for AVX-512, AVX2 + FMA and plain
+# x86-64, and the program picks the best the CPU has when it starts (GCC function
+# multiversioning, kernels/cpu/matmul.cpp): no -march flag, the build runs on any x86-64.
+OMP_FLAGS := -fopenmp
+LDLIBS    += $(OMP_FLAGS)
+CPU_ISA   := $(if $(filter x86_64,$(ARCH)),$(shell f=$$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null); \
+               has() { for x in "$$@"; do echo " $$f " | grep -qw "$$x" || return 1; done; }; \
+               if has avx512f avx512bw avx512cd avx512dq avx512vl; then echo "AVX-512 (x86-64-v4)"; \
+               elif has avx2 fma bmi2 movbe; then echo "AVX2 + FMA (x86-64-v3)"; fi))
+
 LIB_SRCS    := $(wildcard kernels/*.cpp kernels/cpu/*.cpp common/*/*.cpp)
 # Every CUDA kernel file compiles twice: with the host compiler against the SIMT emulator
 # (device "sim", always), and with nvcc (device "cuda", when nvcc exists).
@@ -96,6 +108,11 @@ ifneq ($(NVCC),)
 else
 	@echo "✗ no cuda device ($(or $(NO_CUDA_WHY),$(if $(filter 1,$(NO_CUDA)),NO_CUDA=1,nvcc not found))): building devices cpu and sim only"
 endif
+ifneq ($(CPU_ISA),)
+	@echo "✓ cpu matmul runs its $(CPU_ISA) clone here, picked at run time (the build runs on any x86-64)"
+else
+	@echo "✗ cpu matmul runs its baseline $(ARCH) build (no AVX2 + FMA found on this CPU): correct, slower"
+endif
 ifeq ($(SIM_FMA),1)
 	@echo "✓ sim fuses a * b + c into one FMA, as nvcc does ($(SIM_FLAGS))"
 else
@@ -109,6 +126,8 @@ deps:
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) -c $< -o $@
+
+$(BUILD)/obj/kernels/cpu/%.o: FLAGS += $(OMP_FLAGS)
 
 # the emulator build of a .cu file: ordinary C++ against kernels/simt.h
 $(BUILD)/obj/sim/%.o: %.cu
@@ -152,16 +171,25 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/progs/%.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
-# ---- make bench: kernel throughput per device (built on demand, not part of make test)
+# ---- make bench: kernel throughput per device (built on demand, not part of make test).
+# The cpu matmul is timed against OpenBLAS's cblas_sgemm (Debian's libopenblas-dev, installed
+# by make bench when missing, as root), linked into the bench only: the lessons stay BLAS-free.
 BENCH_OBJS := $(BUILD)/obj/tests/bench/bench_kernels.o \
               $(if $(NVCC),$(BUILD)/obj/cuda/tests/bench/cublas_reference.o)
+$(BUILD)/obj/tests/bench/bench_kernels.o: FLAGS += $(OMP_FLAGS)
 $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS) $(if $(NVCC),-lcublas)
+	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS) -lopenblas $(if $(NVCC),-lcublas)
 
+# Debian's OpenBLAS 0.3.21 picks its kernels by CPU model and falls back to generic SSE3 ones
+# ("Prescott", ~5x slower) on models newer than it knows: the bench names the AVX-512 or AVX2
+# kernels from the CPU's flags instead (OPENBLAS_CORETYPE; set it yourself to override), so the
+# reference is a fair one. The bench prints the kernels OpenBLAS used.
+OPENBLAS_CORETYPE ?= $(if $(findstring AVX-512,$(CPU_ISA)),SkylakeX,$(if $(findstring AVX2,$(CPU_ISA)),Haswell))
 bench: deps
+	@FIVEFOLD_WITH_OPENBLAS=1 bash scripts/install-deps.sh
 	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
-	$(BUILD)/tests/bench_kernels
+	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
 

@@ -6,4 +6,16 @@
 
 namespace ff::cpu {
 #include "kernels/kernel_list.inc"
+
+// matmul's versions (kernels/cpu/matmul.cpp): the table's matmul is version 2 (blocked,
+// vectorised, OpenMP threads); version 1 is the plain triple loop summing in double, the
+// definition both version 2 and the CUDA kernels are tested against.
+void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc,
+               int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b,
+               bool accumulate);
+// The OpenMP threads version 2 uses: OMP_NUM_THREADS when set, else the cores divided among
+// mpirun's ranks on this node, else one per core. set_matmul_threads(n) overrides it (make
+// bench times 1 and 2 threads); n <= 0 goes back to the default.
+int matmul_threads();
+void set_matmul_threads(int n);
 }  // namespace ff::cpu

@@ -1,6 +1,6 @@
 // kernels/cuda/matmul.cu — batched matmul with optional transposes: a kernel lab in the
-// spirit of llm.c's dev/cuda/matmul_forward.cu. The cpu twin (the definition, a triple
-// loop summing in double) is kernels/cpu/matmul.cpp.
+// spirit of llm.c's dev/cuda/matmul_forward.cu. The cpu twin is kernels/cpu/matmul.cpp: its
+// version 1 (a triple loop summing in double) is the definition, its version 2 the cpu device's.
 //
 // Build: this file compiles twice (see kernels/simt.h), by `make build` or by hand:
 //   /usr/local/cuda/bin/nvcc -std=c++17 -I. -arch=sm_90 -c kernels/cuda/matmul.cu -o matmul.o

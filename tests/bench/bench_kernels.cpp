@@ -4,7 +4,11 @@
 //
 // Per kernel and device: the median time of a few repetitions (after a warm-up), and
 //   matmul:               GFLOP/s (2·M·N·K per product); on cuda also the ratio to cuBLAS
-//                         SGEMM on the same shape, timed in this run;
+//                         SGEMM on the same shape, timed in this run; on cpu version 1 (the
+//                         double-summing triple loop, at 256^3 only: it is slow), version 2
+//                         (the cpu device's) and OpenBLAS's cblas_sgemm, at 256^3 and 1024^3,
+//                         on 1 and 2 threads (OpenBLAS given the same count), and the ratio
+//                         version 2 / OpenBLAS;
 //   bandwidth-bound ones: GB/s of the bytes the kernel must read and write at least once;
 //                         on cuda also the ratio to a cudaMemcpy device-to-device moving
 //                         the same number of bytes, timed in this run.
@@ -14,21 +18,31 @@
 // time the emulator itself: a 256-thread block with 8 barriers.
 //
 // Figures only: nothing here is asserted. Tests check correctness (make test).
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/core/tensor.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/kernels.h"
 #include "kernels/simt.h"
 #include "kernels/simt_emulator.h"
 
 using namespace ff;
+
+// OpenBLAS's own (cblas.h declares them too, when it is OpenBLAS's cblas.h)
+extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename(void);
 
 #if FF_HAVE_CUDA
 // tests/bench/cublas_reference.cu
@@ -82,9 +96,55 @@ double memcpy_ms(Device d, size_t bytes) {
 using MatmulFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
                           int64_t, int64_t, bool, bool, bool);
 
+// The cpu matmul: versions 1 and 2 of kernels/cpu/matmul.cpp against OpenBLAS, on 1 and 2
+// threads each.
+void bench_cpu_matmul(bool quick) {
+  const Device d = Device::cpu;
+  const int default_threads = cpu::matmul_threads();
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const char* ranks = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  std::printf("cpu matmul: %d thread(s) by default here (%s); OMP_NUM_THREADS sets it, and under "
+              "mpirun the node's %d cores are divided among its ranks; below, 1 and 2 threads; "
+              "OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE)\n",
+              default_threads,
+              omp ? "OMP_NUM_THREADS" : ranks ? "cores / mpirun ranks on this node" : "one per core",
+              omp_get_num_procs(), openblas_get_corename());
+  for (int64_t n : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{256, 1024}) {
+    Tensor a = randn({n, n}, 1, d), b = randn({n, n}, 2, d), c = Tensor::zeros({n, n}, d);
+    const double flop = 2.0 * n * n * n;
+    for (int threads : {1, 2}) {
+      const std::string shape = std::to_string(n) + "^3 " + std::to_string(threads) + " thr";
+      auto run = [&](MatmulFn fn) {
+        return median_ms(d, reps_for(d), [&] {
+          fn(c.data(), a.data(), b.data(), 1, n, n, n, 0, 0, false, false, false);
+        });
+      };
+      if (n <= 256 && threads == 1) {  // version 1 has no threads, and takes ~1 s at 1024^3
+        double ms = run(cpu::matmul_v1);
+        row("matmul v1 triple loop", d, shape, ms, fmt("%.2f GFLOP/s", flop / ms / 1e6), "");
+      }
+      // OpenBLAS's idle worker threads spin for a while after a call: let them go to sleep
+      // before timing version 2 (and libgomp's before OpenBLAS), so neither slows the other.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      cpu::set_matmul_threads(threads);
+      double v2 = run(cpu::matmul);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      openblas_set_num_threads(threads);
+      double blas = median_ms(d, reps_for(d), [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.f,
+                    a.data(), (int)n, b.data(), (int)n, 0.f, c.data(), (int)n);
+      });
+      row("matmul OpenBLAS sgemm", d, shape, blas, fmt("%.1f GFLOP/s", flop / blas / 1e6),
+          "(reference)");
+      row("matmul v2 blocked", d, shape, v2, fmt("%.1f GFLOP/s", flop / v2 / 1e6),
+          fmt("%.2f of OpenBLAS", blas / v2));
+    }
+  }
+  cpu::set_matmul_threads(default_threads);
+}
+
 void bench_matmul(Device d, int64_t n) {
   std::vector<std::pair<std::string, MatmulFn>> versions;
-  if (d == Device::cpu) versions = {{"matmul (cpu loop)", kernels_for(Device::cpu).matmul}};
   if (d == Device::sim)
     versions = {{"matmul v1 naive", sim::matmul_v1},
                 {"matmul v2 smem tiles", sim::matmul_v2},
@@ -208,7 +268,8 @@ int main(int argc, char** argv) {
     int64_t N = d == Device::cuda ? 8192 : d == Device::cpu ? 1024 : 256;
     int64_t C = d == Device::cuda ? 4096 : 1024;
     if (quick) n = std::min<int64_t>(n, 64), N = std::min<int64_t>(N, 64), C = std::min<int64_t>(C, 256);
-    bench_matmul(d, n);
+    if (d == Device::cpu) bench_cpu_matmul(quick);
+    else bench_matmul(d, n);
     bench_bandwidth(d, N, C);
   }
   bench_emulator(quick ? 4 : 64);

@@ -1,6 +1,8 @@
 // Kernel tests: every numbered version of kernels/cuda/matmul.cu (v1 naive, v2 shared-memory
 // tiles, v3 register-blocked tiles) and the table entry, on the device under test (sim, or
-// cuda on a GPU), against the cpu matmul (kernels/cpu/matmul.cpp, which sums in double).
+// cuda on a GPU), and the cpu device's version 2 (blocked, vectorised, OpenMP threads: the cpu
+// table's matmul), against the definition: the cpu matmul's version 1 (kernels/cpu/matmul.cpp,
+// a triple loop that sums in double and rounds once).
 //
 // Shapes: M, Nc, K drawn from {1, 7, 33, 64, 65, 100}: 1x1x1, sizes that are not multiples
 // of any tile (v1 blocks 32x8, v2 tiles 32x32, v3 tiles 64x64 with K-steps of 8), K below
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/launchers.h"
 #include "tests/unit/kernel_check.h"
 
@@ -26,30 +29,38 @@ using MatmulFn = void (*)(float* c, const float* a, const float* b, int64_t B, i
 struct MatmulVersion {
   std::string name;
   MatmulFn fn;
+  Device device;  // where its pointers live
 };
 
+// The definition every version is compared with.
+const MatmulFn kDefinition = cpu::matmul_v1;
+
 // The versions built for the device under test: ff::sim::matmul_vN under the emulator,
-// ff::cuda::matmul_vN on a GPU; then the table entry (which dispatches to the best one).
+// ff::cuda::matmul_vN on a GPU; then the table entry (which dispatches to the best one); then
+// the cpu device's table entry, version 2 of kernels/cpu/matmul.cpp, whatever the device.
 std::vector<MatmulVersion> versions_under_test() {
   Device d = kt::device_under_test();
-  MatmulVersion table = {"matmul (table)", kt::dut_kernels().matmul};
+  MatmulVersion table = {"matmul (table)", kt::dut_kernels().matmul, d};
+  MatmulVersion cpu_v2 = {"cpu matmul v2 (cpu table)", kt::cpu_kernels().matmul, Device::cpu};
   if (d == Device::sim)
-    return {{"matmul_v1", sim::matmul_v1}, {"matmul_v2", sim::matmul_v2},
-            {"matmul_v3", sim::matmul_v3}, table};
+    return {{"matmul_v1", sim::matmul_v1, d}, {"matmul_v2", sim::matmul_v2, d},
+            {"matmul_v3", sim::matmul_v3, d}, table, cpu_v2};
 #if FF_HAVE_CUDA
   if (d == Device::cuda)
-    return {{"matmul_v1", cuda::matmul_v1}, {"matmul_v2", cuda::matmul_v2},
-            {"matmul_v3", cuda::matmul_v3}, table};
+    return {{"matmul_v1", cuda::matmul_v1, d}, {"matmul_v2", cuda::matmul_v2, d},
+            {"matmul_v3", cuda::matmul_v3, d}, table, cpu_v2};
 #endif
-  return {table};  // FF_TEST_DEVICE=cpu: no numbered versions, only the table entry
+  return {cpu_v2};  // FF_TEST_DEVICE=cpu: the cpu table's entry
 }
 
 // Tolerance. Each element of c is a dot product of K terms. The device sums them in float:
 // by the standard bound (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1)
 // its error is at most K * u * sum_p |a_ip| |b_pj|, u = 2^-24 the unit roundoff of float
 // (each of the K additions rounds once, relative to a partial sum bounded by that sum;
-// an FMA only rounds less). The cpu sums in double and rounds once to float: at most u * the
-// same sum; accumulate adds one more float rounding, at most u * (|c| + the sum). So
+// an FMA only rounds less; the cpu's version 2 sums in float too, starting from c when it
+// accumulates, so the same bound with |c| among the terms). The definition (cpu version 1)
+// sums in double and rounds once to float: at most u * the same sum; accumulate adds one more
+// float rounding, at most u * (|c| + the sum). So
 //   |device - cpu| <= (K + 2) * u * (sum_p |a_ip| |b_pj| + |c_before|)
 // for every element, whatever the summation order: a rigorous bound, per element, rather
 // than one scale for the whole matrix (the x100 outliers would make that one very loose).
@@ -77,9 +88,9 @@ std::string describe(const std::string& name, const MatmulCase& t) {
          (t.accumulate ? " accumulate" : " assign");
 }
 
-// Runs one version and the cpu matmul on the same inputs and compares them.
+// Runs one version and the definition on the same inputs and compares them.
 void check_matmul(const MatmulVersion& v, const MatmulCase& t, uint64_t seed) {
-  Device d = kt::device_under_test();
+  Device d = v.device;
   // Batch strides with a gap after each matrix, so a kernel that assumes stride M*K fails.
   const int64_t stride_a = t.shared_a ? 0 : t.M * t.K + 3;
   const int64_t stride_b = t.shared_b ? 0 : t.K * t.Nc + 5;
@@ -92,15 +103,15 @@ void check_matmul(const MatmulVersion& v, const MatmulCase& t, uint64_t seed) {
   std::vector<float> c_before =
       t.accumulate ? kt::inputs(nc, seed + 2, t.scale) : std::vector<float>(nc, std::nanf(""));
   std::vector<float> want = c_before;
-  kt::cpu_kernels().matmul(want.data(), a.data(), b.data(), t.B, t.M, t.Nc, t.K, stride_a,
-                           stride_b, t.trans_a, t.trans_b, t.accumulate);
+  kDefinition(want.data(), a.data(), b.data(), t.B, t.M, t.Nc, t.K, stride_a, stride_b,
+              t.trans_a, t.trans_b, t.accumulate);
 
-  // The per-element bound: sum_p |a_ip| |b_pj| is the cpu matmul of |a| and |b|.
+  // The per-element bound: sum_p |a_ip| |b_pj| is the matmul of |a| and |b|.
   std::vector<float> abs_a(a), abs_b(b), abs_sum(nc);
   for (float& x : abs_a) x = std::fabs(x);
   for (float& x : abs_b) x = std::fabs(x);
-  kt::cpu_kernels().matmul(abs_sum.data(), abs_a.data(), abs_b.data(), t.B, t.M, t.Nc, t.K,
-                           stride_a, stride_b, t.trans_a, t.trans_b, false);
+  kDefinition(abs_sum.data(), abs_a.data(), abs_b.data(), t.B, t.M, t.Nc, t.K, stride_a,
+              stride_b, t.trans_a, t.trans_b, false);
   std::vector<double> tol(nc);
   for (int64_t i = 0; i < nc; i++)
     tol[i] = (t.K + 2) * kUnitRoundoff *
@@ -159,8 +170,8 @@ TEST_CASE("kernels: matmul versions, batched with shared a and/or b, device vs c
 }
 
 TEST_CASE("kernels: matmul versions, edge cases, device vs cpu") {
-  Device d = kt::device_under_test();
   for (const MatmulVersion& v : versions_under_test()) {
+    const Device d = v.device;
     // K = 0: an empty sum. Assign writes zeros, accumulate leaves c as it was.
     check_matmul(v, {2, 7, 5, 0, false, false, false, false, false}, 400);
     check_matmul(v, {2, 7, 5, 0, true, true, false, true, true}, 400);
@@ -176,6 +187,24 @@ TEST_CASE("kernels: matmul versions, edge cases, device vs cpu") {
                         v.name + " with an empty output leaves c alone");
     }
   }
+}
+
+TEST_CASE("kernels: cpu matmul v2 on shapes past its blocks, 1 and 2 threads, vs v1") {
+  // Version 2 cuts the sum over p into slices of 256 and c into blocks of 48 rows of 6 x 32
+  // tiles, and goes parallel from 64^3 multiply-adds: K = 600 is three slices (the last one
+  // ragged), M = 130 three row blocks (the last ragged), Nc = 97 four panels (the last 1
+  // wide). On one thread and on two (the blocks split between them), batched with a shared b.
+  const MatmulVersion v2 = {"cpu matmul v2", cpu::matmul, Device::cpu};
+  const int threads = cpu::matmul_threads();
+  for (int n : {1, 2}) {
+    cpu::set_matmul_threads(n);
+    for (const auto& tr : kTransposes)
+      for (bool accumulate : {false, true}) {
+        check_matmul(v2, {1, 130, 97, 600, tr[0], tr[1], false, false, accumulate}, 700);
+        check_matmul(v2, {2, 50, 33, 300, tr[0], tr[1], false, true, accumulate}, 701);
+      }
+  }
+  cpu::set_matmul_threads(threads);
 }
 
 }  // TEST_SUITE

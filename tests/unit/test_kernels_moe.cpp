@@ -474,8 +474,9 @@ TEST_CASE("moe kernels: combine(permute(x)) with gates = 1 is k x") {
 TEST_CASE("moe kernels: grouped_gemm and its gradients equal per-group matmuls under autograd") {
   // c = concat_e (a_e @ op(w_e)) with ops (slice, reshape, transpose, matmul, concat); then
   // the backward of dc: dA must be grouped_gemm(dc, w) with the other transposition, dW must be
-  // grouped_gemm_dw(a, dc) (or its transpose when trans_w). The ops' matmul sums in double and
-  // rounds once, the kernels in float: within (n + 2) eps S (header; n the length of the sum).
+  // grouped_gemm_dw(a, dc) (or its transpose when trans_w). The ops' matmul (the cpu matmul's
+  // version 2) and the kernels both sum in float, in different orders: within (n + 2) eps S of
+  // each other (header: two float sums; n the length of the sum).
   for (const GemmCase& g : gemm_cases())
     for (bool trans_w : {false, true}) {
       const std::string what = gemm_name(g, trans_w, false);

@@ -33,9 +33,10 @@ constexpr double kRoundRtol = 1e-6;
 // float32 libm exp/log/sqrt are within ~1 ulp; sigmoid and silu add 2-3 roundings. 2e-6 (~32
 // ulps) still fails any real mistake.
 constexpr double kTranscendentalRtol = 2e-6;
-// Sums and matmuls: the cpu kernels accumulate in double and round once, but a float32
-// accumulation over K <= 13 terms of size ~1 may drift by ~K ulps of the partial sums (~1e-6);
-// 1e-5 absolute allows it and is still far below a missing or extra term (~1).
+// Sums and matmuls: the cpu reductions accumulate in double and round once; the cpu matmul
+// (version 2 of kernels/cpu/matmul.cpp) accumulates in float, and a float32 accumulation over
+// K <= 13 terms of size ~1 may drift by ~K ulps of the partial sums (~1e-6); 1e-5 absolute
+// allows it and is still far below a missing or extra term (~1).
 constexpr double kSumAtol = 1e-5;
 constexpr double kSumRtol = 1e-5;
 // softmax: float exp of (x - max), a double row sum, one scale. Relative error a few ulps;
