@@ -1,89 +1,264 @@
 // kernels/cpu/reduce.cpp — sum/max along one dim of an [outer, n, inner] view,
 // softmax and log_softmax along the last dim. Sums accumulate in double.
+//
+// Written for speed as well as reading: each row is read from memory once (its statistics in
+// one pass, the online softmax's (m, l) recurrence of lesson 01; the pass that writes re-reads
+// the row from the cache), inner loops are `omp simd` loops the compiler vectorises (a
+// reduction clause lets the sum be split into vector lanes: in double, that reordering moves
+// the sum by about n 2^-53 of its size, far below a float's rounding), exp is exp_double
+// (row_math.h), not a libm call per element, and a row is scaled by a reciprocal computed
+// once. Large tensors share their rows among OpenMP threads (row_threads); every row is
+// computed the same way whatever the thread count, so results do not depend on it.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/row_math.h"
 
 namespace ff::cpu {
 
-void reduce(ReduceOp op, float* out, const float* in, int64_t outer, int64_t n, int64_t inner) {
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < inner; i++) {
-      const float* p = in + o * n * inner + i;
-      if (op == ReduceOp::sum) {
-        double s = 0.0;
-        for (int64_t j = 0; j < n; j++) s += p[j * inner];
-        out[o * inner + i] = (float)s;
-      } else {
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n; j++) m = std::fmax(m, p[j * inner]);
-        out[o * inner + i] = m;
-      }
-    }
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ----------------------------------------------------------------------------
+// one row
+
+// max of x[0..n): `v > m ? v : m` from m = -inf is std::fmax's answer (a NaN never compares
+// greater, so it is skipped, and m is never NaN) in a form that vectorises to max instructions.
+__attribute__((always_inline)) inline float row_max(const float* x, int64_t n) {
+  float m = kNegInf;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+  return m;
 }
+
+__attribute__((always_inline)) inline double row_sum(const float* x, int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; j++) s += x[j];
+  return s;
+}
+
+}  // namespace
+
+// The statistics of a softmax row in one pass: m = max_j x_j and l = sum_j exp(x_j - m), by the
+// online recurrence (Milakov and Gimelshein 2018; lesson 01) taken a chunk at a time: the
+// chunk's max (a vectorised max), a rescale l *= exp(m_old - m_new) when it rises (in double,
+// at most once per chunk, not per element), then the chunk's exp(x_j - m) summed in double.
+// Each exponent is the float x_j - m with m the running max, never further from 0 than the
+// final max would make it, so the terms are as accurate as a two-pass sum's. A row of -inf
+// only (so far) adds nothing; an all -inf row ends with m = -inf, and its softmax is NaN as
+// exp(-inf - -inf) says.
+FF_CPU_CLONES RowStats softmax_row_stats(const float* x, int64_t C) {
+  constexpr int64_t kChunk = 256;  // 1 KiB: still in L1 when the exp loop re-reads it
+  float m = kNegInf;
+  double l = 0.0;
+  for (int64_t j0 = 0; j0 < C; j0 += kChunk) {
+    const float* xc = x + j0;
+    const int64_t n = std::min(kChunk, C - j0);
+    const float cm = row_max(xc, n);
+    if (cm > m) {
+      l *= std::exp((double)m - (double)cm);
+      m = cm;
+    }
+    if (m == kNegInf) continue;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) s += exp_double(xc[j] - m);
+    l += s;
+  }
+  return {m, l};
+}
+
+// ----------------------------------------------------------------------------
+// reduce and max_backward
+
+namespace {
+
+FF_CPU_CLONES void reduce_rows(ReduceOp op, float* out, const float* in, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; r++)
+    out[r] = op == ReduceOp::sum ? (float)row_sum(in + r * n, n) : row_max(in + r * n, n);
+}
+
+// inner > 1: out[i] = op over j of p[j * inner + i], for columns [i0, i1). Walking j outside
+// and i inside reads memory in order and vectorises over i; each column still adds its terms
+// in order j = 0, 1, ... (in double), as the plain loop did.
+FF_CPU_CLONES void reduce_columns(ReduceOp op, float* out, const float* p, int64_t n,
+                                  int64_t inner, int64_t i0, int64_t i1) {
+  const int64_t w = i1 - i0;
+  if (op == ReduceOp::sum) {
+    std::vector<double> acc((size_t)w, 0.0);
+    for (int64_t j = 0; j < n; j++) {
+      const float* pj = p + j * inner + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < w; i++) acc[i] += pj[i];
+    }
+    for (int64_t i = 0; i < w; i++) out[i0 + i] = (float)acc[i];
+  } else {
+    float* o = out + i0;
+    for (int64_t i = 0; i < w; i++) o[i] = kNegInf;
+    for (int64_t j = 0; j < n; j++) {
+      const float* pj = p + j * inner + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < w; i++) o[i] = pj[i] > o[i] ? pj[i] : o[i];
+    }
+  }
+}
+
+constexpr int64_t kColumnBlock = 1024;  // columns per task of reduce_columns: 8 KiB of sums
+
+}  // namespace
+
+void reduce(ReduceOp op, float* out, const float* in, int64_t outer, int64_t n, int64_t inner) {
+  if (inner == 1) {
+    for_row_blocks(outer, n, [&](int64_t r0, int64_t rows) {
+      reduce_rows(op, out + r0, in + r0 * n, rows, n);
+    });
+    return;
+  }
+  const int threads = row_threads(outer * n * inner);
+  const int64_t blocks = (inner + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t task = 0; task < outer * blocks; task++) {
+    const int64_t o = task / blocks, i0 = (task % blocks) * kColumnBlock;
+    reduce_columns(op, out + o * inner, in + o * n * inner, n, inner, i0,
+                   std::min(inner, i0 + kColumnBlock));
+  }
+}
+
+namespace {
+
+// dx routes dy to the first j where x equals the max y, zeros elsewhere: one pass that writes
+// the zeros and finds that j (a min reduction over the hits: n when there is none).
+FF_CPU_CLONES void max_backward_rows(float* dx, const float* x, const float* y, const float* dy,
+                                     int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float* p = x + r * n;
+    float* d = dx + r * n;
+    const float yr = y[r];
+    int64_t first = n;
+#pragma omp simd reduction(min : first)
+    for (int64_t j = 0; j < n; j++) {
+      first = p[j] == yr && j < first ? j : first;
+      d[j] = 0.f;
+    }
+    if (first < n) d[first] = dy[r];
+  }
+}
+
+// inner > 1: the same per column, j outside and i inside (in memory order).
+FF_CPU_CLONES void max_backward_columns(float* d, const float* p, const float* y, const float* dy,
+                                        int64_t n, int64_t inner) {
+  std::vector<int64_t> first((size_t)inner, n);
+  for (int64_t j = 0; j < n; j++) {
+    const float* pj = p + j * inner;
+    float* dj = d + j * inner;
+#pragma omp simd
+    for (int64_t i = 0; i < inner; i++) {
+      first[i] = pj[i] == y[i] && first[i] == n ? j : first[i];
+      dj[i] = 0.f;
+    }
+  }
+  for (int64_t i = 0; i < inner; i++)
+    if (first[i] < n) d[first[i] * inner + i] = dy[i];
+}
+
+}  // namespace
 
 void max_backward(float* dx, const float* x, const float* y, const float* dy, int64_t outer,
                   int64_t n, int64_t inner) {
+  if (inner == 1) {
+    for_row_blocks(outer, n, [&](int64_t r0, int64_t rows) {
+      max_backward_rows(dx + r0 * n, x + r0 * n, y + r0, dy + r0, rows, n);
+    });
+    return;
+  }
+  const int threads = row_threads(outer * n * inner);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t o = 0; o < outer; o++)
-    for (int64_t i = 0; i < inner; i++) {
-      const float* p = x + o * n * inner + i;
-      float* d = dx + o * n * inner + i;
-      bool routed = false;
-      for (int64_t j = 0; j < n; j++) {
-        bool hit = !routed && p[j * inner] == y[o * inner + i];
-        d[j * inner] = hit ? dy[o * inner + i] : 0.f;
-        routed = routed || hit;
-      }
-    }
+    max_backward_columns(dx + o * n * inner, x + o * n * inner, y + o * inner, dy + o * inner, n,
+                         inner);
 }
 
-// Safe softmax: subtract the row max before exponentiating (two passes over the row).
-void softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; r++) {
+// ----------------------------------------------------------------------------
+// softmax and log_softmax along the last dim: rows [r0, r1) of (N, C)
+
+namespace {
+
+// y = exp(x - m) / l: l's reciprocal once per row (in double), so each element is rounded once.
+FF_CPU_CLONES void softmax_rows(float* y, const float* x, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; r++) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < C; j++) m = std::fmax(m, xr[j]);
-    double l = 0.0;
-    for (int64_t j = 0; j < C; j++) {
-      yr[j] = std::exp(xr[j] - m);
-      l += yr[j];
-    }
-    float inv = (float)(1.0 / l);
-    for (int64_t j = 0; j < C; j++) yr[j] *= inv;
+    const RowStats s = softmax_row_stats(xr, C);
+    const float m = s.m;
+    const double inv_l = 1.0 / s.l;
+#pragma omp simd
+    for (int64_t j = 0; j < C; j++) yr[j] = (float)(exp_double(xr[j] - m) * inv_l);
   }
 }
 
-void softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; r++) {
+// dx = y (dy - dot), dot = sum_j dy_j y_j (float products are exact in double)
+FF_CPU_CLONES void softmax_backward_rows(float* dx, const float* y, const float* dy, int64_t rows,
+                                         int64_t C) {
+  for (int64_t r = 0; r < rows; r++) {
     const float* yr = y + r * C;
     const float* dyr = dy + r * C;
     double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < C; j++) dot += (double)dyr[j] * yr[j];
-    for (int64_t j = 0; j < C; j++) dx[r * C + j] = yr[j] * (dyr[j] - (float)dot);
+    const float d = (float)dot;
+#pragma omp simd
+    for (int64_t j = 0; j < C; j++) dx[r * C + j] = yr[j] * (dyr[j] - d);
   }
 }
 
-void log_softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; r++) {
+// y = x - lse, lse = m + log l: the statistics pass, then one subtraction per element.
+FF_CPU_CLONES void log_softmax_rows(float* y, const float* x, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; r++) {
     const float* xr = x + r * C;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < C; j++) m = std::fmax(m, xr[j]);
-    double l = 0.0;
-    for (int64_t j = 0; j < C; j++) l += std::exp((double)(xr[j] - m));
-    float lse = m + (float)std::log(l);
+    const RowStats s = softmax_row_stats(xr, C);
+    const float lse = s.m + (float)std::log(s.l);
+#pragma omp simd
     for (int64_t j = 0; j < C; j++) y[r * C + j] = xr[j] - lse;
   }
 }
 
-void log_softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; r++) {
-    double s = 0.0;
-    for (int64_t j = 0; j < C; j++) s += dy[r * C + j];
-    for (int64_t j = 0; j < C; j++)
-      dx[r * C + j] = dy[r * C + j] - std::exp(y[r * C + j]) * (float)s;
+// dx = dy - exp(y) s, s = sum_j dy_j
+FF_CPU_CLONES void log_softmax_backward_rows(float* dx, const float* y, const float* dy,
+                                             int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float* yr = y + r * C;
+    const float* dyr = dy + r * C;
+    const float s = (float)row_sum(dyr, C);
+#pragma omp simd
+    for (int64_t j = 0; j < C; j++) dx[r * C + j] = dyr[j] - (float)exp_double(yr[j]) * s;
   }
+}
+
+}  // namespace
+
+void softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
+  for_row_blocks(N, C, [&](int64_t r0, int64_t rows) { softmax_rows(y + r0 * C, x + r0 * C, rows, C); });
+}
+
+void softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
+  for_row_blocks(N, C, [&](int64_t r0, int64_t rows) {
+    softmax_backward_rows(dx + r0 * C, y + r0 * C, dy + r0 * C, rows, C);
+  });
+}
+
+void log_softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
+  for_row_blocks(N, C, [&](int64_t r0, int64_t rows) { log_softmax_rows(y + r0 * C, x + r0 * C, rows, C); });
+}
+
+void log_softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
+  for_row_blocks(N, C, [&](int64_t r0, int64_t rows) {
+    log_softmax_backward_rows(dx + r0 * C, y + r0 * C, dy + r0 * C, rows, C);
+  });
 }
 
 }  // namespace ff::cpu

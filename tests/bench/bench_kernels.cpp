@@ -11,7 +11,10 @@
 //                         version 2 / OpenBLAS;
 //   bandwidth-bound ones: GB/s of the bytes the kernel must read and write at least once;
 //                         on cuda also the ratio to a cudaMemcpy device-to-device moving
-//                         the same number of bytes, timed in this run.
+//                         the same number of bytes, timed in this run; on cpu the ratio to a
+//                         memcpy of the same bytes on the same number of threads (1 and 2 for
+//                         the kernels that thread), at a cache-resident shape (256 x 1024) and
+//                         one past the caches (8192 x 8192).
 // Each device gets shapes it can finish in about a second: the sim device runs every CUDA
 // thread as a fiber on the CPU, so its figures say how fast the emulator is (it is a
 // teaching and testing device), not how fast the kernel would be on a GPU. The last lines
@@ -218,6 +221,108 @@ void bench_bandwidth(Device d, int64_t N, int64_t C) {
   }
 }
 
+// The cpu's bandwidth-bound kernels against a memcpy of the same bytes (half read, half
+// written) on the same number of threads, both timed here: the ratio says how close a kernel
+// comes to streaming its bytes once. Two shapes: rows of 1024 in a 1 MiB tensor, which stays
+// in the caches, and 8192 x 8192 (256 MiB a tensor, 512-768 MiB a kernel: past the L3 of this
+// machine), where memory bandwidth is the limit. 1 and 2 threads for the kernels that share
+// their rows among threads (kernels/cpu/row_math.h); one for the others.
+void bench_cpu_bandwidth(bool quick) {
+  const Device d = Device::cpu;
+  const KernelTable& k = kernels_for(d);
+  const int default_threads = cpu::matmul_threads();
+  std::printf("cpu row kernels: GB/s of the bytes each must read + write once, and the ratio to "
+              "a memcpy moving as many bytes on as many threads in this run\n");
+  const double F = sizeof(float);
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 1024}, {8192, 8192}};
+  if (quick) shapes = {{64, 256}};
+  for (auto [N, C] : shapes) {
+    const int64_t n = N * C;
+    const int reps = n > (int64_t(1) << 24) ? 5 : 20;
+    Tensor x = randn({N, C}, 3, d), y = randn({N, C}, 4, d), out = Tensor::zeros({N, C}, d);
+    Tensor w = randn({C}, 5, d), rowbuf = Tensor::zeros({N}, d), rowbuf2 = Tensor::zeros({N}, d);
+    Tensor colbuf = Tensor::zeros({C}, d), dloss = randn({N}, 8, d);
+    Tensor targets = randint({N}, 6, C, d), idx = randint({N}, 7, N, d);
+    Tensor sm = Tensor::zeros({N, C}, d), lsm = Tensor::zeros({N, C}, d);
+    k.softmax_forward(sm.data(), x.data(), N, C);  // the backward ones get real forward outputs
+    k.log_softmax_forward(lsm.data(), x.data(), N, C);
+    k.rmsnorm_forward(out.data(), rowbuf.data(), x.data(), w.data(), N, C, 1e-5f);
+    Tensor rstd = rowbuf.clone();
+    k.cross_entropy_forward(rowbuf.data(), rowbuf2.data(), x.data(), targets.index_data(), N, C);
+    Tensor lse = rowbuf2.clone();
+    // memcpy's buffers: half of the most bytes a case below moves (3 tensors and a few rows),
+    // each way
+    std::vector<float> src((size_t)(3 * n / 2 + 4 * (N + C))), dst(src.size());
+    auto memcpy_ms_threads = [&](double bytes, int threads) {
+      const size_t half = (size_t)(bytes / 2), per = (half + threads - 1) / threads;
+      char* s = reinterpret_cast<char*>(src.data());
+      char* t = reinterpret_cast<char*>(dst.data());
+      return median_ms(d, reps, [&] {
+#pragma omp parallel for num_threads(threads)
+        for (int i = 0; i < threads; i++) {
+          const size_t off = std::min(half, i * per), len = std::min(half, off + per) - off;
+          std::memcpy(t + off, s + off, len);
+        }
+      });
+    };
+    struct Case {
+      const char* name;
+      double bytes;   // minimal bytes read + written
+      bool threaded;  // shares its rows among threads
+      std::function<void()> run;
+    };
+    std::vector<Case> cases = {
+        {"binary add", 3 * F * n, false,
+         [&] { k.binary(BinaryOp::add, out.data(), x.data(), y.data(), n, C, Broadcast::same); }},
+        {"transpose", 2 * F * n, true, [&] { k.transpose(out.data(), x.data(), 1, N, 1, C, 1); }},
+        {"reduce sum (rows)", F * (n + N), true,
+         [&] { k.reduce(ReduceOp::sum, rowbuf.data(), x.data(), N, C, 1); }},
+        {"reduce sum (columns)", F * (n + C), true,
+         [&] { k.reduce(ReduceOp::sum, colbuf.data(), x.data(), 1, N, C); }},
+        {"reduce max (rows)", F * (n + N), true,
+         [&] { k.reduce(ReduceOp::max, rowbuf.data(), x.data(), N, C, 1); }},
+        {"max_backward", F * (2 * n + 2 * N), true,
+         [&] { k.max_backward(out.data(), x.data(), rowbuf.data(), rowbuf2.data(), N, C, 1); }},
+        {"softmax_forward", 2 * F * n, true, [&] { k.softmax_forward(out.data(), x.data(), N, C); }},
+        {"softmax_backward", 3 * F * n, true,
+         [&] { k.softmax_backward(out.data(), sm.data(), y.data(), N, C); }},
+        {"log_softmax_forward", 2 * F * n, true,
+         [&] { k.log_softmax_forward(out.data(), x.data(), N, C); }},
+        {"log_softmax_backward", 3 * F * n, true,
+         [&] { k.log_softmax_backward(out.data(), lsm.data(), y.data(), N, C); }},
+        {"rmsnorm_forward", F * (2 * n + C + N), true,
+         [&] { k.rmsnorm_forward(out.data(), rowbuf.data(), x.data(), w.data(), N, C, 1e-5f); }},
+        {"rmsnorm_backward", F * (3 * n + 2 * C + N), false,
+         [&] {
+           k.rmsnorm_backward(out.data(), colbuf.data(), y.data(), x.data(), w.data(), rstd.data(),
+                              N, C);
+         }},
+        {"cross_entropy_fwd", F * (n + 2 * N) + 8.0 * N, true,
+         [&] {
+           k.cross_entropy_forward(rowbuf.data(), rowbuf2.data(), x.data(), targets.index_data(),
+                                   N, C);
+         }},
+        {"cross_entropy_bwd", F * (2 * n + 2 * N) + 8.0 * N, true,
+         [&] {
+           k.cross_entropy_backward(out.data(), x.data(), lse.data(), targets.index_data(),
+                                    dloss.data(), N, C);
+         }},
+        {"index_select_rows", 2 * F * n + 8.0 * N, false,
+         [&] { k.index_select_rows(out.data(), x.data(), idx.index_data(), N, C); }},
+    };
+    for (const Case& c : cases)
+      for (int threads : {1, 2}) {
+        if (threads > 1 && !c.threaded) continue;
+        cpu::set_matmul_threads(threads);
+        const double ms = median_ms(d, reps, c.run), copy = memcpy_ms_threads(c.bytes, threads);
+        const double gbs = c.bytes / ms / 1e6, copy_gbs = c.bytes / copy / 1e6;
+        row(c.name, d, std::to_string(N) + "x" + std::to_string(C) + " " + std::to_string(threads) + " thr",
+            ms, fmt("%.2f GB/s", gbs), fmt("%.2f of memcpy", gbs / copy_gbs) + fmt(" (%.1f GB/s)", copy_gbs));
+      }
+  }
+  cpu::set_matmul_threads(default_threads);
+}
+
 // ----------------------------------------------------------------------------
 // the emulator itself
 
@@ -268,8 +373,12 @@ int main(int argc, char** argv) {
     int64_t N = d == Device::cuda ? 8192 : d == Device::cpu ? 1024 : 256;
     int64_t C = d == Device::cuda ? 4096 : 1024;
     if (quick) n = std::min<int64_t>(n, 64), N = std::min<int64_t>(N, 64), C = std::min<int64_t>(C, 256);
-    if (d == Device::cpu) bench_cpu_matmul(quick);
-    else bench_matmul(d, n);
+    if (d == Device::cpu) {
+      bench_cpu_matmul(quick);
+      bench_cpu_bandwidth(quick);
+      continue;
+    }
+    bench_matmul(d, n);
     bench_bandwidth(d, N, C);
   }
   bench_emulator(quick ? 4 : 64);

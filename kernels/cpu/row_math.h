@@ -1,0 +1,88 @@
+// kernels/cpu/row_math.h — what the cpu row kernels (reduce.cpp, norm_loss.cpp, layout.cpp)
+// share: the thread rule, the CPU clones, and an exp that the compiler can vectorise.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace ff::cpu {
+
+// Tensors smaller than this (256 KiB of floats) run on the calling thread: waking the OpenMP
+// team costs a few microseconds, as long as one thread streams 256 KiB. Bigger ones share their
+// rows among matmul_threads() threads (the same rule as the matmul: OMP_NUM_THREADS, or the
+// cores divided among mpirun's ranks on this node).
+constexpr int64_t kParallelElements = int64_t(1) << 16;
+inline int row_threads(int64_t elements) {
+  return elements >= kParallelElements ? matmul_threads() : 1;
+}
+
+// A row function compiled three times (AVX-512, AVX2 + FMA, baseline x86-64), the best one
+// this CPU runs picked when the program starts — as matmul.cpp's tile: no -march flag, so the
+// build still runs on any x86-64. The OpenMP loop over rows stays outside, in plain code.
+#if defined(__x86_64__)
+#define FF_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FF_CPU_CLONES
+#endif
+
+// exp(x) of a float, in double, written so that a loop calling it vectorises (libm's exp is a
+// call per element, which no compiler vectorises without -ffast-math). The usual method:
+//   x = n ln2 + r,  n = round(x / ln2),  |r| <= ln2 / 2,   exp(x) = 2^n exp(r)
+// with exp(r) from its Taylor series to r^8 (the remainder, < e^0.35 0.35^9 / 9! = 3e-10
+// relative, is 0.005 of a float ulp) and 2^n written straight into a double's exponent bits.
+// n ln2 and the 16 roundings of the series are double ones (~1e-14 relative), so rounded to
+// float the result is within 0.51 ulp of exp(x): as good as glibc's expf (1 ulp), the bound
+// the kernel tests' tolerances assume. Kept in double, it serves as an exactly-summable term.
+// x is clamped to [-104, 89] (exp(-104) rounds to float 0, exp(89) to float inf; -inf gives 0
+// once rounded to float — in double it is exp(-104) ~ 7e-46, too small to change a softmax
+// sum, which holds a term >= 1 — and +inf gives inf) so that n + 1023 is a valid exponent; NaN
+// stays NaN. Why not glibc's vector exp (libmvec)? GCC calls it only under -ffast-math, whose
+// finite-math assumption would break the -inf and NaN handling the kernels rely on.
+__attribute__((always_inline)) inline double exp_double(float xf) {
+  constexpr double kLog2e = 1.4426950408889634, kLn2 = 0.6931471805599453;
+  constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2^52: t's low bits hold n
+  double x = xf;
+  x = x < -104.0 ? -104.0 : x;
+  x = x > 89.0 ? 89.0 : x;
+  const double t = x * kLog2e + kRoundMagic;
+  const double n = t - kRoundMagic;  // round(x / ln2), an integer in [-151, 129]
+  const double r = x - n * kLn2;
+  double p = 1.0 / 40320;  // 1/8!, then Horner down to 1 + r
+  p = p * r + 1.0 / 5040;
+  p = p * r + 1.0 / 720;
+  p = p * r + 1.0 / 120;
+  p = p * r + 1.0 / 24;
+  p = p * r + 1.0 / 6;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // the low 12 bits of t are n (mod 4096): exponent field n + 1023 (a bit cast, not memcpy,
+  // so that t never goes through memory and the loop around it still vectorises)
+  const uint64_t bits = (__builtin_bit_cast(uint64_t, t) + 1023) << 52;
+  return p * __builtin_bit_cast(double, bits);
+}
+
+// The statistics of a softmax row (reduce.cpp), shared with the cross-entropy (norm_loss.cpp):
+// m = max_j x_j and l = sum_j exp(x_j - m), in one pass over the row.
+struct RowStats {
+  float m;
+  double l;
+};
+RowStats softmax_row_stats(const float* x, int64_t C);
+
+// Shares rows [0, N) of an (N, C) tensor among row_threads(N * C) threads, a contiguous block of
+// rows each, calling rows_fn(first_row, row_count) once per block. Every row is computed the
+// same way whatever the thread count, so results do not depend on it.
+template <typename RowsFn>
+void for_row_blocks(int64_t N, int64_t C, RowsFn rows_fn) {
+  const int threads = row_threads(N * C);
+  const int64_t per = (N + threads - 1) / threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t t = 0; t < threads; t++) {
+    const int64_t r0 = std::min(N, t * per), r1 = std::min(N, r0 + per);
+    if (r1 > r0) rows_fn(r0, r1 - r0);
+  }
+}
+
+}  // namespace ff::cpu
