@@ -132,8 +132,9 @@ $(BUILD)/obj/%.o: %.cpp
 # vector select, so the exp loops of the softmax and cross-entropy would not vectorise. It
 # changes no result.
 # -ffp-contract=off: a * b + c rounds twice in every clone (AVX-512, AVX2 + FMA, baseline), so
-# device cpu computes the same bits on every x86-64 CPU and in every build (the sanitizer's
-# -O1 included): the outputs the READMEs show do not depend on the machine. Fusing would be
+# the cpu matmul computes the same bits on every x86-64 CPU and in every build (the sanitizer's
+# -O1 included), and the outputs the READMEs show do not depend on the machine (the row
+# kernels' double sums may still differ in a float's last bit, rarely: kernels/README.md). Fusing would be
 # faster on FMA hardware; the matmul stays well above its make bench target without it.
 $(BUILD)/obj/kernels/cpu/%.o: FLAGS += $(OMP_FLAGS) -fno-trapping-math -ffp-contract=off
 

@@ -58,7 +58,7 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // op(b) and 6 values of op(a), and does 6 x 32 = 192 multiply-adds with them — 5 values moved
 // per 32 multiply-adds instead of 2 per 1. The 32 columns are the inner loop, contiguous, with
 // a trip count known at compile time, so the compiler turns it into 2 AVX-512 (or 4 AVX2)
-// fused multiply-adds per row of the tile.
+// vector multiplies and adds per row of the tile.
 //
 // Packing. Before the sums, op(b) is copied into panels of kTileCols columns, row p of a panel
 // at panel + p * kTileCols, and each strip of kTileRows rows of op(a) into strip[p * kTileRows
@@ -74,7 +74,8 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // threads: matmul_threads below.
 //
 // Rounding. Version 2 sums the K products of an element in float, in order p = 0, 1, ...
-// (starting from c when accumulating), with fused multiply-adds where the CPU has them:
+// (starting from c when accumulating), each product rounded and then added — never fused, so
+// every clone below gives the same bits (the Makefile's -ffp-contract=off for kernels/cpu/):
 // within K u sum_p |a_ip b_pj| (+ u |c|) of the exact value, u = 2^-24 (Higham, "Accuracy and
 // Stability of Numerical Algorithms", 3.1), as the CUDA kernels are; version 1 is within
 // u |result|. Tests that compare with the cpu matmul as if it were exact use version 1
