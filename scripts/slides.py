@@ -132,10 +132,15 @@ def parse_run(deck, lineno, spec):
 
 
 def run_output(deck, lineno, run, cache):
-    """The lesson's output, run once per distinct command (cached in build/slides/runs)."""
+    """The lesson's output, run once per distinct command and build of the lesson (cached in
+    build/slides/runs, keyed by the command and the binary's modification time: a rebuilt
+    lesson runs again)."""
     mpirun = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe -q"))
-    cmd = mpirun + ["-np", str(run["np"]), str(BUILD / "bin" / run["lesson"])] + run["args"]
-    key = hashlib.sha1(" ".join(cmd).encode()).hexdigest()[:16]
+    binary = BUILD / "bin" / run["lesson"]
+    if not binary.exists():
+        fail(deck, lineno, f"run: {binary.relative_to(ROOT)} is not built: run make first")
+    cmd = mpirun + ["-np", str(run["np"]), str(binary)] + run["args"]
+    key = hashlib.sha1((" ".join(cmd) + f" {binary.stat().st_mtime_ns}").encode()).hexdigest()[:16]
     path = cache / f"{key}.txt"
     if not path.exists():
         print(f"+ {run['shown']}", flush=True)
@@ -363,14 +368,18 @@ def main(argv):
         marp("--html", *sources)
         if mode == "build":
             self_test(out)
-            marp("--pdf", *sources)
+            # one deck per browser: with every deck in one call, marp's parallel workers can
+            # time out on a 2-core machine
+            for src in sources:
+                marp("--pdf", src)
             pngdir, bare = out / "png", out / "bare"
             for d in (pngdir, bare):
                 d.mkdir(exist_ok=True)
             for d in built:  # a deck that lost slides must not keep its old PNGs
                 for png in pngdir.glob(f"{d.stem}.[0-9]*.png"):
                     png.unlink()
-            marp("--images", "png", *sources)
+            for src in sources:
+                marp("--images", "png", src)
             for d in built:
                 for png in out.glob(f"{d.stem}.[0-9]*.png"):
                     png.rename(pngdir / png.name)
