@@ -50,8 +50,8 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
 
 // async: post every receive, then every send, then wait for all of them. MPI orders nothing
 // here, so there is nothing to deadlock on; it is the library's job to progress them all.
-void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
-               const std::vector<size_t>& recv_bytes, int tag) {
+A2AFlight a2a_start(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
+                    const std::vector<size_t>& recv_bytes, int tag) {
   const int r = comm.rank(), P = comm.size();
   const std::vector<size_t> so = block_offsets(send_bytes), ro = block_offsets(recv_bytes);
   // [slide:a2a-async]
@@ -63,8 +63,19 @@ void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_byt
     if (q != r && send_bytes[(size_t)q])
       reqs.push_back(comm.isend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag));
   if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
-  comm.wait_all(reqs);
+  // ... and later: comm.wait_all(reqs)
   // [/slide]
+  return A2AFlight{std::move(reqs)};
+}
+
+bool a2a_test(Comm& comm, A2AFlight& flight) { return comm.test_all(flight.reqs); }
+
+void a2a_finish(Comm& comm, A2AFlight& flight) { comm.wait_all(flight.reqs); }
+
+void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
+               const std::vector<size_t>& recv_bytes, int tag) {
+  A2AFlight flight = a2a_start(comm, send, send_bytes, recv, recv_bytes, tag);
+  a2a_finish(comm, flight);
 }
 
 void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,

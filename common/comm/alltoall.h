@@ -28,6 +28,20 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
                  const std::vector<size_t>& recv_bytes, int tag);
 void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
                const std::vector<size_t>& recv_bytes, int tag);
+
+// async in two halves, so that compute runs while the blocks are in flight (lesson 06):
+// a2a_start posts every receive and every send and copies the block to itself; a2a_test polls
+// them once without blocking (Open MPI moves a large message only inside MPI calls, so these
+// polls are what progresses it while the caller computes); a2a_finish waits for all of them.
+// send and recv belong to the flight until the finish: neither may be touched before it.
+struct A2AFlight {
+  std::vector<Request> reqs;
+};
+A2AFlight a2a_start(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
+                    const std::vector<size_t>& recv_bytes, int tag);
+bool a2a_test(Comm& comm, A2AFlight& flight);
+void a2a_finish(Comm& comm, A2AFlight& flight);
+
 // One of the three, as one "all-to-all" span on the comm track of the trace.
 void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
                 void* recv, const std::vector<size_t>& recv_bytes, int tag);

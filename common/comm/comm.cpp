@@ -306,11 +306,13 @@ Comm::Comm(MPI_Comm c) : comm_(c) {
   world_ranks_ = std::make_shared<const std::vector<int>>(std::move(theirs));
 }
 
-Comm Comm::world(int* argc, char*** argv) {
+static int g_thread_provided = MPI_THREAD_SINGLE;
+
+Comm Comm::world(int* argc, char*** argv, int thread_level) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    int rc = MPI_Init(argc, argv);
+    int rc = MPI_Init_thread(argc, argv, thread_level, &g_thread_provided);
     if (rc != MPI_SUCCESS) {
       std::fprintf(stderr, "error: MPI_Init failed (code %d)\n", rc);
       std::exit(1);
@@ -319,6 +321,8 @@ Comm Comm::world(int* argc, char*** argv) {
   if (!g_wait_decided) decide_wait_policy();
   return Comm(MPI_COMM_WORLD);
 }
+
+int Comm::thread_level_provided() { return g_thread_provided; }
 
 [[noreturn]] void Comm::exit_all(int code) {
   std::fflush(stdout);
@@ -466,19 +470,49 @@ MPI_Status Comm::wait_one(Request& r) {
   MPI_Status status;
   std::memset(&status, 0, sizeof status);
   status.MPI_SOURCE = MPI_PROC_NULL;
-  if (r.req == MPI_REQUEST_NULL) return status;  // already completed (or never posted)
   Backoff backoff(timeout_s_);
-  for (;;) {
-    int done = 0;
-    mpiCheck(MPI_Test(&r.req, &done, &status));
-    if (done) break;
-    if (!backoff.pause()) report_deadlock(r);
+  if (r.arrived) {  // Comm::test saw it complete in MPI (and told the model)
+    status = r.status;
+    r.arrived = false;
+  } else {
+    if (r.req == MPI_REQUEST_NULL) return status;  // already completed (or never posted)
+    for (;;) {
+      int done = 0;
+      mpiCheck(MPI_Test(&r.req, &done, &status));
+      if (done) break;
+      if (!backoff.pause()) report_deadlock(r);
+    }
+    check_received(r, status, rank_);
+    link_arrived(r, status);
   }
-  check_received(r, status, rank_);
-  link_arrived(r, status);
   while (!link_due(r, link_now_s()))
     if (!backoff.pause(r.link_done_s, /*mpi_pending=*/false)) report_link_overrun(r, backoff.waited());
   return status;
+}
+
+bool Comm::test(Request& r) {
+  if (r.req != MPI_REQUEST_NULL) {
+    int done = 0;
+    MPI_Status status;
+    std::memset(&status, 0, sizeof status);
+    mpiCheck(MPI_Test(&r.req, &done, &status));
+    if (!done) return false;
+    check_received(r, status, rank_);
+    link_arrived(r, status);
+    r.arrived = true;
+    r.status = status;
+  } else if (!r.arrived) {
+    return true;  // retired by a wait already (or never posted)
+  }
+  if (!link_due(r, link_now_s())) return false;
+  if (r.done_us < 0) r.done_us = now_us();
+  return true;
+}
+
+bool Comm::test_all(std::vector<Request>& rs) {
+  bool all = true;
+  for (Request& r : rs) all = test(r) && all;  // test every one: each poll may move data
+  return all;
 }
 
 // ----------------------------------------------------------------------------
@@ -511,32 +545,44 @@ static void record_blocking(const Request& r, const MPI_Status& status) {
   if (trace().enabled()) trace().add(comm_record(r.op, r, &status, r.start_us, now_us(), SpanKind::span));
 }
 
+// A flight ends where it was first seen done (by test() or by this wait).
+static double flight_end(const Request& r, double now) { return r.done_us >= 0 ? r.done_us : now; }
+
 void Comm::wait(Request& r) {
-  if (r.req == MPI_REQUEST_NULL) return;
+  if (r.req == MPI_REQUEST_NULL && !r.arrived) return;
   const double entered = trace().enabled() ? now_us() : 0.0;
   MPI_Status status = wait_one(r);
   if (!trace().enabled()) return;
   const double done = now_us();
-  trace().add(comm_record(r.op, r, &status, r.start_us, done, SpanKind::flight));
+  trace().add(comm_record(r.op, r, &status, r.start_us, flight_end(r, done), SpanKind::flight));
   trace().add(comm_record("wait " + r.op, r, &status, entered, done, SpanKind::span));
 }
 
 void Comm::wait_all(std::vector<Request>& rs) {
   std::vector<MPI_Request> handles;  // the pending requests, for MPI_Testsome
   std::vector<size_t> where;         // handles[i] is rs[where[i]].req
-  for (size_t i = 0; i < rs.size(); i++)
+  // Completed in MPI, not yet in the link model: (index in rs, its status). Requests test()
+  // saw complete start here.
+  std::vector<std::pair<size_t, MPI_Status>> held;
+  std::vector<size_t> mine;          // every request this wait retires, in rs's order
+  for (size_t i = 0; i < rs.size(); i++) {
     if (rs[i].req != MPI_REQUEST_NULL) {
       handles.push_back(rs[i].req);
       where.push_back(i);
+    } else if (rs[i].arrived) {
+      held.emplace_back(i, rs[i].status);
+      rs[i].arrived = false;
+    } else {
+      continue;
     }
-  if (handles.empty()) return;
+    mine.push_back(i);
+  }
+  if (mine.empty()) return;
   const bool tracing = trace().enabled();
   const double entered = tracing ? now_us() : 0.0;
   const int n = (int)handles.size();
-  std::vector<int> indices(n);
-  std::vector<MPI_Status> statuses(n);
-  // Completed in MPI, not yet in the link model: (index in rs, its status).
-  std::vector<std::pair<size_t, MPI_Status>> held;
+  std::vector<int> indices((size_t)n);
+  std::vector<MPI_Status> statuses((size_t)n);
   Backoff backoff(timeout_s_);
   for (int left = n; left > 0 || !held.empty();) {
     int count = 0;
@@ -560,7 +606,7 @@ void Comm::wait_all(std::vector<Request>& rs) {
       if (!link_due(r, now_s)) {
         held[kept++] = h;
       } else if (tracing) {
-        trace().add(comm_record(r.op, r, &h.second, r.start_us, done, SpanKind::flight));
+        trace().add(comm_record(r.op, r, &h.second, r.start_us, flight_end(r, done), SpanKind::flight));
       }
     }
     const bool finished_some = kept < held.size();
@@ -570,7 +616,7 @@ void Comm::wait_all(std::vector<Request>& rs) {
     for (const auto& h : held) due = std::min(due, rs[h.first].link_done_s);
     if (backoff.pause(due, left > 0)) continue;
     for (int i = 0; i < n; i++)  // the first one, in the caller's order, still pending in MPI
-      if (handles[i] != MPI_REQUEST_NULL) report_deadlock(rs[where[i]]);
+      if (handles[(size_t)i] != MPI_REQUEST_NULL) report_deadlock(rs[where[(size_t)i]]);
     report_link_overrun(rs[held.front().first], backoff.waited());
   }
   if (!tracing) return;
@@ -580,9 +626,9 @@ void Comm::wait_all(std::vector<Request>& rs) {
   s.stream = "comm";
   s.start_us = entered;
   s.end_us = now_us();
-  s.peer = rs[where[0]].peer;
-  s.tag = rs[where[0]].tag;
-  for (size_t i : where) {
+  s.peer = rs[mine[0]].peer;
+  s.tag = rs[mine[0]].tag;
+  for (size_t i : mine) {
     const Request& r = rs[i];
     s.bytes += (int64_t)r.bytes;
     if (r.peer != s.peer || r.peer < 0) s.peer = Span::kNoPeer;

@@ -39,10 +39,11 @@
 //             a rank that sends P-1 blocks to P-1 other nodes pays P-1 inter-node transfers
 //             back to back, which is what a hierarchical all-to-all (one inter-node message
 //             per node, then an intra-node fan-out) saves.
-//   receiver  likewise on this rank's incoming link of the class, from when a wait's poll
-//             (MPI_Test / MPI_Testsome) first sees the message complete in MPI. An
-//             approximation: a receive whose wait comes late is charged from when that wait
-//             first sees it, not from when the data arrived.
+//   receiver  likewise on this rank's incoming link of the class, from when a poll (a wait's
+//             MPI_Test / MPI_Testsome, or Comm::test) first sees the message complete in MPI.
+//             An approximation: a receive nobody polls until late is charged from when it is
+//             first seen, not from when the data arrived (for a large message over shared
+//             memory, much the same: Open MPI moves it only inside MPI calls).
 // A wait whose request is complete in MPI but not yet in the model keeps waiting (sleeping
 // when the modelled time is more than ~100 us away) until the modelled time; the watchdog's
 // deadline still applies, and the trace flight ends at the modelled completion. Messages to
@@ -116,6 +117,12 @@ struct Request {
   bool modelled = false;   // the link model delays its completion (on at its post; not self)
   double link_done_s = -1;  // its modelled completion on the model's clock (a receive's is
                             // known once a wait first sees it complete); < 0: not yet known
+  // Set by Comm::test when it saw the request complete in MPI before any wait did (req is then
+  // MPI_REQUEST_NULL): its status, and the trace time it was seen done in MPI and in the model
+  // (< 0: not yet due in the model). A later wait ends the flight there, not at the wait.
+  bool arrived = false;
+  MPI_Status status{};
+  double done_us = -1;
 };
 
 // How this process's waits poll, decided once in Comm::world.
@@ -143,7 +150,10 @@ class Comm {
   // Initializes MPI once per process and returns MPI_COMM_WORLD. The first call (collective)
   // also decides the WaitPolicy; an FF_WAIT other than spin, sleep or auto is a usage error:
   // one `error:` line, exit 2 on every rank.
-  static Comm world(int* argc, char*** argv);
+  // thread_level: what MPI_Init_thread is asked for (MPI_THREAD_SINGLE unless a lesson runs
+  // MPI from a second thread); thread_level_provided() says what MPI gave.
+  static Comm world(int* argc, char*** argv, int thread_level = MPI_THREAD_SINGLE);
+  static int thread_level_provided();
   static const WaitPolicy& wait_policy();
   // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.
   [[noreturn]] static void exit_all(int code);
@@ -165,6 +175,12 @@ class Comm {
   Request issend(const void* buf, size_t bytes, int peer, int tag);
   Request irecv(void* buf, size_t bytes, int peer, int tag);
   void wait(Request& r);
+  // Polls r once without blocking (MPI_Test: this is also what makes MPI progress its
+  // messages): true when it is complete in MPI and, with the link model, its modelled time has
+  // come. A receive first seen complete here is charged to the model from now, as in a wait.
+  // A test that returns true leaves r for wait()/wait_all() to retire (and trace) at once.
+  bool test(Request& r);
+  bool test_all(std::vector<Request>& rs);  // test() on each: true when all are done
   // Waits for all of rs, polling all of them (each flight ends when it completes, whatever
   // the order); the watchdog names the first one, in rs's order, still pending. Its trace
   // span "wait_all" counts the bytes of all; its peer and tag are theirs where all agree.

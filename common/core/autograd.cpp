@@ -86,12 +86,21 @@ static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads)
 }
 
 void DeferredGrads::run() {
-  NoGradGuard no_grad;
-  for (auto& f : pending_) f();
-  pending_.clear();
+  while (run_next()) {
+  }
 }
 
-void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred) {
+bool DeferredGrads::run_next() {
+  if (pending_.empty()) return false;
+  NoGradGuard no_grad;
+  std::function<void()> f = std::move(pending_.front());
+  pending_.pop_front();
+  f();
+  return true;
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred,
+                  const std::function<void()>& after_each_op) {
   FF_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
   FF_CHECK(grad_output.shape() == root.shape(),
            "backward: gradient shape " << shape_str(grad_output.shape()) << " != tensor shape "
@@ -164,6 +173,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
       accumulate(grads[in.impl()], in_grads[i]);
     }
     grads.erase(t);  // free intermediate gradients as soon as they are consumed
+    if (after_each_op) after_each_op();
   }
 }
 

@@ -6,6 +6,7 @@
 // their own output Tensor (that would make a reference cycle): capture
 // output.detach() instead.
 #pragma once
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -36,11 +37,15 @@ class DeferredGrads {
   bool empty() const { return pending_.empty(); }
   size_t size() const { return pending_.size(); }
   void run();
+  // Runs the oldest one still pending (false: none was): lesson 06 runs them one at a time
+  // while it waits for a message.
+  bool run_next();
   void clear() { pending_.clear(); }
 
  private:
-  friend void run_backward(const Tensor&, const Tensor&, DeferredGrads*);
-  std::vector<std::function<void()>> pending_;
+  friend void run_backward(const Tensor&, const Tensor&, DeferredGrads*,
+                           const std::function<void()>&);
+  std::deque<std::function<void()>> pending_;
 };
 
 // Whether ops record the tape (true unless a NoGradGuard is alive on this thread).
@@ -71,8 +76,10 @@ Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inp
 // Runs the reverse walk from `root`, seeded with `grad_output` (same shape as root).
 // With `deferred`, every splittable op whose weight is a leaf computes only its input
 // gradients now and leaves the weight gradient in *deferred (the "I" of a zero-bubble
-// schedule; deferred->run() is its "W").
-void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred = nullptr);
+// schedule; deferred->run() is its "W"). after_each_op, when given, is called after each op's
+// backward (lesson 06 polls its messages there, between the compute tiles).
+void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred = nullptr,
+                  const std::function<void()>& after_each_op = {});
 
 // ---- test-only: plant a bug in one op's backward, so tests can show a check catches it.
 namespace testing {

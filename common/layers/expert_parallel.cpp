@@ -1,6 +1,8 @@
 // common/layers/expert_parallel.cpp — routes and row exchange of expert_parallel.h.
 #include "common/layers/expert_parallel.h"
 
+#include <cmath>
+
 #include "common/core/ops.h"
 
 namespace ff::ep {
@@ -68,6 +70,27 @@ Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<
   std::vector<float> recv(total);
   all_to_all(comm, how, send.data(), sb, recv.data(), rb, tag);
   return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
+}
+
+RowFlight exchange_rows_start(Comm& comm, const Tensor& rows, const std::vector<size_t>& sb,
+                              const std::vector<size_t>& rb, int64_t width, int tag) {
+  RowFlight f;
+  f.send = rows.to_vector();
+  size_t total = 0;
+  for (size_t b : rb) total += b / sizeof(float);
+  f.staged.resize(total);
+  f.out = Tensor::full({(int64_t)(total / (size_t)width), width}, NAN, rows.device());
+  f.a2a = a2a_start(comm, reinterpret_cast<const char*>(f.send.data()), sb,
+                    reinterpret_cast<char*>(f.staged.data()), rb, tag);
+  return f;
+}
+
+bool exchange_rows_test(Comm& comm, RowFlight& f) { return a2a_test(comm, f.a2a); }
+
+Tensor exchange_rows_finish(Comm& comm, RowFlight& f) {
+  a2a_finish(comm, f.a2a);
+  f.out.copy_from(Tensor::from_vector(f.staged, f.out.shape(), f.out.device()));
+  return f.out;
 }
 
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order) {

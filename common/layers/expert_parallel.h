@@ -33,6 +33,22 @@ Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N);
 // Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
 Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& send_bytes,
                      const std::vector<size_t>& recv_bytes, int64_t width, int tag);
+
+// exchange_rows (async) in two halves, for a lesson that computes while the rows travel
+// (lesson 06). The rows leave at the start; what arrives lands in a staging buffer, and `out`
+// — filled with NaN at the start — gets it only at the finish, as a GPU kernel's output is not
+// there before its event: compute that reads `out` before the finish reads NaN every time,
+// whatever the network did. A RowFlight may be moved, not copied, while in flight.
+struct RowFlight {
+  std::vector<float> send, staged;
+  A2AFlight a2a;
+  Tensor out;  // (received rows, width) on the rows' device; valid after the finish
+};
+RowFlight exchange_rows_start(Comm& comm, const Tensor& rows, const std::vector<size_t>& send_bytes,
+                              const std::vector<size_t>& recv_bytes, int64_t width, int tag);
+bool exchange_rows_test(Comm& comm, RowFlight& flight);  // polls once: true when all arrived
+Tensor exchange_rows_finish(Comm& comm, RowFlight& flight);
+
 // Rows of t in the order `order` (a gather); and the inverse scatter.
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order);
 Tensor put_rows(const Tensor& t, const std::vector<int64_t>& order);

@@ -166,21 +166,18 @@ Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_si
 //                        silu'(a) = s (1 + a (1 - s)), s = sigmoid(a)
 //   a = xp W1, b = xp W3 -> dW1 = xp^T dA, dW3 = xp^T dB, dxp = dA W1^T + dB W3^T
 // every product per group, by the grouped GEMM kernels.
-ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
-                             Bug bug) {
+ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cache,
+                                        const Tensor& dyp, Bug bug) {
   const int64_t M = dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
   const Device dev = dyp.device();
   const KernelTable& kernels = kernels_for(dev);
   const int64_t* gs = cache.group_sizes.index_data();
-  ExpertGrads g;
-  g.dw1 = Tensor::zeros({G, d, f}, dev);
-  g.dw3 = Tensor::zeros({G, d, f}, dev);
-  g.dw2 = Tensor::zeros({G, f, d}, dev);
+  ExpertInputGrads g;
+  g.dyp = dyp;
   g.dxp = Tensor::empty({M, d}, dev);
   if (M == 0) return g;
   Tensor dh = Tensor::empty({M, f}, dev);
   kernels.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
-  kernels.grouped_gemm_dw(g.dw2.data(), cache.h.data(), dyp.data(), gs, G, M, f, d, false);
 
   // [slide:smoe-silu-bwd]
   Tensor s = silu(cache.a);
@@ -191,10 +188,34 @@ ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Te
   kernels.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), upstream.data(), M * f);
   // [/slide]
 
-  kernels.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), da.data(), gs, G, M, d, f, false);
-  kernels.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), db.data(), gs, G, M, d, f, false);
   kernels.grouped_gemm(g.dxp.data(), da.data(), p.w1.data(), gs, G, M, f, d, /*trans_w=*/true, false);
   kernels.grouped_gemm(g.dxp.data(), db.data(), p.w3.data(), gs, G, M, f, d, true, /*accumulate=*/true);
+  g.da = da, g.db = db;
+  return g;
+}
+
+ExpertGrads experts_backward_weights(const Params& p, const ExpertCache& cache,
+                                     const ExpertInputGrads& in) {
+  const int64_t M = in.dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
+  const Device dev = in.dyp.device();
+  const KernelTable& kernels = kernels_for(dev);
+  const int64_t* gs = cache.group_sizes.index_data();
+  ExpertGrads g;
+  g.dw1 = Tensor::zeros({G, d, f}, dev);
+  g.dw3 = Tensor::zeros({G, d, f}, dev);
+  g.dw2 = Tensor::zeros({G, f, d}, dev);
+  if (M == 0) return g;
+  kernels.grouped_gemm_dw(g.dw2.data(), cache.h.data(), in.dyp.data(), gs, G, M, f, d, false);
+  kernels.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), in.da.data(), gs, G, M, d, f, false);
+  kernels.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), in.db.data(), gs, G, M, d, f, false);
+  return g;
+}
+
+ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
+                             Bug bug) {
+  ExpertInputGrads in = experts_backward_input(p, cache, dyp, bug);
+  ExpertGrads g = experts_backward_weights(p, cache, in);
+  g.dxp = in.dxp;
   return g;
 }
 

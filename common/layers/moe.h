@@ -117,6 +117,17 @@ struct ExpertGrads {
 };
 ExpertGrads experts_backward(const Params& p, const ExpertCache& cache, const Tensor& dyp,
                              Bug bug = Bug::none);
+// The same backward in its two halves, for a lesson that defers the weight gradients
+// (lesson 06, as lesson 07's I and W): the input half gives dxp now and keeps what the
+// weights need; the weight half gives dw1, dw2, dw3 (dxp left undefined) whenever it runs.
+struct ExpertInputGrads {
+  Tensor dxp;          // (M, d)
+  Tensor dyp, da, db;  // kept for the weight half
+};
+ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cache,
+                                        const Tensor& dyp, Bug bug = Bug::none);
+ExpertGrads experts_backward_weights(const Params& p, const ExpertCache& cache,
+                                     const ExpertInputGrads& in);
 
 // ---- the layer's other steps, each forward with its hand-written backward beside it.
 // Lesson 03 composes them into the layer (smoe_forward / smoe_backward in its main.cpp);

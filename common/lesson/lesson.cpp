@@ -229,8 +229,8 @@ int Lesson::finish(const CheckReport& check) {
 // the program
 
 int run_lesson(int argc, char** argv, const std::string& program,
-               const std::function<int(Lesson&)>& body) {
-  Comm comm = Comm::world(&argc, &argv);
+               const std::function<int(Lesson&)>& body, int mpi_thread_level) {
+  Comm comm = Comm::world(&argc, &argv, mpi_thread_level);
   int code = 1;
   try {
     Lesson lesson(comm, argc, argv, program);

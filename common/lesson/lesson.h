@@ -112,8 +112,9 @@ class Lesson {
 
 // The whole program: MPI up, body(lesson), the error contract above, MPI down. Returns (and
 // exits with) 0 when the check passed, 1 when it failed or a write failed, 2 on bad input.
+// mpi_thread_level: what MPI_Init_thread is asked for (Comm::world).
 int run_lesson(int argc, char** argv, const std::string& program,
-               const std::function<int(Lesson&)>& body);
+               const std::function<int(Lesson&)>& body, int mpi_thread_level = MPI_THREAD_SINGLE);
 
 // Memory this process may use on its node, in bytes: the smaller of MemAvailable and the
 // cgroup's remaining limit, shared by the ranks on the node (for require_memory).

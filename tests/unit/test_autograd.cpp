@@ -250,3 +250,19 @@ TEST_CASE("autograd: a planted bug in matmul's backward is caught on the deferre
   CHECK_FALSE(compare(split.w2.grad(), full.w2.grad(), 1e-6, 1e-6).pass);
   CHECK_FALSE(compare(split.x.grad(), full.x.grad(), 1e-6, 1e-6).pass);
 }
+
+TEST_CASE("autograd: DeferredGrads::run_next runs one W at a time, oldest first, as run() would") {
+  SplitNet full, split;
+  Tensor g4 = randn({5, 4}, 15);
+  run_backward(full.forward(), g4);
+  DeferredGrads deferred;
+  int ops_seen = 0;
+  run_backward(split.forward(), g4, &deferred, [&] { ops_seen++; });
+  CHECK(ops_seen > 4);  // called after every op of the walk
+  REQUIRE(deferred.size() == 4);
+  size_t left = deferred.size();
+  while (deferred.run_next()) CHECK(deferred.size() == --left);
+  CHECK_FALSE(deferred.run_next());
+  CHECK(bitwise_equal(split.w1.grad(), full.w1.grad()));
+  CHECK(bitwise_equal(split.w2.grad(), full.w2.grad()));
+}

@@ -250,6 +250,26 @@ TEST_CASE("moe: experts with no tokens get exactly zero weight gradients, and no
   }
 }
 
+TEST_CASE("moe: the experts' backward in two halves (input now, weights later) equals the whole, bit for bit") {
+  for (moe::Gate gate : kGates) {
+    const Problem pr = make_problem("halves", 9, 6, 10, 5, 2, gate, /*starved=*/1);
+    const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
+    const moe::CombineGrads cg = moe::combine_backward(pr.dy, fw.yp, fw.plan, fw.routing.gates);
+    const moe::ExpertGrads whole = moe::experts_backward(pr.p, fw.cache, cg.dyp);
+    const moe::ExpertInputGrads in = moe::experts_backward_input(pr.p, fw.cache, cg.dyp);
+    const moe::ExpertGrads w = moe::experts_backward_weights(pr.p, fw.cache, in);
+    INFO(pr.name);
+    CHECK(bitwise_equal(in.dxp, whole.dxp));
+    CHECK(bitwise_equal(w.dw1, whole.dw1));
+    CHECK(bitwise_equal(w.dw2, whole.dw2));
+    CHECK(bitwise_equal(w.dw3, whole.dw3));
+    // and the halves keep the planted bugs: silu-no-upstream changes dxp and dw1
+    const moe::ExpertInputGrads bad = moe::experts_backward_input(pr.p, fw.cache, cg.dyp, moe::Bug::silu_no_upstream);
+    CHECK_FALSE(bitwise_equal(bad.dxp, whole.dxp));
+    CHECK_FALSE(bitwise_equal(moe::experts_backward_weights(pr.p, fw.cache, bad).dw1, whole.dw1));
+  }
+}
+
 TEST_CASE("moe: forward_loop (index lists) equals forward (permute, grouped GEMM, combine)") {
   struct Shape5 {
     int64_t T, d, f, N, k, starved;
