@@ -53,6 +53,22 @@ for bug in ema-zero-init bias-peek; do
 done
 $PYTHON plots/05_deepseek_moe.py "$DATA/05_layer.csv" "$DATA/05_train.csv" "$OUT"
 
+# Lesson 06: the timelines of the sequential and the overlapped 1F1B run, the hidden fraction
+# against the inter-node bandwidth (intra-node 3.2x, DeepSeek-V3's ratio), the progress modes.
+echo "+ lesson 06 at P=4"
+L06="$BUILD/bin/06_overlap"
+rm -f "$DATA/06_sweep.csv" "$DATA/06_progress.csv"
+for m in sequential overlapped; do
+  $MPIRUN -np 4 "$L06" --reps 1 --mode $m --trace "$DATA/06_$m.json" >/dev/null
+done
+for bw in 1 2 3 5 8 13; do
+  $MPIRUN -np 4 "$L06" --reps 2 --link "intra=$(awk -v b=$bw 'BEGIN { print 3.2 * b }')MB/s,inter=${bw}MB/s,latency=20us" \
+    --csv "$DATA/06_sweep.csv" >/dev/null
+done
+for p in none test thread; do $MPIRUN -np 4 "$L06" --reps 2 --progress $p --csv "$DATA/06_progress.csv" >/dev/null; done
+$PYTHON plots/06_overlap.py "$DATA/06_sequential.json" "$DATA/06_overlapped.json" "$DATA/06_sweep.csv" \
+  "$DATA/06_progress.csv" "$OUT"
+
 # Lesson 07: Gantt charts of the executed schedules, and the bubble against M at P = 8
 # (simulator lines, executed markers). --compute sleep makes each op last its cost x 5 ms, so
 # the timelines hold on an oversubscribed machine.

@@ -209,6 +209,48 @@ if $T/device_query | grep -qw cuda; then
   check "05 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L05 --device cuda
 fi
 
+L06=$B/06_overlap
+echo "== lesson 06: 1F1B compute/communication overlap"
+for np in 1 2 3 4; do
+  check "06 P=$np: overlapped (W inline, W in waits) == sequential bit for bit, sequential == one process" 0 '^check: PASS' \
+    $MPIRUN -np $np $L06 --reps 1 --experts $((2 * np))
+done
+check "06 M = 1, 2 and 7 micro-batches (P=2; M=1 has no F&B step)" 0 '^check: PASS' \
+  bash -c "for m in 1 2 7; do $MPIRUN -np 2 $L06 --reps 1 --microbatches \$m || exit 1; done"
+for p in none test thread; do
+  check "06 --progress $p (P=4): the same checks" 0 '^check: PASS' $MPIRUN -np 4 $L06 --reps 1 --progress $p
+done
+check "06 --prefill: two forwards interleaved == sequential == one process (P=3, M=3 and P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 3 $L06 --prefill --microbatches 3 --experts 6 --reps 1 && $MPIRUN -np 4 $L06 --prefill --reps 1"
+check "06 sequential and overlapped dumps are byte-identical: every y, dx and gradient of every rank (P=4, M=5)" 0 '^dumps identical: [1-9][0-9]* files' \
+  bash -c "rm -rf $LOG/d06s $LOG/d06o; for m in sequential overlapped; do $MPIRUN -np 4 $L06 --reps 1 --microbatches 5 --mode \$m --dump $LOG/d06\${m:0:1} >/dev/null || exit 1; done; \
+           n=0; for f in $LOG/d06s/*.npy; do cmp \$f $LOG/d06o/\$(basename \$f) || exit 1; n=\$((n + 1)); done; \
+           [ \$n = \$(ls $LOG/d06o/*.npy | wc -l) ] && echo \"dumps identical: \$n files\""
+check "06 --trace: compute overlaps the messages on every rank when overlapped, never when sequential (P=4)" 0 '^overlap ok: 4 ranks, overlapped' \
+  bash -c "for m in sequential overlapped; do $MPIRUN -np 4 $L06 --reps 1 --mode \$m --trace $LOG/t06\$m.json >/dev/null && \
+           $PYTHON scripts/check-trace.py $LOG/t06\$m.json - 4 && $PYTHON tests/check_trace_06.py $LOG/t06\$m.json 4 \$m || exit 1; done"
+check "06 prints the hidden fraction and DualPipe's bubble from the measured costs (P=4)" 0 'dualpipe +makespan' \
+  bash -c "out=\$($MPIRUN -np 4 $L06 --reps 1) || exit 1; echo \"\$out\"; echo \"\$out\" | grep -Eq '^hidden fraction \(the worst rank\): -?[0-9]+%'"
+check "06 planted bug: the experts read the dispatched rows before their wait (NaN until the finish), P=4" 1 \
+  'overlapped vs one process: y, every micro-batch .*FAIL' $MPIRUN -np 4 $L06 --reps 1 --mode overlapped --bug early-read
+check "06 planted bug early-read with --mode both: overlapped != sequential" 1 \
+  'W in waits == sequential, bit for bit .*FAIL' $MPIRUN -np 2 $L06 --reps 1 --bug early-read
+check "06 --help lists every flag with its default" 0 '--progress \{none\|test\|thread\} .*\(default: test\)' $MPIRUN -np 1 $L06 --help
+usage_error "06 bad input: N not a multiple of P" $MPIRUN -np 3 $L06 --experts 8
+usage_error "06 bad input: heads not dividing dim" $MPIRUN -np 2 $L06 --heads 5
+usage_error "06 bad input: K more than N" $MPIRUN -np 2 $L06 --topk 9
+usage_error "06 bad input: R not dividing P" $MPIRUN -np 4 $L06 --ranks-per-node 3
+usage_error "06 bad input: --progress typo" $MPIRUN -np 2 $L06 --progress poll
+usage_error "06 bad input: --mode typo" $MPIRUN -np 2 $L06 --mode overlap
+usage_error "06 bad input: malformed --link" $MPIRUN -np 2 $L06 --link inter=0GB/s
+usage_error "06 bad input: --bug early-read with --mode sequential" $MPIRUN -np 2 $L06 --mode sequential --bug early-read
+usage_error "06 bad input: --microbatches 0" $MPIRUN -np 2 $L06 --microbatches 0
+check "06 --device sim: the block's kernels under the emulator (P=2, small shape)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L06 --device sim --reps 1 --tokens 16 --dim 32 --ffn 32 --microbatches 3
+if $T/device_query | grep -qw cuda; then
+  check "06 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L06 --device cuda --reps 1
+fi
+
 L07=$B/07_dualpipe
 echo "== lesson 07: pipeline schedules"
 # every schedule at every world size, M = 2P (the default), P, 2P+2 and 7, where the schedule
