@@ -79,6 +79,7 @@ RowFlight exchange_rows_start(Comm& comm, const Tensor& rows, const std::vector<
   size_t total = 0;
   for (size_t b : rb) total += b / sizeof(float);
   f.staged.resize(total);
+  // [slide:row-flight]
   f.out = Tensor::full({(int64_t)(total / (size_t)width), width}, NAN, rows.device());
   f.a2a = a2a_start(comm, reinterpret_cast<const char*>(f.send.data()), sb,
                     reinterpret_cast<char*>(f.staged.data()), rb, tag);
@@ -92,6 +93,7 @@ Tensor exchange_rows_finish(Comm& comm, RowFlight& f) {
   f.out.copy_from(Tensor::from_vector(f.staged, f.out.shape(), f.out.device()));
   return f.out;
 }
+// [/slide]
 
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& order) {
   if (order.empty()) return Tensor::empty({0, t.size(1)}, t.device());
