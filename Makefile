@@ -11,7 +11,8 @@
 #   make reference  regenerate the PyTorch golden data in tests/reference/data/
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
 #   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
-#                   and lesson 04's all-to-alls as ratios to MPI_Alltoallv
+#                   lesson 04's all-to-alls as ratios to MPI_Alltoallv, lesson 06's hidden
+#                   fraction
 #   make clean
 #
 # Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
@@ -202,6 +203,10 @@ bench: deps
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
+	@echo "lesson 06: the hidden fraction at the default shape, --progress test and thread (target >= 80%)"
+	@for p in test thread; do out=$$($(MPIRUN) -np 4 $(BUILD)/bin/06_overlap --progress $$p --reps 3) || \
+	  { echo "$$out"; exit 1; }; echo "$$out" | sed -n "/^  rank  compute/,/^     3 /p; \
+	  s/^hidden fraction/--progress $$p: hidden fraction/p"; done
 
 test: deps
 	@$(MAKE) --no-print-directory build

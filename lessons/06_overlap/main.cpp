@@ -166,7 +166,7 @@ struct MicroBatch {
 
 struct Setup {
   dsv3::Config c;
-  int64_t T = 64, H = 4, M = 4;
+  int64_t T = 64, H = 4, M = 8;
   ProgressMode progress = ProgressMode::test;
   bool defer_w = true;
   bool early_read = false;  // --bug early-read
@@ -782,7 +782,7 @@ static int overlap_lesson(Lesson& lesson) {
               link_spec = "intra=9.6MB/s,inter=3MB/s,latency=20us";
   std::string compute = "modelled";
   double gflops = 1.0;
-  int64_t R = 2, reps = 3;
+  int64_t R = 2, reps = 2;
   bool prefill = false;
   Cli& cli = lesson.cli;
   cli.summary("1F1B compute/communication overlap: the forward of one micro-batch and the backward\n"
