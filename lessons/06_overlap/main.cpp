@@ -243,7 +243,7 @@ class Runner {
       b.plan = moe::permute_plan(b.idx, s_.c.experts);
       tick();
     }
-    done('F', t0, flops_attention_forward(), "F" + std::to_string(b.m) + " attn+gate");
+    done('F', t0, flops_attention_forward(), phase("F", b, "attn+gate"));
     // the routing map: every rank's per-expert counts (a small allgather, blocking)
     wait_span([&] {
       auto l = progress_.lock();
@@ -272,16 +272,17 @@ class Runner {
       b.cache.assign(gl.size(), moe::ExpertCache());
       for (size_t e = 0; e < gl.size(); e++) {
         moe::Params pe = expert(e);
-        outs.push_back(moe::experts_forward(pe, slice(b.xl, 0, row, row + gl[e]),
-                                            Tensor::from_indices({gl[e]}, {1}, s_.dev), &b.cache[e]));
+        const Tensor one_group = Tensor::from_indices({gl[e]}, {1}, s_.dev);
+        outs.push_back(moe::experts_forward(pe, slice(b.xl, 0, row, row + gl[e]), one_group,
+                                            &b.cache[e]));
         row += gl[e];
         tick();
       }
       b.yl = outs.empty() ? Tensor::zeros({0, s_.c.dim}, s_.dev) : concat(outs, 0);
-      b.shared_y = s_.c.shared > 0 ? dsv3::shared_forward(w_.full, b.u, &b.shared_cache) : Tensor();
+      if (s_.c.shared > 0) b.shared_y = dsv3::shared_forward(w_.full, b.u, &b.shared_cache);
       tick();
     }
-    done('F', t0, 6.0 * n_.d * n_.f * (double)b.xl.size(0) + flops_shared(), "F" + std::to_string(b.m) + " experts");
+    done('F', t0, flops_experts(b.xl.size(0)) + flops_shared(), phase("F", b, "experts"));
     start(b, ep::put_rows(b.yl, b.order), /*to_experts=*/false, kCombine);
   }
 
@@ -296,7 +297,7 @@ class Runner {
       Tensor moe_out = s_.c.shared > 0 ? add(routed, b.shared_y) : routed;
       b.y = add(b.h.detach(), moe_out);
     }
-    done('F', t0, 2.0 * n_.T * n_.K * n_.d, "F" + std::to_string(b.m) + " combine");
+    done('F', t0, 2.0 * n_.T * n_.K * n_.d, phase("F", b, "combine"));
   }
 
   // ---- the backward, likewise (the routes of the forward, backwards)
@@ -304,10 +305,8 @@ class Runner {
   void b_start(MicroBatch& b) {
     const double t0 = now();
     NoGradGuard no_grad;
-    {
-      b.cg = moe::combine_backward(b.dy, b.yp, b.plan, b.gates);
-    }
-    done('B', t0, 4.0 * n_.T * n_.K * n_.d, "B" + std::to_string(b.m) + " combine bwd");
+    b.cg = moe::combine_backward(b.dy, b.yp, b.plan, b.gates);
+    done('B', t0, 4.0 * n_.T * n_.K * n_.d, phase("B", b, "combine bwd"));
     start(b, b.cg.dyp, /*to_experts=*/true, kDispatchBack);
   }
 
@@ -326,19 +325,16 @@ class Runner {
         moe::ExpertInputGrads in =
             moe::experts_backward_input(pe, b.cache[e], slice(b.dyl, 0, row, row + gl[e]));
         dxs.push_back(in.dxp);
-        moe::ExpertCache cache = b.cache[e];
-        moe_w.push_back({6.0 * n_.d * n_.f * (double)gl[e], [this, pe, cache, in, e] {
-          moe::ExpertGrads eg = moe::experts_backward_weights(pe, cache, in);
-          const int64_t i = (int64_t)e;
-          accumulate_slice(g.w1, eg.dw1, i), accumulate_slice(g.w2, eg.dw2, i);
-          accumulate_slice(g.w3, eg.dw3, i);
-        }});
+        moe_w.push_back({flops_experts(gl[e]), [this, pe, cache = b.cache[e], in, e] {
+                           moe::ExpertGrads eg = moe::experts_backward_weights(pe, cache, in);
+                           add_expert_grads(eg, (int64_t)e);
+                         }});
         row += gl[e];
         tick();
       }
       b.dxl = dxs.empty() ? Tensor::zeros({0, s_.c.dim}, s_.dev) : concat(dxs, 0);
     }
-    done('B', t0, 6.0 * n_.d * n_.f * (double)b.dyl.size(0), "B" + std::to_string(b.m) + " experts");
+    done('B', t0, flops_experts(b.dyl.size(0)), phase("B", b, "experts"));
     if (!s_.defer_w) run_w_all();  // W inline: the experts' full backward before the combine
     start(b, ep::put_rows(b.dxl, b.order), /*to_experts=*/false, kCombineBack);
   }
@@ -356,19 +352,19 @@ class Runner {
         Tensor dz = dsv3::router_dlogits(s_.c, b.s, w_.full.bias, b.idx, b.cg.dgates,
                                          dsv3::BalanceStats(), 0);
         du = add(b.dx_routed, matmul(dz, transpose(w_.full.router_w, 0, 1)));
-        Tensor u = b.u;
-        moe_w.push_back({2.0 * n_.T * n_.d * n_.N, [this, u, dz] { accumulate(g.router_w, matmul(transpose(u, 0, 1), dz)); }});
+        moe_w.push_back({2.0 * n_.T * n_.d * n_.N, [this, u = b.u, dz] {
+                           accumulate(g.router_w, matmul(transpose(u, 0, 1), dz));
+                         }});
         if (s_.c.shared > 0) {
           const moe::Params sp = dsv3::shared(w_.full);
           moe::ExpertInputGrads in = moe::experts_backward_input(sp, b.shared_cache, b.dy);
           du = add(du, in.dxp);
-          moe::ExpertCache cache = b.shared_cache;
-          moe_w.push_back({flops_shared(), [this, sp, cache, in] {
-            moe::ExpertGrads eg = moe::experts_backward_weights(sp, cache, in);
-            accumulate(g.sw1, reshape(eg.dw1, w_.full.sw1.shape()));
-            accumulate(g.sw2, reshape(eg.dw2, w_.full.sw2.shape()));
-            accumulate(g.sw3, reshape(eg.dw3, w_.full.sw3.shape()));
-          }});
+          moe_w.push_back({flops_shared(), [this, sp, cache = b.shared_cache, in] {
+                             moe::ExpertGrads eg = moe::experts_backward_weights(sp, cache, in);
+                             accumulate(g.sw1, reshape(eg.dw1, w_.full.sw1.shape()));
+                             accumulate(g.sw2, reshape(eg.dw2, w_.full.sw2.shape()));
+                             accumulate(g.sw3, reshape(eg.dw3, w_.full.sw3.shape()));
+                           }});
         }
         tick();
       }
@@ -376,7 +372,8 @@ class Runner {
       run_backward(b.u_tape, du, &attn_w, [this] { tick(); });
       run_backward(b.h, add(b.dy, b.hn.grad()), &attn_w, [this] { tick(); });
     }
-    done('B', t0, 2.0 * n_.T * n_.d * n_.N + flops_shared() + flops_attention_input_backward(), "B" + std::to_string(b.m) + " attn");
+    done('B', t0, 2.0 * n_.T * n_.d * n_.N + flops_shared() + flops_attention_input_backward(),
+         phase("B", b, "attn"));
     if (!s_.defer_w) run_w_all();
   }
 
@@ -405,7 +402,8 @@ class Runner {
   // A tag per kind: an F and a B message between the same two ranks never match each other.
   void start(MicroBatch& b, const Tensor& rows, bool to_experts, Kind kind) {
     const int64_t d = s_.c.dim;
-    const std::vector<size_t> out = b.routes.bytes(to_experts, d), in = b.routes.bytes(!to_experts, d);
+    const std::vector<size_t> out = b.routes.bytes(to_experts, d);
+    const std::vector<size_t> in = b.routes.bytes(!to_experts, d);
     const double t0 = now();
     {
       auto l = progress_.lock();
@@ -497,24 +495,33 @@ class Runner {
     const double T = (double)s_.T, d = (double)s_.c.dim;
     return 4 * 2 * T * d * d + 4 * 2 * T * T * d;
   }
+  double flops_experts(int64_t rows) const {  // SwiGLU experts of width f: three matmuls a row
+    return 6.0 * n_.d * n_.f * (double)rows;
+  }
   double flops_shared() const {  // a SwiGLU of width S f on T rows: three matmuls
     return 6.0 * (double)s_.T * (double)s_.c.dim * (double)(s_.c.shared * s_.c.ffn);
   }
 
   static void accumulate(Tensor& sum, const Tensor& t) { sum = sum.defined() ? add(sum, t) : t; }
-  void accumulate_slice(Tensor& sum, const Tensor& t, int64_t e) {
-    // the gradient of local expert e, (1, a, b), into rows e of the (E, a, b) sum
-    if (!sum.defined()) {
-      Shape sh = t.shape();
-      sh[0] = s_.c.experts / comm_.size();
-      sum = Tensor::zeros(sh, s_.dev);
-    }
-    const int64_t E = sum.size(0);
-    std::vector<Tensor> pieces;
-    if (e > 0) pieces.push_back(slice(sum, 0, 0, e));
-    pieces.push_back(add(slice(sum, 0, e, e + 1), t));
-    if (e + 1 < E) pieces.push_back(slice(sum, 0, e + 1, E));
-    sum = concat(pieces, 0);
+  // An expert's weight gradients, (1, a, b) each, into rows e of the (E, a, b) sums.
+  void add_expert_grads(const moe::ExpertGrads& eg, int64_t e) {
+    auto into = [&](Tensor& sum, const Tensor& t) {
+      if (!sum.defined()) {
+        Shape shape = t.shape();
+        shape[0] = s_.c.experts / comm_.size();
+        sum = Tensor::zeros(shape, s_.dev);
+      }
+      const int64_t E = sum.size(0);
+      std::vector<Tensor> pieces;
+      if (e > 0) pieces.push_back(slice(sum, 0, 0, e));
+      pieces.push_back(add(slice(sum, 0, e, e + 1), t));
+      if (e + 1 < E) pieces.push_back(slice(sum, 0, e + 1, E));
+      sum = concat(pieces, 0);
+    };
+    into(g.w1, eg.dw1), into(g.w2, eg.dw2), into(g.w3, eg.dw3);
+  }
+  static std::string phase(const char* pass, const MicroBatch& b, const char* what) {
+    return pass + std::to_string(b.m) + " " + what;  // "F3 experts"
   }
 
   Comm& comm_;
@@ -662,6 +669,21 @@ static RunResult run_schedule(Comm& comm, const Setup& s, Weights& w, Mode mode,
   return r;
 }
 
+// Every gradient a run computed on this rank (before any sum over ranks), named as the dumps.
+using NamedGrad = std::pair<std::string, Tensor>;
+static std::vector<NamedGrad> named_grads(const RunResult& r) {
+  std::vector<NamedGrad> out;
+  for (size_t k = 0; k < r.attn_grads.size(); k++)
+    out.push_back({std::string("d") + kAttentionNames[k], r.attn_grads[k]});
+  const std::pair<const char*, const Tensor*> moe_grads[] = {
+      {"d_router_w", &r.g.router_w}, {"d_w1", &r.g.w1},           {"d_w2", &r.g.w2},
+      {"d_w3", &r.g.w3},             {"d_shared_w1", &r.g.sw1}, {"d_shared_w2", &r.g.sw2},
+      {"d_shared_w3", &r.g.sw3}};
+  for (const auto& [name, t] : moe_grads)
+    if (t->defined()) out.push_back({name, *t});
+  return out;
+}
+
 // ----------------------------------------------------------------------------
 // The reference: one process, every expert, the same micro-batches — dsv3's single-process
 // layer (lesson 05's reference) and the same attention. Each rank computes it for its own
@@ -711,7 +733,8 @@ static Reference reference(Comm& comm, const Setup& s, const Weights& w0, bool p
     comm.allreduce_sum(g);
     ref.attn_grads.push_back(g);
   }
-  for (Tensor* t : {&ref.g.router_w, &ref.g.w1, &ref.g.w2, &ref.g.w3, &ref.g.sw1, &ref.g.sw2, &ref.g.sw3})
+  for (Tensor* t : {&ref.g.router_w, &ref.g.w1, &ref.g.w2, &ref.g.w3, &ref.g.sw1, &ref.g.sw2,
+                    &ref.g.sw3})
     if (t->defined()) comm.allreduce_sum(*t);
   return ref;
 }
@@ -721,7 +744,8 @@ static Reference reference(Comm& comm, const Setup& s, const Weights& w0, bool p
 
 // One timeline row of `width` characters over [t0, t0 + span): each column shows what covered
 // most of its time ('F', 'B', 'W', '.', or ' ' for nothing recorded).
-static std::string timeline_row(const std::vector<Event>& events, double t0, double span, int width) {
+static std::string timeline_row(const std::vector<Event>& events, double t0, double span,
+                                int width) {
   std::string row((size_t)width, ' ');
   const double col = span / width;
   for (int i = 0; i < width; i++) {
@@ -789,7 +813,8 @@ static int overlap_lesson(Lesson& lesson) {
               "of another interleaved so that each one's all-to-alls hide behind the other's\n"
               "compute, timed under a modelled network and checked bit for bit against the\n"
               "sequential run, which is checked against one process.");
-  cli.flag("--microbatches", &s.M, "micro-batches M (1F1B: F(0), M-1 steps F(i) & B(i-1), B(M-1))", 1, 4096);
+  cli.flag("--microbatches", &s.M, "micro-batches M (1F1B: F(0), M-1 steps F(i) & B(i-1), B(M-1))",
+           1, 4096);
   cli.choice("--mode", &mode, {"sequential", "overlapped", "both"},
              "run the sequential schedule, the overlapped one, or both and compare");
   cli.choice("--progress", &progress, {"none", "test", "thread"},
@@ -802,8 +827,10 @@ static int overlap_lesson(Lesson& lesson) {
   cli.choice("--compute", &compute, {"modelled", "real"},
              "modelled: each compute phase computes, then lasts its FLOPs at --gflops (timings "
              "that hold on a machine with fewer cores than ranks); real: what it takes");
-  cli.flag("--gflops", &gflops, "--compute modelled: the modelled compute rate per rank, GFLOP/s", 1e-3, 1e6);
-  cli.flag("--ranks-per-node", &R, "ranks per virtual node (must divide P; default 2 when P is even, else 1)", 1, 4096);
+  cli.flag("--gflops", &gflops, "--compute modelled: the modelled compute rate per rank, GFLOP/s",
+           1e-3, 1e6);
+  cli.flag("--ranks-per-node", &R,
+           "ranks per virtual node (must divide P; default 2 when P is even, else 1)", 1, 4096);
   cli.flag("--tokens", &s.T, "tokens per micro-batch per rank T", 1, 1 << 14);
   cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
   cli.flag("--heads", &s.H, "attention heads H (must divide d)", 1, 4096);
@@ -811,7 +838,8 @@ static int overlap_lesson(Lesson& lesson) {
   cli.flag("--topk", &c.topk, "routed experts per token K", 1, 4096);
   cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
   cli.flag("--shared", &c.shared, "shared experts S", 0, 64);
-  cli.toggle("--prefill", &prefill, "inference: two forward micro-batches interleaved (no backward)");
+  cli.toggle("--prefill", &prefill,
+             "inference: two forward micro-batches interleaved (no backward)");
   cli.flag("--reps", &reps, "timed repetitions of each mode (the fastest is shown)", 1, 1000);
   cli.choice("--bug", &bug, {"none", "early-read"},
              "plant a bug: the overlapped step reads the dispatched rows before waiting for them");
@@ -888,12 +916,15 @@ static int overlap_lesson(Lesson& lesson) {
   auto variant = [&](const std::string& name, Mode m, bool defer_w) {
     Variant v;
     v.name = name, v.mode = m, v.defer_w = defer_w;
-    v.key = m == Mode::sequential ? "sequential" : prefill ? "overlapped" : defer_w ? "overlapped-w-in-waits"
-                                                                                    : "overlapped-w-inline";
+    v.key = m == Mode::sequential ? "sequential"
+            : prefill             ? "overlapped"
+            : defer_w             ? "overlapped-w-in-waits"
+                                  : "overlapped-w-inline";
     variants.push_back(v);
   };
   if (run_seq) variant("sequential", Mode::sequential, false);
-  if (run_ovl && mode == "both" && !prefill) variant("overlapped, W inline", Mode::overlapped, false);
+  if (run_ovl && mode == "both" && !prefill)
+    variant("overlapped, W inline", Mode::overlapped, false);
   if (run_ovl)
     variant(prefill ? "overlapped" : s.defer_w ? "overlapped, W in waits" : "overlapped, W inline",
             Mode::overlapped, !prefill && s.defer_w);
@@ -987,7 +1018,8 @@ static int overlap_lesson(Lesson& lesson) {
     for (size_t i = 0; i < variants.size(); i++)
       for (int r = 0; r < P; r++)
         rows += variants[i].key + "," + std::to_string(r) + "," + progress + "," +
-                fmt_num(link.inter_bytes_per_s / 1e6) + "," + fmt_num(link.intra_bytes_per_s / 1e6) + "," +
+                fmt_num(link.inter_bytes_per_s / 1e6) + "," +
+                fmt_num(link.intra_bytes_per_s / 1e6) + "," +
                 std::to_string(times[i].wall[(size_t)r] * 1e3) + "," +
                 std::to_string(times[i].compute[(size_t)r] * 1e3) + "," +
                 std::to_string(times[i].wait[(size_t)r] * 1e3) + "\n";
@@ -1008,14 +1040,9 @@ static int overlap_lesson(Lesson& lesson) {
         same = same && bitwise_equal(ov.y[(size_t)m], seq->y[(size_t)m]);
         if (!prefill) same = same && bitwise_equal(ov.dx[(size_t)m], seq->dx[(size_t)m]);
       }
-      if (!prefill) {
-        for (size_t k = 0; k < ov.attn_grads.size(); k++) same = same && bitwise_equal(ov.attn_grads[k], seq->attn_grads[k]);
-        const Tensor* a[] = {&ov.g.router_w, &ov.g.w1, &ov.g.w2, &ov.g.w3, &ov.g.sw1, &ov.g.sw2, &ov.g.sw3};
-        const Tensor* b[] = {&seq->g.router_w, &seq->g.w1, &seq->g.w2, &seq->g.w3, &seq->g.sw1, &seq->g.sw2, &seq->g.sw3};
-        for (size_t k = 0; k < 7; k++)
-          if (a[k]->defined() || b[k]->defined())
-            same = same && a[k]->defined() && b[k]->defined() && bitwise_equal(*a[k], *b[k]);
-      }
+      const std::vector<NamedGrad> a = named_grads(ov), b = named_grads(*seq);
+      same = same && a.size() == b.size();
+      for (size_t k = 0; same && k < a.size(); k++) same = bitwise_equal(a[k].second, b[k].second);
       check.holds((variants[i].name + " == sequential").c_str(), same);
     }
   const RunResult& got = seq ? *seq : variants.back().first_result;
@@ -1025,8 +1052,8 @@ static int overlap_lesson(Lesson& lesson) {
   // reference's experts run as one grouped GEMM over N + 1 groups, the distributed ones one
   // expert at a time; the gradients are summed over micro-batches and ranks in another order)
   // differ by at most about n eps times the values summed: 4 n eps max|want|.
-  const double eps = FLT_EPSILON,
-               n = (double)(M * P * T * K + T + d + c.ffn * std::max<int64_t>(c.shared, 1) + c.experts);
+  const double eps = FLT_EPSILON;
+  const double n = (double)(M * P * T * K + T + d + c.ffn * std::max<int64_t>(c.shared, 1) + c.experts);
   auto tol = [&](const Tensor& t) {  // the same on every rank: the largest value anywhere
     double m = max_abs(t);
     comm.allreduce(&m, 1, MPI_DOUBLE, MPI_MAX);
@@ -1076,15 +1103,7 @@ static int overlap_lesson(Lesson& lesson) {
       lesson.dump("y" + tag, got.y[(size_t)m]);
       if (!prefill) lesson.dump("dx" + tag, got.dx[(size_t)m]);
     }
-    if (!prefill) {
-      for (size_t k = 0; k < got.attn_grads.size(); k++)
-        lesson.dump(std::string("d") + kAttentionNames[k] + me, got.attn_grads[k]);
-      const std::pair<const char*, const Tensor*> moe_grads[] = {
-          {"d_router_w", &got.g.router_w}, {"d_w1", &got.g.w1}, {"d_w2", &got.g.w2}, {"d_w3", &got.g.w3},
-          {"d_shared_w1", &got.g.sw1}, {"d_shared_w2", &got.g.sw2}, {"d_shared_w3", &got.g.sw3}};
-      for (const auto& [name, t] : moe_grads)
-        if (t->defined()) lesson.dump(name + me, *t);
-    }
+    for (const NamedGrad& g : named_grads(got)) lesson.dump(g.first + me, g.second);
   }
   return lesson.finish(check);
 }
