@@ -39,6 +39,8 @@ inline int row_threads(int64_t elements) {
 // sum, which holds a term >= 1 — and +inf gives inf) so that n + 1023 is a valid exponent; NaN
 // stays NaN. Why not glibc's vector exp (libmvec)? GCC calls it only under -ffast-math, whose
 // finite-math assumption would break the -inf and NaN handling the kernels rely on.
+// (No row kernel calls it now: they use exp_float below, at half the cost. It stays, with its
+// test, for a kernel that needs an exp term in double or exp's last half ulp.)
 __attribute__((always_inline)) inline double exp_double(float xf) {
   constexpr double kLog2e = 1.4426950408889634, kLn2 = 0.6931471805599453;
   constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2^52: t's low bits hold n
@@ -63,8 +65,51 @@ __attribute__((always_inline)) inline double exp_double(float xf) {
   return p * __builtin_bit_cast(double, bits);
 }
 
+// exp(x) of a float, in float: the same method with float arithmetic, so a vector holds twice
+// as many lanes (16 in an AVX-512 register, against exp_double's 8) and it costs half as much.
+// For the kernels whose exps, not their bytes, set the speed: the softmax family's forwards,
+// the cross-entropy and the log_softmax backward. What float needs that double did not:
+//  - ln2 in two parts (Cody and Waite): n * kLn2Hi is exact (n has at most 8 bits, kLn2Hi 9) and
+//    so is r_hi = x - n * kLn2Hi (Sterbenz: the two are within a factor of 2 of each other);
+//    r_lo = -n * kLn2Lo rounds, by less than 1e-9. r = r_hi + r_lo, rounded, only feeds r^2 q;
+//  - exp(r) = 1 + (r_hi + (r_lo + r^2 q(r))), q the Taylor series 1/2 + r/6 + ... + r^5/5040 (to
+//    r^7 in all: the remainder, < e^0.35 0.35^8 / 8! = 7e-9 relative, is 0.12 ulp). The small
+//    terms are added first: r^2 q <= 0.07, so the roundings inside it are scaled down by 0.07,
+//    and the rounding of r never reaches the linear term. What is left: the last two additions
+//    (0.5 ulp and 0.25 ulp), the remainder, and the small terms' roundings.
+// In all within 0.94 ulp of exp(x) over the whole range (tests/unit/test_cpu_exp.cpp sweeps it),
+// where glibc's expf is within 0.5 and CUDA's within 2. The kernel tests compare softmax terms
+// and the cross-entropy's gradient with glibc's under tolerances of 3 ulps and more.
+// Domain: x <= 88 — the row kernels pass x - max <= 0, or a log-probability (<= 0); above 88.37
+// the exponent field would overflow (no clamp there: a second clamp measured 20% slower in a
+// summing loop). x is clamped below at -88: under 2^-126 (x < -87.34) results come out as
+// subnormals, and under exp(-87.68) ~ 8e-39 as 0 (expf would give a subnormal: an absolute error
+// under 1e-38, nothing to a softmax, whose largest term is 1); -inf gives 0; NaN stays NaN.
+__attribute__((always_inline)) inline float exp_float(float x) {
+  constexpr float kLog2e = 1.44269504f;
+  constexpr float kLn2Hi = 0.693359375f;     // 355 / 512, exactly
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi, within 2e-12
+  constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: t's low bits hold n
+  x = x < -88.f ? -88.f : x;
+  const float t = x * kLog2e + kRoundMagic;
+  const float n = t - kRoundMagic;  // round(x / ln2), an integer in [-127, 127] for x <= 88
+  const float r_hi = x - n * kLn2Hi, r_lo = -(n * kLn2Lo);  // r_hi exact
+  const float r = r_hi + r_lo;
+  float q = 1.f / 5040;  // 1/7!, then Horner down to 1/2
+  q = q * r + 1.f / 720;
+  q = q * r + 1.f / 120;
+  q = q * r + 1.f / 24;
+  q = q * r + 1.f / 6;
+  q = q * r + 0.5f;
+  const float p = 1.f + (r_hi + (r_lo + (r * r) * q));
+  // the low 9 bits of t are n (mod 512): 2^n's exponent field n + 127, in [0, 254] (0, for
+  // n = -127, makes the scale and the result 0)
+  const uint32_t bits = (__builtin_bit_cast(uint32_t, t) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
 // The statistics of a softmax row (reduce.cpp), shared with the cross-entropy (norm_loss.cpp):
-// m = max_j x_j and l = sum_j exp(x_j - m), in one pass over the row.
+// m = max_j x_j and l = sum_j exp(x_j - m), the row read from memory once.
 struct RowStats {
   float m;
   double l;

@@ -292,7 +292,7 @@ void bench_cpu_bandwidth(bool quick) {
          [&] { k.log_softmax_backward(out.data(), lsm.data(), y.data(), N, C); }},
         {"rmsnorm_forward", F * (2 * n + C + N), true,
          [&] { k.rmsnorm_forward(out.data(), rowbuf.data(), x.data(), w.data(), N, C, 1e-5f); }},
-        {"rmsnorm_backward", F * (3 * n + 2 * C + N), false,
+        {"rmsnorm_backward", F * (3 * n + 2 * C + N), true,
          [&] {
            k.rmsnorm_backward(out.data(), colbuf.data(), y.data(), x.data(), w.data(), rstd.data(),
                               N, C);

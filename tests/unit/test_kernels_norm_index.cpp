@@ -108,9 +108,10 @@ void check_rmsnorm_forward(const std::vector<float>& x, const std::vector<float>
 // dx_j scales the mean's error by rs |xhat_j|, and the final expression (xhat, g, xhat mean,
 // the difference, the product with rs) rounds at most four times at rs (|g_j| + |xhat_j mean|)
 // on each side: 4 eps in all, 8 eps with a factor 2 to spare.
-// dw_j = sum over rows of dy xhat: the cpu adds in float in row order (chain N), the kernel in
-// chunks of 64 rows then one atomicAdd per chunk (chain min(N, 64) + ceil(N / 64)), each term
-// rounded twice on each side.
+// dw_j = sum over rows of dy xhat: the cpu adds in float in row order within each of up to 16
+// blocks of rows, then the blocks in double (chain <= N, that of a float sum in row order), the
+// kernel in chunks of 64 rows then one atomicAdd per chunk (chain min(N, 64) + ceil(N / 64)),
+// each term rounded twice on each side.
 void check_rmsnorm_backward(const std::vector<float>& x, const std::vector<float>& w,
                             const std::vector<float>& dy, int64_t N, int64_t C,
                             const std::string& what) {
