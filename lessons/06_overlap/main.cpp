@@ -868,6 +868,20 @@ static int overlap_lesson(Lesson& lesson) {
     std::string why;
     lesson.usage_error_if(!parse_link(link_spec, &link, &why), why);
   }
+  {
+    // The longest compute phase, modelled: a rank's experts with every routed row of every
+    // rank on them. A peer may wait through a few phases: each must stay well inside the
+    // watchdog's --timeout, or the ranks waiting for this one would be reported as deadlocked.
+    const double Tn = (double)s.T, dn = (double)c.dim, fn = (double)c.ffn;
+    const double longest = std::max({8 * Tn * dn * dn + 8 * Tn * Tn * dn,
+                                     6 * dn * fn * Tn * (double)(c.topk * P) +
+                                         6 * Tn * dn * fn * (double)c.shared}) / (gflops * 1e9);
+    lesson.usage_error_if(compute == "modelled" && longest > 0.25 * lesson.flags.timeout,
+                          "--gflops " + fmt_num(gflops) + " makes a compute phase last up to " +
+                              fmt_num(longest) + " s, more than a quarter of the watchdog's " +
+                              "--timeout (" + fmt_num(lesson.flags.timeout) +
+                              " s): raise --gflops or --timeout");
+  }
   c.seq_len = s.T;
   s.progress = progress == "none" ? ProgressMode::none : progress == "test" ? ProgressMode::test
                                                                              : ProgressMode::thread;
