@@ -1,7 +1,11 @@
 // kernels/cpu/layout.cpp — data movement: transpose of two dims, block copies
 // (slice/concat). Exact: no arithmetic besides the optional accumulate.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/row_math.h"
@@ -71,10 +75,27 @@ inline void transpose8x8(float* dst, int64_t ld, const float* src, int64_t ls) {
 }
 #endif
 
+// One tile row, 32 floats (128 bytes), to the output. A transpose bigger than the caches
+// writes each output line once and never reads it back here: with `stream`, non-temporal
+// stores send the lines to memory without first reading them into the cache (a plain store
+// reads every line it writes to: half the traffic of a transpose out of cache, and what
+// memcpy's own streaming stores avoid). SSE's 16-byte stream store is part of every x86-64;
+// other CPUs copy.
+inline void store_row(float* dst, const float* row, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    for (int k = 0; k < kTile; k += 4) _mm_stream_ps(dst + k, _mm_load_ps(row + k));
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, row, kTile * sizeof(float));
+}
+
 // out[a, j, b, i, c] = in[a, i, b, j, c] for i in [i0, i1), all j.
 FF_CPU_CLONES void transpose_tile_rows(float* out, const float* in, int64_t a, int64_t D0,
                                        int64_t Bm, int64_t b, int64_t D1, int64_t Cn, int64_t i0,
-                                       int64_t i1) {
+                                       int64_t i1, bool stream) {
   const int64_t in_i = Bm * D1 * Cn, out_j = Bm * D0 * Cn;  // strides of i in in, j in out
   const float* src = in + ((a * D0 * Bm + b) * D1) * Cn;    // in[a, 0, b, 0, 0]
   float* dst = out + ((a * D1 * Bm + b) * D0) * Cn;         // out[a, 0, b, 0, 0]
@@ -87,14 +108,13 @@ FF_CPU_CLONES void transpose_tile_rows(float* out, const float* in, int64_t a, i
       // all fall into one set of the L1 cache and evict each other (~10x slower at 8192^2).
       // Into the buffer, 8 x 8 blocks in registers; a ragged tile at the edge (fewer than 32
       // rows or columns left), one float at a time.
-      float tile[kTile][kTile];  // tile[j - j0][i - i0]
+      alignas(64) float tile[kTile][kTile];  // tile[j - j0][i - i0]
       const int64_t ni = i1 - i0, nj = j1 - j0;
       if (ni == kTile && nj == kTile) {  // a whole tile: loops of known length, unrolled
         for (int64_t i = 0; i < kTile; i += 8)
           for (int64_t j = 0; j < kTile; j += 8)
             transpose8x8(&tile[j][i], kTile, src + (i0 + i) * in_i + j0 + j, in_i);
-        for (int64_t j = 0; j < kTile; j++)
-          std::memcpy(dst + (j0 + j) * out_j + i0, tile[j], sizeof tile[j]);
+        for (int64_t j = 0; j < kTile; j++) store_row(dst + (j0 + j) * out_j + i0, tile[j], stream);
         continue;
       }
       for (int64_t i = 0; i < ni; i++)
@@ -110,6 +130,9 @@ FF_CPU_CLONES void transpose_tile_rows(float* out, const float* in, int64_t a, i
         for (int64_t c = 0; c < Cn; c++) d[c] = s[c];
       }
   }
+#if defined(__SSE2__)
+  if (stream) _mm_sfence();  // this thread's streamed lines reach memory before it moves on
+#endif
 }
 
 }  // namespace
@@ -119,11 +142,16 @@ FF_CPU_CLONES void transpose_tile_rows(float* out, const float* in, int64_t a, i
 void transpose(float* out, const float* in, int64_t A, int64_t D0, int64_t Bm, int64_t D1,
                int64_t Cn) {
   const int64_t tiles = (D0 + kTile - 1) / kTile;
-  const int threads = row_threads(A * D0 * Bm * D1 * Cn);
+  const int64_t n = A * D0 * Bm * D1 * Cn;
+  const int threads = row_threads(n);
+  // Streaming stores for outputs beyond the caches (8 MiB) whose tile rows are 16-byte aligned
+  // (the storage is 64-byte aligned: the output's row length must be a multiple of 4 floats).
+  const bool stream = n * (int64_t)sizeof(float) > (int64_t(8) << 20) && Cn == 1 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && (Bm * D0) % 4 == 0;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t task = 0; task < A * Bm * tiles; task++) {
     const int64_t a = task / (Bm * tiles), b = task / tiles % Bm, i0 = task % tiles * kTile;
-    transpose_tile_rows(out, in, a, D0, Bm, b, D1, Cn, i0, std::min(D0, i0 + kTile));
+    transpose_tile_rows(out, in, a, D0, Bm, b, D1, Cn, i0, std::min(D0, i0 + kTile), stream);
   }
 }
 
