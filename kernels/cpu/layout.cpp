@@ -144,10 +144,11 @@ void transpose(float* out, const float* in, int64_t A, int64_t D0, int64_t Bm, i
   const int64_t tiles = (D0 + kTile - 1) / kTile;
   const int64_t n = A * D0 * Bm * D1 * Cn;
   const int threads = row_threads(n);
-  // Streaming stores for outputs beyond the caches (8 MiB) whose tile rows are 16-byte aligned
-  // (the storage is 64-byte aligned: the output's row length must be a multiple of 4 floats).
+  // Streaming stores for outputs beyond the caches (8 MiB) whose tile rows start 16-byte
+  // aligned: out itself, and every offset a multiple of 4 floats — out[a, j, b, i0] is at
+  // ((a D1 + j) Bm + b) D0 + i0 with i0 a multiple of 32, so D0 must be a multiple of 4.
   const bool stream = n * (int64_t)sizeof(float) > (int64_t(8) << 20) && Cn == 1 &&
-                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && (Bm * D0) % 4 == 0;
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0 && D0 % 4 == 0;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t task = 0; task < A * Bm * tiles; task++) {
     const int64_t a = task / (Bm * tiles), b = task / tiles % Bm, i0 = task % tiles * kTile;

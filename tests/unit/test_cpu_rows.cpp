@@ -48,10 +48,13 @@ void require_same_bits(const std::vector<float>& got, const std::vector<float>& 
 TEST_CASE("cpu transpose: 8 x 8 register blocks, ragged blocks and tiles, vs the plain loop") {
   // (A, D0, Bm, D1, Cn): whole blocks (8, 32, 64), ragged ones (37 x 45: 4 blocks and 5 rows,
   // 5 blocks and 5 columns), a tile cut by 1 (33), rows of 4 KiB (1024 x 1024, and threaded:
-  // 2^20 elements), batched with a middle dim (2 x 64 x 3 x 41), and Cn > 1.
-  const int64_t shapes[][5] = {{1, 8, 1, 8, 1},    {1, 37, 1, 45, 1},    {1, 33, 1, 33, 1},
-                               {1, 7, 1, 300, 1},  {1, 300, 1, 7, 1},    {1, 1024, 1, 1024, 1},
-                               {2, 64, 3, 41, 1},  {1, 257, 1, 300, 1},  {2, 19, 2, 23, 3}};
+  // 2^20 elements), batched with a middle dim (2 x 64 x 3 x 41), and Cn > 1; beyond 8 MiB, the
+  // streaming stores (1536 x 1536; batched, 2 x 516 x 3 x 700) and their fallback when the
+  // tile rows are not 16-byte aligned (D0 = 1539).
+  const int64_t shapes[][5] = {{1, 8, 1, 8, 1},       {1, 37, 1, 45, 1},     {1, 33, 1, 33, 1},
+                               {1, 7, 1, 300, 1},     {1, 300, 1, 7, 1},     {1, 1024, 1, 1024, 1},
+                               {2, 64, 3, 41, 1},     {1, 257, 1, 300, 1},   {2, 19, 2, 23, 3},
+                               {1, 1536, 1, 1536, 1}, {2, 516, 3, 700, 1},   {1, 1539, 1, 1400, 1}};
   for (auto& s : shapes) {
     const int64_t A = s[0], D0 = s[1], Bm = s[2], D1 = s[3], Cn = s[4], n = A * D0 * Bm * D1 * Cn;
     const std::vector<float> x = kt::inputs(n, 31);
