@@ -215,8 +215,8 @@ for np in 1 2 3 4; do
   check "06 P=$np: overlapped (W inline, W in waits) == sequential bit for bit, sequential == one process" 0 '^check: PASS' \
     $MPIRUN -np $np $L06 --reps 1 --experts $((2 * np))
 done
-check "06 M = 1, 2 and 7 micro-batches (P=2; M=1 has no F&B step)" 0 '^check: PASS' \
-  bash -c "for m in 1 2 7; do $MPIRUN -np 2 $L06 --reps 1 --microbatches \$m || exit 1; done"
+check "06 M = 1, 2, 4 and 7 micro-batches (P=2; M=1 has no F&B step)" 0 '^check: PASS' \
+  bash -c "for m in 1 2 4 7; do $MPIRUN -np 2 $L06 --reps 1 --microbatches \$m || exit 1; done"
 for p in none test thread; do
   check "06 --progress $p (P=4): the same checks" 0 '^check: PASS' $MPIRUN -np 4 $L06 --reps 1 --progress $p
 done

@@ -114,7 +114,8 @@ struct RowStats {
   float m;
   double l;
 };
-RowStats softmax_row_stats(const float* x, int64_t C);
+// next: the row after this one (or null), prefetched while this one's exps are computed.
+RowStats softmax_row_stats(const float* x, int64_t C, const float* next = nullptr);
 
 // Shares rows [0, N) of an (N, C) tensor among row_threads(N * C) threads, a contiguous block of
 // rows each, calling rows_fn(first_row, row_count) once per block. Every row is computed the
