@@ -214,7 +214,10 @@ class Runner {
  public:
   Runner(Comm& comm, const Setup& s, Weights& w, Progress& progress)
       : comm_(comm), s_(s), w_(w), progress_(progress), mask_(causal_mask(s.T, s.dev)),
-        n_{(double)s.T, (double)s.c.dim, (double)s.c.ffn, (double)s.c.topk, (double)s.c.experts} {}
+        n_{(double)s.T, (double)s.c.dim, (double)s.c.ffn, (double)s.c.topk, (double)s.c.experts} {
+    auto l = progress_.lock();
+    trace_to_wtime_ = now() - trace().now_us() * 1e-6;
+  }
 
   Timeline tl;
   DeferredGrads attn_w;  // the attention's matmul weight gradients, set aside (autograd's W)
@@ -382,7 +385,11 @@ class Runner {
     while (run_one_w()) {
     }
   }
-  double now() const { return MPI_Wtime(); }
+  // The lesson's clock: steady_clock, not MPI_Wtime — under --progress thread only one thread
+  // may be inside MPI at a time (MPI_THREAD_SERIALIZED), and this clock is read everywhere.
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
 
  private:
   enum Kind { kDispatch = 1, kCombine = 2, kDispatchBack = 3, kCombineBack = 4 };
@@ -532,8 +539,9 @@ class Runner {
   struct {
     double T, d, f, K, N;
   } n_;  // the sizes, for the FLOP counts
-  // MPI_Wtime() - the trace clock's seconds: Request::done_us is on the trace's clock
-  const double trace_to_wtime_ = MPI_Wtime() - trace().now_us() * 1e-6;
+  // now() - the trace clock's seconds: Request::done_us is on the trace's clock (MPI_Wtime, so
+  // read under the progress lock)
+  double trace_to_wtime_ = 0;
 };
 
 // Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
