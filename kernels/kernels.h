@@ -150,6 +150,15 @@ struct KernelTable {
   // idx is plain top-K.
   void (*moe_group_topk)(int64_t* idx, int64_t* kept_groups, const float* scores, int64_t T,
                          int64_t N, int64_t G, int64_t M, int64_t group_topk, int64_t K);
+
+  // ---- rotary position embedding, as DeepSeek-V3 applies it (the readable definition is
+  // kernels/cpu/rope.cpp). x, y (T, M, D): T tokens, M rows per token (heads; 1 for a (T, D)
+  // tensor) that share the token's position, D even. pos (T): the tokens' positions (GLOBAL
+  // ones under context parallelism), >= 0. Each consecutive pair (x[2i], x[2i+1]) of a row is
+  // rotated as a complex number by sign * pos[t] * theta^(-2i/D), i < D/2: sign = +1 is the
+  // forward, sign = -1 the inverse rotation (the backward). y may be x.
+  void (*rope)(float* y, const float* x, const int64_t* pos, int64_t T, int64_t M, int64_t D,
+               float theta, int sign);
 };
 
 // The tile edge of the attention kernels (queries and keys), the same on every device, so the
@@ -167,7 +176,8 @@ const KernelTable& kernels_for(Device d);
         copy_block, rmsnorm_forward, rmsnorm_backward, cross_entropy_forward,                \
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
-        grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk     \
+        grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk,    \
+        rope                                                                                 \
   }
 
 }  // namespace ff

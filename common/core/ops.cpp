@@ -6,6 +6,7 @@
 #include "common/core/ops.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/core/autograd.h"
 #include "common/core/check.h"
@@ -509,6 +510,38 @@ std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k) {
     return {dx};
   });
   return {vals, idx};
+}
+
+// ---------------------------------------------------------------------------
+// positions
+
+// Rotary position embedding; the kernels are kernels/cpu/rope.cpp and kernels/cuda/rope.cu.
+Tensor rope(const Tensor& x, const Tensor& positions, float theta) {
+  check_float(x, "rope");
+  FF_CHECK(positions.defined(), "rope: undefined positions tensor");
+  check_same_device(x, positions, "rope");
+  FF_CHECK(x.dim() >= 2, "rope: x must be (T, D) or (T, ..., D), got " << shape_str(x.shape()));
+  int64_t T = x.size(0), D = x.size(-1);
+  FF_CHECK(D > 0 && D % 2 == 0, "rope: the last dim D = " << D << " of " << shape_str(x.shape())
+                                     << " must be even and > 0 (it holds D/2 pairs)");
+  FF_CHECK(positions.dtype() == DType::i64,
+           "rope: positions must be int64, got " << dtype_name(positions.dtype()));
+  FF_CHECK(positions.shape() == Shape{T}, "rope: positions shape " << shape_str(positions.shape())
+                                              << " must be (" << T << "), one per token of x "
+                                              << shape_str(x.shape()));
+  FF_CHECK(std::isfinite(theta) && theta > 0.f, "rope: theta = " << theta << " must be > 0");
+  for (int64_t p : positions.to_index_vector())
+    FF_CHECK(p >= 0, "rope: position " << p << " is negative (positions must be >= 0)");
+  int64_t M = T > 0 ? x.numel() / (T * D) : 0;  // the middle dims: heads sharing a position
+  Tensor y = Tensor::empty(x.shape(), x.device());
+  kernels_of(x).rope(y.data(), x.data(), positions.index_data(), T, M, D, theta, +1);
+  Tensor ps = positions.detach();
+  return record(y, "rope", {x, positions}, [ps, T, M, D, theta](const Tensor& g) -> Grads {
+    // y = R(a) x with R orthogonal, so dx = R(a)^T g = R(-a) g
+    Tensor dx = Tensor::empty(g.shape(), g.device());
+    kernels_of(g).rope(dx.data(), g.data(), ps.index_data(), T, M, D, theta, -1);
+    return {dx, Tensor()};
+  });
 }
 
 }  // namespace ff

@@ -69,4 +69,13 @@ Tensor index_add(const Tensor& base, const Tensor& idx, const Tensor& src);
 // descending; indices carry no gradient.
 std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k);
 
+// ---- positions
+// Rotary position embedding as DeepSeek-V3 applies it: each consecutive pair (x[2i], x[2i+1])
+// of the last dim is rotated as a complex number by positions[t] * theta^(-2i/D), i < D/2.
+// x float32 (T, D) or (T, ..., D), D even: the first dim is the token, the middle dims (heads)
+// share its position. positions int64 (T), >= 0: explicit, since under context parallelism
+// they are the GLOBAL positions of a rank's tokens, not row numbers. Returns x's shape.
+// Backward: the upstream gradient rotated by -angle; positions get no gradient.
+Tensor rope(const Tensor& x, const Tensor& positions, float theta = 10000.f);
+
 }  // namespace ff

@@ -34,6 +34,15 @@ named <case>_<tensor>.npy (float32, except the int64 targets):
                    SwiGLU expert (silu(x w1) * (x w3)) w2; aux = alpha N sum_i f_i P_i with
                    f_i = count_i / (k T) a constant and P_i = mean_t p_ti differentiable. The
                    gradients are of L = sum(y * dy) + aux (tests/unit/test_moe.cpp).
+  rope             x (7, 3, 16), positions (7)  dy         y, dx
+                   int64, theta ()
+  rope_k           x (5, 64), positions (5)     dy         y, dx
+                   int64, theta ()
+                   Rotary position embedding as DeepSeek-V3's apply_rotary_emb: consecutive
+                   pairs of the last dim as complex numbers (torch.view_as_complex) times
+                   torch.polar(1, positions * theta^(-2i/D)); the middle dim (heads, as in MLA's
+                   q_pe) shares its token's position, rope_k is a (T, D) k_pe. Positions are
+                   explicit, unsorted, up to 100000 (tests/unit/test_golden.cpp).
 
 Inputs are float32, drawn by numpy from a fixed seed; the C++ test loads them from the
 files (it does not reproduce the RNG). The reference math runs in float64 on those exact
@@ -237,6 +246,32 @@ def main():
 
     moe_case("moe_softmax_topk", "softmax_topk")
     moe_case("moe_topk_softmax", "topk_softmax")
+
+    # ---- rotary position embedding, DeepSeek-V3's way (inference/model.py: precompute_freqs_cis
+    # and apply_rotary_emb), in float64 with no YaRN scaling. Appended after the MoE cases, so
+    # every case above keeps its random numbers.
+    rope_theta = np.float32(10000.0)
+
+    def rope(positions):
+        t_pos = torch.from_numpy(positions).to(torch.float64)
+
+        def fn(x):
+            D = x.shape[-1]
+            freqs = 1.0 / (float(rope_theta) ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+            angles = torch.outer(t_pos, freqs)                         # (T, D/2)
+            freqs_cis = torch.polar(torch.ones_like(angles), angles)
+            xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))  # (T, ..., D/2)
+            freqs_cis = freqs_cis.view(x.shape[0], *([1] * (x.dim() - 2)), D // 2)
+            return {"y": torch.view_as_real(xc * freqs_cis).flatten(-2)}
+        return fn
+
+    for case, shape, positions in (
+            ("rope", (7, 3, 16), [100000, 0, 5, 1, 4096, 31, 5]),
+            ("rope_k", (5, 64), [3, 0, 65535, 12, 100000])):
+        positions = np.array(positions, dtype=np.int64)
+        save(case, "positions", positions)
+        run_case(case, rope(positions), {"x": f32(*shape)},
+                 extra={"theta": np.array(rope_theta, dtype=np.float32)})
 
     total = sum(os.path.getsize(p) for p in written)
     print(f"wrote {len(written)} files, {total} bytes, to {out}")

@@ -41,7 +41,8 @@ Inputs make_inputs(Device d) {
 // Every op of common/core/ops.h, composed into one scalar loss.
 Tensor every_op_loss(Inputs& in) {
   Device d = in.x.device();
-  Tensor h = matmul(in.x, in.w);                         // (2, 4, 6) @ (6, 5)
+  Tensor positions = Tensor::from_indices({100000, 3}, {2}).to(d);
+  Tensor h = matmul(rope(in.x, positions), in.w);        // 2 tokens of 4 heads; (6, 5)
   h = rmsnorm(h, in.g);
   h = silu(h) + sigmoid(h) * relu(h) - neg(h) / add_scalar(exp(h), 1.f);
   Tensor hb = matmul(h, in.wb);                          // batched: (2, 4, 5) @ (2, 5, 3)

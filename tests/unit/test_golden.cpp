@@ -54,6 +54,13 @@ constexpr Tolerance kMatmulTol = {2e-6, 1e-5};
 // each layer propagate through the next: ~1e-5 relative, with an absolute floor for the
 // small gradient entries.
 constexpr Tolerance kMlpTol = {1e-6, 1e-5};
+// RoPE: each output component is x[2i] cos a -+ x[2i+1] sin a, which may cancel, so its error
+// is bounded by rho = |x[2i]| + |x[2i+1]|, not by the result. On the devices that form the
+// float sincosf of a double-reduced angle (sim, cuda): <= (2 + pi + 3) u rho
+// (tests/unit/test_kernels_rope.cpp), cpu (all double, one rounding) <= u rho; the golden's own
+// rounding adds u rho. The inputs and dy are below 3.7, so rho < 7.4: < 5e-6 absolute. 1e-5;
+// a 1% error (scale_by_1_01) or a wrong angle is off by 1e-2 or more.
+constexpr Tolerance kRopeTol = {1e-5, 0};
 
 // ---- loading
 std::string data_path(const std::string& case_name, const std::string& tensor) {
@@ -209,6 +216,22 @@ Report mlp_case(Device d) {
   return r;
 }
 
+// RoPE, against DeepSeek-V3's apply_rotary_emb (view_as_complex times polar) in float64:
+// x (7, 3, 16) of 3 heads sharing each token's position, and a (5, 64) k_pe; the saved
+// positions are unsorted and reach 100000.
+Report rope_case(const std::string& case_name, Device d) {
+  Golden g{case_name, d};
+  Tensor x = g.leaf("x");
+  Tensor y = rope(x, g.get("positions"), g.get("theta").item());
+  y.backward(g.get("dy"));
+  Report r;
+  compare_into(r, g, "y", y, kRopeTol);
+  compare_into(r, g, "dx", x.grad(), kRopeTol);
+  return r;
+}
+Report rope_q_case(Device d) { return rope_case("rope", d); }
+Report rope_k_case(Device d) { return rope_case("rope_k", d); }
+
 struct Case {
   const char* name;
   Report (*run)(Device);
@@ -225,6 +248,8 @@ const Case kCases[] = {
     {"silu", silu_case},
     {"sigmoid", sigmoid_case},
     {"mlp", mlp_case},
+    {"rope", rope_q_case},
+    {"rope_k", rope_k_case},
 };
 
 // cpu always; sim and cuda when this build and machine have them
@@ -271,6 +296,8 @@ TEST_CASE("golden: a bug planted in a backward makes the same comparison fail") 
       {matmul_shared_case, "matmul", Bug::scale_by_1_01, "matmul_shared db"},
       {silu_case, "silu", Bug::scale_by_1_01, "silu dx"},
       {sigmoid_case, "sigmoid", Bug::scale_by_1_01, "sigmoid dx"},
+      {rope_q_case, "rope", Bug::flip_sign, "rope dx"},
+      {rope_k_case, "rope", Bug::scale_by_1_01, "rope_k dx"},
   };
   for (const Planted& p : planted) {
     INFO("bug planted in " << std::string(p.op) << " backward; expecting " << std::string(p.spoiled)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <complex>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -729,6 +730,64 @@ TEST_CASE("ops: topk: descending, ties to the lower index, k = 1..C; values' gra
 }
 
 // ===========================================================================
+// positions
+
+TEST_CASE("ops: rope rotates pairs by position * theta^(-2i/D): forward and gradients") {
+  // The reference, written independently of the kernel: pair (x[2i], x[2i+1]) as the complex
+  // number x[2i] + i x[2i+1] times e^(i a), a = pos theta^(-2i/D) (torch.polar in DeepSeek-V3's
+  // apply_rotary_emb), all in double. The cpu kernel computes in double and rounds once: within
+  // half an ulp of the result, u rho (rho = |x[2i]| + |x[2i+1]| <= ~9 for these randn inputs:
+  // 5e-7), plus 12 2^-53 pos rho for its double angle (1e-9 at position 1e5). 1e-6 absolute;
+  // a wrong frequency, pair layout (e.g. the half-split layout of GPT-NeoX) or sign is off by O(1).
+  constexpr double kRopeAtol = 1e-6;
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> pos;  // explicit, unsorted, repeated: never the row index
+    float theta;
+  } cases[] = {
+      {{4, 8}, {7, 0, 100000, 7}, 10000.f},
+      {{3, 2, 6}, {5, 12, 0}, 10000.f},
+      {{1, 2}, {3}, 10000.f},
+      {{5, 2, 3, 4}, {65535, 1, 2, 100000, 9}, 500000.f},
+  };
+  uint64_t seed = 1500;
+  for (const Case& c : cases) {
+    CAPTURE(shape_str(c.shape));
+    CAPTURE(c.theta);
+    const int64_t T = c.shape[0], D = c.shape.back();
+    const int64_t rows_per_token = shape_numel(c.shape) / (T * D);  // heads sharing a position
+    Tensor x = leaf(rnd(c.shape, seed++));
+    Tensor pos = Tensor::from_indices(c.pos, {T});
+    Vec xv = dv(x), want(xv.size());
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t m = 0; m < rows_per_token; m++)
+        for (int64_t i = 0; i < D / 2; i++) {
+          double inv_freq = std::pow((double)c.theta, -2.0 * (double)i / (double)D);
+          double a = (double)c.pos[(size_t)t] * inv_freq;
+          size_t k = (size_t)((t * rows_per_token + m) * D + 2 * i);
+          std::complex<double> z = std::complex<double>(xv[k], xv[k + 1]) * std::polar(1.0, a);
+          want[k] = z.real();
+          want[k + 1] = z.imag();
+        }
+    Tensor y = rope(x, pos, c.theta);
+    check_close(y, tf(want, c.shape), kRopeAtol, 0.0);
+    CHECK(y.impl()->grad_fn->name == "rope");
+    // rope is linear in x: central differences are exact up to float rounding
+    float theta = c.theta;
+    check_grad([pos, theta](const std::vector<Tensor>& in) { return rope(in[0], pos, theta); }, {x});
+  }
+  // the default theta is DeepSeek-V3's 10000
+  Tensor x = rnd({2, 4}, seed++), pos = Tensor::from_indices({3, 100000}, {2});
+  check_exact(rope(x, pos), rope(x, pos, 10000.f));
+  // positions get no gradient, and an empty batch of tokens is fine
+  Tensor xl = leaf(rnd({2, 4}, seed++));
+  sum_all(rope(xl, pos)).backward();
+  CHECK(xl.grad().defined());
+  CHECK_FALSE(pos.grad().defined());
+  CHECK(rope(Tensor::zeros({0, 3, 4}), Tensor::from_indices({}, {0})).shape() == Shape{0, 3, 4});
+}
+
+// ===========================================================================
 // planted bugs: every hand-written backward, wrong sign and missing term
 
 namespace {
@@ -745,6 +804,7 @@ std::vector<OpCase> op_cases() {
   Tensor mask = Tensor::from_vector({1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0}, {3, 5});
   Tensor idx = Tensor::from_indices({3, 0, 3, 5, 1, 3, 2, 0}, {8});
   Tensor targets = randint({7}, s++, 13);
+  Tensor positions = Tensor::from_indices({100000, 0, 17}, {3});
   return {
       {"add", [](auto& in) { return add(in[0], in[1]); }, {R({3, 5}), R({5})}, {}},
       {"sub", [](auto& in) { return sub(in[0], in[1]); }, {R({3, 5}), R({3, 1})}, {}},
@@ -780,6 +840,7 @@ std::vector<OpCase> op_cases() {
       {"index_add", [idx](auto& in) { return index_add(in[0], idx, in[1]); },
        {R({6, 4}), R({8, 4})}, {}},
       {"topk", [](auto& in) { return topk(in[0], 3).first; }, {leaf(distinct({3, 6}, s++))}, {}},
+      {"rope", [positions](auto& in) { return rope(in[0], positions); }, {R({3, 2, 6})}, {}},
   };
 }
 }  // namespace
@@ -895,4 +956,14 @@ TEST_CASE("ops: bad shapes, broadcasts, dims and indices throw ff::Error naming 
   check_error_names("index_add", [&] { index_add(rnd({6, 4}, 3), idx_i64, rnd({3, 4}, 3)); });
   check_error_names("topk", [&] { topk(a, 0); });
   check_error_names("topk", [&] { topk(a, 6); });
+  Tensor pos3 = Tensor::from_indices({0, 1, 2}, {3});
+  check_error_names("rope", [&] { rope(a, pos3); });                         // D = 5 is odd
+  check_error_names("rope", [&] { rope(a3, Tensor::from_indices({0, 1, 2}, {3})); });  // T = 2
+  check_error_names("rope", [&] { rope(rnd({3, 4}, 3), Tensor::from_indices({0, 1}, {2})); });
+  check_error_names("rope", [&] { rope(rnd({3, 4}, 3), Tensor::from_indices({0, 1, 2}, {1, 3})); });
+  check_error_names("rope", [&] { rope(rnd({3, 4}, 3), rnd({3}, 3)); });    // float positions
+  check_error_names("rope", [&] { rope(rnd({4}, 3), Tensor::from_indices({0}, {1})); });  // 1-D x
+  check_error_names("rope", [&] { rope(rnd({3, 4}, 3), Tensor::from_indices({0, -1, 2}, {3})); });
+  check_error_names("rope", [&] { rope(rnd({3, 4}, 3), pos3, 0.f); });
+  check_error_names("rope", [&] { rope(idx_i64, Tensor::from_indices({0, 1}, {2})); });
 }
