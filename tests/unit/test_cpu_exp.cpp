@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 
 #include <doctest/doctest.h>
@@ -25,27 +26,38 @@ double ulps(float f, double want) {
   return std::fabs((double)f - want) / ulp;
 }
 
-}  // namespace
-
-TEST_CASE("cpu exp_double: within 0.51 ulp of exp once rounded to float, on a sweep of floats") {
-  uint32_t lo, hi;
-  const float first = -103.0f, last = 88.7f;  // exp of both is a finite, non-zero float
-  std::memcpy(&lo, &first, 4);
-  std::memcpy(&hi, &last, 4);
+// The worst error, in ulps of exp(x), of f over every 97th float from -0 down to `first` and
+// from +0 up to `last` (walking the bit patterns), and over `extra`.
+struct Sweep {
   double worst = 0;
   float worst_x = 0;
   int64_t checked = 0;
+};
+template <typename F>
+Sweep sweep(float first, float last, std::initializer_list<float> extra, F f) {
+  uint32_t lo, hi;
+  std::memcpy(&lo, &first, 4);
+  std::memcpy(&hi, &last, 4);
+  Sweep w;
   auto check = [&](float x) {
-    const double e = ulps((float)ff::cpu::exp_double(x), std::exp((double)x));
-    if (e > worst) worst = e, worst_x = x;
-    checked++;
+    const double e = ulps(f(x), std::exp((double)x));
+    if (e > w.worst) w.worst = e, w.worst_x = x;
+    w.checked++;
   };
-  // negative floats: bit patterns from -0 up to `first`; positive: from +0 up to `last`
   for (uint32_t b = 0x80000000u; b <= lo; b += 97) { float x; std::memcpy(&x, &b, 4); check(x); }
   for (uint32_t b = 0; b <= hi; b += 97) { float x; std::memcpy(&x, &b, 4); check(x); }
-  for (float x : {first, last, -1.f, 0.f, 1.f, 0.5f, -0.5f, 10.f, -10.f}) check(x);
-  MESSAGE("worst: " << worst << " ulp at x = " << worst_x << " over " << checked << " floats");
-  CHECK(worst <= 0.51);
+  for (float x : extra) check(x);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("cpu exp_double: within 0.51 ulp of exp once rounded to float, on a sweep of floats") {
+  const float first = -103.0f, last = 88.7f;  // exp of both is a finite, non-zero float
+  const Sweep w = sweep(first, last, {first, last, -1.f, 0.f, 1.f, 0.5f, -0.5f, 10.f, -10.f},
+                        [](float x) { return (float)ff::cpu::exp_double(x); });
+  MESSAGE("worst: " << w.worst << " ulp at x = " << w.worst_x << " over " << w.checked << " floats");
+  CHECK(w.worst <= 0.51);
 }
 
 TEST_CASE("cpu exp_double: -inf, +inf, NaN and the clamped ends") {
@@ -58,26 +70,14 @@ TEST_CASE("cpu exp_double: -inf, +inf, NaN and the clamped ends") {
 }
 
 TEST_CASE("cpu exp_float: within 0.94 ulp of exp, on a sweep of floats") {
-  uint32_t lo, hi;
   const float first = -87.3f, last = 88.f;  // exp of both is a normal float
-  std::memcpy(&lo, &first, 4);
-  std::memcpy(&hi, &last, 4);
-  double worst = 0;
-  float worst_x = 0;
-  int64_t checked = 0;
-  auto check = [&](float x) {
-    const double e = ulps(ff::cpu::exp_float(x), std::exp((double)x));
-    if (e > worst) worst = e, worst_x = x;
-    checked++;
-  };
-  for (uint32_t b = 0x80000000u; b <= lo; b += 97) { float x; std::memcpy(&x, &b, 4); check(x); }
-  for (uint32_t b = 0; b <= hi; b += 97) { float x; std::memcpy(&x, &b, 4); check(x); }
-  // the worst cases of a sweep of every float (0.9357 and 0.9331 ulp), and the ends
-  for (float x : {16.2898178f, -5.19525242f, first, last, -1.f, 0.f, 1.f, 0.5f, -0.5f, 10.f,
-                  -10.f})
-    check(x);
-  MESSAGE("worst: " << worst << " ulp at x = " << worst_x << " over " << checked << " floats");
-  CHECK(worst <= 0.94);
+  // besides the sweep: the worst cases of a sweep of every float (0.9357 and 0.9331 ulp), the ends
+  const Sweep w = sweep(first, last,
+                        {16.2898178f, -5.19525242f, first, last, -1.f, 0.f, 1.f, 0.5f, -0.5f,
+                         10.f, -10.f},
+                        [](float x) { return ff::cpu::exp_float(x); });
+  MESSAGE("worst: " << w.worst << " ulp at x = " << w.worst_x << " over " << w.checked << " floats");
+  CHECK(w.worst <= 0.94);
 }
 
 TEST_CASE("cpu exp_float: -inf, NaN, the subnormal range and the clamp") {
