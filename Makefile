@@ -242,6 +242,7 @@ reference:
 	$(PYTHON) tests/reference/ops.py tests/reference/data
 	$(PYTHON) tests/reference/dsv3_moe.py tests/reference/data
 	$(PYTHON) tests/reference/adamw.py tests/reference/data
+	$(PYTHON) tests/reference/model.py tests/reference/data
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the test suite on it.
 # The emulator tells ASan about its fiber switches, so the sim kernels run sanitized too. The
