@@ -1,0 +1,285 @@
+// Data-parallel AdamW under mpirun (common/layers/zero.h), at any world size 1..4, the whole
+// world being the DP group. Every rank's gradient of parameter i at step s comes from the
+// counter-based RNG with a seed of (rank, i, s), so each rank can regenerate every other
+// rank's gradients and compute the mean gradient itself, with no communication.
+//
+// Two kinds of gradients:
+//   exact: randn rounded to multiples of 2^-8 (|g| < 2^4). A sum of at most 4 of them needs
+//          at most 8 + 6 = 14 significant bits, so every partial sum is exact in float32 and
+//          every summation order (the all-reduce's, the reduce-scatter's, a loop's) gives the
+//          same bits. Any difference is then a bug, never rounding: the checks are bitwise.
+//   randn: general floats. The sum orders may differ (dp >= 3), and the mean gradients are
+//          compared within the bound derived in zero.h: |a - b| <= 2.02 u Σ_r |g_r| (u = 2^-24,
+//          the 1.01 covering the γ_k = k u / (1 - k u) of the summation bound); at dp <= 2
+//          there is one addition, commutative in IEEE arithmetic: bitwise.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/comm/comm.h"
+#include "common/core/optim.h"
+#include "common/core/tensor.h"
+#include "common/layers/zero.h"
+
+using namespace ff;
+
+namespace {
+
+Comm world() { return Comm::world(nullptr, nullptr); }
+
+constexpr int kSteps = 4;
+const AdamConfig kAdam{/*lr=*/1e-2, /*beta1=*/0.9, /*beta2=*/0.999, /*eps=*/1e-8,
+                       /*weight_decay=*/0.1};
+
+// The parameter lists: mixed shapes with N = 73 (prime: never a multiple of dp > 1); one
+// number (ranks 1.. own only padding); N = 16 (a multiple of 1, 2, 4 but not 3).
+const std::vector<std::vector<Shape>> kLists = {
+    {{7, 5}, {13}, {3, 2, 4}, {1}},
+    {{1}},
+    {{4, 4}},
+};
+
+std::vector<Tensor> make_params(const std::vector<Shape>& shapes) {
+  std::vector<Tensor> ps;
+  for (size_t i = 0; i < shapes.size(); i++) ps.push_back(randn(shapes[i], 1000 + i));
+  return ps;
+}
+std::vector<Tensor*> pointers(std::vector<Tensor>& ps) {
+  std::vector<Tensor*> out;
+  for (Tensor& p : ps) out.push_back(&p);
+  return out;
+}
+
+// Rank r's gradient of parameter i at step s.
+std::vector<float> grad_of(const Shape& shape, int r, size_t i, int s, bool exact) {
+  std::vector<float> g = randn(shape, 7000000 + 10000 * (uint64_t)s + 100 * (uint64_t)r + i).to_vector();
+  if (exact)
+    for (float& x : g) x = std::max(-15.f, std::min(15.f, std::round(x * 256.f) / 256.f));
+  return g;
+}
+// Sets every parameter's .grad() to this rank's gradient for step s.
+void set_grads(std::vector<Tensor>& ps, int rank, int s, bool exact) {
+  for (size_t i = 0; i < ps.size(); i++)
+    ps[i].impl()->grad =
+        Tensor::from_vector(grad_of(ps[i].shape(), rank, i, s, exact), ps[i].shape()).impl_ptr();
+}
+// The mean over all dp ranks, summed in rank order (the same x / dp as zero.cpp), and the
+// rounding bound against any other order: 2.02 u Σ_r |g_r| per element.
+void mean_grads(const std::vector<Tensor>& ps, int dp, int s, bool exact,
+                std::vector<Tensor>* mean, std::vector<std::vector<float>>* bound) {
+  mean->clear(), bound->clear();
+  for (size_t i = 0; i < ps.size(); i++) {
+    std::vector<float> sum(ps[i].numel(), 0.f), abs_sum(ps[i].numel(), 0.f);
+    for (int r = 0; r < dp; r++) {
+      std::vector<float> g = grad_of(ps[i].shape(), r, i, s, exact);
+      for (size_t k = 0; k < g.size(); k++) sum[k] += g[k], abs_sum[k] += std::fabs(g[k]);
+    }
+    for (size_t k = 0; k < sum.size(); k++) sum[k] /= (float)dp, abs_sum[k] *= 2.02f * 0x1p-24f;
+    mean->push_back(Tensor::from_vector(sum, ps[i].shape()));
+    bound->push_back(abs_sum);
+  }
+}
+
+// How many elements differ by more than tol (0: bitwise), and the largest difference.
+struct Diff {
+  int64_t count = 0;
+  double max = 0;
+};
+void add_diff(const float* a, const float* b, int64_t n, const float* tol, Diff* d) {
+  for (int64_t k = 0; k < n; k++) {
+    const double e = std::fabs((double)a[k] - (double)b[k]);
+    if (a[k] != b[k] && e > (tol ? tol[k] : 0.f)) d->count++;
+    d->max = std::max(d->max, e);
+  }
+}
+Diff diff_params(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  Diff d;
+  for (size_t i = 0; i < a.size(); i++) add_diff(a[i].data(), b[i].data(), a[i].numel(), nullptr, &d);
+  return d;
+}
+
+// ZeRO-0's mean gradient (its .grad() after a step), flattened and padded like ZeRO-1's.
+std::vector<float> flat_mean(const std::vector<Tensor>& p0, const zero::Zero1Adam& z1, int dp) {
+  std::vector<float> flat(z1.shard_size() * dp, 0.f);
+  int64_t at = 0;
+  for (const Tensor& p : p0) {
+    const float* g = p.grad().data();
+    std::copy(g, g + p.numel(), flat.begin() + at);
+    at += p.numel();
+  }
+  return flat;
+}
+
+// Runs ZeRO-0 and ZeRO-1 (with `bug`) side by side from the same parameters for kSteps steps
+// and counts, bitwise, ZeRO-1's parameters and mean-gradient shard that differ from ZeRO-0's.
+// The gradient matters: AdamW is nearly invariant to the gradient's scale (m / sqrt(v)), so a
+// gradient dp times too large moves the parameters only through eps, below float rounding
+// for dp = 2 or 4; the mean gradient itself is off by a factor dp.
+struct Versus {
+  Diff params, grads;
+};
+Versus zero1_vs_zero0(const std::vector<Shape>& shapes, bool exact, zero::Bug bug) {
+  Comm c = world();
+  std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
+  zero::DataParallelAdam z0(c, kAdam);
+  zero::Zero1Adam z1(c, kAdam, bug);
+  Versus v;
+  for (int s = 0; s < kSteps; s++) {
+    set_grads(p0, c.rank(), s, exact);
+    set_grads(p1, c.rank(), s, exact);
+    z0.step(pointers(p0));
+    z1.step(pointers(p1));
+    Diff d = diff_params(p0, p1);
+    v.params.count += d.count, v.params.max = std::max(v.params.max, d.max);
+    std::vector<float> mean = flat_mean(p0, z1, c.size());
+    add_diff(z1.grad_shard().data(), mean.data() + z1.shard_begin(), z1.shard_size(), nullptr,
+             &v.grads);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("zero: ZeRO-0 equals one process running AdamW on the mean gradient") {
+  Comm c = world();
+  for (bool exact : {true, false})
+    for (const auto& shapes : kLists) {
+      CAPTURE(exact);
+      CAPTURE(shapes.size());
+      std::vector<Tensor> p = make_params(shapes), ref = make_params(shapes);
+      zero::DataParallelAdam z0(c, kAdam);
+      Adam adam(kAdam);
+      for (int s = 0; s < kSteps; s++) {
+        CAPTURE(s);
+        std::vector<Tensor> mean;
+        std::vector<std::vector<float>> bound;
+        mean_grads(p, c.size(), s, exact, &mean, &bound);
+        set_grads(p, c.rank(), s, exact);
+        z0.step(pointers(p));
+        // The averaged gradient, now in every .grad(): bitwise for exact gradients or dp <= 2,
+        // else within the summation bound.
+        Diff dg;
+        const bool bitwise = exact || c.size() <= 2;
+        for (size_t i = 0; i < p.size(); i++)
+          add_diff(p[i].grad().data(), mean[i].data(), mean[i].numel(),
+                   bitwise ? nullptr : bound[i].data(), &dg);
+        CHECK_MESSAGE(dg.count == 0, dg.count << " gradient elements off, max " << dg.max);
+        if (exact) {
+          // The same mean, the same AdamW: the same parameters, to the bit.
+          adam.step(pointers(ref), mean);
+          Diff dp = diff_params(p, ref);
+          CHECK_MESSAGE(dp.count == 0, dp.count << " parameters differ, max " << dp.max);
+        }
+      }
+    }
+}
+
+TEST_CASE("zero: ZeRO-1 equals ZeRO-0 over several steps (padding, mixed shapes)") {
+  Comm c = world();
+  for (const auto& shapes : kLists) {
+    CAPTURE(shapes.size());
+    // Exact gradients: both reductions give the same mean, so the parameters are bitwise equal.
+    Versus v = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::none);
+    CHECK_MESSAGE(v.params.count == 0, v.params.count << " parameters differ, max " << v.params.max);
+    CHECK_MESSAGE(v.grads.count == 0, v.grads.count << " gradients differ, max " << v.grads.max);
+    if (c.size() <= 2) {  // one addition per element: bitwise for any gradients
+      Versus g = zero1_vs_zero0(shapes, /*exact=*/false, zero::Bug::none);
+      CHECK_MESSAGE(g.params.count == 0, g.params.count << " parameters differ, max " << g.params.max);
+      CHECK_MESSAGE(g.grads.count == 0, g.grads.count << " gradients differ, max " << g.grads.max);
+    }
+  }
+}
+
+TEST_CASE("zero: ZeRO-1's mean-gradient shard is ZeRO-0's, within the summation bound") {
+  Comm c = world();
+  for (bool exact : {true, false})
+    for (const auto& shapes : kLists) {
+      CAPTURE(exact);
+      CAPTURE(shapes.size());
+      std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
+      zero::DataParallelAdam z0(c, kAdam);
+      zero::Zero1Adam z1(c, kAdam);
+      for (int s = 0; s < 2; s++) {
+        std::vector<Tensor> mean;
+        std::vector<std::vector<float>> bound;
+        mean_grads(p0, c.size(), s, exact, &mean, &bound);
+        set_grads(p0, c.rank(), s, exact);
+        set_grads(p1, c.rank(), s, exact);
+        z0.step(pointers(p0));
+        z1.step(pointers(p1));
+        // ZeRO-0's mean gradient, flattened and padded like ZeRO-1's; the bound likewise.
+        std::vector<float> flat = flat_mean(p0, z1, c.size()), tol(flat.size(), 0.f);
+        int64_t at = 0;
+        for (const auto& b : bound) std::copy(b.begin(), b.end(), tol.begin() + at), at += b.size();
+        REQUIRE(at == z1.numel());
+        Diff d;
+        const bool bitwise = exact || c.size() <= 2;
+        add_diff(z1.grad_shard().data(), flat.data() + z1.shard_begin(), z1.shard_size(),
+                 bitwise ? nullptr : tol.data() + z1.shard_begin(), &d);
+        CHECK_MESSAGE(d.count == 0, d.count << " shard elements off, max " << d.max);
+      }
+    }
+}
+
+TEST_CASE("zero: memory per rank, measured against the formula") {
+  Comm c = world();
+  const int dp = c.size();
+  for (const auto& shapes : kLists) {
+    CAPTURE(shapes.size());
+    std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
+    zero::DataParallelAdam z0(c, kAdam);
+    zero::Zero1Adam z1(c, kAdam);
+    set_grads(p0, c.rank(), 0, true);
+    set_grads(p1, c.rank(), 0, true);
+    CHECK(z1.memory(pointers(p1)).optimizer == 0);  // nothing before the first step
+    z0.step(pointers(p0));
+    z1.step(pointers(p1));
+    int64_t n = 0;
+    for (const Tensor& t : p0) n += t.numel();
+    const size_t shard = (size_t)((n + dp - 1) / dp);
+    const zero::Memory m0 = z0.memory(pointers(p0)), m1 = z1.memory(pointers(p1));
+    const zero::Memory f0 = zero::formula(n, dp, 0), f1 = zero::formula(n, dp, 1);
+    CHECK(m0.params == 4 * (size_t)n);
+    CHECK(m0.grads == 4 * (size_t)n);
+    CHECK(m0.optimizer == 8 * (size_t)n);
+    CHECK(m1.optimizer == shard * 8);  // ceil(N/dp) numbers of m and of v
+    CHECK(m0.buffers == 4 * (size_t)n);
+    CHECK(m1.buffers == 4 * shard * dp + 2 * 4 * shard);  // flat, grad shard, param shard
+    for (auto [m, f] : {std::pair{m0, f0}, std::pair{m1, f1}}) {
+      CHECK(m.params == f.params);
+      CHECK(m.grads == f.grads);
+      CHECK(m.optimizer == f.optimizer);
+    }
+    // ~1/dp of ZeRO-0's: dp shards hold at least all of it, and at most dp - 1 padding numbers.
+    CHECK(m1.optimizer * dp >= m0.optimizer);
+    CHECK(m1.optimizer * dp < m0.optimizer + 8 * (size_t)dp);
+  }
+  CHECK(zero::mixed_precision_bytes(1000, 4, 0) == 16000.0);
+  CHECK(zero::mixed_precision_bytes(1000, 4, 1) == 4000.0 + 3000.0);
+  CHECK(zero::mixed_precision_bytes(1000, 4, 3) == 4000.0);
+}
+
+TEST_CASE("zero: planted errors are caught by the ZeRO-1 vs ZeRO-0 comparison") {
+  Comm c = world();
+  for (const auto& shapes : kLists) {
+    CAPTURE(shapes.size());
+    // A stale shard: the all-gather sends the block from before the step. Caught at any dp
+    // (at dp 1 the whole update is lost).
+    Versus stale = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::stale_shard);
+    CHECK_MESSAGE(stale.params.count > 0, "a stale shard went unnoticed");
+    // No divide: the step uses dp times the mean gradient, which the gradient comparison sees
+    // (the parameters may not: see zero1_vs_zero0). At dp 1 the sum is the mean: no bug.
+    // Counted over the group: a rank that owns only padding (the one-number list) has no
+    // gradient to get wrong.
+    Versus sum = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::no_divide);
+    float wrong = (float)sum.grads.count;
+    c.allreduce_sum(&wrong, 1);
+    if (c.size() > 1)
+      CHECK_MESSAGE(wrong > 0, "the missing divide by dp went unnoticed");
+    else
+      CHECK(sum.grads.count + sum.params.count == 0);
+  }
+}
