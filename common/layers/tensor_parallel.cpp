@@ -1,0 +1,143 @@
+// common/layers/tensor_parallel.cpp — see tensor_parallel.h.
+#include "common/layers/tensor_parallel.h"
+
+#include <string>
+#include <vector>
+
+#include "common/core/autograd.h"
+#include "common/core/check.h"
+#include "common/core/ops.h"
+
+namespace ff::tp {
+
+namespace {
+
+bool g_f_skips_allreduce = false;
+
+// The sum of t over the group, a new tensor on t's device (Comm stages non-cpu tensors).
+Tensor allreduced(const Tensor& t, Comm& tp) {
+  Tensor out = t.detach().clone();
+  if (tp.size() > 1) tp.allreduce_sum(out);
+  return out;
+}
+
+void check_f32(const Tensor& x, const char* op) {
+  FF_CHECK(x.defined(), op << ": undefined tensor");
+  FF_CHECK(x.dtype() == DType::f32, op << ": needs a float32 tensor");
+  FF_CHECK(x.dim() >= 1, op << ": needs a tensor with a sequence dim 0, got a 0-d tensor");
+}
+
+// All-gather along dim 0: every rank's (n, ...) rows, in rank order, as (P n, ...).
+Tensor gather_rows(const Tensor& x, Comm& tp) {
+  const int P = tp.size();
+  std::vector<float> mine = x.to_vector(), all(mine.size() * P);
+  tp.allgather(mine.data(), mine.size() * sizeof(float), all.data());
+  Shape s = x.shape();
+  s[0] *= P;
+  return Tensor::from_vector(all, s, x.device());
+}
+
+// Reduce-scatter along dim 0: (T, ...) partials -> this rank's (T / P, ...) rows of the sum.
+Tensor reduce_scatter_rows(const Tensor& x, Comm& tp) {
+  const int P = tp.size();
+  std::vector<float> all = x.to_vector();
+  const size_t block = all.size() / P;
+  std::vector<float> mine(block);
+  tp.reduce_scatter_sum(all.data(), mine.data(), std::vector<int>(P, (int)block));
+  Shape s = x.shape();
+  s[0] /= P;
+  return Tensor::from_vector(mine, s, x.device());
+}
+
+void check_divisible(const Tensor& x, Comm& tp, const char* op) {
+  FF_CHECK(x.size(0) % tp.size() == 0,
+           op << ": the sequence dim 0 of " << shape_str(x.shape()) << " (" << x.size(0)
+              << " tokens) must divide by the tensor-parallel size " << tp.size()
+              << " (sequence parallelism gives every TP rank the same number of tokens)");
+}
+
+}  // namespace
+
+Tensor f(const Tensor& x, Comm& tp) {
+  check_f32(x, "tp::f");
+  Comm c = tp;
+  // Identity forward: a new tensor sharing x's storage, so that the tape has its own node.
+  return record(x.detach(), "tp_f", {x}, [c](const Tensor& dy) mutable -> std::vector<Tensor> {
+    if (g_f_skips_allreduce) return {dy};
+    return {allreduced(dy, c)};
+  });
+}
+
+Tensor g(const Tensor& x, Comm& tp) {
+  check_f32(x, "tp::g");
+  return record(allreduced(x, tp), "tp_g", {x},
+                [](const Tensor& dy) -> std::vector<Tensor> { return {dy}; });
+}
+
+Tensor gather_seq(const Tensor& x, Comm& tp) {
+  check_f32(x, "tp::gather_seq");
+  // Every rank must contribute the same number of rows; agree on it first, so that a mismatch
+  // is the same ff::Error on every rank instead of a malformed all-gather.
+  int64_t n = x.size(0);
+  std::vector<int64_t> ns(tp.size());
+  tp.allgather(&n, sizeof n, ns.data());
+  for (int r = 0; r < tp.size(); r++)
+    FF_CHECK(ns[r] == n, "tp::gather_seq: every TP rank must hold the same number of tokens; rank "
+                             << r << " holds " << ns[r] << ", rank " << tp.rank() << " holds "
+                             << n);
+  Comm c = tp;
+  return record(gather_rows(x, tp), "tp_gather_seq", {x},
+                [c](const Tensor& dy) mutable -> std::vector<Tensor> {
+                  return {reduce_scatter_rows(dy, c)};
+                });
+}
+
+Tensor scatter_seq(const Tensor& x, Comm& tp) {
+  check_f32(x, "tp::scatter_seq");
+  check_divisible(x, tp, "tp::scatter_seq");
+  Comm c = tp;
+  return record(reduce_scatter_rows(x, tp), "tp_scatter_seq", {x},
+                [c](const Tensor& dy) mutable -> std::vector<Tensor> {
+                  return {gather_rows(dy, c)};
+                });
+}
+
+Tensor column_parallel(const Tensor& x, const Tensor& w_shard, Comm& tp) {
+  return matmul(f(x, tp), w_shard);
+}
+
+Tensor row_parallel(const Tensor& x_shard, const Tensor& w_shard, Comm& tp) {
+  return g(matmul(x_shard, w_shard), tp);
+}
+
+Tensor column_parallel_sp(const Tensor& x, const Tensor& w_shard, Comm& tp) {
+  return matmul(gather_seq(x, tp), w_shard);
+}
+
+Tensor row_parallel_sp(const Tensor& x_shard, const Tensor& w_shard, Comm& tp) {
+  return scatter_seq(matmul(x_shard, w_shard), tp);
+}
+
+Tensor column_shard(const Tensor& w, int r, int P) {
+  FF_CHECK(w.dim() == 2, "tp::column_shard: needs a 2-D weight, got " << shape_str(w.shape()));
+  FF_CHECK(P >= 1 && r >= 0 && r < P, "tp::column_shard: rank " << r << " of " << P);
+  int64_t b, e;
+  split_range(w.size(1), P, r, &b, &e);
+  NoGradGuard ng;
+  return slice(w.detach(), 1, b, e).clone();
+}
+
+Tensor row_shard(const Tensor& w, int r, int P) {
+  FF_CHECK(w.dim() == 2, "tp::row_shard: needs a 2-D weight, got " << shape_str(w.shape()));
+  FF_CHECK(P >= 1 && r >= 0 && r < P, "tp::row_shard: rank " << r << " of " << P);
+  int64_t b, e;
+  split_range(w.size(0), P, r, &b, &e);
+  NoGradGuard ng;
+  return slice(w.detach(), 0, b, e).clone();
+}
+
+namespace testing {
+void set_f_skips_allreduce(bool on) { g_f_skips_allreduce = on; }
+}  // namespace testing
+
+}  // namespace ff::tp
