@@ -118,23 +118,18 @@ Tensor row_parallel_sp(const Tensor& x_shard, const Tensor& w_shard, Comm& tp) {
   return scatter_seq(matmul(x_shard, w_shard), tp);
 }
 
-Tensor column_shard(const Tensor& w, int r, int P) {
-  FF_CHECK(w.dim() == 2, "tp::column_shard: needs a 2-D weight, got " << shape_str(w.shape()));
-  FF_CHECK(P >= 1 && r >= 0 && r < P, "tp::column_shard: rank " << r << " of " << P);
+// Rank r's part of w (2-D) along dim, by the repo's split rule (uneven splits allowed).
+static Tensor shard(const Tensor& w, int64_t dim, int r, int P, const char* what) {
+  FF_CHECK(w.dim() == 2, "tp::" << what << ": needs a 2-D weight, got " << shape_str(w.shape()));
+  FF_CHECK(P >= 1 && r >= 0 && r < P, "tp::" << what << ": rank " << r << " of " << P);
   int64_t b, e;
-  split_range(w.size(1), P, r, &b, &e);
+  split_range(w.size(dim), P, r, &b, &e);
   NoGradGuard ng;
-  return slice(w.detach(), 1, b, e).clone();
+  return slice(w.detach(), dim, b, e).clone();
 }
 
-Tensor row_shard(const Tensor& w, int r, int P) {
-  FF_CHECK(w.dim() == 2, "tp::row_shard: needs a 2-D weight, got " << shape_str(w.shape()));
-  FF_CHECK(P >= 1 && r >= 0 && r < P, "tp::row_shard: rank " << r << " of " << P);
-  int64_t b, e;
-  split_range(w.size(0), P, r, &b, &e);
-  NoGradGuard ng;
-  return slice(w.detach(), 0, b, e).clone();
-}
+Tensor column_shard(const Tensor& w, int r, int P) { return shard(w, 1, r, P, "column_shard"); }
+Tensor row_shard(const Tensor& w, int r, int P) { return shard(w, 0, r, P, "row_shard"); }
 
 namespace testing {
 void set_f_skips_allreduce(bool on) { g_f_skips_allreduce = on; }

@@ -120,7 +120,6 @@ struct Timeline {
   double start = 0, end = 0;
   std::vector<Event> events;
   std::vector<std::pair<double, double>> flights;  // all-to-alls: posted .. seen complete
-  std::vector<std::pair<double, double>> steps;    // each step of the schedule
   double total(char kind) const {
     double s = 0;
     for (const Event& e : events)
@@ -159,7 +158,7 @@ struct MicroBatch {
   Tensor shared_y, yp, y;
   // backward
   moe::CombineGrads cg;
-  Tensor dyl, dxl, dx_routed;
+  Tensor dyl, dxl;
   ep::RowFlight flight;  // the all-to-all in the air (one per micro-batch at a time)
   double posted = 0;     // when it was posted
 };
@@ -351,10 +350,10 @@ class Runner {
       Tensor du;
       {
         NoGradGuard no_grad;
-        b.dx_routed = moe::unpermute_sum(back, b.plan);
+        const Tensor dx_routed = moe::unpermute_sum(back, b.plan);
         Tensor dz = dsv3::router_dlogits(s_.c, b.s, w_.full.bias, b.idx, b.cg.dgates,
                                          dsv3::BalanceStats(), 0);
-        du = add(b.dx_routed, matmul(dz, transpose(w_.full.router_w, 0, 1)));
+        du = add(dx_routed, matmul(dz, transpose(w_.full.router_w, 0, 1)));
         moe_w.push_back({2.0 * n_.T * n_.d * n_.N, [this, u = b.u, dz] {
                            accumulate(g.router_w, matmul(transpose(u, 0, 1), dz));
                          }});
@@ -607,7 +606,6 @@ static RunResult run_schedule(Comm& comm, const Setup& s, Weights& w, Mode mode,
     const double t0 = run.now();
     fn();
     into->push_back(run.now() - t0);
-    run.tl.steps.push_back({t0, run.now()});
   };
   {
     auto l = progress.lock();
