@@ -700,7 +700,10 @@ void Comm::sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* r
 // ----------------------------------------------------------------------------
 // collectives: post, then the same watched wait, with peer "all"
 
-static Request collective(const char* op, size_t bytes) {
+Request Comm::collective(const char* op, size_t bytes) {
+  CollectiveCount& c = (*counts_)[op];
+  c.calls++;
+  c.bytes += bytes;
   return Request{MPI_REQUEST_NULL, op, -1, -1, bytes, now_us()};
 }
 

@@ -57,6 +57,8 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -145,6 +147,18 @@ struct WaitPolicy {
 // 0 when it sets no limit ("max 100000") or cannot be read.
 double cgroup_cpu_max_cores(const std::string& cpu_max);
 
+// Collectives one communicator has run: calls and bytes per operation ("allreduce",
+// "allgather", "reduce_scatter", ...). bytes is the operation's payload on this rank: the buffer
+// an all-reduce or broadcast sums or sends, everything an all-gather receives (its own block
+// included), everything a reduce-scatter reduces, what an all-to-all sends plus receives (the
+// figure its trace span shows). What goes over the wire depends on MPI's algorithm: a ring
+// all-reduce of n bytes sends 2 (P-1)/P n per rank, a ring all-gather or reduce-scatter (P-1)/P n.
+struct CollectiveCount {
+  int64_t calls = 0;
+  size_t bytes = 0;
+};
+using CollectiveCounts = std::map<std::string, CollectiveCount>;
+
 class Comm {
  public:
   // Initializes MPI once per process and returns MPI_COMM_WORLD. The first call (collective)
@@ -206,6 +220,10 @@ class Comm {
                  const std::vector<size_t>& recv_bytes);
   // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split).
   Comm split(int color, int key) const;
+  // The collectives run on this communicator (copies of a Comm share the counts; split() starts
+  // new ones), and a reset to zero.
+  const CollectiveCounts& collective_counts() const { return *counts_; }
+  void reset_collective_counts() { counts_->clear(); }
 
   // ---- the link model (process-wide; see the top of this file)
   // Sets the model for every Comm of this process and starts every link idle. Every rank
@@ -231,6 +249,7 @@ class Comm {
 
  private:
   explicit Comm(MPI_Comm c);
+  Request collective(const char* op, size_t bytes);  // counted, then posted by the caller
   MPI_Status wait_one(Request& r);  // the watchdog loop: returns when r completes
   [[noreturn]] void report_deadlock(const Request& r) const;
   [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
@@ -239,6 +258,7 @@ class Comm {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
+  std::shared_ptr<CollectiveCounts> counts_ = std::make_shared<CollectiveCounts>();
   std::shared_ptr<const std::vector<int>> world_ranks_;  // world rank of each rank (null: the identity)
 };
 

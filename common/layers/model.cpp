@@ -197,7 +197,8 @@ Tensor causal_mask(int64_t T, Device dev) {
   return Tensor::from_vector(m, {T, T}, dev);
 }
 
-// positions (T) repeated for each of B sequences: (B T), one per row of the activations.
+}  // namespace
+
 Tensor tile_positions(const Tensor& positions, int64_t B) {
   const std::vector<int64_t> p = positions.to_index_vector();
   std::vector<int64_t> out;
@@ -206,42 +207,70 @@ Tensor tile_positions(const Tensor& positions, int64_t B) {
   return Tensor::from_indices(out, {(int64_t)out.size()}, positions.device());
 }
 
-}  // namespace
-
-Tensor attention(const Config& c, const Attention& a, const Tensor& u, int64_t B,
-                 const Tensor& positions) {
-  const int64_t T = positions.numel(), H = c.heads, dn = c.d_nope, dr = c.d_rope;
-  FF_CHECK(u.dim() == 2 && u.size(0) == B * T && u.size(1) == c.dim,
-           "attention: u is " << shape_str(u.shape()) << ", expected (" << B * T << ", " << c.dim << ")");
-  const Tensor pos = tile_positions(positions, B);
-
-  // queries: a low-rank latent, normed, then per head a no-RoPE and a RoPE part
-  Tensor c_q = rmsnorm(matmul(u, a.w_dq), a.q_norm, c.norm_eps);           // (B T, r_q)
-  Tensor q = reshape(matmul(c_q, a.w_uq), {B * T, H, dn + dr});
-  Tensor q_nope = slice(q, 2, 0, dn);                                       // (B T, H, d_n)
-  Tensor q_pe = rope(slice(q, 2, dn, dn + dr), pos, c.rope_theta);          // (B T, H, d_r)
-
-  // keys and values: one shared latent c_kv, expanded per head
-  Tensor c_kv = rmsnorm(matmul(u, a.w_dkv), a.kv_norm, c.norm_eps);        // (B T, r_kv)
-  Tensor k_nope = reshape(matmul(c_kv, a.w_uk), {B * T, H, dn});
-  Tensor v = reshape(matmul(c_kv, a.w_uv), {B * T, H, c.d_v});
+Latents attention_latents(const Config& c, const Attention& a, const Tensor& u,
+                          const Tensor& row_positions) {
+  FF_CHECK(u.dim() == 2 && u.size(1) == c.dim && row_positions.shape() == Shape{u.size(0)},
+           "attention_latents: u is " << shape_str(u.shape()) << " and positions "
+                                      << shape_str(row_positions.shape()) << ", expected (n, "
+                                      << c.dim << ") and (n)");
+  Latents l;
+  l.c_q = rmsnorm(matmul(u, a.w_dq), a.q_norm, c.norm_eps);                  // (n, r_q)
+  l.c_kv = rmsnorm(matmul(u, a.w_dkv), a.kv_norm, c.norm_eps);               // (n, r_kv)
   // the decoupled RoPE key: computed once per token from u, shared by every head
-  Tensor k_pe = rope(matmul(u, a.w_kr), pos, c.rope_theta);                 // (B T, d_r)
+  Tensor k = matmul(u, a.w_kr);                                              // (n, d_r)
+  if (k.size(1) == c.d_rope) {
+    l.k_pe = rope(k, row_positions, c.rope_theta);
+  } else {  // a w_kr of (d, H d_r): one key per head, each rotated on its own
+    const int64_t n = k.size(0), H = k.size(1) / c.d_rope;
+    l.k_pe = reshape(rope(reshape(k, {n, H, c.d_rope}), row_positions, c.rope_theta), {n, H * c.d_rope});
+  }
+  return l;
+}
+
+Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Latents& l,
+                       int64_t B, const Tensor& row_positions) {
+  const int64_t BT = l.c_q.size(0), T = BT / B, dn = c.d_nope, dr = c.d_rope;
+  FF_CHECK(B >= 1 && BT == B * T && row_positions.shape() == Shape{BT},
+           "attention_heads: " << BT << " rows are not " << B << " sequences");
+  // queries: per head a no-RoPE and a RoPE part
+  Tensor q = reshape(matmul(l.c_q, a.w_uq), {BT, H, dn + dr});
+  Tensor q_nope = slice(q, 2, 0, dn);                                       // (B T, H, d_n)
+  Tensor q_pe = rope(slice(q, 2, dn, dn + dr), row_positions, c.rope_theta); // (B T, H, d_r)
+  // keys and values: the shared latent c_kv, expanded per head
+  Tensor k_nope = reshape(matmul(l.c_kv, a.w_uk), {BT, H, dn});
+  Tensor v = reshape(matmul(l.c_kv, a.w_uv), {BT, H, c.d_v});
 
   // scores as two inner products, summed: the no-RoPE part per head ...
   Tensor s_nope = matmul(heads_first(q_nope, B, T, H),
                          transpose(heads_first(k_nope, B, T, H), 1, 2));    // (B H, T, T)
   // ... and the RoPE part: every head's queries of a sequence against its one k_pe
-  Tensor q_pe_rows = reshape(heads_first(q_pe, B, T, H), {B, H * T, dr});
-  Tensor k_pe_t = transpose(reshape(k_pe, {B, T, dr}), 1, 2);               // (B, d_r, T)
-  Tensor s_pe = reshape(matmul(q_pe_rows, k_pe_t), {B * H, T, T});
+  Tensor s_pe;
+  if (l.k_pe.size(1) == dr) {
+    Tensor q_pe_rows = reshape(heads_first(q_pe, B, T, H), {B, H * T, dr});
+    Tensor k_pe_t = transpose(reshape(l.k_pe, {B, T, dr}), 1, 2);           // (B, d_r, T)
+    s_pe = reshape(matmul(q_pe_rows, k_pe_t), {B * H, T, T});
+  } else {  // one k_pe per head, (B T, H d_r): a head's queries against its own keys
+    FF_CHECK(l.k_pe.size(1) == H * dr, "attention_heads: k_pe " << shape_str(l.k_pe.shape())
+                                           << " is neither (n, " << dr << ") nor (n, " << H * dr << ")");
+    Tensor k_pe_h = reshape(l.k_pe, {BT, H, dr});
+    s_pe = matmul(heads_first(q_pe, B, T, H), transpose(heads_first(k_pe_h, B, T, H), 1, 2));
+  }
   Tensor scores = scale(add(s_nope, s_pe), 1.f / std::sqrt((float)(dn + dr)));
-  scores = masked_fill(scores, causal_mask(T, u.device()), -std::numeric_limits<float>::infinity());
+  scores = masked_fill(scores, causal_mask(T, l.c_q.device()), -std::numeric_limits<float>::infinity());
   Tensor probs = softmax(scores);                                           // (B H, T, T)
 
   Tensor o = matmul(probs, heads_first(v, B, T, H));                        // (B H, T, d_v)
-  o = reshape(transpose(reshape(o, {B, H, T, c.d_v}), 1, 2), {B * T, H * c.d_v});
+  o = reshape(transpose(reshape(o, {B, H, T, c.d_v}), 1, 2), {BT, H * c.d_v});
   return matmul(o, a.w_o);
+}
+
+Tensor attention(const Config& c, const Attention& a, const Tensor& u, int64_t B,
+                 const Tensor& positions) {
+  const int64_t T = positions.numel();
+  FF_CHECK(u.dim() == 2 && u.size(0) == B * T && u.size(1) == c.dim,
+           "attention: u is " << shape_str(u.shape()) << ", expected (" << B * T << ", " << c.dim << ")");
+  const Tensor pos = tile_positions(positions, B);
+  return attention_heads(c, c.heads, a, attention_latents(c, a, u, pos), B, pos);
 }
 
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u) {

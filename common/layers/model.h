@@ -113,9 +113,28 @@ Params load_params(const Config& c, const std::string& dir, const std::string& p
                    Device dev = Device::cpu);
 
 // ---- the pieces, composed by forward()
-// u (B T, d), positions (T): MLA's output (B T, d).
+// u (B T, d), positions (T): MLA's output (B T, d) = attention_heads(attention_latents(u)).
 Tensor attention(const Config& c, const Attention& a, const Tensor& u, int64_t B,
                  const Tensor& positions);
+// MLA in its two halves, for lessons that distribute it (tensor parallelism splits the heads
+// and keeps the per-token latents replicated, seed 002's "fully replicated W_A"):
+//   latents  what every head reads, from the down-projections: c_q = RMSNorm(u W_dq),
+//            c_kv = RMSNorm(u W_dkv), k_pe = rope(u W_kr). u (n, d), one position per row (n).
+//   heads    H heads whose up-projections are a.w_uq, a.w_uk, a.w_uv (their columns) and a.w_o
+//            (its rows): all c.heads of them for one process, a TP rank's share under TP, when
+//            the result is that rank's partial sum of o W_o. The latents' n rows are B whole
+//            sequences (causal attention within each).
+// A w_kr of (d, H d_r) instead of (d, d_r) gives every head its own k_pe, (n, H d_r): the
+// per-head keys of ordinary RoPE attention, which lesson 08 plants as a bug in MLA.
+struct Latents {
+  Tensor c_q, c_kv, k_pe;  // (n, r_q), (n, r_kv), (n, d_r)
+};
+Latents attention_latents(const Config& c, const Attention& a, const Tensor& u,
+                          const Tensor& row_positions);
+Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Latents& l,
+                       int64_t B, const Tensor& row_positions);
+// positions (T) repeated for each of B sequences: (B T), one per row of the activations.
+Tensor tile_positions(const Tensor& positions, int64_t B);
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u);
 // u (B T, d): lesson 05's layer as one autograd op "dsv3_moe". route, when given, receives the
 // experts each token was sent to, (B T, K) int64.

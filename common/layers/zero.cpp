@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/core/check.h"
+#include "kernels/device.h"
 
 namespace ff::zero {
 
@@ -43,13 +44,13 @@ int64_t total_numel(const std::vector<Tensor*>& params, const char* who) {
   int64_t n = 0;
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor& p = *params[i];
-    FF_CHECK(p.defined() && p.dtype() == DType::f32 && p.device() == Device::cpu,
-             who << ": parameter " << i << " must be a float32 tensor on the cpu");
+    FF_CHECK(p.defined() && p.dtype() == DType::f32,
+             who << ": parameter " << i << " must be a float32 tensor");
     const Tensor g = p.grad();
-    FF_CHECK(!g.defined() || (g.dtype() == DType::f32 && g.device() == Device::cpu &&
+    FF_CHECK(!g.defined() || (g.dtype() == DType::f32 && g.device() == p.device() &&
                               g.shape() == p.shape()),
              who << ": parameter " << i << " " << shape_str(p.shape())
-                 << " has a gradient that is not a float32 cpu tensor of its shape");
+                 << " has a gradient that is not a float32 tensor of its shape and device");
     n += p.numel();
   }
   return n;
@@ -62,7 +63,7 @@ void flatten_grads(const std::vector<Tensor*>& params, float* dst) {
     const Tensor g = p->grad();
     const size_t n = (size_t)p->numel();
     if (g.defined())
-      std::memcpy(dst, g.data(), n * sizeof(float));
+      device_memcpy(dst, Device::cpu, g.raw(), g.device(), n * sizeof(float));
     else
       std::fill(dst, dst + n, 0.f);
     dst += n;
@@ -72,13 +73,13 @@ void flatten_grads(const std::vector<Tensor*>& params, float* dst) {
 // dst (N) <- the parameters' values back to back; and the way back.
 void flatten_params(const std::vector<Tensor*>& params, float* dst) {
   for (const Tensor* p : params) {
-    std::memcpy(dst, p->data(), (size_t)p->numel() * sizeof(float));
+    device_memcpy(dst, Device::cpu, p->raw(), p->device(), (size_t)p->numel() * sizeof(float));
     dst += p->numel();
   }
 }
 void unflatten_params(const float* src, const std::vector<Tensor*>& params) {
   for (const Tensor* p : params) {
-    std::memcpy(p->data(), src, (size_t)p->numel() * sizeof(float));
+    device_memcpy(p->raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
     src += p->numel();
   }
 }
@@ -112,7 +113,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
                                                           << flat_.numel());
   // A parameter without a gradient gets one: the mean is written into it below.
   for (Tensor* p : params)
-    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape()).impl_ptr();
+    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
 
   // One all-reduce for all of them: one message per step instead of one per tensor.
   flatten_grads(params, flat_.data());
@@ -124,7 +125,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
   const float* src = flat_.data();
   for (Tensor* p : params) {
     Tensor g = p->grad();
-    std::memcpy(g.data(), src, (size_t)g.numel() * sizeof(float));
+    device_memcpy(g.raw(), g.device(), src, Device::cpu, (size_t)g.numel() * sizeof(float));
     src += g.numel();
     grads.push_back(g);
   }

@@ -28,8 +28,10 @@
 //     ZeRO-1      4N           4N          8 * ceil(N/dp)
 // plus the flat buffers the collectives need (not in the seed's formula): see Memory.
 //
-// The parameters are float32 tensors on the cpu with their gradients in .grad() (a parameter
-// whose .grad() is undefined, e.g. an expert no token reached, contributes zeros). The first
+// The parameters are float32 tensors, on any device, with their gradients in .grad() (a
+// parameter whose .grad() is undefined, e.g. an expert no token reached, contributes zeros).
+// The flat buffers and ZeRO-1's shard, its m and v live on the host (Comm's buffers are host
+// memory): ZeRO-1 runs AdamW on the host, ZeRO-0 on the parameters' device. The first
 // step fixes the list: later steps pass the same tensors' shapes, in the same order, on every
 // rank of the group.
 //

@@ -1353,3 +1353,34 @@ TEST_CASE("a2a_start / a2a_test / a2a_finish: the async all-to-all in halves, ex
   a2a_finish(c, f);
   CHECK(recv == want);
 }
+
+TEST_CASE("collective counters: calls and payload bytes per operation, shared by copies, fresh after split") {
+  Comm w = Comm::world(nullptr, nullptr).split(0, 0);  // a communicator of its own: counts from 0
+  const int P = w.size();
+  std::vector<float> x(10, 1.f);
+  w.allreduce_sum(x.data(), x.size());
+  w.allreduce_sum(x.data(), 3);
+  std::vector<float> all((size_t)(4 * P));
+  w.allgather(x.data(), 4 * sizeof(float), all.data());
+  std::vector<float> out(2);
+  w.reduce_scatter_sum(all.data(), out.data(), std::vector<int>((size_t)P, 2));
+  Comm copy = w;  // shares the counts
+  copy.bcast(x.data(), 8, 0);
+  const CollectiveCounts& c = w.collective_counts();
+  CHECK(c.at("allreduce").calls == 2);
+  CHECK(c.at("allreduce").bytes == 13 * sizeof(float));
+  CHECK(c.at("allgather").calls == 1);
+  CHECK(c.at("allgather").bytes == (size_t)(4 * P) * sizeof(float));  // everything received
+  CHECK(c.at("reduce_scatter").bytes == (size_t)(2 * P) * sizeof(float));  // everything reduced
+  CHECK(c.at("bcast").calls == 1);
+  CHECK(c.at("bcast").bytes == 8);
+  CHECK(c.size() == 4);
+  Comm child = w.split(0, w.rank());
+  CHECK(child.collective_counts().empty());
+  child.barrier();
+  CHECK(child.collective_counts().at("barrier").calls == 1);
+  CHECK(w.collective_counts().count("barrier") == 0);  // the parent's counts did not move
+  w.reset_collective_counts();
+  CHECK(w.collective_counts().empty());
+  CHECK(copy.collective_counts().empty());
+}
