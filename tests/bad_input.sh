@@ -11,7 +11,7 @@ mkdir -p "$BI"
 : > "$BI/plain_file"   # a regular file, to put paths under
 
 # lesson binary, world size, and flags whose sizes pass every range check but not memory
-declare -A bi_np=([01_online_softmax]=3 [02_ring_attention]=3 [03_smoe]=1 [04_gshard]=2 [05_deepseek_moe]=2 [06_overlap]=2 [07_dualpipe]=2)
+declare -A bi_np=([01_online_softmax]=3 [02_ring_attention]=3 [03_smoe]=1 [04_gshard]=2 [05_deepseek_moe]=2 [06_overlap]=2 [07_dualpipe]=2 [08_mesh]=2)
 declare -A bi_huge=(
   [01_online_softmax]="--rows 4096 --cols 4194304"
   [02_ring_attention]="--seq 65536 --dim 1024"
@@ -19,7 +19,8 @@ declare -A bi_huge=(
   [04_gshard]="--batch 4096 --tokens 65536 --dim 4096"
   [05_deepseek_moe]="--batch 4096 --tokens 65536 --dim 4096"
   [06_overlap]="--tokens 16384 --dim 4096 --ffn 16384"
-  [07_dualpipe]="--layers 4096 --dim 4096 --rows 65536")
+  [07_dualpipe]="--layers 4096 --dim 4096 --rows 65536"
+  [08_mesh]="--dim 4096 --layers 64 --batch 4096 --seq 1024")
 
 # bad_input_job ID WANT_RC NP ENV OUTFILE BIN ARGS... — runs one job, writes ID.res
 bad_input_job() {
@@ -49,7 +50,7 @@ bad_input_job() {
 
 bi_jobs=()   # "ID|NAME|WANT|NP|ENV|OUTFILE|BIN ARGS..."
 bi_add() { bi_jobs+=("${#bi_jobs[@]}|$1|$2|$3|$4|$5|$6"); }
-for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 05_deepseek_moe 06_overlap 07_dualpipe; do
+for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 05_deepseek_moe 06_overlap 07_dualpipe 08_mesh; do
   np=${bi_np[$L]}; bin="$B/$L"; d="$BI/$L"; mkdir -p "$d"
   bi_add "$L --csv DIR (a directory given as a FILE)"        2 "$np" "" ""               "$bin --csv $d"
   bi_add "$L --trace DIR"                                     2 "$np" "" ""               "$bin --trace $d"
@@ -85,6 +86,8 @@ bi_add "04 --bench --csv /dev/full"                           1 2 "" /dev/full  
 bi_add "06 --csv /dev/full"                                   1 2 "" /dev/full           "$B/06_overlap --reps 1 --microbatches 2 --csv /dev/full"
 bi_add "06 --gflops so low a phase outlasts the watchdog"      2 2 "" ""                  "$B/06_overlap --gflops 0.001"
 bi_add "07 --simulate --csv /dev/full"                        1 1 "" /dev/full           "$B/07_dualpipe --simulate --csv /dev/full"
+bi_add "08 --csv /dev/full"                                   1 2 "" /dev/full           "$B/08_mesh --train 1 --csv /dev/full"
+bi_add "08 --data a missing file"                             2 2 "" ""                  "$B/08_mesh --data $BI/no_such_text.txt"
 
 # How fast a usage error must leave, relative to this machine and build (ASan is slow): a clean
 # `--help` exit at -np 1, doubled (two jobs run at once), plus half a second. Open MPI's kill

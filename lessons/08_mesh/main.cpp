@@ -1,0 +1,1063 @@
+// Lesson 08, part 1 — a tiny DeepSeek-style language model on a rank grid: data parallelism
+// with ZeRO-1, tensor parallelism with sequence parallelism, and the memory and communication
+// they cost.
+//
+// What: a character-level decoder (common/layers/model.h: Multi-head Latent Attention, a dense
+//   SwiGLU block, then lesson 05's DeepSeek-V3 MoE) trained on tinyshakespeare by the ranks of
+//   a DP x TP mesh (common/comm/mesh.h, Megatron-LM's order: tp fastest).
+//     DP  each DP rank takes B / dp of the global batch's sequences; the gradients are averaged
+//         over DP by the optimizer: ZeRO-0 (one all-reduce, AdamW everywhere) or ZeRO-1
+//         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather).
+//     TP  the attention heads are split over the TP ranks (W_uq, W_uk, W_uv by columns, W_o by
+//         rows); the down-projections W_dq, W_dkv, W_kr and the latent norms stay replicated
+//         (seed 002), so TP's all-reduce in the backward carries the per-token latents
+//         [c_q | c_kv | k_pe], r_q + r_kv + d_r numbers instead of d. The dense SwiGLU is
+//         column- then row-parallel (one all-reduce per sub-block each way, seed 000). The LM
+//         head is split over the vocabulary and its cross-entropy merges every rank's
+//         (max, sum of exp) per token: lesson 01's (m, l) merge. The MoE runs replicated.
+//     SP  (--sp) outside the TP regions each TP rank keeps only its slice of the tokens: the
+//         all-reduces become an all-gather before the column-parallel matmuls and a
+//         reduce-scatter after the row-parallel ones, and the gradients of every replicated
+//         weight (the RMSNorm weights among them) are summed over TP, since each rank saw only
+//         its tokens.
+// Why: a model too big for one GPU in memory (ZeRO: the optimizer state split) or in compute
+//   and activations (TP, SP); DeepSeek-V3 itself trains with DP + ZeRO-1, PP and EP, no TP
+//   (--estimate deepseek-v3 says what that costs).
+// Check: every step, the mesh's loss and its mean gradients equal one process's (rank 0
+//   computes the model of common/layers/model.cpp, itself checked against PyTorch, on the
+//   whole global batch from the same weights) within 4 n eps max|want|; the AdamW step equals
+//   one process's on the same gradients bit for bit; the balancing bias likewise; every
+//   replica of a weight holds the same bits; the communication per axis equals its formula.
+// Run:  make run L=08                                   (4 ranks: DP 2 x TP 2, SP, ZeRO-1)
+//       make run L=08 NP=4 ARGS="--tp 1 --zero 0"       (plain data parallelism)
+//       make run L=08 NP=1 ARGS="--estimate deepseek-v3" (the memory model of the real thing)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/comm/mesh.h"
+#include "common/layers/model.h"
+#include "common/layers/tensor_parallel.h"
+#include "common/layers/zero.h"
+#include "common/lesson/corpus.h"
+#include "common/lesson/lesson.h"
+#include "lessons/08_mesh/estimate.h"
+
+using namespace ff;
+
+namespace {
+
+struct Options {
+  int64_t tp = 0, dp = 0, zero = 1;
+  bool sp = true, print_mesh = false;
+  int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
+  int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
+  int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
+  double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
+  int64_t sample = 0;
+  std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
+              bug = "none";
+};
+
+// How a weight is laid over the TP ranks.
+enum class Split { replicated, column, row };
+
+Split split_of(const std::string& name) {
+  auto ends = [&](const char* t) {
+    const size_t n = std::strlen(t);
+    return name.size() >= n && name.compare(name.size() - n, n, t) == 0;
+  };
+  if (ends("attn.w_uq") || ends("attn.w_uk") || ends("attn.w_uv") || ends("ffn.w1") ||
+      ends("ffn.w3") || name == "head")
+    return Split::column;
+  if (ends("attn.w_o") || ends("ffn.w2")) return Split::row;
+  return Split::replicated;
+}
+
+bool is_norm_weight(const std::string& name) {
+  return name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0;
+}
+
+// TP rank t's part of a full weight of shape `full`.
+Shape local_shape(const Shape& full, Split s, int t, int tp) {
+  Shape out = full;
+  if (s == Split::replicated) return out;
+  const int64_t dim = s == Split::column ? 1 : 0;
+  int64_t b, e;
+  split_range(full[(size_t)dim], tp, t, &b, &e);
+  out[(size_t)dim] = e - b;
+  return out;
+}
+
+Tensor leaf(const Tensor& t) {
+  Tensor out = t.detach().clone();
+  out.requires_grad_();
+  return out;
+}
+
+// [slide:shard]
+// This TP rank's weights, from the full model every rank builds from the same seed: the heads'
+// up-projections and W_o, the dense FFN and the LM head are cut by the split rule; the rest is
+// replicated. With kpe_per_head (the planted bug), W_kr (d, d_r) becomes H copies side by side.
+model::Params shard_model(const model::Config& c, const model::Params& full, int t, int tp,
+                          bool kpe_per_head) {
+  model::Params p = full;
+  auto col = [&](Tensor& w) { w = leaf(tp::column_shard(w, t, tp)); };
+  auto row = [&](Tensor& w) { w = leaf(tp::row_shard(w, t, tp)); };
+  for (model::Block& b : p.layers) {
+    col(b.attn.w_uq), col(b.attn.w_uk), col(b.attn.w_uv), row(b.attn.w_o);
+    if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
+    if (kpe_per_head) {
+      NoGradGuard ng;
+      b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
+    }
+  }
+  col(p.head);
+  return p;
+}
+// [/slide]
+
+// ----------------------------------------------------------------------------
+// [slide:vocab-ce]
+// Cross-entropy over a vocabulary split across the TP ranks. Rank r holds the logits of its
+// columns [v0, v0 + V_r), (n, V_r). Per token it computes lesson 01's partial state over its
+// columns, m_r = max z and l_r = sum exp(z - m_r), plus z[target] when it owns the target; one
+// all-gather of those 3 numbers per token, and every rank merges them in rank order:
+//     m = max_r m_r,   l = sum_r l_r exp(m_r - m),   loss_i = m + log l - z[target_i]
+// Backward (by hand): dz = (exp(z - m) / l - onehot(target)) / n on the rank's own columns, no
+// communication. local_softmax (a planted bug) normalises by the rank's own m_r, l_r instead.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int64_t>& targets,
+                                    int64_t v0, Comm& tp, bool local_softmax) {
+  const int64_t n = logits.size(0), V = logits.size(1);
+  const std::vector<float> z = logits.to_vector();
+  std::vector<float> mine((size_t)(3 * n));
+  for (int64_t i = 0; i < n; i++) {
+    const float* zi = z.data() + i * V;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < V; j++) m = std::max(m, zi[j]);
+    double l = 0;
+    for (int64_t j = 0; j < V; j++) l += std::exp((double)zi[j] - m);
+    const int64_t t = targets[(size_t)i] - v0;
+    mine[(size_t)(3 * i)] = m;
+    mine[(size_t)(3 * i + 1)] = (float)l;
+    mine[(size_t)(3 * i + 2)] = t >= 0 && t < V ? zi[t] : 0.f;
+  }
+  const int P = tp.size();
+  std::vector<float> all(mine.size() * (size_t)P);
+  if (P > 1)
+    tp.allgather(mine.data(), mine.size() * sizeof(float), all.data());
+  else
+    all = mine;
+  std::vector<float> m((size_t)n), l((size_t)n);
+  double loss = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float mm = -std::numeric_limits<float>::infinity();
+    for (int r = 0; r < P; r++) mm = std::max(mm, all[(size_t)(r * 3 * n + 3 * i)]);
+    double ll = 0, zt = 0;
+    for (int r = 0; r < P; r++) {
+      const float* s = all.data() + r * 3 * n + 3 * i;
+      ll += (double)s[1] * std::exp((double)s[0] - mm);
+      zt += s[2];  // one rank owns the target, the others add 0
+    }
+    m[(size_t)i] = mm, l[(size_t)i] = (float)ll;
+    loss += mm + std::log(ll) - zt;
+    if (local_softmax) m[(size_t)i] = mine[(size_t)(3 * i)], l[(size_t)i] = mine[(size_t)(3 * i + 1)];
+  }
+  Tensor out = Tensor::from_vector({(float)(loss / (double)n)}, {}, logits.device());
+  const Device dev = logits.device();
+  return record(out, "vocab_parallel_cross_entropy", {logits},
+                [z, m, l, targets, v0, n, V, dev](const Tensor& dy) -> std::vector<Tensor> {
+                  const double scale = (double)dy.to_vector()[0] / (double)n;
+                  std::vector<float> dz(z.size());
+                  for (int64_t i = 0; i < n; i++) {
+                    const int64_t t = targets[(size_t)i] - v0;
+                    for (int64_t j = 0; j < V; j++) {
+                      double p = std::exp((double)z[(size_t)(i * V + j)] - m[(size_t)i]) / l[(size_t)i];
+                      if (j == t) p -= 1.0;
+                      dz[(size_t)(i * V + j)] = (float)(p * scale);
+                    }
+                  }
+                  return {Tensor::from_vector(dz, {n, V}, dev)};
+                });
+}
+// [/slide]
+
+// ----------------------------------------------------------------------------
+// The model on the mesh: this rank's forward of its DP slice, under TP (and SP).
+struct MeshModel {
+  model::Config c;
+  model::Params p;  // this TP rank's weights (shard_model)
+  Comm* tp = nullptr;
+  bool sp = false, ce_local_softmax = false;
+  int64_t v0 = 0;   // this rank's first vocabulary column
+
+  // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
+  // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
+  Tensor enter(const Tensor& x) { return sp ? tp::gather_seq(x, *tp) : tp::f(x, *tp); }
+  // Out of it: g (all-reduce of the partial sums), or under SP scatter_seq (reduce-scatter).
+  Tensor leave(const Tensor& y) { return sp ? tp::scatter_seq(y, *tp) : tp::g(y, *tp); }
+
+  // [slide:mesh-forward]
+  // inputs, targets: this DP rank's (B, T) sequences. Returns the mean loss over its B T tokens
+  // (the same on every TP rank); routes gets each MoE layer's chosen experts for this rank's
+  // tokens (all B T of them, or its own slice under SP).
+  Tensor forward(const Tensor& inputs, const Tensor& targets, std::vector<Tensor>* routes) {
+    const int64_t B = inputs.size(0), T = inputs.size(1), n = B * T;
+    const Device dev = p.embed.device();
+    const Tensor pos_all = model::tile_positions(model::positions(T, dev), B);  // (B T)
+    std::vector<int64_t> ids = inputs.to_index_vector();
+    Tensor pos = pos_all;
+    if (sp) {  // this rank's slice of the B T token rows
+      const int64_t rows = n / tp->size(), r0 = tp->rank() * rows;
+      ids = std::vector<int64_t>(ids.begin() + r0, ids.begin() + r0 + rows);
+      const std::vector<int64_t> all = pos_all.to_index_vector();
+      pos = Tensor::from_indices(std::vector<int64_t>(all.begin() + r0, all.begin() + r0 + rows),
+                                 {rows}, dev);
+    }
+    const int64_t H = c.heads / tp->size();  // this rank's heads
+    dsv3::Config mc = c.moe_config();
+    mc.seq_len = T;
+    Tensor x = embedding(p.embed, Tensor::from_indices(ids, {(int64_t)ids.size()}, dev));
+    for (const model::Block& b : p.layers) {
+      // attention: the latents from the replicated down-projections (each rank's own tokens
+      // under SP), into the TP region as one tensor, this rank's heads, out through W_o's rows
+      Tensor u = rmsnorm(x, b.attn_norm, c.norm_eps);
+      model::Latents lat = model::attention_latents(c, b.attn, u, pos);
+      const int64_t rq = c.q_lora, rkv = c.kv_lora, rk = lat.k_pe.size(1);
+      Tensor joined = enter(concat({lat.c_q, lat.c_kv, lat.k_pe}, 1));
+      lat = {slice(joined, 1, 0, rq), slice(joined, 1, rq, rq + rkv),
+             slice(joined, 1, rq + rkv, rq + rkv + rk)};
+      x = add(x, leave(model::attention_heads(c, H, b.attn, lat, B, pos_all)));
+      // FFN: dense SwiGLU column- then row-parallel; the MoE replicated, on this rank's tokens
+      u = rmsnorm(x, b.ffn_norm, c.norm_eps);
+      if (!b.moe) {
+        x = add(x, leave(model::dense_ffn(b.ffn, enter(u))));
+      } else {
+        Tensor route;
+        x = add(x, model::moe_ffn(mc, b.experts, u, &route));
+        routes->push_back(route);
+      }
+    }
+    // the LM head split over the vocabulary, every token's logits of this rank's columns
+    Tensor logits = matmul(enter(rmsnorm(x, p.norm, c.norm_eps)), p.head);   // (B T, V_r)
+    return vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
+                                        ce_local_softmax);
+  }
+  // [/slide]
+};
+
+// ----------------------------------------------------------------------------
+// The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
+// b_i += gamma * sign(mean load - load_i), the loads counted over the whole global batch.
+std::vector<float> expert_loads(const std::vector<Tensor>& routes, int64_t N) {
+  std::vector<float> load(routes.size() * (size_t)N, 0.f);
+  for (size_t l = 0; l < routes.size(); l++)
+    for (int64_t e : routes[l].to_index_vector()) load[l * (size_t)N + (size_t)e] += 1.f;
+  return load;  // exact: counts far below 2^24
+}
+
+void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, double gamma) {
+  size_t l = 0;
+  for (model::Block& b : p.layers) {
+    if (!b.moe) continue;
+    double total = 0;
+    for (int64_t i = 0; i < N; i++) total += load[l * (size_t)N + (size_t)i];
+    std::vector<float> bias = b.experts.bias.to_vector();
+    for (int64_t i = 0; i < N; i++) {
+      const double err = total / (double)N - load[l * (size_t)N + (size_t)i];
+      bias[(size_t)i] += (float)(gamma * (err > 0 ? 1.0 : err < 0 ? -1.0 : 0.0));
+    }
+    b.experts.bias.copy_from(Tensor::from_vector(bias, {N}, b.experts.bias.device()));
+    l++;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// The check's view of the mesh: every rank's local tensors, gathered (one all-gather on a
+// communicator of the check's own, so that the training's counters stay the training's), and
+// rebuilt on every rank as the full weights one process would hold.
+struct Gathered {
+  std::vector<Tensor> full;     // one per named parameter, on the cpu
+  std::string disagree;         // the first replicated weight whose copies differ ("" if none)
+};
+
+Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
+                     const std::vector<Tensor>& local, const MeshSizes& sizes, Comm& world) {
+  std::vector<float> mine;
+  for (const Tensor& t : local) {
+    const std::vector<float> v = t.to_vector();
+    mine.insert(mine.end(), v.begin(), v.end());
+  }
+  const int W = world.size();
+  std::vector<int64_t> counts((size_t)W);
+  int64_t n = (int64_t)mine.size();
+  world.allgather(&n, sizeof n, counts.data());
+  std::vector<size_t> bytes((size_t)W);
+  std::vector<size_t> offset((size_t)W + 1, 0);
+  for (int r = 0; r < W; r++) {
+    bytes[(size_t)r] = (size_t)counts[(size_t)r] * sizeof(float);
+    offset[(size_t)r + 1] = offset[(size_t)r] + (size_t)counts[(size_t)r];
+  }
+  std::vector<float> all(offset[(size_t)W]);
+  world.allgatherv(mine.data(), mine.size() * sizeof(float), all.data(), bytes);
+
+  // Walk every rank's buffer with that rank's local shapes.
+  std::vector<std::vector<Tensor>> pieces((size_t)W);
+  for (int r = 0; r < W; r++) {
+    const MeshCoords co = mesh_coords(sizes, r);
+    size_t at = offset[(size_t)r];
+    for (size_t k = 0; k < names.size(); k++) {
+      const Shape s = local_shape(full_shapes[k], split_of(names[k]), co.tp, sizes.tp);
+      int64_t numel = 1;
+      for (int64_t d : s) numel *= d;
+      pieces[(size_t)r].push_back(Tensor::from_vector(
+          std::vector<float>(all.begin() + (long)at, all.begin() + (long)(at + (size_t)numel)), s));
+      at += (size_t)numel;
+    }
+  }
+  Gathered g;
+  for (size_t k = 0; k < names.size(); k++) {
+    const Split s = split_of(names[k]);
+    std::vector<Tensor> parts;
+    for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, 0, 0})][k]);
+    // every copy equals its reference copy: DP replicas the TP shard of dp 0, and a replicated
+    // weight the one of rank 0
+    for (int r = 0; r < W && g.disagree.empty(); r++) {
+      const int t = s == Split::replicated ? 0 : mesh_coords(sizes, r).tp;
+      const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
+      if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+        g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
+    }
+    NoGradGuard ng;
+    g.full.push_back(s == Split::replicated ? parts[0]
+                                            : concat(parts, s == Split::column ? 1 : 0));
+  }
+  return g;
+}
+
+// max |got - want| over the bound 4 n eps max|want| (lessons 04 and 05's rule: n terms summed in
+// float32 in two different orders differ by at most about 2 n eps of their magnitude each).
+double error_ratio(const Tensor& got, const Tensor& want, double n, double* max_diff) {
+  const std::vector<float> a = got.to_vector(), b = want.to_vector();
+  double diff = 0, big = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+    if (std::isnan(a[i]) || std::isnan(b[i])) diff = INFINITY;
+    big = std::max(big, (double)std::fabs(b[i]));
+  }
+  if (max_diff) *max_diff = diff;
+  const double bound = 4.0 * n * std::numeric_limits<float>::epsilon() * std::max(big, 1e-30);
+  return diff / bound;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_vector(), y = b.to_vector();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+std::string human_bytes(double b) {
+  char s[32];
+  if (b >= 1 << 20)
+    std::snprintf(s, sizeof s, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1 << 10)
+    std::snprintf(s, sizeof s, "%.1f KiB", b / (1 << 10));
+  else
+    std::snprintf(s, sizeof s, "%.0f B", b);
+  return s;
+}
+
+// ----------------------------------------------------------------------------
+// [slide:comm-formula]
+// The collectives one training step runs on each axis, as calls and payload bytes (Comm's
+// counters: an all-reduce's buffer, everything an all-gather receives, everything a
+// reduce-scatter reduces). n = this DP rank's B T tokens, lat = r_q + r_kv + d_r per token,
+// L layers of which D dense, and P = tp.
+//   TP     forward: g after W_o (L) and after W2 (D), n d each; the cross-entropy's all-gather
+//          of (m, l, z_target), 3 n per rank;
+//          backward: f's all-reduce of the latents (L, n lat), before W1/W3 (D, n d) and
+//          before the head (n d).
+//   TP+SP  the same bytes, each all-reduce now a reduce-scatter and an all-gather: gather_seq
+//          (L latents, D + 1 of n d; each first agrees on the token count: 8 P bytes) and its
+//          backward reduce-scatter; scatter_seq (L + D of n d) and its backward all-gather;
+//          plus one all-reduce of every replicated weight's gradient and one of the MoE loads.
+//   DP     ZeRO-0 one all-reduce of the N local parameters' gradients; ZeRO-1 one
+//          reduce-scatter and one all-gather of dp * ceil(N / dp); one all-reduce of the MoE
+//          loads when DP > 1.
+std::map<std::string, CollectiveCount> formula_tp(const model::Config& c, int64_t n, int P, bool sp,
+                                                  int64_t replicated_numel) {
+  std::map<std::string, CollectiveCount> f;
+  if (P == 1) return f;
+  const int64_t L = c.layers, D = c.dense_layers, d = c.dim, lat = c.q_lora + c.kv_lora + c.d_rope;
+  const size_t fl = sizeof(float);
+  auto add = [&](const char* op, int64_t calls, int64_t numbers) {
+    f[op].calls += calls;
+    f[op].bytes += (size_t)numbers * fl;
+  };
+  add("allgather", 1, 3 * n * P);  // the cross-entropy's (m, l, z_target)
+  if (!sp) {
+    add("allreduce", L + D, (L + D) * n * d);          // g, forward
+    add("allreduce", L, L * n * lat);                   // f on the latents, backward
+    add("allreduce", D + 1, (D + 1) * n * d);           // f before W1/W3 and the head, backward
+  } else {
+    add("allgather", L, L * n * lat);                   // gather_seq of the latents
+    add("allgather", D + 1, (D + 1) * n * d);           // ... before W1/W3 and the head
+    f["allgather"].calls += L + D + 1;                  // each gather_seq's token-count check
+    f["allgather"].bytes += (size_t)(L + D + 1) * sizeof(int64_t) * (size_t)P;
+    add("reduce_scatter", L + D, (L + D) * n * d);      // scatter_seq, forward
+    add("reduce_scatter", L, L * n * lat);              // gather_seq's backward
+    add("reduce_scatter", D + 1, (D + 1) * n * d);
+    add("allgather", L + D, (L + D) * n * d);           // scatter_seq's backward
+    add("allreduce", 1, replicated_numel);              // replicated weights' gradients
+    if (L > D) add("allreduce", 1, (L - D) * c.experts);  // the MoE loads
+  }
+  return f;
+}
+
+std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_t numel, int dp,
+                                                  int zero) {
+  std::map<std::string, CollectiveCount> f;
+  const size_t fl = sizeof(float);
+  if (zero == 0) {
+    f["allreduce"] = {1, (size_t)numel * fl};
+  } else {
+    const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
+    f["reduce_scatter"] = {1, padded * fl};
+    f["allgather"] = {1, padded * fl};
+  }
+  if (dp > 1 && c.layers > c.dense_layers) {
+    f["allreduce"].calls += 1;
+    f["allreduce"].bytes += (size_t)((c.layers - c.dense_layers) * c.experts) * fl;
+  }
+  return f;
+}
+// [/slide]
+
+std::string counts_text(const CollectiveCounts& m) {
+  std::ostringstream o;
+  bool first = true;
+  for (const auto& [op, cc] : m) {
+    o << (first ? "" : ", ") << op << " " << cc.calls << " x, " << human_bytes((double)cc.bytes);
+    first = false;
+  }
+  return first ? "none" : o.str();
+}
+
+bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b) {
+  auto nonzero = [](const CollectiveCounts& m) {
+    CollectiveCounts out;
+    for (const auto& [op, cc] : m)
+      if (cc.calls) out[op] = cc;
+    return out;
+  };
+  const CollectiveCounts x = nonzero(a), y = nonzero(b);
+  if (x.size() != y.size()) return false;
+  for (const auto& [op, cc] : x) {
+    auto it = y.find(op);
+    if (it == y.end() || it->second.calls != cc.calls || it->second.bytes != cc.bytes) return false;
+  }
+  return true;
+}
+
+// ----------------------------------------------------------------------------
+// Text from the trained model (rank 0, one process's forward on the gathered weights): each
+// next byte drawn from softmax(logits / temperature) with a generator seeded by --seed.
+std::string sample_text(const model::Config& c, const model::Params& p, const CharCorpus& corpus,
+                        const std::string& prompt, int64_t count, double temperature,
+                        uint64_t seed) {
+  std::vector<int64_t> ids = corpus.encode(prompt);
+  std::mt19937_64 gen(seed);
+  NoGradGuard ng;
+  const Device dev = p.embed.device();
+  for (int64_t k = 0; k < count; k++) {
+    const int64_t T = std::min<int64_t>((int64_t)ids.size(), c.seq_len);
+    std::vector<int64_t> ctx(ids.end() - T, ids.end());
+    Tensor in = Tensor::from_indices(ctx, {1, T}, dev);
+    model::Output o = model::forward(c, p, in, in, model::positions(T, dev));
+    const std::vector<float> z = slice(o.logits, 0, T - 1, T).to_vector();
+    const float zmax = *std::max_element(z.begin(), z.end());
+    std::vector<double> w(z.size());
+    double sum = 0;
+    for (size_t j = 0; j < z.size(); j++) sum += w[j] = std::exp(((double)z[j] - zmax) / temperature);
+    const double u = (double)(gen() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
+    size_t j = 0;
+    for (double acc = w[0]; acc <= u && j + 1 < w.size(); acc += w[++j]) {
+    }
+    ids.push_back((int64_t)j);
+  }
+  return corpus.decode(ids);
+}
+
+// ----------------------------------------------------------------------------
+
+int mesh_lesson(Lesson& L) {
+  Options o;
+  Cli& cli = L.cli;
+  cli.summary(
+      "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x TP "
+      "mesh (ZeRO-1, sequence parallelism); every step checked against one process.");
+  cli.flag("--tp", &o.tp, "tensor-parallel ranks: attention heads, dense FFN, LM head (0: 2 when "
+           "the world size is even, else 1)", 0, 64);
+  cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / tp)", 0, 4096);
+  cli.flag("--zero", &o.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
+  std::string sp = "auto";
+  cli.choice("--sp", &sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
+  cli.toggle("--print-mesh", &o.print_mesh, "print every group of every axis and exit");
+  cli.choice("--estimate", &o.estimate, {"none", "run", "deepseek-v3"},
+             "memory and communication model: run (this model and mesh, after training, next to "
+             "the measured bytes) or deepseek-v3 (671B; prints and exits)");
+  cli.flag("--train", &o.steps, "training steps", 1, 1000000);
+  cli.flag("--batch", &o.batch, "global batch: sequences per step, split over DP", 1, 4096);
+  cli.flag("--seq", &o.seq, "tokens per sequence", 2, 1024);
+  cli.flag("--dim", &o.dim, "model width d", 1, 4096);
+  cli.flag("--layers", &o.layers, "transformer blocks", 1, 64);
+  cli.flag("--dense-layers", &o.dense_layers, "blocks with a dense SwiGLU FFN (the rest: MoE)", 0, 64);
+  cli.flag("--heads", &o.heads, "attention heads (split over TP)", 1, 256);
+  cli.flag("--d-nope", &o.d_nope, "query/key head width without RoPE", 1, 1024);
+  cli.flag("--d-rope", &o.d_rope, "query/key head width with RoPE (even)", 2, 1024);
+  cli.flag("--d-v", &o.d_v, "value head width", 1, 1024);
+  cli.flag("--q-lora", &o.q_lora, "query latent rank r_q", 1, 4096);
+  cli.flag("--kv-lora", &o.kv_lora, "key-value latent rank r_kv", 1, 4096);
+  cli.flag("--ffn", &o.ffn, "dense SwiGLU width", 1, 16384);
+  cli.flag("--experts", &o.experts, "routed experts per MoE layer", 1, 256);
+  cli.flag("--topk", &o.topk, "experts per token", 1, 256);
+  cli.flag("--shared", &o.shared, "shared experts", 0, 16);
+  cli.flag("--moe-ffn", &o.moe_ffn, "width of each expert", 1, 16384);
+  cli.flag("--lr", &o.lr, "AdamW learning rate", 0.0, 1.0);
+  cli.flag("--bias-rate", &o.bias_rate, "balancing bias update speed gamma", 0.0, 1.0);
+  cli.flag("--check-every", &o.check_every, "compare with one process every K steps (and the last)", 1, 1000000);
+  cli.flag("--log-every", &o.log_every, "print a step line every K steps (and the last)", 1, 1000000);
+  cli.flag("--sample", &o.sample, "after training, generate this many bytes (rank 0)", 0, 100000);
+  cli.flag("--temperature", &o.temperature, "sampling temperature", 0.01, 100.0);
+  cli.flag("--prompt", &o.prompt, "the text sampling starts from", "TEXT");
+  cli.flag("--data", &o.data, "the training text (its distinct bytes are the vocabulary)");
+  cli.choice("--bug", &o.bug,
+             {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
+              "zero-no-divide", "zero-stale-shard"},
+             "plant a known mistake (the check must FAIL)");
+  cli.epilog(
+      "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
+      "  make run L=08 ARGS=\"--print-mesh\"      every group of every axis\n"
+      "  make run L=08 NP=1 ARGS=\"--train 2000 --check-every 500 --log-every 250 --sample 300\"\n"
+      "  make run L=08 NP=1 ARGS=\"--estimate deepseek-v3\"\n"
+      "Expect: per step the loss of the mesh next to one process's; check: PASS.");
+  L.parse();
+  if (o.tp == 0) o.tp = L.size() % 2 == 0 ? 2 : 1;
+  o.sp = sp == "on" || (sp == "auto" && o.tp > 1);
+
+  // ---- every check of the input, before any work
+  if (o.estimate == "deepseek-v3") {
+    if (L.rank() == 0) {
+      const estimate::ModelShape m = estimate::deepseek_v3();
+      std::printf("%s", estimate::report(m, estimate::deepseek_v3_parallel(), std::nullopt).c_str());
+    }
+    return L.finish(0);
+  }
+  MeshSizes sizes;
+  sizes.tp = (int)o.tp;
+  sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % o.tp == 0 ? L.size() / (int)o.tp : 0);
+  L.usage_error_if(sizes.dp == 0, "--tp " + std::to_string(o.tp) + " does not divide the world of " +
+                                      std::to_string(L.size()) + " ranks; give --tp and --dp whose "
+                                      "product is the world size");
+  L.usage_error_if(!check_mesh(sizes, L.size()).empty(), check_mesh(sizes, L.size()));
+  if (o.print_mesh) {
+    if (L.rank() == 0) {
+      std::printf("mesh %s: world = dp %d x pp %d x cp %d x tp %d = %d ranks (order tp-cp-ep-dp-pp, "
+                  "tp fastest)\n%s",
+                  mesh_name(sizes, 0).c_str(), sizes.dp, sizes.pp, sizes.cp, sizes.tp,
+                  sizes.world(), mesh_groups_text(sizes).c_str());
+      for (int r = 0; r < L.size(); r++) {
+        const MeshCoords co = mesh_coords(sizes, r);
+        std::printf("  rank %d: %s  tp %d, dp %d\n", r, mesh_name(sizes, r).c_str(), co.tp, co.dp);
+      }
+    }
+    return L.finish(0);
+  }
+  L.usage_error_if(o.sp && o.tp == 1, "--sp on needs --tp > 1 (sequence parallelism splits the "
+                                      "tokens over the TP ranks)");
+  L.usage_error_if(o.heads % o.tp != 0, "--heads " + std::to_string(o.heads) + " must be a multiple "
+                   "of --tp " + std::to_string(o.tp) + " (every TP rank computes whole heads)");
+  L.usage_error_if(o.batch % sizes.dp != 0, "--batch " + std::to_string(o.batch) + " must be a "
+                   "multiple of dp " + std::to_string(sizes.dp) + " (every DP rank takes as many sequences)");
+  const int64_t B = o.batch / sizes.dp, T = o.seq;
+  L.usage_error_if(o.sp && (B * T) % o.tp != 0,
+                   "--sp: the " + std::to_string(B * T) + " tokens of a DP rank (batch / dp x seq) "
+                   "must be a multiple of --tp " + std::to_string(o.tp));
+  L.usage_error_if(o.dense_layers > o.layers, "--dense-layers " + std::to_string(o.dense_layers) +
+                   " must be at most --layers " + std::to_string(o.layers));
+  L.usage_error_if(o.topk > o.experts, "--topk " + std::to_string(o.topk) + " must be at most --experts " +
+                   std::to_string(o.experts));
+  L.usage_error_if(o.d_rope % 2 != 0, "--d-rope " + std::to_string(o.d_rope) + " must be even (RoPE rotates pairs)");
+  const bool bug_kpe = o.bug == "kpe-per-head";
+  L.usage_error_if(bug_kpe && o.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
+                   "not a TP one)");
+  L.usage_error_if(o.bug == "sp-norm-grad" && !o.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
+  L.usage_error_if(o.bug == "f-no-allreduce" && (o.tp == 1 || o.sp),
+                   "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
+                   "reduce-scatter takes f's all-reduce's place)");
+  L.usage_error_if(o.bug == "ce-local-softmax" && o.tp == 1, "--bug ce-local-softmax needs --tp > 1");
+  L.usage_error_if(o.bug.rfind("zero-", 0) == 0 && (o.zero != 1 || sizes.dp == 1),
+                   "--bug " + o.bug + " needs --zero 1 and dp > 1");
+  CharCorpus corpus;
+  const std::string err = CharCorpus::try_load(o.data, &corpus);
+  L.usage_error_if(!err.empty(), err);
+  L.usage_error_if(o.seq + 1 >= corpus.split_size(CharCorpus::Split::val),
+                   "--seq " + std::to_string(o.seq) + " must be shorter than the validation split (" +
+                       std::to_string(corpus.split_size(CharCorpus::Split::val)) + " bytes of " + o.data + ")");
+  if (o.sample > 0) {
+    bool ok = !o.prompt.empty();
+    for (unsigned char ch : o.prompt) ok = ok && corpus.vocab().find((char)ch) != std::string::npos;
+    L.usage_error_if(!ok, "--prompt must be non-empty text made of bytes of " + o.data);
+  }
+
+  model::Config c;
+  c.vocab = corpus.vocab_size(), c.dim = o.dim, c.layers = o.layers, c.dense_layers = o.dense_layers;
+  c.heads = o.heads, c.d_nope = o.d_nope, c.d_rope = o.d_rope, c.d_v = o.d_v;
+  c.q_lora = o.q_lora, c.kv_lora = o.kv_lora, c.ffn = o.ffn;
+  c.experts = o.experts, c.topk = o.topk, c.shared = o.shared, c.moe_ffn = o.moe_ffn;
+  c.seq_len = T;
+  const int64_t full_numel = estimate::param_count(estimate::tiny(c, B));
+  // the full model three times (the mesh's copy, the reference's, the gathered one) with its
+  // gradients and m, v, plus the activations of B T tokens through every layer (generously)
+  const double act = 64.0 * (double)(o.batch * T) *
+                     (double)(c.dim + c.heads * (c.qk_head_dim() * 2 + c.d_v + T) + c.ffn +
+                              c.topk * c.moe_ffn + c.vocab) * (double)c.layers * 4;
+  L.require_memory(16.0 * 4 * (double)full_numel + act, "--dim, --layers, --batch or --seq");
+
+  // ---- the mesh, the model on it, the optimizer
+  Mesh mesh(L.comm, sizes);
+  Comm check_world = L.comm.split(0, L.rank());  // the check's own traffic, counted apart
+  Comm check_dp = mesh.dp().split(0, mesh.dp().rank());
+  const int t = mesh.coords().tp;
+  const model::Params full = model::init_params(c, (uint64_t)L.flags.seed, L.device);
+  MeshModel mm{c, shard_model(c, full, t, sizes.tp, bug_kpe), &mesh.tp(), o.sp,
+               o.bug == "ce-local-softmax", 0};
+  {
+    int64_t e;
+    split_range(c.vocab, sizes.tp, t, &mm.v0, &e);
+  }
+  std::vector<std::string> names;
+  std::vector<Shape> full_shapes;
+  std::vector<Tensor*> params;
+  std::vector<model::NamedTensor> named = mm.p.named_parameters();
+  for (const model::NamedTensor& n : full.named_parameters()) {
+    names.push_back(n.name);
+    full_shapes.push_back(n.t.shape());
+  }
+  for (model::NamedTensor& n : named) params.push_back(&n.t);
+  if (bug_kpe)  // the gathered W_kr is (d, H d_r): every head's copy
+    for (size_t k = 0; k < names.size(); k++)
+      if (names[k].size() > 9 && names[k].compare(names[k].size() - 9, 9, "attn.w_kr") == 0)
+        full_shapes[k] = {c.dim, c.heads * c.d_rope};
+  int64_t local_numel = 0, replicated_numel = 0;
+  for (size_t k = 0; k < names.size(); k++) {
+    local_numel += params[k]->numel();
+    if (split_of(names[k]) == Split::replicated) replicated_numel += params[k]->numel();
+  }
+  AdamConfig ac;
+  ac.lr = o.lr;
+  const zero::Bug zbug = o.bug == "zero-no-divide"     ? zero::Bug::no_divide
+                         : o.bug == "zero-stale-shard" ? zero::Bug::stale_shard
+                                                       : zero::Bug::none;
+  std::unique_ptr<zero::DataParallelAdam> opt0;
+  std::unique_ptr<zero::Zero1Adam> opt1;
+  if (o.zero == 0)
+    opt0 = std::make_unique<zero::DataParallelAdam>(mesh.dp(), ac);
+  else
+    opt1 = std::make_unique<zero::Zero1Adam>(mesh.dp(), ac, zbug);
+  if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
+
+  // the reference: one process, on rank 0, from the same weights (resynchronised every step)
+  model::Params ref;
+  std::vector<model::NamedTensor> ref_named;
+  std::vector<Tensor*> ref_params;
+  // AdamW runs where the mesh's does: ZeRO-1 on the host (its shard lives there), ZeRO-0 on the
+  // device; then the two apply the same elementwise float operations and agree bit for bit.
+  const Device adam_dev = o.zero == 1 ? Device::cpu : L.device;
+  Adam ref_adam(ac);
+  std::vector<Tensor> ref_adam_params;  // the reference's weights where its AdamW runs
+  if (L.rank() == 0) {
+    ref = model::init_params(c, (uint64_t)L.flags.seed, L.device);
+    ref_named = ref.named_parameters();
+    for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
+  }
+
+  if (L.rank() == 0) {
+    std::printf("mesh %s: dp %d x tp %d = %d ranks, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+                sizes.dp, sizes.tp, sizes.world(), (long long)o.zero, o.sp ? "on" : "off",
+                o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
+    std::printf("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
+                "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
+                (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
+                (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
+                (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
+                (long long)full_numel, (long long)local_numel);
+    std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank; AdamW lr %g\n\n",
+                (long long)o.batch, (long long)T, (long long)B, o.lr);
+    std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s\n", "step", "loss (mesh)",
+                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes");
+  }
+
+  // ---- training
+  const double eps = std::numeric_limits<float>::epsilon();
+  const double n_terms = (double)(o.batch * T);  // the longest sum: a weight gradient's, over tokens
+  struct Worst {
+    double ratio = 0;
+    std::string what = "-";
+    int64_t step = -1;
+  } worst_loss, worst_grad;
+  bool adam_equal = true, bias_equal = true, comm_equal = true, kpe_copies_equal = true;
+  std::string disagree, comm_detail, adam_detail = "-";
+  int64_t checked_steps = 0;
+  double first_loss_ratio = 0;  // step 0: both from the initial weights
+  CollectiveCounts last_tp, last_dp;
+  std::ostringstream csv;
+  L.start_trace();
+  double train_s = 0;
+  for (int64_t step = 0; step < o.steps; step++) {
+    const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
+    const bool logging = step % o.log_every == 0 || step + 1 == o.steps;
+    const auto t0 = std::chrono::steady_clock::now();
+    mesh.tp().reset_collective_counts();
+    mesh.dp().reset_collective_counts();
+    const int64_t row0 = (int64_t)mesh.coords().dp * B;
+    CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, o.batch, T, row0, row0 + B,
+                                           (uint64_t)L.flags.seed);
+
+    // [slide:step]
+    // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens)
+    for (Tensor* p : params) p->zero_grad();
+    std::vector<Tensor> routes;
+    Tensor loss;
+    {
+      Trace::Scope span(trace(), "forward+backward", "compute");
+      loss = mm.forward(batch.inputs.to(L.device), batch.targets.to(L.device), &routes);
+      loss.backward();
+    }
+    // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
+    //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
+    std::vector<float> load = expert_loads(routes, c.experts);
+    if (o.sp) {
+      std::vector<Tensor*> reps;
+      for (size_t k = 0; k < names.size(); k++)
+        if (split_of(names[k]) == Split::replicated && !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
+          reps.push_back(params[k]);
+      std::vector<float> flat;
+      for (Tensor* p : reps) {
+        if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+        const std::vector<float> v = p->grad().to_vector();
+        flat.insert(flat.end(), v.begin(), v.end());
+      }
+      mesh.tp().allreduce_sum(flat.data(), flat.size());
+      size_t at = 0;
+      for (Tensor* p : reps) {
+        const size_t n = (size_t)p->numel();
+        p->grad().copy_from(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
+                                                                   flat.begin() + (long)(at + n)),
+                                                p->shape(), p->device()));
+        at += n;
+      }
+      if (!load.empty()) mesh.tp().allreduce_sum(load.data(), load.size());
+    }
+    // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
+    if (opt0) opt0->step(params); else opt1->step(params);
+    // 4. the balancing bias from the loads of the whole global batch
+    if (sizes.dp > 1 && !load.empty()) mesh.dp().allreduce_sum(load.data(), load.size());
+    update_biases(mm.p, load, c.experts, o.bias_rate);
+    // [/slide]
+    train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_tp = mesh.tp().collective_counts();
+    last_dp = mesh.dp().collective_counts();
+    const bool tp_ok = same_counts(last_tp, formula_tp(c, B * T, sizes.tp, o.sp, replicated_numel));
+    const bool dp_ok = same_counts(last_dp, formula_dp(c, local_numel, sizes.dp, (int)o.zero));
+    if ((!tp_ok || !dp_ok) && comm_equal) {
+      comm_equal = false;
+      comm_detail = "step " + std::to_string(step) + ": " + (tp_ok ? "dp " : "tp ") +
+                    counts_text(tp_ok ? last_dp : last_tp);
+    }
+
+    // ---- the check (its traffic on check_world / check_dp, not counted above)
+    Trace::Category check_traffic(trace(), "check");
+    double loss_mesh = loss.to_vector()[0];
+    check_dp.allreduce(&loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
+    loss_mesh /= sizes.dp;
+    // the mean gradient each rank's optimizer used, and the weights after its step
+    std::vector<Tensor> mean_grads;
+    if (opt0) {
+      for (Tensor* p : params) mean_grads.push_back(p->grad());
+    } else {
+      std::vector<float> flat((size_t)(opt1->shard_size() * sizes.dp));
+      check_dp.allgather(opt1->grad_shard().to_vector().data(), (size_t)opt1->shard_size() * sizeof(float),
+                         flat.data());
+      size_t at = 0;
+      for (Tensor* p : params) {
+        const size_t n = (size_t)p->numel();
+        mean_grads.push_back(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
+                                                                    flat.begin() + (long)(at + n)),
+                                                 p->shape()));
+        at += n;
+      }
+    }
+    std::vector<Tensor> now;
+    for (Tensor* p : params) now.push_back(*p);
+    std::vector<Tensor> biases;
+    for (const model::NamedTensor& b : mm.p.named_buffers()) biases.push_back(b.t);
+    const Gathered g_grad = gather_full(names, full_shapes, mean_grads, sizes, check_world);
+    const Gathered g_par = gather_full(names, full_shapes, now, sizes, check_world);
+    if (disagree.empty() && !g_par.disagree.empty()) disagree = "weights " + g_par.disagree;
+    if (disagree.empty() && !g_grad.disagree.empty()) disagree = "mean gradients " + g_grad.disagree;
+    // every rank's bias is the same when every rank's loads are
+    std::vector<float> my_bias;
+    for (const Tensor& b : biases) {
+      const std::vector<float> v = b.to_vector();
+      my_bias.insert(my_bias.end(), v.begin(), v.end());
+    }
+    std::vector<float> bias0 = my_bias;
+    check_world.bcast(bias0.data(), bias0.size() * sizeof(float), 0);
+    int bias_same = std::memcmp(bias0.data(), my_bias.data(), my_bias.size() * sizeof(float)) == 0;
+    check_world.allreduce(&bias_same, 1, MPI_INT, MPI_MIN);
+    if (!bias_same && disagree.empty()) disagree = "the balancing bias";
+
+    double loss_ref = NAN, grad_ratio = 0;
+    std::string step_adam = "=";
+    if (L.rank() == 0) {
+      // the reference gradient from the same weights and the whole global batch
+      std::vector<Tensor> ref_grads;
+      std::vector<float> ref_load;
+      if (checking) {
+        checked_steps++;
+        CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::train, step, o.batch, T, 0, o.batch,
+                                            (uint64_t)L.flags.seed);
+        for (Tensor* p : ref_params) p->zero_grad();
+        model::Output out = model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
+                                           model::positions(T, L.device));
+        out.loss.backward();
+        loss_ref = out.loss.to_vector()[0];
+        double lr_ratio = std::fabs(loss_mesh - loss_ref) /
+                          (4.0 * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
+        if (std::isnan(lr_ratio)) lr_ratio = INFINITY;
+        if (lr_ratio > worst_loss.ratio || worst_loss.step < 0) worst_loss = {lr_ratio, "loss", step};
+        if (step == 0) first_loss_ratio = lr_ratio;
+        for (size_t k = 0; k < names.size(); k++) {
+          Tensor want = ref_params[k]->grad().defined() ? ref_params[k]->grad()
+                                                        : Tensor::zeros(ref_params[k]->shape());
+          Tensor got = g_grad.full[k];
+          if (bug_kpe && got.shape() != want.shape()) got = slice(got, 1, 0, c.d_rope);
+          double r = error_ratio(got, want, n_terms, nullptr);
+          if (std::isnan(r)) r = INFINITY;
+          grad_ratio = std::max(grad_ratio, r);
+          if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
+        }
+        ref_load = expert_loads(out.routes, c.experts);
+      }
+      // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
+      if (ref_adam_params.empty())
+        for (Tensor* p : ref_params) ref_adam_params.push_back(p->detach().to(adam_dev).clone());
+      std::vector<Tensor> grads;
+      std::vector<Tensor*> ps;
+      for (size_t k = 0; k < names.size(); k++) {
+        Tensor gk = g_grad.full[k];
+        if (bug_kpe && gk.shape() != ref_adam_params[k].shape()) gk = slice(gk, 1, 0, c.d_rope).clone();
+        grads.push_back(gk.to(adam_dev));
+        ps.push_back(&ref_adam_params[k]);
+      }
+      ref_adam.step(ps, grads);
+      for (size_t k = 0; k < names.size(); k++) {
+        Tensor mesh_w = g_par.full[k];
+        if (bug_kpe && mesh_w.shape() != ref_adam_params[k].shape()) {
+          // every head's copy of W_kr: one shared key means they stay equal
+          for (int64_t h = 1; h < c.heads && kpe_copies_equal; h++)
+            if (!same_bits(slice(mesh_w, 1, 0, c.d_rope), slice(mesh_w, 1, h * c.d_rope, (h + 1) * c.d_rope)))
+              kpe_copies_equal = false;
+          mesh_w = slice(mesh_w, 1, 0, c.d_rope).clone();
+        }
+        if (!same_bits(mesh_w, ref_adam_params[k])) {
+          step_adam = "differ";
+          if (adam_equal) adam_detail = names[k] + ", step " + std::to_string(step);
+          adam_equal = false;
+        }
+        // resynchronise: the next step starts from the mesh's weights
+        ref_adam_params[k].copy_from(mesh_w.to(adam_dev));
+        ref_params[k]->detach().copy_from(mesh_w.to(L.device));
+      }
+      std::vector<model::NamedTensor> rb = ref.named_buffers();
+      if (checking) {  // the reference's own bias update from its own routes
+        update_biases(ref, ref_load, c.experts, o.bias_rate);
+        std::vector<float> ref_bias;
+        for (const model::NamedTensor& b : rb) {
+          const std::vector<float> v = b.t.to_vector();
+          ref_bias.insert(ref_bias.end(), v.begin(), v.end());
+        }
+        if (std::memcmp(ref_bias.data(), my_bias.data(), my_bias.size() * sizeof(float)) != 0)
+          bias_equal = false;
+      }
+      size_t at = 0;
+      for (const model::NamedTensor& b : rb) {
+        const size_t n = (size_t)b.t.numel();
+        b.t.copy_from(Tensor::from_vector(std::vector<float>(my_bias.begin() + (long)at,
+                                                             my_bias.begin() + (long)(at + n)),
+                                          b.t.shape(), b.t.device()));
+        at += n;
+      }
+    }
+    auto sum_bytes = [](const CollectiveCounts& m) {
+      size_t b = 0;
+      for (const auto& [op, cc] : m) b += cc.bytes;
+      return b;
+    };
+    if (L.rank() == 0) {
+      const double bound = 4.0 * n_terms * eps * std::max(1.0, std::fabs(loss_ref));
+      if (logging) {
+        if (checking)
+          std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s\n", (long long)step,
+                      loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, grad_ratio,
+                      step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
+                      human_bytes((double)sum_bytes(last_dp)).c_str());
+        else
+          std::printf("%5lld  %11.6f  %13s  %9s  %9s  %8s  %6s  %10s  %10s\n", (long long)step, loss_mesh,
+                      "-", "-", "-", "-", step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
+                      human_bytes((double)sum_bytes(last_dp)).c_str());
+      }
+      char row[256];
+      std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,\n",
+                    sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh,
+                    loss_ref, grad_ratio, sum_bytes(last_tp), sum_bytes(last_dp));
+      csv << row;
+    }
+  }
+
+  // ---- memory, communication per axis, the estimate
+  const zero::Memory mem = opt0 ? opt0->memory(params) : opt1->memory(params);
+  const zero::Memory want = zero::formula(local_numel, sizes.dp, (int)o.zero);
+  if (L.rank() == 0) {
+    std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
+    std::printf("  tp: %s\n      formula: %s\n", counts_text(last_tp).c_str(),
+                counts_text(formula_tp(c, B * T, sizes.tp, o.sp, replicated_numel)).c_str());
+    std::printf("  dp: %s\n      formula: %s\n", counts_text(last_dp).c_str(),
+                counts_text(formula_dp(c, local_numel, sizes.dp, (int)o.zero)).c_str());
+    std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
+                "(ZeRO-%lld, dp %d)\n", (long long)local_numel, (long long)o.zero, sizes.dp);
+    std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)mem.params).c_str(),
+                human_bytes((double)want.params).c_str());
+    std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)mem.grads).c_str(),
+                human_bytes((double)want.grads).c_str());
+    std::printf("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)mem.optimizer).c_str(),
+                o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)want.optimizer).c_str());
+    std::printf("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
+                human_bytes((double)mem.buffers).c_str());
+    std::printf("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
+                human_bytes(zero::mixed_precision_bytes(local_numel, sizes.dp, 0)).c_str(),
+                human_bytes(zero::mixed_precision_bytes(local_numel, sizes.dp, 1)).c_str());
+    const double steps_s = train_s / (double)std::max<int64_t>(o.steps, 1);
+    std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded), %.0f tokens/s\n",
+                steps_s * 1e3, (double)(o.batch * T) / steps_s);
+    char row[256];
+    std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu\n", sizes.dp,
+                  sizes.tp, (long long)o.zero, (int)o.sp, mem.params, mem.grads, mem.optimizer,
+                  mem.buffers, want.params + want.grads + want.optimizer);
+    csv << row;
+  }
+  if (o.estimate == "run" && L.rank() == 0) {
+    estimate::Parallel par;
+    par.tp = sizes.tp, par.dp = sizes.dp, par.zero = (int)o.zero, par.sp = o.sp;
+    estimate::Measured meas{local_numel, (double)mem.params, (double)mem.grads, (double)mem.optimizer};
+    std::printf("\n%s", estimate::report(estimate::tiny(c, B), par, meas).c_str());
+  }
+  // one file for the figures: a row per step (loss, the check, bytes per axis) and one for memory
+  L.csv_append("kind,dp,tp,zero,sp,step,loss_mesh,loss_ref,grad_err_ratio,tp_bytes,dp_bytes,"
+               "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total",
+               csv.str());
+
+  // ---- after training: the validation loss of the mesh and of one process, a dump, a sample
+  double val_mesh = 0, val_ref = NAN;
+  {
+    NoGradGuard ng;
+    const int64_t row0 = (int64_t)mesh.coords().dp * B;
+    CharCorpus::Batch vb = corpus.batch(CharCorpus::Split::val, 0, o.batch, T, row0, row0 + B,
+                                        (uint64_t)L.flags.seed);
+    std::vector<Tensor> routes;
+    val_mesh = mm.forward(vb.inputs.to(L.device), vb.targets.to(L.device), &routes).to_vector()[0];
+    check_dp.allreduce(&val_mesh, 1, MPI_DOUBLE, MPI_SUM);
+    val_mesh /= sizes.dp;
+    if (L.rank() == 0) {
+      CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::val, 0, o.batch, T, 0, o.batch,
+                                          (uint64_t)L.flags.seed);
+      val_ref = model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
+                               model::positions(T, L.device)).loss.to_vector()[0];
+      std::printf("validation loss after %lld steps: %.6f (mesh), %.6f (one process)\n",
+                  (long long)o.steps, val_mesh, val_ref);
+      if (L.dumping()) {
+        for (const model::NamedTensor& n : ref.named_parameters()) L.dump(n.name, n.t);
+        for (const model::NamedTensor& n : ref.named_buffers()) L.dump(n.name, n.t);
+        L.dump("val_inputs", gb.inputs);
+        L.dump("val_targets", gb.targets);
+        L.dump("val_loss", Tensor::from_vector({(float)val_mesh}, {}));
+        std::ostringstream meta;
+        meta << "{\"vocab\": " << c.vocab << ", \"dim\": " << c.dim << ", \"layers\": " << c.layers
+             << ", \"dense_layers\": " << c.dense_layers << ", \"heads\": " << c.heads
+             << ", \"d_nope\": " << c.d_nope << ", \"d_rope\": " << c.d_rope << ", \"d_v\": " << c.d_v
+             << ", \"q_lora\": " << c.q_lora << ", \"kv_lora\": " << c.kv_lora << ", \"ffn\": " << c.ffn
+             << ", \"experts\": " << c.experts << ", \"topk\": " << c.topk << ", \"shared\": " << c.shared
+             << ", \"moe_ffn\": " << c.moe_ffn << ", \"seq\": " << T << ", \"rope_theta\": " << c.rope_theta
+             << ", \"norm_eps\": " << c.norm_eps << ", \"mesh\": \"" << mesh_name(sizes, 0) << "\"}\n";
+        L.dump_text("meta.json", meta.str());
+      }
+    }
+  }
+  if (o.sample > 0 && L.rank() == 0)
+    std::printf("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)o.sample,
+                o.temperature, (long long)L.flags.seed,
+                sample_text(c, ref, corpus, o.prompt, o.sample, o.temperature, (uint64_t)L.flags.seed).c_str());
+
+  // ---- the verdict
+  CheckReport check(L.comm);
+  const bool root = L.rank() == 0;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss| "
+                "(n = B T = %.0f): worst %.3f of the bound",
+                (long long)checked_steps, n_terms, worst_loss.ratio);
+  check.holds(line, !root || worst_loss.ratio <= 1.0);
+  std::snprintf(line, sizeof line,
+                "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
+                "worst %.3f of the bound (%s, step %lld)",
+                worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
+  check.holds(line, !root || worst_grad.ratio <= 1.0);
+  std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
+                "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());
+  check.holds(line, !root || adam_equal);
+  check.holds("balancing bias = one process's update from its own routes, bit for bit",
+              !root || bias_equal);
+  std::snprintf(line, sizeof line, "every copy of a replicated weight (over TP and DP) and of the "
+                "bias holds the same bits%s%s", disagree.empty() ? "" : ": not ", disagree.c_str());
+  check.holds(line, !root || disagree.empty());
+  std::snprintf(line, sizeof line, "communication per axis = the formula, every step%s%s",
+                comm_equal ? "" : ": ", comm_detail.c_str());
+  check.holds(line, comm_equal);
+  std::snprintf(line, sizeof line, "memory: parameters and gradients 4N, AdamW's m and v %s, measured",
+                o.zero ? "8 ceil(N/dp)" : "8N");
+  check.holds(line, mem.params == want.params && mem.grads <= want.grads &&
+                        mem.optimizer == want.optimizer);
+  if (bug_kpe) {
+    std::snprintf(line, sizeof line, "k_pe: the forward is unchanged, the loss of step 0 = one "
+                  "process's (%.3f of the bound)", first_loss_ratio);
+    check.holds(line, !root || first_loss_ratio <= 1.0);
+    check.holds("k_pe: every head's copy of W_kr stays equal (one key shared by the heads)",
+                !root || kpe_copies_equal);
+  }
+  check.scalar("validation loss, mesh vs one process (same weights)", val_mesh,
+               root ? val_ref : val_mesh, 4.0 * n_terms * eps * std::max(1.0, std::fabs(val_mesh)));
+  return L.finish(check);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_lesson(argc, argv, "08_mesh", mesh_lesson); }
