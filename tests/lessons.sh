@@ -321,3 +321,73 @@ check "07 --device sim: the blocks' kernels under the emulator (dualpipe, P=2)" 
 if $T/device_query | grep -qw cuda; then
   check "07 --device cuda (zb-h1, P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L07 --device cuda --schedule zb-h1 --compute real
 fi
+
+L08=$B/08_mesh
+echo "== lesson 08: DP x TP mesh, ZeRO-1, sequence parallelism"
+# every mesh: each step's loss and mean gradients == one process's within 4 n eps, AdamW bit for
+# bit, replicas equal, communication == its formula, memory == seed 001's fp32 formula
+check "08 one process (P=1: tp 1, dp 1)" 0 '^check: PASS' $MPIRUN -np 1 $L08 --train 6
+check "08 dp2 ZeRO-0 and ZeRO-1 (P=2, --tp 1)" 0 '^check: PASS' \
+  bash -c "for z in 0 1; do $MPIRUN -np 2 $L08 --tp 1 --zero \$z --train 6 || exit 1; done"
+check "08 tp2 without SP, and tp2 + SP (P=2)" 0 '^check: PASS' \
+  bash -c "for s in off on; do $MPIRUN -np 2 $L08 --tp 2 --sp \$s --train 6 || exit 1; done"
+check "08 dp2 x tp2: + SP + ZeRO-1 (the default), no SP + ZeRO-0, SP + ZeRO-0 (P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L08 --train 6 && $MPIRUN -np 4 $L08 --sp off --zero 0 --train 6 && \
+           $MPIRUN -np 4 $L08 --zero 0 --train 6"
+check "08 tp4 + SP, uneven vocabulary split 65 = 17+16+16+16 (P=4)" 0 '^check: PASS' $MPIRUN -np 4 $L08 --tp 4 --train 6
+check "08 dp3 (P=3, ZeRO-1 padding: N not a multiple of 3) and dp4" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 3 $L08 --batch 6 --train 6 && $MPIRUN -np 4 $L08 --tp 1 --train 4"
+check "08 three MoE layers, no dense one, no shared expert; a dense-only model (P=4, dp2 x tp2)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L08 --layers 3 --dense-layers 0 --shared 0 --train 4 && \
+           $MPIRUN -np 4 $L08 --layers 2 --dense-layers 2 --train 4"
+check "08 the communication counted per axis equals the formula, printed next to it (P=4)" 0 '^formula ok: tp and dp' \
+  bash -c "out=\$($MPIRUN -np 4 $L08 --train 2) || exit 1; echo \"\$out\" | grep -A1 '^  tp: ' | sed 's/^ *\(tp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && \
+           echo \"\$out\" | grep -A1 '^  dp: ' | sed 's/^ *\(dp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && echo 'formula ok: tp and dp'"
+check "08 planted bug: every head its own W_kr copy: step 0 unchanged, the copies' gradients and weights differ" 1 \
+  'every head.s copy of W_kr stays equal .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --bug kpe-per-head --train 3
+check "08 planted bug: kpe-per-head leaves the forward of step 0 unchanged" 1 'the forward is unchanged.*PASS' \
+  $MPIRUN -np 1 $L08 --bug kpe-per-head --train 2
+check "08 planted bug: SP without the all-reduce of the RMSNorm weights' gradients (P=2)" 1 \
+  'mean gradient of every weight .*norm.*FAIL' $MPIRUN -np 2 $L08 --bug sp-norm-grad --train 2
+check "08 planted bug: f's backward all-reduce missing (tp2, no SP)" 1 'mean gradient of every weight .*FAIL' \
+  $MPIRUN -np 2 $L08 --sp off --bug f-no-allreduce --train 2
+check "08 planted bug: the vocabulary-parallel cross-entropy's backward with the local softmax (tp2)" 1 \
+  'mean gradient of every weight .*FAIL' $MPIRUN -np 2 $L08 --bug ce-local-softmax --train 2
+check "08 planted bug: ZeRO-1 uses the sum as the mean (dp2)" 1 'mean gradient of every weight .*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --bug zero-no-divide --train 2
+check "08 planted bug: ZeRO-1 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --bug zero-stale-shard --train 2
+check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
+  bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
+           echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"
+check "08 --estimate deepseek-v3: 671B parameters, the ZeRO table, the 5D model, PP vs ZeRO-3, TP vs FSDP" 0 '^  total  *671,026,404,352' \
+  bash -c "out=\$($MPIRUN -np 1 $L08 --estimate deepseek-v3) || exit 1; echo \"\$out\"; \
+           for s in 'ZeRO, seed 001' '5D memory model' 'PP vs ZeRO-3' 'TP vs FSDP' 'incomplete'; do echo \"\$out\" | grep -q \"\$s\" || exit 1; done"
+check "08 --estimate run: the tiny model's estimate next to the measured bytes (P=4)" 0 '^check: PASS' \
+  bash -c "out=\$($MPIRUN -np 4 $L08 --train 2 --estimate run) || exit 1; echo \"\$out\"; echo \"\$out\" | grep -q 'measured'"
+check "08 --sample: the same seed gives the same text, another seed another (P=2)" 0 '^sampling ok' \
+  bash -c "a=\$($MPIRUN -np 2 $L08 --train 2 --sample 80) && b=\$($MPIRUN -np 2 $L08 --train 2 --sample 80) && \
+           c=\$($MPIRUN -np 2 $L08 --train 2 --sample 80 --seed 7) || exit 1; \
+           sa=\$(echo \"\$a\" | sed -n '/^sample/,/^    /p'); sb=\$(echo \"\$b\" | sed -n '/^sample/,/^    /p'); \
+           sc=\$(echo \"\$c\" | sed -n '/^sample/,/^    /p'); echo \"\$sa\"; \
+           [ -n \"\$sa\" ] && [ \"\$sa\" = \"\$sb\" ] && [ \"\$sa\" != \"\$sc\" ] && echo 'sampling ok'"
+check "08 --dump: numpy recomputes the validation loss from the dumped weights (P=4)" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d08 && $MPIRUN -np 4 $L08 --train 3 --dump $LOG/d08 >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08"
+check "08 --help lists every flag with its default" 0 '--zero N .*\(default: 1\)' $MPIRUN -np 1 $L08 --help
+usage_error "08 bad input: tp x dp is not the world (tp 2, dp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 2 --dp 3
+usage_error "08 bad input: --tp not dividing the world (tp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 3
+usage_error "08 bad input: heads not a multiple of tp" $MPIRUN -np 3 $L08 --tp 3 --batch 3
+usage_error "08 bad input: batch not a multiple of dp" $MPIRUN -np 2 $L08 --tp 1 --batch 7
+usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
+usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
+usage_error "08 bad input: --topk above --experts" $MPIRUN -np 2 $L08 --topk 9
+usage_error "08 bad input: odd --d-rope" $MPIRUN -np 2 $L08 --d-rope 7
+usage_error "08 bad input: --bug f-no-allreduce under SP" $MPIRUN -np 2 $L08 --bug f-no-allreduce
+usage_error "08 bad input: --bug kpe-per-head with tp 2" $MPIRUN -np 2 $L08 --bug kpe-per-head
+usage_error "08 bad input: --prompt with a byte not in the text" $MPIRUN -np 2 $L08 --sample 5 --prompt "é"
+usage_error "08 bad input: --seq longer than the validation text" $MPIRUN -np 1 $L08 --seq 1000 --data tests/unit/main.cpp
+check "08 --device sim: the model's kernels under the emulator (dp1 x tp2 + SP, small shape)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L08 --device sim --train 2 --dim 32 --ffn 32 --batch 2 --seq 16
+if $T/device_query | grep -qw cuda; then
+  check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
+fi

@@ -117,7 +117,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
 
   // One all-reduce for all of them: one message per step instead of one per tensor.
   flatten_grads(params, flat_.data());
-  dp_.allreduce_sum(flat_.data(), (size_t)n);
+  if (dp_.size() > 1) dp_.allreduce_sum(flat_.data(), (size_t)n);  // a group of one: nothing to sum
   divide(flat_.data(), n, dp_.size());
 
   // Every .grad() <- its mean; then every rank runs the same AdamW on the same numbers.
@@ -167,7 +167,10 @@ void Zero1Adam::step(const std::vector<Tensor*>& params) {
   // 1. reduce-scatter: this rank gets block r of the sum of every rank's gradients.
   flatten_grads(params, flat);
   std::fill(flat + n_, flat + shard_ * dp, 0.f);
-  dp_.reduce_scatter_sum(flat, grad_shard_.data(), std::vector<int>(dp, (int)shard_));
+  if (dp > 1)
+    dp_.reduce_scatter_sum(flat, grad_shard_.data(), std::vector<int>(dp, (int)shard_));
+  else  // a group of one: its block is the whole buffer
+    std::memcpy(grad_shard_.data(), flat, (size_t)shard_ * sizeof(float));
   if (bug_ != Bug::no_divide) divide(grad_shard_.data(), shard_, dp);
 
   // 2. AdamW on block r only. The flat buffer's gradients are spent: it now holds the
@@ -182,7 +185,7 @@ void Zero1Adam::step(const std::vector<Tensor*>& params) {
 
   // 3. all-gather: every rank contributes its updated block (already in place in flat) and
   //    receives the others'; then the full parameters are copied back into the model.
-  dp_.allgather(mine, (size_t)shard_ * sizeof(float), flat);
+  if (dp > 1) dp_.allgather(mine, (size_t)shard_ * sizeof(float), flat);
   unflatten_params(flat, params);
 }
 

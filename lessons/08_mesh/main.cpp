@@ -389,9 +389,9 @@ std::string human_bytes(double b) {
 //          (L latents, D + 1 of n d; each first agrees on the token count: 8 P bytes) and its
 //          backward reduce-scatter; scatter_seq (L + D of n d) and its backward all-gather;
 //          plus one all-reduce of every replicated weight's gradient and one of the MoE loads.
-//   DP     ZeRO-0 one all-reduce of the N local parameters' gradients; ZeRO-1 one
+//   DP     (dp > 1) ZeRO-0 one all-reduce of the N local parameters' gradients; ZeRO-1 one
 //          reduce-scatter and one all-gather of dp * ceil(N / dp); one all-reduce of the MoE
-//          loads when DP > 1.
+//          loads.
 std::map<std::string, CollectiveCount> formula_tp(const model::Config& c, int64_t n, int P, bool sp,
                                                   int64_t replicated_numel) {
   std::map<std::string, CollectiveCount> f;
@@ -426,6 +426,7 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
                                                   int zero) {
   std::map<std::string, CollectiveCount> f;
   const size_t fl = sizeof(float);
+  if (dp == 1) return f;  // a group of one moves nothing
   if (zero == 0) {
     f["allreduce"] = {1, (size_t)numel * fl};
   } else {
@@ -433,7 +434,7 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
     f["reduce_scatter"] = {1, padded * fl};
     f["allgather"] = {1, padded * fl};
   }
-  if (dp > 1 && c.layers > c.dense_layers) {
+  if (c.layers > c.dense_layers) {
     f["allreduce"].calls += 1;
     f["allreduce"].bytes += (size_t)((c.layers - c.dense_layers) * c.experts) * fl;
   }
