@@ -63,7 +63,7 @@ struct Options {
   int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
-  int64_t sample = 0;
+  int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
               bug = "none";
 };
@@ -536,6 +536,8 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--bias-rate", &o.bias_rate, "balancing bias update speed gamma", 0.0, 1.0);
   cli.flag("--check-every", &o.check_every, "compare with one process every K steps (and the last)", 1, 1000000);
   cli.flag("--log-every", &o.log_every, "print a step line every K steps (and the last)", 1, 1000000);
+  cli.flag("--val-batches", &o.val_batches, "global batches of held-out text the final "
+           "validation loss averages", 1, 10000);
   cli.flag("--sample", &o.sample, "after training, generate this many bytes (rank 0)", 0, 100000);
   cli.flag("--temperature", &o.temperature, "sampling temperature", 0.01, 100.0);
   cli.flag("--prompt", &o.prompt, "the text sampling starts from", "TEXT");
@@ -977,30 +979,41 @@ int mesh_lesson(Lesson& L) {
                "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total",
                csv.str());
 
-  // ---- after training: the validation loss of the mesh and of one process, a dump, a sample
-  double val_mesh = 0, val_ref = NAN;
+  // ---- after training: the validation loss of the mesh and of one process (the mean over
+  // --val-batches global batches of the held-out text), a dump, a sample
+  double val_mesh = 0, val_ref = 0, val0_mesh = 0;
   {
     NoGradGuard ng;
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
-    CharCorpus::Batch vb = corpus.batch(CharCorpus::Split::val, 0, o.batch, T, row0, row0 + B,
-                                        (uint64_t)L.flags.seed);
-    std::vector<Tensor> routes;
-    val_mesh = mm.forward(vb.inputs.to(L.device), vb.targets.to(L.device), &routes).to_vector()[0];
-    check_dp.allreduce(&val_mesh, 1, MPI_DOUBLE, MPI_SUM);
-    val_mesh /= sizes.dp;
+    for (int64_t k = 0; k < o.val_batches; k++) {
+      CharCorpus::Batch vb = corpus.batch(CharCorpus::Split::val, k, o.batch, T, row0, row0 + B,
+                                          (uint64_t)L.flags.seed);
+      std::vector<Tensor> routes;
+      double v = mm.forward(vb.inputs.to(L.device), vb.targets.to(L.device), &routes).to_vector()[0];
+      check_dp.allreduce(&v, 1, MPI_DOUBLE, MPI_SUM);
+      v /= sizes.dp;
+      if (k == 0) val0_mesh = v;
+      val_mesh += v / (double)o.val_batches;
+      if (L.rank() == 0) {
+        CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::val, k, o.batch, T, 0, o.batch,
+                                            (uint64_t)L.flags.seed);
+        val_ref += model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
+                                  model::positions(T, L.device)).loss.to_vector()[0] /
+                   (double)o.val_batches;
+      }
+    }
     if (L.rank() == 0) {
+      std::printf("validation loss after %lld steps (%lld batches, %lld tokens): %.6f (mesh), "
+                  "%.6f (one process)\n", (long long)o.steps, (long long)o.val_batches,
+                  (long long)(o.val_batches * o.batch * T), val_mesh, val_ref);
       CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::val, 0, o.batch, T, 0, o.batch,
                                           (uint64_t)L.flags.seed);
-      val_ref = model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
-                               model::positions(T, L.device)).loss.to_vector()[0];
-      std::printf("validation loss after %lld steps: %.6f (mesh), %.6f (one process)\n",
-                  (long long)o.steps, val_mesh, val_ref);
       if (L.dumping()) {
         for (const model::NamedTensor& n : ref.named_parameters()) L.dump(n.name, n.t);
         for (const model::NamedTensor& n : ref.named_buffers()) L.dump(n.name, n.t);
         L.dump("val_inputs", gb.inputs);
         L.dump("val_targets", gb.targets);
-        L.dump("val_loss", Tensor::from_vector({(float)val_mesh}, {}));
+        L.dump("val_loss", Tensor::from_vector({(float)val0_mesh}, {}));  // of batch 0
         std::ostringstream meta;
         meta << "{\"vocab\": " << c.vocab << ", \"dim\": " << c.dim << ", \"layers\": " << c.layers
              << ", \"dense_layers\": " << c.dense_layers << ", \"heads\": " << c.heads
