@@ -86,4 +86,26 @@ for s in gpipe 1f1b zb-h1 zb-h2 dualpipe dualpipev; do
 done
 $PYTHON plots/07_dualpipe.py "$DATA/07_sim.csv" "$R07" "$OUT"
 
+# Lesson 08: the loss of one process and of four DP x TP meshes over 200 steps (the mesh against one
+# process from the same weights every 50), rank 0's memory against DP for ZeRO-0 and ZeRO-1, and
+# the bytes per step on each mesh axis.
+echo "+ lesson 08 at P=1, 2 and 4"
+L08="$BUILD/bin/08_mesh"
+rm -f "$DATA/08_loss.csv" "$DATA/08_memory.csv"
+run08() {  # run08 NP ARGS...: 200 training steps, one process's check every 50
+  local np=$1; shift
+  $MPIRUN -np $np "$L08" --train 200 --check-every 50 --log-every 50 "$@" --csv "$DATA/08_loss.csv" >/dev/null
+}
+run08 1 --tp 1 --zero 0
+run08 2 --tp 1
+run08 2 --tp 2
+run08 4 --tp 2
+run08 4 --tp 4
+for z in 0 1; do
+  for dp in 1 2 4; do
+    $MPIRUN -np $dp "$L08" --tp 1 --zero $z --train 1 --batch 8 --csv "$DATA/08_memory.csv" >/dev/null
+  done
+done
+$PYTHON plots/08_mesh.py "$DATA/08_loss.csv" "$DATA/08_memory.csv" "$OUT"
+
 echo "figures in $OUT/:"; ls -1 "$OUT"

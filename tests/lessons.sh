@@ -373,6 +373,8 @@ check "08 --sample: the same seed gives the same text, another seed another (P=2
            [ -n \"\$sa\" ] && [ \"\$sa\" = \"\$sb\" ] && [ \"\$sa\" != \"\$sc\" ] && echo 'sampling ok'"
 check "08 --dump: numpy recomputes the validation loss from the dumped weights (P=4)" 0 '^dump ok' \
   bash -c "rm -rf $LOG/d08 && $MPIRUN -np 4 $L08 --train 3 --dump $LOG/d08 >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08"
+check "08 --trace: spans nest on every track, the check's traffic on its own track (P=4)" 0 '^trace ok: 4 ranks' \
+  bash -c "$MPIRUN -np 4 $L08 --train 2 --trace $LOG/t08.json >/dev/null && grep -q '\"check\"' $LOG/t08.json && $PYTHON scripts/check-trace.py $LOG/t08.json - 4"
 check "08 --help lists every flag with its default" 0 '--zero N .*\(default: 1\)' $MPIRUN -np 1 $L08 --help
 usage_error "08 bad input: tp x dp is not the world (tp 2, dp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 2 --dp 3
 usage_error "08 bad input: --tp not dividing the world (tp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 3
