@@ -34,20 +34,16 @@
 #include <string>
 #include <vector>
 
+#include "common/layers/ring_attention.h"
 #include "common/lesson/lesson.h"
 #include "kernels/kernels.h"
 
 using namespace ff;
 
 
-enum class Order { naive, evenodd, async };
-enum class Layout { contiguous, zigzag, striped };
-// Planted mistakes (--bug), each one the check must catch:
-//   dkv_local   dK/dV accumulated on the rank that computes them instead of travelling with
-//               their block (a well-known teaching version of ring attention does this)
-//   no_delta    dS = P * dP, forgetting the softmax Jacobian's row term delta = rowsum(dO * O)
-//   lse_no_log  the backward recomputes P = exp(s - m) from the max alone: P not normalised
-enum class Bug { none, dkv_local, no_delta, lse_no_log };
+using ring::Bug;
+using ring::Layout;
+using ring::Order;
 
 struct Config {
   int64_t B = 1, H = 2, S = 128, D = 16;
@@ -60,31 +56,10 @@ struct Config {
 };
 
 // ----------------------------------------------------------------------------
-// Layouts: which global token positions rank r holds (ascending). Every layout uses the one
-// split rule of the library (split_range), so S need not divide evenly.
-//   contiguous  tokens [r*S/P, (r+1)*S/P)
-//   zigzag      the sequence cut into 2P chunks; rank r holds chunks r and 2P-1-r, one early
-//               and one late, so every rank gets the same share of the causal triangle
-//   striped     token t on rank t mod P: every rank samples the sequence uniformly
-
-static std::vector<int64_t> layout_positions(Layout layout, int64_t S, int P, int r) {
-  std::vector<int64_t> pos;
-  auto add_range = [&](int64_t parts, int64_t part) {
-    int64_t b, e;
-    split_range(S, parts, part, &b, &e);
-    for (int64_t t = b; t < e; t++) pos.push_back(t);
-  };
-  // [slide:layouts]
-  switch (layout) {
-    case Layout::contiguous: add_range(P, r); break;
-    case Layout::zigzag: add_range(2 * P, r); add_range(2 * P, 2 * P - 1 - r); break;
-    case Layout::striped:
-      for (int64_t t = r; t < S; t += P) pos.push_back(t);
-      break;
-  }
-  // [/slide]
-  return pos;
-}
+// Layouts (ring::layout_positions, common/layers/ring_attention.cpp): which global token
+// positions rank r holds. contiguous: tokens [r*S/P, (r+1)*S/P); zigzag: the sequence cut into
+// 2P chunks, rank r holding chunks r and 2P-1-r, one early and one late, so every rank gets the
+// same share of the causal triangle; striped: token t on rank t mod P.
 
 // The positions the causal mask is built from: the global ones, or — the classic bug — the
 // rank-local indices 0..n-1, as if every block started the sequence.
@@ -119,10 +94,10 @@ static void put_tokens(Tensor& x, const Tensor& part, const std::vector<int64_t>
 // same rule, the score entries rank r computes over the whole ring — its share of the work.
 
 static int64_t ring_work(const Config& c, int P, int r) {
-  std::vector<int64_t> qpos = layout_positions(c.layout, c.S, P, r);
+  std::vector<int64_t> qpos = ring::layout_positions(c.layout, c.S, P, r);
   int64_t entries = 0;
   for (int owner = 0; owner < P; owner++) {
-    std::vector<int64_t> kpos = layout_positions(c.layout, c.S, P, owner);
+    std::vector<int64_t> kpos = ring::layout_positions(c.layout, c.S, P, owner);
     for (size_t i0 = 0; i0 < qpos.size(); i0 += kAttentionTile)
       for (size_t j0 = 0; j0 < kpos.size(); j0 += kAttentionTile) {
         size_t i1 = std::min(qpos.size(), i0 + kAttentionTile);
@@ -137,222 +112,29 @@ static int64_t ring_work(const Config& c, int P, int r) {
 }
 
 // ----------------------------------------------------------------------------
-// Moving blocks around the ring. A block is a few tensors (K and V; in the backward also dK,
-// dV) packed into one host buffer: one message per hop. Device tensors are staged through the
-// host, as every MPI buffer in this course (no CUDA-aware MPI assumed).
-
-static std::vector<float> pack(const std::vector<Tensor>& ts) {
-  std::vector<float> buf;
-  for (const Tensor& t : ts) {
-    std::vector<float> h = t.to_vector();
-    buf.insert(buf.end(), h.begin(), h.end());
-  }
-  return buf;
-}
-static void unpack(const std::vector<float>& buf, std::vector<Tensor*> ts, Device dev) {
-  size_t off = 0;
-  for (Tensor* t : ts) {
-    const Shape shape = t->shape();
-    std::vector<float> h(buf.begin() + (std::ptrdiff_t)off,
-                         buf.begin() + (std::ptrdiff_t)(off + (size_t)shape_numel(shape)));
-    off += h.size();
-    *t = Tensor::from_vector(h, shape, dev);
-  }
-}
-
-// One synchronous hop: send `out` to r+1, receive `in` from r-1, with MPI_Ssend, which returns
-// only once the receiver has started receiving (no buffering can hide an ordering mistake).
-//   naive:   everyone sends first. Every rank waits in Ssend for a receiver that is itself
-//            waiting in Ssend: a cycle of P waits, a deadlock for every P >= 2.
-//   evenodd: even ranks send then receive, odd ranks receive then send. Odd rank r+1 receives
-//            first, so even rank r's send completes; then r receives. With odd P the last rank
-//            P-1 is even and sends to rank 0, also even — but rank 0's own send goes to rank 1,
-//            which receives first, so rank 0 finishes sending and then receives from P-1. The
-//            chain of waits always reaches an odd rank that is receiving: no cycle, any P >= 2.
-static void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std::vector<float>& in,
-                     int tag) {
-  const int r = comm.rank(), P = comm.size(), next = (r + 1) % P, prev = (r + P - 1) % P;
-  const size_t out_bytes = out.size() * sizeof(float), in_bytes = in.size() * sizeof(float);
-  // [slide:hop-sync]
-  if (order == Order::naive || r % 2 == 0) {
-    comm.ssend(out.data(), out_bytes, next, tag);
-    comm.recv(in.data(), in_bytes, prev, tag);
-  } else {
-    comm.recv(in.data(), in_bytes, prev, tag);
-    comm.ssend(out.data(), out_bytes, next, tag);
-  }
-  // [/slide]
-}
-
-// One hop in the protocol --order asked for, the same in the forward and the backward:
-// start() before the step's compute, finish() after it. The synchronous orders do the whole
-// hop in finish() (hop_sync above); async posts the receive and the send in start() and waits
-// in finish(), so the transfer runs while the kernel computes (`out` and `in` are two
-// buffers: double buffering).
-struct Hop {
-  Hop(Comm& c, Order o, int t) : comm(c), order(o), tag(t) {}
-  Comm& comm;
-  Order order;
-  int tag;
-  std::vector<float> out, in;  // what goes to r+1; what comes from r-1 (sized by the caller)
-  std::vector<Request> reqs;
-
-  // [slide:hop]
-  void start() {
-    if (order != Order::async) return;
-    const int r = comm.rank(), P = comm.size();
-    reqs.push_back(comm.irecv(in.data(), in.size() * sizeof(float), (r + P - 1) % P, tag));
-    reqs.push_back(comm.isend(out.data(), out.size() * sizeof(float), (r + 1) % P, tag));
-  }
-  void finish() {
-    if (order == Order::async) comm.wait_all(reqs);
-    else hop_sync(comm, order, out, in, tag);
-  }
-  // [/slide]
-};
-
-// ----------------------------------------------------------------------------
-// The ring. Rank r starts with its own block; at step s it holds the block of rank
-// owner(s) = r - s (mod P), which arrived from r-1. P steps, P-1 hops in the forward.
+// The ring (common/layers/ring_attention.cpp, ring::forward and ring::backward). Rank r starts
+// with its own K/V block; at step s it holds the block of rank r - s (mod P), which arrived
+// from r-1, and folds it into its FlashAttention state (m, l, o) with flash_forward_block:
+// P steps, P-1 hops. Each hop's order is --order's (ring.cpp's Hop: start before the block's
+// compute, finish after it). The backward sends the blocks round again: dQ accumulates at home,
+// dK and dV travel WITH their block and arrive back at its owner after P hops, fully summed.
 
 struct Local {                    // this rank's tensors, (B, H, n, D) on the lesson's device
   Tensor q, k, v, dout;
   std::vector<int64_t> pos;       // global positions of the rank's tokens
 };
 
-struct Block {                    // the block that is passing through
-  Tensor k, v;
-  int owner = 0;
-};
-
-static Tensor positions_tensor(const Config& c, const std::vector<int64_t>& global) {
-  std::vector<int64_t> p = mask_positions(c, global);
-  return Tensor::from_indices(p, {(int64_t)p.size()}, c.dev);
-}
-
 static std::vector<int64_t> owner_positions(const Config& c, int P, int owner) {
-  return layout_positions(c.layout, c.S, P, owner);
+  return ring::layout_positions(c.layout, c.S, P, owner);
 }
 
-static Shape block_shape(const Config& c, int64_t n) { return {c.B, c.H, n, c.D}; }
-
-// Forward. Returns o (normalised), lse = m + log l and m, all on the device.
-static void ring_forward(Comm& comm, const Config& c, const Local& me, Tensor* o_out,
-                         Tensor* lse_out, Tensor* m_out) {
-  const int r = comm.rank(), P = comm.size();
-  const int64_t n = (int64_t)me.pos.size();
-  const KernelTable& kernels = kernels_for(c.dev);
-  const float scale = 1.f / std::sqrt((float)c.D);
-  Tensor o = Tensor::zeros(block_shape(c, n), c.dev);
-  Tensor m = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
-  Tensor l = Tensor::zeros({c.B, c.H, n}, c.dev);
-  Tensor qpos = positions_tensor(c, me.pos);
-
-  Block cur{me.k, me.v, r};
-  for (int s = 0; s < P; s++) {
-    const bool more = s < P - 1;
-    const int next_owner = (r - s - 1 + 2 * P) % P;
-    const int64_t n_next = (int64_t)owner_positions(c, P, next_owner).size();
-    // [slide:ring-fwd]
-    // the hop of this step: this block's K, V to r+1, the next block's from r-1
-    Hop kv{comm, c.order, s};
-    if (more) {
-      kv.out = pack({cur.k, cur.v});
-      kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
-      kv.start();
-    }
-    {
-      const std::vector<int64_t> kpos_h = owner_positions(c, P, cur.owner);
-      Trace::Scope span(trace(), "fwd block of rank " + std::to_string(cur.owner), "compute");
-      Tensor kpos = positions_tensor(c, kpos_h);
-      kernels.flash_forward_block(o.data(), m.data(), l.data(), me.q.data(), cur.k.data(), cur.v.data(),
-                            qpos.index_data(), kpos.index_data(), c.B * c.H, n,
-                            (int64_t)kpos_h.size(), c.D, scale, c.causal);
-    }
-    if (!more) break;
-    kv.finish();
-    // [/slide]
-    Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
-              next_owner};
-    unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
-    cur = nxt;
-  }
-  // The end of FlashAttention's forward: o /= l, and one number per row for the backward.
-  *o_out = div(o, reshape(l, {c.B, c.H, n, 1}));
-  *lse_out = add(m, log(l));
-  *m_out = m;
-}
-
-// Backward. dQ accumulates here; dK and dV of a block travel with it and are complete when
-// the block comes home: one hop more than the forward (P hops), the last one carrying only
-// dK and dV.
-static void ring_backward(Comm& comm, const Config& c, const Local& me, const Tensor& o,
-                          const Tensor& lse, const Tensor& m_for_bug, Tensor* dq_out,
-                          Tensor* dk_out, Tensor* dv_out) {
-  const int r = comm.rank(), P = comm.size();
-  const int64_t n = (int64_t)me.pos.size();
-  const KernelTable& kernels = kernels_for(c.dev);
-  const float scale = 1.f / std::sqrt((float)c.D);
-  // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
-  Tensor delta = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev)
-                                        : sum(mul(me.dout, o), -1);
-  const Tensor& lse_used = c.bug == Bug::lse_no_log ? m_for_bug : lse;
-  Tensor qpos = positions_tensor(c, me.pos);
-  Tensor dq = Tensor::zeros(block_shape(c, n), c.dev);
-  // the planted bug's accumulators: whatever this rank computes, for any block, lands here
-  Tensor dk_here = Tensor::zeros(block_shape(c, n), c.dev), dv_here = dk_here.clone();
-
-  Block cur{me.k, me.v, r};
-  Tensor dk = Tensor::zeros(block_shape(c, n), c.dev), dv = dk.clone();  // travel with cur
-  for (int s = 0; s < P; s++) {
-    const bool more = s < P - 1;
-    const int next_owner = (r - s - 1 + 2 * P) % P;
-    const int64_t n_cur = (int64_t)owner_positions(c, P, cur.owner).size();
-    const int64_t n_next = (int64_t)owner_positions(c, P, next_owner).size();
-    const int64_t blk = c.B * c.H * c.D;
-    // K, V are known before the compute: their hop starts now (async overlaps it)
-    Hop kv{comm, c.order, 100 + s};
-    if (more) {
-      kv.out = pack({cur.k, cur.v});
-      kv.in.resize((size_t)(2 * blk * n_next));
-      kv.start();
-    }
-    {
-      const std::vector<int64_t> kpos_h = owner_positions(c, P, cur.owner);
-      Trace::Scope span(trace(), "bwd block of rank " + std::to_string(cur.owner), "compute");
-      Tensor kpos = positions_tensor(c, kpos_h);
-      // (the bug needs equal block sizes, n_cur == n: main() checks)
-      Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here : dk;
-      Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here : dv;
-      kernels.flash_backward_block(dq.data(), dk_into.data(), dv_into.data(), me.q.data(), cur.k.data(),
-                             cur.v.data(), me.dout.data(), lse_used.data(), delta.data(),
-                             qpos.index_data(), kpos.index_data(), c.B * c.H, n, n_cur, c.D,
-                             scale, c.causal);
-    }
-    // [slide:ring-bwd-dkv]
-    if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
-    // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
-    Hop dkv{comm, c.order, 200 + s};
-    dkv.out = pack({dk, dv});
-    dkv.in.resize((size_t)(2 * blk * n_next));
-    dkv.start();
-    dkv.finish();
-    if (more) kv.finish();
-    Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
-              next_owner};
-    Tensor dk_next = Tensor::empty(block_shape(c, n_next)), dv_next = dk_next.clone();
-    if (more) unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
-    unpack(dkv.in, {&dk_next, &dv_next}, c.dev);
-    cur = nxt;
-    dk = dk_next;
-    dv = dv_next;
-    // [/slide]
-  }
-  // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
-  FF_CHECK(cur.owner == r, "ring bookkeeping: rank " << r << " ended with block " << cur.owner);
-  *dq_out = dq;
-  *dk_out = c.bug == Bug::dkv_local ? dk_here : dk;
-  *dv_out = c.bug == Bug::dkv_local ? dv_here : dv;
+// The ring's settings: the shapes, the order, the planted bug, and every rank's mask positions.
+static ring::Config ring_config(const Config& c, int P) {
+  ring::Config rc;
+  rc.B = c.B, rc.H = c.H, rc.D = c.D;
+  rc.causal = c.causal, rc.order = c.order, rc.bug = c.bug, rc.dev = c.dev;
+  for (int q = 0; q < P; q++) rc.positions.push_back(mask_positions(c, owner_positions(c, P, q)));
+  return rc;
 }
 
 // ----------------------------------------------------------------------------
@@ -408,10 +190,6 @@ static std::string describe_positions(const std::vector<int64_t>& pos) {
   for (auto& [a, b] : runs)
     out += (out.empty() ? "" : ",") + std::to_string(a) + (a == b ? "" : "-" + std::to_string(b));
   return out;
-}
-
-static const char* layout_name(Layout l) {
-  return l == Layout::contiguous ? "contiguous" : l == Layout::zigzag ? "zigzag" : "striped";
 }
 
 // Rank 0 gathers every rank's slice of a (B, H, n, D) tensor into (B, H, S, D) token order.
@@ -514,7 +292,7 @@ static int ring_attention_lesson(Lesson& lesson) {
       Config cl = c;
       cl.layout = l;
       if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
-      std::printf("  %s %-10s", l == c.layout ? "*" : " ", layout_name(l));
+      std::printf("  %s %-10s", l == c.layout ? "*" : " ", ring::layout_name(l));
       int64_t worst = 0, total = 0;
       for (int q = 0; q < P; q++) {
         int64_t w = ring_work(cl, P, q);
@@ -544,10 +322,11 @@ static int ring_attention_lesson(Lesson& lesson) {
   comm.barrier();
   lesson.start_trace();  // the trace covers the ring only
   const double t0 = MPI_Wtime();
-  Tensor o, lse, m, dq, dk, dv;
-  ring_forward(comm, c, me, &o, &lse, &m);
+  const ring::Config rc = ring_config(c, P);
+  const ring::Forward fw = ring::forward(comm, rc, me.q, me.k, me.v);
   const double t1 = MPI_Wtime();
-  ring_backward(comm, c, me, o, lse, m, &dq, &dk, &dv);
+  const ring::Backward bw = ring::backward(comm, rc, me.q, me.k, me.v, me.dout, fw);
+  const Tensor &o = fw.o, &lse = fw.lse, &dq = bw.dq, &dk = bw.dk, &dv = bw.dv;
   double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
   comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);
   if (rank == 0)
@@ -615,7 +394,7 @@ static int ring_attention_lesson(Lesson& lesson) {
     if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
     for (int q = 0; q < P; q++)
       rows += std::to_string(P) + "," + std::to_string(c.S) + "," + (c.causal ? "1" : "0") + "," +
-              layout_name(l) + "," + std::to_string(q) + "," + std::to_string(ring_work(cl, P, q)) + "\n";
+              ring::layout_name(l) + "," + std::to_string(q) + "," + std::to_string(ring_work(cl, P, q)) + "\n";
   }
   lesson.csv_append("P,S,causal,layout,rank,entries", rows);
   return lesson.finish(check);
