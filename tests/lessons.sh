@@ -323,7 +323,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L08=$B/08_mesh
-echo "== lesson 08: DP x TP mesh, ZeRO-1, sequence parallelism"
+echo "== lesson 08: DP x CP x TP mesh, ZeRO-1, sequence parallelism"
 # every mesh: each step's loss and mean gradients == one process's within 4 n eps, AdamW bit for
 # bit, replicas equal, communication == its formula, memory == seed 001's fp32 formula
 check "08 one process (P=1: tp 1, dp 1)" 0 '^check: PASS' $MPIRUN -np 1 $L08 --train 6
@@ -340,6 +340,16 @@ check "08 dp3 (P=3, ZeRO-1 padding: N not a multiple of 3) and dp4" 0 '^check: P
 check "08 three MoE layers, no dense one, no shared expert; a dense-only model (P=4, dp2 x tp2)" 0 '^check: PASS' \
   bash -c "$MPIRUN -np 4 $L08 --layers 3 --dense-layers 0 --shared 0 --train 4 && \
            $MPIRUN -np 4 $L08 --layers 2 --dense-layers 2 --train 4"
+check "08 cp2 (ring attention over MLA, zigzag), cp2 x tp2 + SP, cp2 x tp2 no SP + ZeRO-0 (P=2, 4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --cp 2 --train 4 && $MPIRUN -np 4 $L08 --cp 2 --train 4 && \
+           $MPIRUN -np 4 $L08 --cp 2 --sp off --zero 0 --train 4"
+check "08 cp2 x dp2, cp4, and cp3 (odd: 6 chunks of a 30-token sequence)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L08 --tp 1 --cp 2 --train 3 && $MPIRUN -np 4 $L08 --tp 1 --cp 4 --train 3 && \
+           $MPIRUN -np 3 $L08 --tp 1 --cp 3 --seq 30 --batch 3 --train 3"
+check "08 planted bug: the causal mask from local indices under CP (no error, no NaN: wrong loss)" 1 \
+  'loss of the mesh = one process.s .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --cp 2 --bug local-causal-mask --train 2
+check "08 planted bug: RoPE from local positions under CP" 1 'mean gradient of every weight .*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --cp 2 --bug local-rope-positions --train 2
 check "08 the communication counted per axis equals the formula, printed next to it (P=4)" 0 '^formula ok: tp and dp' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --train 2) || exit 1; echo \"\$out\" | grep -A1 '^  tp: ' | sed 's/^ *\(tp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && \
            echo \"\$out\" | grep -A1 '^  dp: ' | sed 's/^ *\(dp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && echo 'formula ok: tp and dp'"
@@ -382,14 +392,18 @@ usage_error "08 bad input: heads not a multiple of tp" $MPIRUN -np 3 $L08 --tp 3
 usage_error "08 bad input: batch not a multiple of dp" $MPIRUN -np 2 $L08 --tp 1 --batch 7
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
+usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30
+usage_error "08 bad input: tp x cp not dividing the world" $MPIRUN -np 4 $L08 --tp 2 --cp 3
+usage_error "08 bad input: --bug local-causal-mask without CP" $MPIRUN -np 2 $L08 --bug local-causal-mask
 usage_error "08 bad input: --topk above --experts" $MPIRUN -np 2 $L08 --topk 9
 usage_error "08 bad input: odd --d-rope" $MPIRUN -np 2 $L08 --d-rope 7
 usage_error "08 bad input: --bug f-no-allreduce under SP" $MPIRUN -np 2 $L08 --bug f-no-allreduce
 usage_error "08 bad input: --bug kpe-per-head with tp 2" $MPIRUN -np 2 $L08 --bug kpe-per-head
 usage_error "08 bad input: --prompt with a byte not in the text" $MPIRUN -np 2 $L08 --sample 5 --prompt "é"
 usage_error "08 bad input: --seq longer than the validation text" $MPIRUN -np 1 $L08 --seq 1000 --data tests/unit/main.cpp
-check "08 --device sim: the model's kernels under the emulator (dp1 x tp2 + SP, small shape)" 0 '^check: PASS' \
-  $MPIRUN -np 2 $L08 --device sim --train 2 --dim 32 --ffn 32 --batch 2 --seq 16
+check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: the ring's attention.cu kernels)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --device sim --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
+           $MPIRUN -np 2 $L08 --device sim --tp 1 --cp 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
 if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi

@@ -256,6 +256,9 @@ static int link_index(LinkClass c) { return c == LinkClass::intra ? 0 : 1; }
 // A send just posted: its bytes counted by class; with the model on, its modelled completion.
 void Comm::link_posted(Request& r) {
   if (r.peer < 0 || r.peer >= size_) return;  // MPI_PROC_NULL: nothing is sent
+  CollectiveCount& sent = (*counts_)["send"];  // point-to-point, next to the collectives
+  sent.calls++;
+  sent.bytes += r.bytes;
   const LinkClass c = link_class(r.peer);
   (c == LinkClass::self ? g_link.sent.self : c == LinkClass::intra ? g_link.sent.intra
                                                                    : g_link.sent.inter) += r.bytes;

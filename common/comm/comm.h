@@ -153,6 +153,8 @@ double cgroup_cpu_max_cores(const std::string& cpu_max);
 // included), everything a reduce-scatter reduces, what an all-to-all sends plus receives (the
 // figure its trace span shows). What goes over the wire depends on MPI's algorithm: a ring
 // all-reduce of n bytes sends 2 (P-1)/P n per rank, a ring all-gather or reduce-scatter (P-1)/P n.
+// Point-to-point sends (send, ssend, isend, issend, sendrecv and the tensor sends) count under
+// "send", with the bytes this rank sent.
 struct CollectiveCount {
   int64_t calls = 0;
   size_t bytes = 0;

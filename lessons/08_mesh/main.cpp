@@ -46,6 +46,7 @@
 
 #include "common/comm/mesh.h"
 #include "common/layers/model.h"
+#include "common/layers/ring_attention.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/layers/zero.h"
 #include "common/lesson/corpus.h"
@@ -57,7 +58,7 @@ using namespace ff;
 namespace {
 
 struct Options {
-  int64_t tp = 0, dp = 0, zero = 1;
+  int64_t tp = 0, dp = 0, cp = 1, zero = 1;
   bool sp = true, print_mesh = false;
   int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
   int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
@@ -199,6 +200,12 @@ struct MeshModel {
   Comm* tp = nullptr;
   bool sp = false, ce_local_softmax = false;
   int64_t v0 = 0;   // this rank's first vocabulary column
+  // CP: the ring over the cp group, and every CP rank's token positions within a sequence
+  // (zigzag: rank r holds chunks r and 2cp-1-r of the 2cp chunks). Planted bugs: the causal
+  // mask or RoPE from the rank-local indices 0..n-1 instead of the global positions.
+  Comm* cp = nullptr;
+  std::vector<std::vector<int64_t>> cp_positions;
+  bool local_mask = false, local_rope = false;
 
   // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
   // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
@@ -206,14 +213,49 @@ struct MeshModel {
   // Out of it: g (all-reduce of the partial sums), or under SP scatter_seq (reduce-scatter).
   Tensor leave(const Tensor& y) { return sp ? tp::scatter_seq(y, *tp) : tp::g(y, *tp); }
 
+  // [slide:cp-attention]
+  // MLA's heads over the CP ring: this rank's queries against every CP rank's keys and values
+  // (lesson 02's ring, common/layers/ring_attention.h). Per head q = [q_nope | q_pe] and
+  // k = [k_nope | k_pe] (k_pe, one per token, repeated for every head), so the two inner
+  // products are one of width d_nope + d_rope, the scale 1/sqrt(d_nope + d_rope) as MLA's; v is
+  // padded with zeros to that width. The blocks are (B, H, n, D): the ring's mask compares the
+  // global positions of every CP rank's tokens.
+  Tensor attention_cp(const model::Attention& a, const model::Latents& l, int64_t H, int64_t B,
+                      const Tensor& rope_pos) {
+    const int64_t n = l.c_q.size(0) / B, dn = c.d_nope, dr = c.d_rope, D = dn + dr;
+    Tensor q = reshape(matmul(l.c_q, a.w_uq), {B * n, H, D});
+    q = concat({slice(q, 2, 0, dn), rope(slice(q, 2, dn, D), rope_pos, c.rope_theta)}, 2);
+    Tensor k_pe = l.k_pe.size(1) == dr ? concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {B * n, 1, dr})), 1)
+                                       : reshape(l.k_pe, {B * n, H, dr});  // --bug kpe-per-head
+    Tensor k = concat({reshape(matmul(l.c_kv, a.w_uk), {B * n, H, dn}), k_pe}, 2);
+    Tensor v = reshape(matmul(l.c_kv, a.w_uv), {B * n, H, c.d_v});
+    if (c.d_v < D) v = concat({v, Tensor::zeros({B * n, H, D - c.d_v}, v.device())}, 2);
+    auto blocks = [&](const Tensor& t) { return transpose(reshape(t, {B, n, H, D}), 1, 2); };
+    ring::Config rc;
+    rc.B = B, rc.H = H, rc.D = D, rc.causal = true, rc.order = ring::Order::async;
+    rc.dev = q.device();
+    rc.positions = cp_positions;
+    if (local_mask)  // the silent bug: every rank's mask as if its block started the sequence
+      for (std::vector<int64_t>& pos : rc.positions)
+        for (size_t i = 0; i < pos.size(); i++) pos[i] = (int64_t)i;
+    Tensor o = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));       // (B, H, n, D)
+    o = reshape(transpose(slice(o, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
+    return matmul(o, a.w_o);
+  }
+  // [/slide]
+
   // [slide:mesh-forward]
-  // inputs, targets: this DP rank's (B, T) sequences. Returns the mean loss over its B T tokens
-  // (the same on every TP rank); routes gets each MoE layer's chosen experts for this rank's
-  // tokens (all B T of them, or its own slice under SP).
+  // inputs, targets: this rank's (B, T) sequences (under CP its T = seq / cp tokens of each).
+  // Returns the mean loss over its B T tokens (the same on every TP rank); routes gets each MoE
+  // layer's chosen experts for this rank's tokens (all B T of them, or its own slice under SP).
   Tensor forward(const Tensor& inputs, const Tensor& targets, std::vector<Tensor>* routes) {
     const int64_t B = inputs.size(0), T = inputs.size(1), n = B * T;
     const Device dev = p.embed.device();
-    const Tensor pos_all = model::tile_positions(model::positions(T, dev), B);  // (B T)
+    std::vector<int64_t> seq_pos = cp_positions[(size_t)cp->rank()];  // global, for RoPE
+    if (local_rope)
+      for (size_t i = 0; i < seq_pos.size(); i++) seq_pos[i] = (int64_t)i;
+    const Tensor pos_all = model::tile_positions(
+        Tensor::from_indices(seq_pos, {T}, dev), B);                          // (B T)
     std::vector<int64_t> ids = inputs.to_index_vector();
     Tensor pos = pos_all;
     if (sp) {  // this rank's slice of the B T token rows
@@ -236,7 +278,8 @@ struct MeshModel {
       Tensor joined = enter(concat({lat.c_q, lat.c_kv, lat.k_pe}, 1));
       lat = {slice(joined, 1, 0, rq), slice(joined, 1, rq, rq + rkv),
              slice(joined, 1, rq + rkv, rq + rkv + rk)};
-      x = add(x, leave(model::attention_heads(c, H, b.attn, lat, B, pos_all)));
+      x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, B, pos_all)
+                                        : attention_cp(b.attn, lat, H, B, pos_all)));
       // FFN: dense SwiGLU column- then row-parallel; the MoE replicated, on this rank's tokens
       u = rmsnorm(x, b.ffn_norm, c.norm_eps);
       if (!b.moe) {
@@ -442,6 +485,32 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
 }
 // [/slide]
 
+// [slide:cp-formula]
+// CP: the ring's point-to-point messages ("send"), per attention layer: the forward passes every
+// K/V block on, P - 1 hops; the backward passes them again (P - 1 hops) and dK/dV travel with
+// them back to their owner (P hops). Each message is a block of this rank's B sequences x n
+// tokens x its H / tp heads x (d_nope + d_rope) for K and the same for V (padded), or dK, dV.
+std::map<std::string, CollectiveCount> formula_cp(const model::Config& c, int64_t B, int64_t n,
+                                                  int tp, int P) {
+  std::map<std::string, CollectiveCount> f;
+  if (P == 1) return f;
+  const int64_t hops = (int64_t)(P - 1) + (P - 1) + P;
+  const size_t block = (size_t)(2 * B * (c.heads / tp) * n * (c.d_nope + c.d_rope)) * sizeof(float);
+  f["send"] = {c.layers * hops, (size_t)(c.layers * hops) * block};
+  return f;
+}
+// [/slide]
+
+// The columns `cols` of an int64 (B, T) token batch: a CP rank's tokens of every sequence.
+Tensor take_columns(const Tensor& t, const std::vector<int64_t>& cols) {
+  const int64_t B = t.size(0), T = t.size(1);
+  const std::vector<int64_t> all = t.to_index_vector();
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t j : cols) out.push_back(all[(size_t)(b * T + j)]);
+  return Tensor::from_indices(out, {B, (int64_t)cols.size()}, t.device());
+}
+
 std::string counts_text(const CollectiveCounts& m) {
   std::ostringstream o;
   bool first = true;
@@ -507,7 +576,9 @@ int mesh_lesson(Lesson& L) {
       "mesh (ZeRO-1, sequence parallelism); every step checked against one process.");
   cli.flag("--tp", &o.tp, "tensor-parallel ranks: attention heads, dense FFN, LM head (0: 2 when "
            "the world size is even, else 1)", 0, 64);
-  cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / tp)", 0, 4096);
+  cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / (tp cp))", 0, 4096);
+  cli.flag("--cp", &o.cp, "context-parallel ranks: each sequence's tokens in the zigzag layout, "
+           "attention by lesson 02's ring", 1, 64);
   cli.flag("--zero", &o.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
   std::string sp = "auto";
   cli.choice("--sp", &sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
@@ -544,7 +615,7 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--data", &o.data, "the training text (its distinct bytes are the vocabulary)");
   cli.choice("--bug", &o.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
-              "zero-no-divide", "zero-stale-shard"},
+              "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
       "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
@@ -566,10 +637,11 @@ int mesh_lesson(Lesson& L) {
   }
   MeshSizes sizes;
   sizes.tp = (int)o.tp;
-  sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % o.tp == 0 ? L.size() / (int)o.tp : 0);
-  L.usage_error_if(sizes.dp == 0, "--tp " + std::to_string(o.tp) + " does not divide the world of " +
-                                      std::to_string(L.size()) + " ranks; give --tp and --dp whose "
-                                      "product is the world size");
+  sizes.cp = (int)o.cp;
+  sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % (o.tp * o.cp) == 0 ? L.size() / (int)(o.tp * o.cp) : 0);
+  L.usage_error_if(sizes.dp == 0, "--tp " + std::to_string(o.tp) + " x --cp " + std::to_string(o.cp) +
+                                      " does not divide the world of " + std::to_string(L.size()) +
+                                      " ranks; give --tp, --cp and --dp whose product is the world size");
   L.usage_error_if(!check_mesh(sizes, L.size()).empty(), check_mesh(sizes, L.size()));
   if (o.print_mesh) {
     if (L.rank() == 0) {
@@ -579,7 +651,8 @@ int mesh_lesson(Lesson& L) {
                   sizes.world(), mesh_groups_text(sizes).c_str());
       for (int r = 0; r < L.size(); r++) {
         const MeshCoords co = mesh_coords(sizes, r);
-        std::printf("  rank %d: %s  tp %d, dp %d\n", r, mesh_name(sizes, r).c_str(), co.tp, co.dp);
+        std::printf("  rank %d: %s  tp %d, cp %d, dp %d\n", r, mesh_name(sizes, r).c_str(), co.tp,
+                    co.cp, co.dp);
       }
     }
     return L.finish(0);
@@ -591,8 +664,16 @@ int mesh_lesson(Lesson& L) {
   L.usage_error_if(o.batch % sizes.dp != 0, "--batch " + std::to_string(o.batch) + " must be a "
                    "multiple of dp " + std::to_string(sizes.dp) + " (every DP rank takes as many sequences)");
   const int64_t B = o.batch / sizes.dp, T = o.seq;
-  L.usage_error_if(o.sp && (B * T) % o.tp != 0,
-                   "--sp: the " + std::to_string(B * T) + " tokens of a DP rank (batch / dp x seq) "
+  L.usage_error_if(o.cp > 1 && T % (2 * o.cp) != 0,
+                   "--seq " + std::to_string(T) + " must be a multiple of 2 x --cp = " +
+                       std::to_string(2 * o.cp) + " (the zigzag layout cuts each sequence into 2 cp "
+                       "equal chunks)");
+  L.usage_error_if(o.cp > 1 && o.d_v > o.d_nope + o.d_rope,
+                   "--cp > 1 needs --d-v <= --d-nope + --d-rope (the ring's blocks carry v padded to "
+                   "the query/key width)");
+  const int64_t Tc = T / o.cp;  // tokens of each sequence on one CP rank
+  L.usage_error_if(o.sp && (B * Tc) % o.tp != 0,
+                   "--sp: the " + std::to_string(B * Tc) + " tokens of a rank (batch / dp x seq / cp) "
                    "must be a multiple of --tp " + std::to_string(o.tp));
   L.usage_error_if(o.dense_layers > o.layers, "--dense-layers " + std::to_string(o.dense_layers) +
                    " must be at most --layers " + std::to_string(o.layers));
@@ -607,8 +688,11 @@ int mesh_lesson(Lesson& L) {
                    "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                    "reduce-scatter takes f's all-reduce's place)");
   L.usage_error_if(o.bug == "ce-local-softmax" && o.tp == 1, "--bug ce-local-softmax needs --tp > 1");
-  L.usage_error_if(o.bug.rfind("zero-", 0) == 0 && (o.zero != 1 || sizes.dp == 1),
-                   "--bug " + o.bug + " needs --zero 1 and dp > 1");
+  L.usage_error_if(o.bug.rfind("zero-", 0) == 0 && (o.zero != 1 || sizes.dp * sizes.cp == 1),
+                   "--bug " + o.bug + " needs --zero 1 and dp x cp > 1");
+  L.usage_error_if((o.bug == "local-causal-mask" || o.bug == "local-rope-positions") && o.cp == 1,
+                   "--bug " + o.bug + " needs --cp > 1 (with one CP rank local and global positions "
+                   "are the same)");
   CharCorpus corpus;
   const std::string err = CharCorpus::try_load(o.data, &corpus);
   L.usage_error_if(!err.empty(), err);
@@ -638,15 +722,29 @@ int mesh_lesson(Lesson& L) {
   // ---- the mesh, the model on it, the optimizer
   Mesh mesh(L.comm, sizes);
   Comm check_world = L.comm.split(0, L.rank());  // the check's own traffic, counted apart
-  Comm check_dp = mesh.dp().split(0, mesh.dp().rank());
+  // DP and CP ranks hold the same weights and see different tokens: the gradients are averaged
+  // over both (mesh.dp_cp(), W ranks), and ZeRO-1 shards the optimizer over them
+  Comm& data = mesh.dp_cp();
+  const int W = data.size();
+  Comm check_dp = data.split(0, data.rank());
   const int t = mesh.coords().tp;
   const model::Params full = model::init_params(c, (uint64_t)L.flags.seed, L.device);
-  MeshModel mm{c, shard_model(c, full, t, sizes.tp, bug_kpe), &mesh.tp(), o.sp,
-               o.bug == "ce-local-softmax", 0};
+  MeshModel mm;
+  mm.c = c;
+  mm.p = shard_model(c, full, t, sizes.tp, bug_kpe);
+  mm.tp = &mesh.tp();
+  mm.sp = o.sp;
+  mm.ce_local_softmax = o.bug == "ce-local-softmax";
   {
     int64_t e;
     split_range(c.vocab, sizes.tp, t, &mm.v0, &e);
   }
+  mm.cp = &mesh.cp();
+  for (int r = 0; r < sizes.cp; r++)
+    mm.cp_positions.push_back(ring::layout_positions(ring::Layout::zigzag, T, sizes.cp, r));
+  mm.local_mask = o.bug == "local-causal-mask";
+  mm.local_rope = o.bug == "local-rope-positions";
+  const std::vector<int64_t>& my_cols = mm.cp_positions[(size_t)mesh.coords().cp];
   std::vector<std::string> names;
   std::vector<Shape> full_shapes;
   std::vector<Tensor*> params;
@@ -673,9 +771,9 @@ int mesh_lesson(Lesson& L) {
   std::unique_ptr<zero::DataParallelAdam> opt0;
   std::unique_ptr<zero::Zero1Adam> opt1;
   if (o.zero == 0)
-    opt0 = std::make_unique<zero::DataParallelAdam>(mesh.dp(), ac);
+    opt0 = std::make_unique<zero::DataParallelAdam>(data, ac);
   else
-    opt1 = std::make_unique<zero::Zero1Adam>(mesh.dp(), ac, zbug);
+    opt1 = std::make_unique<zero::Zero1Adam>(data, ac, zbug);
   if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
 
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
@@ -694,8 +792,9 @@ int mesh_lesson(Lesson& L) {
   }
 
   if (L.rank() == 0) {
-    std::printf("mesh %s: dp %d x tp %d = %d ranks, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
-                sizes.dp, sizes.tp, sizes.world(), (long long)o.zero, o.sp ? "on" : "off",
+    std::printf("mesh %s: dp %d x %stp %d = %d ranks, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+                sizes.dp, sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "",
+                sizes.tp, sizes.world(), (long long)o.zero, o.sp ? "on" : "off",
                 o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
     std::printf("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
                 "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
@@ -703,10 +802,13 @@ int mesh_lesson(Lesson& L) {
                 (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
                 (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
                 (long long)full_numel, (long long)local_numel);
-    std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank; AdamW lr %g\n\n",
-                (long long)o.batch, (long long)T, (long long)B, o.lr);
-    std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s\n", "step", "loss (mesh)",
-                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes");
+    std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
+                (long long)o.batch, (long long)T, (long long)B,
+                sizes.cp > 1 ? (", " + std::to_string(Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
+                o.lr);
+    std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
+                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
+                sizes.cp > 1 ? "    CP bytes" : "");
   }
 
   // ---- training
@@ -721,7 +823,7 @@ int mesh_lesson(Lesson& L) {
   std::string disagree, comm_detail, adam_detail = "-";
   int64_t checked_steps = 0;
   double first_loss_ratio = 0;  // step 0: both from the initial weights
-  CollectiveCounts last_tp, last_dp;
+  CollectiveCounts last_tp, last_dp, last_cp;
   std::ostringstream csv;
   L.start_trace();
   double train_s = 0;
@@ -730,10 +832,12 @@ int mesh_lesson(Lesson& L) {
     const bool logging = step % o.log_every == 0 || step + 1 == o.steps;
     const auto t0 = std::chrono::steady_clock::now();
     mesh.tp().reset_collective_counts();
-    mesh.dp().reset_collective_counts();
+    data.reset_collective_counts();
+    mesh.cp().reset_collective_counts();
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
     CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, o.batch, T, row0, row0 + B,
                                            (uint64_t)L.flags.seed);
+    batch = {take_columns(batch.inputs, my_cols), take_columns(batch.targets, my_cols)};
 
     // [slide:step]
     // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens)
@@ -773,31 +877,33 @@ int mesh_lesson(Lesson& L) {
     // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
     if (opt0) opt0->step(params); else opt1->step(params);
     // 4. the balancing bias from the loads of the whole global batch
-    if (sizes.dp > 1 && !load.empty()) mesh.dp().allreduce_sum(load.data(), load.size());
+    if (W > 1 && !load.empty()) data.allreduce_sum(load.data(), load.size());
     update_biases(mm.p, load, c.experts, o.bias_rate);
     // [/slide]
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_tp = mesh.tp().collective_counts();
-    last_dp = mesh.dp().collective_counts();
-    const bool tp_ok = same_counts(last_tp, formula_tp(c, B * T, sizes.tp, o.sp, replicated_numel));
-    const bool dp_ok = same_counts(last_dp, formula_dp(c, local_numel, sizes.dp, (int)o.zero));
-    if ((!tp_ok || !dp_ok) && comm_equal) {
+    last_dp = data.collective_counts();
+    last_cp = mesh.cp().collective_counts();
+    const bool tp_ok = same_counts(last_tp, formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel));
+    const bool dp_ok = same_counts(last_dp, formula_dp(c, local_numel, W, (int)o.zero));
+    const bool cp_ok = same_counts(last_cp, formula_cp(c, B, Tc, sizes.tp, sizes.cp));
+    if ((!tp_ok || !dp_ok || !cp_ok) && comm_equal) {
       comm_equal = false;
-      comm_detail = "step " + std::to_string(step) + ": " + (tp_ok ? "dp " : "tp ") +
-                    counts_text(tp_ok ? last_dp : last_tp);
+      comm_detail = "step " + std::to_string(step) + ": " + (!tp_ok ? "tp " : !dp_ok ? "dp " : "cp ") +
+                    counts_text(!tp_ok ? last_tp : !dp_ok ? last_dp : last_cp);
     }
 
     // ---- the check (its traffic on check_world / check_dp, not counted above)
     Trace::Category check_traffic(trace(), "check");
     double loss_mesh = loss.to_vector()[0];
     check_dp.allreduce(&loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
-    loss_mesh /= sizes.dp;
+    loss_mesh /= W;
     // the mean gradient each rank's optimizer used, and the weights after its step
     std::vector<Tensor> mean_grads;
     if (opt0) {
       for (Tensor* p : params) mean_grads.push_back(p->grad());
     } else {
-      std::vector<float> flat((size_t)(opt1->shard_size() * sizes.dp));
+      std::vector<float> flat((size_t)(opt1->shard_size() * W));
       check_dp.allgather(opt1->grad_shard().to_vector().data(), (size_t)opt1->shard_size() * sizeof(float),
                          flat.data());
       size_t at = 0;
@@ -919,35 +1025,44 @@ int mesh_lesson(Lesson& L) {
     if (L.rank() == 0) {
       const double bound = 4.0 * n_terms * eps * std::max(1.0, std::fabs(loss_ref));
       if (logging) {
+        const std::string cp_col =
+            sizes.cp > 1 ? "  " + std::string(10 - std::min<size_t>(10, human_bytes((double)sum_bytes(last_cp)).size()), ' ') +
+                               human_bytes((double)sum_bytes(last_cp))
+                         : "";
         if (checking)
-          std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s\n", (long long)step,
+          std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s%s\n", (long long)step,
                       loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, grad_ratio,
                       step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
-                      human_bytes((double)sum_bytes(last_dp)).c_str());
+                      human_bytes((double)sum_bytes(last_dp)).c_str(), cp_col.c_str());
         else
-          std::printf("%5lld  %11.6f  %13s  %9s  %9s  %8s  %6s  %10s  %10s\n", (long long)step, loss_mesh,
+          std::printf("%5lld  %11.6f  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", (long long)step, loss_mesh,
                       "-", "-", "-", "-", step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
-                      human_bytes((double)sum_bytes(last_dp)).c_str());
+                      human_bytes((double)sum_bytes(last_dp)).c_str(), cp_col.c_str());
       }
       char row[256];
-      std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,\n",
+      std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu\n",
                     sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh,
-                    loss_ref, grad_ratio, sum_bytes(last_tp), sum_bytes(last_dp));
+                    loss_ref, grad_ratio, sum_bytes(last_tp), sum_bytes(last_dp), sizes.cp,
+                    sum_bytes(last_cp));
       csv << row;
     }
   }
 
   // ---- memory, communication per axis, the estimate
   const zero::Memory mem = opt0 ? opt0->memory(params) : opt1->memory(params);
-  const zero::Memory want = zero::formula(local_numel, sizes.dp, (int)o.zero);
+  const zero::Memory want = zero::formula(local_numel, W, (int)o.zero);
   if (L.rank() == 0) {
     std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
     std::printf("  tp: %s\n      formula: %s\n", counts_text(last_tp).c_str(),
-                counts_text(formula_tp(c, B * T, sizes.tp, o.sp, replicated_numel)).c_str());
-    std::printf("  dp: %s\n      formula: %s\n", counts_text(last_dp).c_str(),
-                counts_text(formula_dp(c, local_numel, sizes.dp, (int)o.zero)).c_str());
+                counts_text(formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel)).c_str());
+    if (sizes.cp > 1)
+      std::printf("  cp: %s\n      formula: %s\n", counts_text(last_cp).c_str(),
+                  counts_text(formula_cp(c, B, Tc, sizes.tp, sizes.cp)).c_str());
+    std::printf("  %s: %s\n      formula: %s\n", sizes.cp > 1 ? "dp x cp" : "dp", counts_text(last_dp).c_str(),
+                counts_text(formula_dp(c, local_numel, W, (int)o.zero)).c_str());
     std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
-                "(ZeRO-%lld, dp %d)\n", (long long)local_numel, (long long)o.zero, sizes.dp);
+                "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
+                sizes.cp > 1 ? "dp x cp" : "dp", W);
     std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)mem.params).c_str(),
                 human_bytes((double)want.params).c_str());
     std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)mem.grads).c_str(),
@@ -957,26 +1072,26 @@ int mesh_lesson(Lesson& L) {
     std::printf("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
                 human_bytes((double)mem.buffers).c_str());
     std::printf("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
-                human_bytes(zero::mixed_precision_bytes(local_numel, sizes.dp, 0)).c_str(),
-                human_bytes(zero::mixed_precision_bytes(local_numel, sizes.dp, 1)).c_str());
+                human_bytes(zero::mixed_precision_bytes(local_numel, W, 0)).c_str(),
+                human_bytes(zero::mixed_precision_bytes(local_numel, W, 1)).c_str());
     const double steps_s = train_s / (double)std::max<int64_t>(o.steps, 1);
     std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded), %.0f tokens/s\n",
                 steps_s * 1e3, (double)(o.batch * T) / steps_s);
     char row[256];
-    std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu\n", sizes.dp,
+    std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,\n", sizes.dp,
                   sizes.tp, (long long)o.zero, (int)o.sp, mem.params, mem.grads, mem.optimizer,
-                  mem.buffers, want.params + want.grads + want.optimizer);
+                  mem.buffers, want.params + want.grads + want.optimizer, sizes.cp);
     csv << row;
   }
   if (o.estimate == "run" && L.rank() == 0) {
     estimate::Parallel par;
-    par.tp = sizes.tp, par.dp = sizes.dp, par.zero = (int)o.zero, par.sp = o.sp;
+    par.tp = sizes.tp, par.dp = sizes.dp, par.cp = sizes.cp, par.zero = (int)o.zero, par.sp = o.sp;
     estimate::Measured meas{local_numel, (double)mem.params, (double)mem.grads, (double)mem.optimizer};
     std::printf("\n%s", estimate::report(estimate::tiny(c, B), par, meas).c_str());
   }
   // one file for the figures: a row per step (loss, the check, bytes per axis) and one for memory
   L.csv_append("kind,dp,tp,zero,sp,step,loss_mesh,loss_ref,grad_err_ratio,tp_bytes,dp_bytes,"
-               "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total",
+               "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total,cp,cp_bytes",
                csv.str());
 
   // ---- after training: the validation loss of the mesh and of one process (the mean over
@@ -988,10 +1103,11 @@ int mesh_lesson(Lesson& L) {
     for (int64_t k = 0; k < o.val_batches; k++) {
       CharCorpus::Batch vb = corpus.batch(CharCorpus::Split::val, k, o.batch, T, row0, row0 + B,
                                           (uint64_t)L.flags.seed);
+      vb = {take_columns(vb.inputs, my_cols), take_columns(vb.targets, my_cols)};
       std::vector<Tensor> routes;
       double v = mm.forward(vb.inputs.to(L.device), vb.targets.to(L.device), &routes).to_vector()[0];
       check_dp.allreduce(&v, 1, MPI_DOUBLE, MPI_SUM);
-      v /= sizes.dp;
+      v /= W;
       if (k == 0) val0_mesh = v;
       val_mesh += v / (double)o.val_batches;
       if (L.rank() == 0) {

@@ -1375,6 +1375,13 @@ TEST_CASE("collective counters: calls and payload bytes per operation, shared by
   CHECK(c.at("bcast").calls == 1);
   CHECK(c.at("bcast").bytes == 8);
   CHECK(c.size() == 4);
+  if (P > 1) {  // a point-to-point send counts under "send" with the bytes this rank sent
+    const int next = (w.rank() + 1) % P, prev = (w.rank() + P - 1) % P;
+    float in[3] = {};
+    w.sendrecv(x.data(), 3 * sizeof(float), next, 7, in, sizeof in, prev, 7);
+    CHECK(w.collective_counts().at("send").calls == 1);
+    CHECK(w.collective_counts().at("send").bytes == 3 * sizeof(float));
+  }
   Comm child = w.split(0, w.rank());
   CHECK(child.collective_counts().empty());
   child.barrier();
