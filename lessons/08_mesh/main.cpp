@@ -158,6 +158,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
     tp.allgather(mine.data(), mine.size() * sizeof(float), all.data());
   else
     all = mine;
+  // [slide:ce-merge]
   std::vector<float> m((size_t)n), l((size_t)n);
   double loss = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -173,6 +174,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
     loss += mm + std::log(ll) - zt;
     if (local_softmax) m[(size_t)i] = mine[(size_t)(3 * i)], l[(size_t)i] = mine[(size_t)(3 * i + 1)];
   }
+  // [/slide:ce-merge]
   Tensor out = Tensor::from_vector({(float)(loss / (double)n)}, {}, logits.device());
   const Device dev = logits.device();
   return record(out, "vocab_parallel_cross_entropy", {logits},
@@ -223,6 +225,7 @@ struct MeshModel {
   Tensor attention_cp(const model::Attention& a, const model::Latents& l, int64_t H, int64_t B,
                       const Tensor& rope_pos) {
     const int64_t n = l.c_q.size(0) / B, dn = c.d_nope, dr = c.d_rope, D = dn + dr;
+    // [slide:cp-ring]
     Tensor q = reshape(matmul(l.c_q, a.w_uq), {B * n, H, D});
     q = concat({slice(q, 2, 0, dn), rope(slice(q, 2, dn, D), rope_pos, c.rope_theta)}, 2);
     Tensor k_pe = l.k_pe.size(1) == dr ? concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {B * n, 1, dr})), 1)
@@ -239,6 +242,7 @@ struct MeshModel {
       for (std::vector<int64_t>& pos : rc.positions)
         for (size_t i = 0; i < pos.size(); i++) pos[i] = (int64_t)i;
     Tensor o = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));       // (B, H, n, D)
+    // [/slide:cp-ring]
     o = reshape(transpose(slice(o, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
     return matmul(o, a.w_o);
   }
@@ -270,6 +274,7 @@ struct MeshModel {
     mc.seq_len = T;
     Tensor x = embedding(p.embed, Tensor::from_indices(ids, {(int64_t)ids.size()}, dev));
     for (const model::Block& b : p.layers) {
+      // [slide:mla-f]
       // attention: the latents from the replicated down-projections (each rank's own tokens
       // under SP), into the TP region as one tensor, this rank's heads, out through W_o's rows
       Tensor u = rmsnorm(x, b.attn_norm, c.norm_eps);
@@ -280,6 +285,7 @@ struct MeshModel {
              slice(joined, 1, rq + rkv, rq + rkv + rk)};
       x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, B, pos_all)
                                         : attention_cp(b.attn, lat, H, B, pos_all)));
+      // [/slide:mla-f]
       // FFN: dense SwiGLU column- then row-parallel; the MoE replicated, on this rank's tokens
       u = rmsnorm(x, b.ffn_norm, c.norm_eps);
       if (!b.moe) {
@@ -849,6 +855,7 @@ int mesh_lesson(Lesson& L) {
       loss = mm.forward(batch.inputs.to(L.device), batch.targets.to(L.device), &routes);
       loss.backward();
     }
+    // [slide:sp-grads]
     // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
     //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
     std::vector<float> load = expert_loads(routes, c.experts);
@@ -864,6 +871,7 @@ int mesh_lesson(Lesson& L) {
         flat.insert(flat.end(), v.begin(), v.end());
       }
       mesh.tp().allreduce_sum(flat.data(), flat.size());
+      // [/slide:sp-grads]
       size_t at = 0;
       for (Tensor* p : reps) {
         const size_t n = (size_t)p->numel();
