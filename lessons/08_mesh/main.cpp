@@ -1,10 +1,10 @@
 // Lesson 08, part 1 — a tiny DeepSeek-style language model on a rank grid: data parallelism
-// with ZeRO-1, tensor parallelism with sequence parallelism, and the memory and communication
-// they cost.
+// with ZeRO-1, tensor parallelism with sequence parallelism, context parallelism by lesson 02's
+// ring, and the memory and communication they cost.
 //
 // What: a character-level decoder (common/layers/model.h: Multi-head Latent Attention, a dense
 //   SwiGLU block, then lesson 05's DeepSeek-V3 MoE) trained on tinyshakespeare by the ranks of
-//   a DP x TP mesh (common/comm/mesh.h, Megatron-LM's order: tp fastest).
+//   a DP x CP x TP mesh (common/comm/mesh.h, Megatron-LM's order: tp fastest).
 //     DP  each DP rank takes B / dp of the global batch's sequences; the gradients are averaged
 //         over DP by the optimizer: ZeRO-0 (one all-reduce, AdamW everywhere) or ZeRO-1
 //         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather).
@@ -20,6 +20,9 @@
 //         reduce-scatter after the row-parallel ones, and the gradients of every replicated
 //         weight (the RMSNorm weights among them) are summed over TP, since each rank saw only
 //         its tokens.
+//     CP  (--cp) each sequence's tokens split over the CP ranks in the zigzag layout; attention
+//         runs lesson 02's ring (common/layers/ring_attention.h) over MLA's per-head keys and
+//         values, the mask and RoPE from global positions; gradients averaged over DP x CP.
 // Why: a model too big for one GPU in memory (ZeRO: the optimizer state split) or in compute
 //   and activations (TP, SP); DeepSeek-V3 itself trains with DP + ZeRO-1, PP and EP, no TP
 //   (--estimate deepseek-v3 says what that costs).
@@ -30,6 +33,7 @@
 //   replica of a weight holds the same bits; the communication per axis equals its formula.
 // Run:  make run L=08                                   (4 ranks: DP 2 x TP 2, SP, ZeRO-1)
 //       make run L=08 NP=4 ARGS="--tp 1 --zero 0"       (plain data parallelism)
+//       make run L=08 NP=4 ARGS="--cp 2"                (CP 2 x TP 2: the ring inside TP)
 //       make run L=08 NP=1 ARGS="--estimate deepseek-v3" (the memory model of the real thing)
 #include <algorithm>
 #include <chrono>
