@@ -582,8 +582,8 @@ int mesh_lesson(Lesson& L) {
   Options o;
   Cli& cli = L.cli;
   cli.summary(
-      "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x TP "
-      "mesh (ZeRO-1, sequence parallelism); every step checked against one process.");
+      "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x CP x TP "
+      "mesh (ZeRO-1, sequence parallelism, ring attention); every step checked against one process.");
   cli.flag("--tp", &o.tp, "tensor-parallel ranks: attention heads, dense FFN, LM head (0: 2 when "
            "the world size is even, else 1)", 0, 64);
   cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / (tp cp))", 0, 4096);
