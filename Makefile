@@ -12,7 +12,7 @@
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
 #   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
 #                   lesson 04's all-to-alls as ratios to MPI_Alltoallv, lesson 06's hidden
-#                   fraction
+#                   fraction, lesson 08's training step vs PyTorch
 #   make clean
 #
 # Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
@@ -200,7 +200,7 @@ $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 # reference is a fair one. The bench prints the kernels OpenBLAS used.
 OPENBLAS_CORETYPE ?= $(if $(findstring AVX-512,$(CPU_ISA)),SkylakeX,$(if $(findstring AVX2,$(CPU_ISA)),Haswell))
 bench: deps
-	@FIVEFOLD_WITH_OPENBLAS=1 bash scripts/install-deps.sh
+	@FIVEFOLD_WITH_OPENBLAS=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
 	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
@@ -209,6 +209,9 @@ bench: deps
 	@for p in test thread; do out=$$($(MPIRUN) -np 4 $(BUILD)/bin/06_overlap --progress $$p --reps 3) || \
 	  { echo "$$out"; exit 1; }; echo "$$out" | sed -n "/^  rank  compute/,/^     3 /p; \
 	  s/^hidden fraction/--progress $$p: hidden fraction/p"; done
+	@echo "lesson 08: one training step of the single-process model, tokens/s, against PyTorch"
+	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh
+	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh --dim 256 --batch 16 --seq 64
 
 test: deps
 	@$(MAKE) --no-print-directory build

@@ -5,9 +5,10 @@ set -euo pipefail
 
 packages=(openmpi-bin libopenmpi-dev doctest-dev libboost-context-dev
           python3-matplotlib python3-numpy)
-# PyTorch is needed only to regenerate the golden data (make reference), Chromium only to
-# render the slides to PDF and PNG (make slides), OpenBLAS only as the reference make bench
-# times the cpu matmul against (linked into the bench alone: the lessons stay BLAS-free).
+# PyTorch is needed only to regenerate the golden data (make reference) and as the reference
+# make bench times lesson 08's training step against, Chromium only to render the slides to
+# PDF and PNG (make slides), OpenBLAS only as the reference make bench times the cpu matmul
+# against (linked into the bench alone: the lessons stay BLAS-free).
 if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
 if [ "${FIVEFOLD_WITH_CHROMIUM:-0}" = 1 ]; then packages+=(chromium); fi
 if [ "${FIVEFOLD_WITH_OPENBLAS:-0}" = 1 ]; then packages+=(libopenblas-dev); fi
