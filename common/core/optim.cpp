@@ -52,4 +52,12 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   }
 }
 
+size_t Adam::state_bytes() const {
+  size_t b = 0;
+  for (const std::vector<Tensor>* state : {&m_, &v_})
+    for (const Tensor& t : *state)
+      if (t.defined()) b += t.nbytes();
+  return b;
+}
+
 }  // namespace ff

@@ -34,6 +34,8 @@ class Adam {
   void step(const std::vector<Tensor*>& params, const std::vector<Tensor>& grads);
 
   int64_t steps() const { return t_; }
+  // Bytes of the m and v tensors this optimizer holds (allocated at the first step).
+  size_t state_bytes() const;
   AdamConfig& config() { return config_; }  // e.g. to follow a learning-rate schedule
   const AdamConfig& config() const { return config_; }
 

@@ -135,9 +135,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
 Memory DataParallelAdam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);
-  // Adam allocates m and v, each shaped like its parameter, at its first step.
-  if (adam_.steps() > 0)
-    for (const Tensor* p : params) m.optimizer += 2 * (size_t)p->numel() * sizeof(float);
+  m.optimizer = adam_.state_bytes();  // m and v, each shaped like its parameter
   m.buffers = storage_bytes(flat_);
   return m;
 }
@@ -192,8 +190,7 @@ void Zero1Adam::step(const std::vector<Tensor*>& params) {
 Memory Zero1Adam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);
-  // Adam allocates m and v shaped like the one tensor it is given, the shard.
-  if (adam_.steps() > 0) m.optimizer = 2 * storage_bytes(param_shard_);
+  m.optimizer = adam_.state_bytes();  // m and v shaped like the one tensor it is given, the shard
   m.buffers = storage_bytes(flat_) + storage_bytes(grad_shard_) + storage_bytes(param_shard_);
   return m;
 }

@@ -4,7 +4,8 @@ same run.
 
     /usr/bin/python3 tests/bench/bench_08.py [--lesson build/bin/08_mesh] [model flags]
 
-The step is the one lesson 08 times: forward, backward, AdamW (lr 3e-3, betas (0.9, 0.999),
+The step is the one lesson 08 times on one process (-np 1: its mesh code on a mesh of one rank,
+the vocabulary-parallel cross-entropy included): forward, backward, AdamW (lr 3e-3, betas (0.9, 0.999),
 eps 1e-8, no weight decay: common/core/optim.h's AdamConfig with the lesson's --lr) and the
 MoE balancing bias update (bias += gamma sign(mean load - load)), on a batch of --batch
 sequences of --seq tokens of the corpus. The model is tests/reference/model.py's (MLA with
