@@ -113,11 +113,6 @@ struct Hop {
   // [/slide]
 };
 
-struct Block {  // the block that is passing through
-  Tensor k, v;
-  int owner = 0;
-};
-
 int64_t tokens_of(const Config& c, int owner) { return (int64_t)c.positions[(size_t)owner].size(); }
 
 Tensor positions_of(const Config& c, int owner) {
@@ -140,124 +135,149 @@ void check_inputs(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
 }  // namespace
 
 // ----------------------------------------------------------------------------
-// The ring.
+// The ring, one step at a time. Rank r starts with its own block; at step s it holds the block
+// of rank r - s (mod P), which arrived from r-1.
 
-Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {
+ForwardRing::ForwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
+                         const Tensor& v)
+    : comm_(comm), c_(c), q_(q), cur_k_(k), cur_v_(v), owner_(comm.rank()) {
   check_inputs(comm, c, q, k, v);
-  const int r = comm.rank(), P = comm.size();
-  const int64_t n = tokens_of(c, r);
-  const KernelTable& kernels = kernels_for(c.dev);
-  const float scale = 1.f / std::sqrt((float)c.D);
-  Tensor o = Tensor::zeros(block_shape(c, n), c.dev);
-  Tensor m = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
-  Tensor l = Tensor::zeros({c.B, c.H, n}, c.dev);
-  Tensor qpos = positions_of(c, r);
+  const int64_t n = tokens_of(c, comm.rank());
+  o_ = Tensor::zeros(block_shape(c, n), c.dev);
+  m_ = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
+  l_ = Tensor::zeros({c.B, c.H, n}, c.dev);
+  qpos_ = positions_of(c, comm.rank());
+}
 
-  Block cur{k, v, r};
-  for (int s = 0; s < P; s++) {
-    const bool more = s < P - 1;
-    const int next_owner = (r - s - 1 + 2 * P) % P;
-    const int64_t n_next = tokens_of(c, next_owner);
-    // [slide:ring-fwd]
-    // the hop of this step: this block's K, V to r+1, the next block's from r-1
-    Hop kv{comm, c.order, s};
-    if (more) {
-      kv.out = pack({cur.k, cur.v});
-      kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
-      kv.start();
-    }
-    {
-      Trace::Scope span(trace(), "fwd block of rank " + std::to_string(cur.owner), "compute");
-      Tensor kpos = positions_of(c, cur.owner);
-      kernels.flash_forward_block(o.data(), m.data(), l.data(), q.data(), cur.k.data(), cur.v.data(),
-                                  qpos.index_data(), kpos.index_data(), c.B * c.H, n,
-                                  tokens_of(c, cur.owner), c.D, scale, c.causal);
-    }
-    if (!more) break;
-    kv.finish();
-    // [/slide]
-    Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
-              next_owner};
-    unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
-    cur = nxt;
+void ForwardRing::step(int s) {
+  const Config& c = c_;
+  const int r = comm_.rank(), P = comm_.size();
+  FF_CHECK(s == steps_ && s < P, "ring: forward step " << s << " after " << steps_ << " of " << P);
+  steps_++;
+  const bool more = s < P - 1;
+  const int next_owner = (r - s - 1 + 2 * P) % P;
+  const int64_t n_next = tokens_of(c, next_owner);
+  // [slide:ring-fwd]
+  // the hop of this step: this block's K, V to r+1, the next block's from r-1
+  Hop kv{comm_, c.order, s};
+  if (more) {
+    kv.out = pack({cur_k_, cur_v_});
+    kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
+    kv.start();
   }
+  {
+    Trace::Scope span(trace(), "fwd block of rank " + std::to_string(owner_), "compute");
+    Tensor kpos = positions_of(c, owner_);
+    kernels_for(c.dev).flash_forward_block(
+        o_.data(), m_.data(), l_.data(), q_.data(), cur_k_.data(), cur_v_.data(), qpos_.index_data(),
+        kpos.index_data(), c.B * c.H, tokens_of(c, r), tokens_of(c, owner_), c.D,
+        1.f / std::sqrt((float)c.D), c.causal);
+  }
+  if (!more) return;
+  kv.finish();
+  // [/slide]
+  cur_k_ = Tensor::empty(block_shape(c, n_next)), cur_v_ = Tensor::empty(block_shape(c, n_next));
+  unpack(kv.in, {&cur_k_, &cur_v_}, c.dev);
+  owner_ = next_owner;
+}
+
+Forward ForwardRing::finish() {
+  FF_CHECK(steps_ == comm_.size(), "ring: forward finished after " << steps_ << " of "
+                                                                    << comm_.size() << " steps");
   // The end of FlashAttention's forward: o /= l, and one number per row for the backward.
+  const int64_t n = tokens_of(c_, comm_.rank());
   Forward f;
-  f.o = div(o, reshape(l, {c.B, c.H, n, 1}));
-  f.lse = add(m, log(l));
-  f.m = m;
+  f.o = div(o_, reshape(l_, {c_.B, c_.H, n, 1}));
+  f.lse = add(m_, log(l_));
+  f.m = m_;
   return f;
 }
 
-// dQ accumulates here; dK and dV of a block travel with it and are complete when the block comes
-// home: one hop more than the forward (P hops), the last one carrying only dK and dV.
+BackwardRing::BackwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& dout, const Forward& f)
+    : comm_(comm), c_(c), q_(q), dout_(dout), cur_k_(k), cur_v_(v), owner_(comm.rank()) {
+  check_inputs(comm, c, q, k, v);
+  const int64_t n = tokens_of(c, comm.rank());
+  // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
+  delta_ = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev) : sum(mul(dout, f.o), -1);
+  lse_ = c.bug == Bug::lse_no_log ? f.m : f.lse;
+  qpos_ = positions_of(c, comm.rank());
+  dq_ = Tensor::zeros(block_shape(c, n), c.dev);
+  // the planted bug's accumulators: whatever this rank computes, for any block, lands here
+  dk_here_ = Tensor::zeros(block_shape(c, n), c.dev), dv_here_ = dk_here_.clone();
+  dk_ = Tensor::zeros(block_shape(c, n), c.dev), dv_ = dk_.clone();  // travel with the block
+}
+
+void BackwardRing::step(int s) {
+  const Config& c = c_;
+  const int r = comm_.rank(), P = comm_.size();
+  FF_CHECK(s == steps_ && s < P, "ring: backward step " << s << " after " << steps_ << " of " << P);
+  steps_++;
+  const bool more = s < P - 1;
+  const int next_owner = (r - s - 1 + 2 * P) % P;
+  const int64_t n_cur = tokens_of(c, owner_), n_next = tokens_of(c, next_owner);
+  const int64_t blk = c.B * c.H * c.D;
+  // K, V are known before the compute: their hop starts now (async overlaps it)
+  Hop kv{comm_, c.order, 100 + s};
+  if (more) {
+    kv.out = pack({cur_k_, cur_v_});
+    kv.in.resize((size_t)(2 * blk * n_next));
+    kv.start();
+  }
+  {
+    Trace::Scope span(trace(), "bwd block of rank " + std::to_string(owner_), "compute");
+    Tensor kpos = positions_of(c, owner_);
+    // (the bug needs equal block sizes, n_cur == n: lesson 02 checks)
+    Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here_ : dk_;
+    Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here_ : dv_;
+    kernels_for(c.dev).flash_backward_block(
+        dq_.data(), dk_into.data(), dv_into.data(), q_.data(), cur_k_.data(), cur_v_.data(),
+        dout_.data(), lse_.data(), delta_.data(), qpos_.index_data(), kpos.index_data(), c.B * c.H,
+        tokens_of(c, r), n_cur, c.D, 1.f / std::sqrt((float)c.D), c.causal);
+  }
+  // [slide:ring-bwd-dkv]
+  if (P == 1) return;  // the only block is this rank's own: nothing travels, no self-send
+  // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
+  Hop dkv{comm_, c.order, 200 + s};
+  dkv.out = pack({dk_, dv_});
+  dkv.in.resize((size_t)(2 * blk * n_next));
+  dkv.start();
+  dkv.finish();
+  if (more) kv.finish();
+  if (more) {
+    cur_k_ = Tensor::empty(block_shape(c, n_next)), cur_v_ = Tensor::empty(block_shape(c, n_next));
+    unpack(kv.in, {&cur_k_, &cur_v_}, c.dev);
+  }
+  dk_ = Tensor::empty(block_shape(c, n_next)), dv_ = Tensor::empty(block_shape(c, n_next));
+  unpack(dkv.in, {&dk_, &dv_}, c.dev);
+  owner_ = next_owner;
+  // [/slide]
+}
+
+Backward BackwardRing::finish() {
+  FF_CHECK(steps_ == comm_.size(), "ring: backward finished after " << steps_ << " of "
+                                                                     << comm_.size() << " steps");
+  // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
+  FF_CHECK(owner_ == comm_.rank(), "ring bookkeeping: rank " << comm_.rank() << " ended with block "
+                                                              << owner_);
+  Backward b;
+  b.dq = dq_;
+  b.dk = c_.bug == Bug::dkv_local ? dk_here_ : dk_;
+  b.dv = c_.bug == Bug::dkv_local ? dv_here_ : dv_;
+  return b;
+}
+
+Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {
+  ForwardRing ring(comm, c, q, k, v);
+  for (int s = 0; s < comm.size(); s++) ring.step(s);
+  return ring.finish();
+}
+
 Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& dout, const Forward& f) {
-  check_inputs(comm, c, q, k, v);
-  const int r = comm.rank(), P = comm.size();
-  const int64_t n = tokens_of(c, r);
-  const KernelTable& kernels = kernels_for(c.dev);
-  const float scale = 1.f / std::sqrt((float)c.D);
-  // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
-  Tensor delta = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev)
-                                        : sum(mul(dout, f.o), -1);
-  const Tensor& lse_used = c.bug == Bug::lse_no_log ? f.m : f.lse;
-  Tensor qpos = positions_of(c, r);
-  Tensor dq = Tensor::zeros(block_shape(c, n), c.dev);
-  // the planted bug's accumulators: whatever this rank computes, for any block, lands here
-  Tensor dk_here = Tensor::zeros(block_shape(c, n), c.dev), dv_here = dk_here.clone();
-
-  Block cur{k, v, r};
-  Tensor dk = Tensor::zeros(block_shape(c, n), c.dev), dv = dk.clone();  // travel with cur
-  for (int s = 0; s < P; s++) {
-    const bool more = s < P - 1;
-    const int next_owner = (r - s - 1 + 2 * P) % P;
-    const int64_t n_cur = tokens_of(c, cur.owner), n_next = tokens_of(c, next_owner);
-    const int64_t blk = c.B * c.H * c.D;
-    // K, V are known before the compute: their hop starts now (async overlaps it)
-    Hop kv{comm, c.order, 100 + s};
-    if (more) {
-      kv.out = pack({cur.k, cur.v});
-      kv.in.resize((size_t)(2 * blk * n_next));
-      kv.start();
-    }
-    {
-      Trace::Scope span(trace(), "bwd block of rank " + std::to_string(cur.owner), "compute");
-      Tensor kpos = positions_of(c, cur.owner);
-      // (the bug needs equal block sizes, n_cur == n: lesson 02 checks)
-      Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here : dk;
-      Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here : dv;
-      kernels.flash_backward_block(dq.data(), dk_into.data(), dv_into.data(), q.data(), cur.k.data(),
-                                   cur.v.data(), dout.data(), lse_used.data(), delta.data(),
-                                   qpos.index_data(), kpos.index_data(), c.B * c.H, n, n_cur, c.D,
-                                   scale, c.causal);
-    }
-    // [slide:ring-bwd-dkv]
-    if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
-    // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
-    Hop dkv{comm, c.order, 200 + s};
-    dkv.out = pack({dk, dv});
-    dkv.in.resize((size_t)(2 * blk * n_next));
-    dkv.start();
-    dkv.finish();
-    if (more) kv.finish();
-    Block nxt{Tensor::empty(block_shape(c, n_next)), Tensor::empty(block_shape(c, n_next)),
-              next_owner};
-    Tensor dk_next = Tensor::empty(block_shape(c, n_next)), dv_next = dk_next.clone();
-    if (more) unpack(kv.in, {&nxt.k, &nxt.v}, c.dev);
-    unpack(dkv.in, {&dk_next, &dv_next}, c.dev);
-    cur = nxt;
-    dk = dk_next;
-    dv = dv_next;
-    // [/slide]
-  }
-  // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
-  FF_CHECK(cur.owner == r, "ring bookkeeping: rank " << r << " ended with block " << cur.owner);
-  Backward b;
-  b.dq = dq;
-  b.dk = c.bug == Bug::dkv_local ? dk_here : dk;
-  b.dv = c.bug == Bug::dkv_local ? dv_here : dv;
-  return b;
+  BackwardRing ring(comm, c, q, k, v, dout, f);
+  for (int s = 0; s < comm.size(); s++) ring.step(s);
+  return ring.finish();
 }
 
 Tensor attention(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {

@@ -57,6 +57,26 @@ struct Config {
   std::vector<std::vector<int64_t>> positions;
 };
 
+struct Forward;
+struct Backward;
+
+// The forward ring, one step at a time (lesson 02 runs the loop itself; forward() below is the
+// same loop): construct, step(s) for s = 0..P-1 (fold the block in hand into (m, l, o), pass it
+// on to r+1, take the next from r-1), finish(). Every rank of comm steps in lockstep.
+class ForwardRing {
+ public:
+  ForwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v);
+  void step(int s);
+  Forward finish();
+
+ private:
+  Comm& comm_;
+  Config c_;
+  Tensor q_, cur_k_, cur_v_, o_, m_, l_, qpos_;
+  int owner_;      // whose block is in hand
+  int steps_ = 0;
+};
+
 struct Forward {
   Tensor o;    // (B, H, n, D), normalised
   Tensor lse;  // (B, H, n): m + log l, what the backward recomputes P from
@@ -70,6 +90,24 @@ struct Backward {
 };
 Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& dout, const Forward& f);
+
+// The backward ring, one step at a time: step(s) for s = 0..P-1 accumulates dQ at home and the
+// dK, dV of the block in hand, then passes the block (and its dK, dV) on; after P steps each
+// block is back at its owner with every rank's dK, dV summed in.
+class BackwardRing {
+ public:
+  BackwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& dout, const Forward& f);
+  void step(int s);
+  Backward finish();
+
+ private:
+  Comm& comm_;
+  Config c_;
+  Tensor q_, dout_, cur_k_, cur_v_, delta_, lse_, qpos_, dq_, dk_, dv_, dk_here_, dv_here_;
+  int owner_;
+  int steps_ = 0;
+};
 
 // The whole thing as one autograd op: o = attention of this rank's queries against every rank's
 // keys and values; its backward is backward() above (a second trip round the ring). Every rank

@@ -112,7 +112,8 @@ static int64_t ring_work(const Config& c, int P, int r) {
 }
 
 // ----------------------------------------------------------------------------
-// The ring (common/layers/ring_attention.cpp, ring::forward and ring::backward). Rank r starts
+// The ring (common/layers/ring_attention.cpp, ring::ForwardRing and ring::BackwardRing, whose
+// step() is one step; the loops are below, in ring_attention_lesson). Rank r starts
 // with its own K/V block; at step s it holds the block of rank r - s (mod P), which arrived
 // from r-1, and folds it into its FlashAttention state (m, l, o) with flash_forward_block:
 // P steps, P-1 hops. Each hop's order is --order's (ring.cpp's Hop: start before the block's
@@ -323,9 +324,17 @@ static int ring_attention_lesson(Lesson& lesson) {
   lesson.start_trace();  // the trace covers the ring only
   const double t0 = MPI_Wtime();
   const ring::Config rc = ring_config(c, P);
-  const ring::Forward fw = ring::forward(comm, rc, me.q, me.k, me.v);
+  // [slide:ring-loop]
+  // P steps: fold the K/V block in hand into (m, l, o), pass it to r+1, take r-1's
+  ring::ForwardRing fwd(comm, rc, me.q, me.k, me.v);
+  for (int s = 0; s < P; s++) fwd.step(s);
+  const ring::Forward fw = fwd.finish();
   const double t1 = MPI_Wtime();
-  const ring::Backward bw = ring::backward(comm, rc, me.q, me.k, me.v, me.dout, fw);
+  // P steps again: dQ accumulates here, dK and dV travel with their block back to its owner
+  ring::BackwardRing bwd(comm, rc, me.q, me.k, me.v, me.dout, fw);
+  for (int s = 0; s < P; s++) bwd.step(s);
+  const ring::Backward bw = bwd.finish();
+  // [/slide]
   const Tensor &o = fw.o, &lse = fw.lse, &dq = bw.dq, &dk = bw.dk, &dv = bw.dv;
   double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
   comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);
