@@ -44,6 +44,10 @@ the failure names the near-ties rather than only the difference. MARGIN = 1e-5, 
 tests/reference/model.py: this forward run in float32 numpy gives s + bias within 3e-7 of the
 float64 one on the lesson's dumps, so a gap of 1e-5 cannot be reordered by float32 rounding.
 
+The last training step is dumped too (last_step.*: the weights before it, its global batch, the
+mesh's loss and mean gradients): its loss is recomputed the same way, and the gradients are
+checked along a random direction against a float64 central difference (check_last_step).
+
 usage: check_dump_08.py DIR
   prints one final line, "dump ok: ..." (exit 0) or "dump FAIL: ..." (exit 1)"""
 import itertools
@@ -228,6 +232,10 @@ def check(d):
     shapes = expected_shapes(m)
     want = {n + ".npy" for n in shapes} | {"val_inputs.npy", "val_targets.npy", "val_loss.npy",
                                            "meta.json"}
+    params = [n for n in shapes if not n.endswith(".moe.bias")]
+    last = {f"last_step.{n}.npy" for n in shapes} | {f"last_step.grad.{n}.npy" for n in params} | \
+        {"last_step.inputs.npy", "last_step.targets.npy", "last_step.loss.npy"}
+    want |= last
     files = set(os.listdir(d))
     require(files == want, f"{d}: missing {sorted(want - files)}, unexpected {sorted(files - want)}")
     w = {}
@@ -292,9 +300,58 @@ def check(d):
     if routing:
         tie_text = (f", {len(routing)} MoE layer(s), smallest routing margin {min_margin:.1e}" +
                     (f" ({len(near)} below {MARGIN:g})" if near else ""))
+    grad_text = check_last_step(d, m, shapes, params)
     return (f"dump ok: loss {loss:.6f} (numpy float64) vs {got:.6f} (mesh {meta['mesh']}), "
             f"|diff| {diff:.1e} <= tol {tol:.1e} ({diff / tol:.2g} of it; n = B T = {B} x {T}), "
-            f"{len(files)} files{tie_text}{note}")
+            f"{grad_text}, {len(files)} files{tie_text}{note}")
+
+
+def check_last_step(d, m, shapes, params):
+    """The last training step as the mesh ran it: the weights before it (last_step.<name>), the
+    global batch, the mesh's loss and its mean gradient of every weight (last_step.grad.<name>).
+    The loss is recomputed as above. Each weight's gradient is checked along a random direction u
+    of its own (seeded): the central difference (L(w + h u) - L(w - h u)) / 2h of the float64
+    forward against <grad, u>. h = 1e-6 keeps the difference's truncation (h^2) and rounding
+    (1e-16 / h) errors near 1e-10, and moves no routing decision whose margin exceeds about
+    h |u|; the tolerance is the gradient check's own, 4 n eps sum |grad u|."""
+    w = {}
+    for name, shape in shapes.items():
+        a = np.load(f"{d}/last_step.{name}.npy")
+        require(a.dtype == np.float32 and a.shape == shape, f"last_step.{name}.npy is {a.dtype} {a.shape}")
+        w[name] = a.astype(np.float64)
+    g = {}
+    for name in params:
+        a = np.load(f"{d}/last_step.grad.{name}.npy")
+        require(a.dtype == np.float32 and a.shape == shapes[name] and np.isfinite(a).all(),
+                f"last_step.grad.{name}.npy is {a.dtype} {a.shape} or not finite")
+        g[name] = a.astype(np.float64)
+    inputs, targets = np.load(f"{d}/last_step.inputs.npy"), np.load(f"{d}/last_step.targets.npy")
+    require((inputs[:, 1:] == targets[:, :-1]).all(), "last_step.targets is not last_step.inputs shifted")
+    got = float(np.load(f"{d}/last_step.loss.npy"))
+    n = inputs.size
+    loss, _ = model_loss(m, w, inputs, targets)
+    tol = 4 * n * EPS * max(1.0, abs(loss))
+    require(abs(loss - got) <= tol, f"last step: loss {loss:.6f} (numpy float64) vs {got:.6f} (mesh), "
+            f"|diff| {abs(loss - got):.2e} > tol {tol:.2e}")
+    rng = np.random.default_rng(8)
+    h = 1e-6
+    worst, worst_name, shown = 0.0, "", ""
+    for k in params:  # one direction per weight tensor: a wrong gradient cannot hide in the sum
+        uk = rng.standard_normal(shapes[k])
+        plus, minus = dict(w), dict(w)
+        plus[k], minus[k] = w[k] + h * uk, w[k] - h * uk
+        numeric = (model_loss(m, plus, inputs, targets)[0] -
+                   model_loss(m, minus, inputs, targets)[0]) / (2 * h)
+        analytic = float((g[k] * uk).sum())
+        gtol = 4 * n * EPS * float(np.abs(g[k] * uk).sum()) + 1e-8 * abs(numeric) + 1e-12
+        require(abs(numeric - analytic) <= gtol,
+                f"last step: {k}'s gradient along a random direction gives {analytic:.6e}, the "
+                f"float64 central difference {numeric:.6e}, |diff| {abs(numeric - analytic):.2e} > "
+                f"tol {gtol:.2e} (4 n eps sum |grad u|)")
+        if abs(numeric - analytic) / gtol >= worst:
+            worst, worst_name = abs(numeric - analytic) / gtol, k
+    return (f"last step's {len(params)} gradients along random directions = float64 central "
+            f"differences (worst {worst:.2g} of the tolerance, {worst_name})")
 
 
 def main():

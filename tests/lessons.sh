@@ -381,8 +381,9 @@ check "08 --sample: the same seed gives the same text, another seed another (P=2
            sa=\$(echo \"\$a\" | sed -n '/^sample/,/^    /p'); sb=\$(echo \"\$b\" | sed -n '/^sample/,/^    /p'); \
            sc=\$(echo \"\$c\" | sed -n '/^sample/,/^    /p'); echo \"\$sa\"; \
            [ -n \"\$sa\" ] && [ \"\$sa\" = \"\$sb\" ] && [ \"\$sa\" != \"\$sc\" ] && echo 'sampling ok'"
-check "08 --dump: numpy recomputes the validation loss from the dumped weights (P=4)" 0 '^dump ok' \
-  bash -c "rm -rf $LOG/d08 && $MPIRUN -np 4 $L08 --train 3 --dump $LOG/d08 >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08"
+check "08 --dump: numpy recomputes the losses and checks the last step's gradients by central differences (P=4; cp2)" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d08 $LOG/d08c && $MPIRUN -np 4 $L08 --train 3 --dump $LOG/d08 >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08 && \
+           $MPIRUN -np 2 $L08 --tp 1 --cp 2 --train 2 --dump $LOG/d08c >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08c"
 check "08 --trace: spans nest on every track, the check's traffic on its own track (P=4)" 0 '^trace ok: 4 ranks' \
   bash -c "$MPIRUN -np 4 $L08 --train 2 --trace $LOG/t08.json >/dev/null && grep -q '\"check\"' $LOG/t08.json && $PYTHON scripts/check-trace.py $LOG/t08.json - 4"
 check "08 --help lists every flag with its default" 0 '--zero N .*\(default: 1\)' $MPIRUN -np 1 $L08 --help

@@ -973,6 +973,18 @@ int mesh_lesson(Lesson& L) {
                                            model::positions(T, L.device));
         out.loss.backward();
         loss_ref = out.loss.to_vector()[0];
+        if (L.dumping() && step + 1 == o.steps) {
+          // the last step as the mesh ran it: the weights before it, the global batch, the
+          // mesh's loss and its mean gradient of every weight (gathered over TP, DP and CP)
+          for (size_t k = 0; k < names.size(); k++) {
+            L.dump("last_step." + names[k], *ref_params[k]);
+            L.dump("last_step.grad." + names[k], g_grad.full[k]);
+          }
+          for (const model::NamedTensor& n : ref.named_buffers()) L.dump("last_step." + n.name, n.t);
+          L.dump("last_step.inputs", gb.inputs);
+          L.dump("last_step.targets", gb.targets);
+          L.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
+        }
         double lr_ratio = std::fabs(loss_mesh - loss_ref) /
                           (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
         if (std::isnan(lr_ratio)) lr_ratio = INFINITY;
