@@ -625,7 +625,7 @@ void Comm::wait_all(std::vector<Request>& rs) {
   if (!tracing) return;
   // The blocked time, one span: bytes of all the requests; peer and tag where they agree.
   Span s;
-  s.name = "wait_all";
+  s.name = op_name("wait_all");
   s.stream = "comm";
   s.start_us = entered;
   s.end_us = now_us();
@@ -644,21 +644,21 @@ void Comm::wait_all(std::vector<Request>& rs) {
 // point-to-point
 
 Request Comm::isend(const void* buf, size_t bytes, int peer, int tag) {
-  Request r{MPI_REQUEST_NULL, "isend", peer, tag, bytes, now_us()};
+  Request r{MPI_REQUEST_NULL, op_name("isend"), peer, tag, bytes, now_us()};
   mpiCheck(MPI_Isend(buf, to_count(bytes, "isend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
 }
 
 Request Comm::issend(const void* buf, size_t bytes, int peer, int tag) {
-  Request r{MPI_REQUEST_NULL, "issend", peer, tag, bytes, now_us()};
+  Request r{MPI_REQUEST_NULL, op_name("issend"), peer, tag, bytes, now_us()};
   mpiCheck(MPI_Issend(buf, to_count(bytes, "issend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
 }
 
 Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
-  Request r{MPI_REQUEST_NULL, "irecv", peer, tag, bytes, now_us(), /*is_recv=*/true};
+  Request r{MPI_REQUEST_NULL, op_name("irecv"), peer, tag, bytes, now_us(), /*is_recv=*/true};
   mpiCheck(MPI_Irecv(buf, to_count(bytes, "irecv"), MPI_BYTE, peer, tag, comm_, &r.req));
   // Modelled unless to itself (or from nobody); a wildcard source is looked at on arrival.
   r.modelled = g_link.model.enabled && peer != rank_ && peer != MPI_PROC_NULL;
@@ -667,19 +667,19 @@ Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
 
 void Comm::send(const void* buf, size_t bytes, int peer, int tag) {
   Request r = isend(buf, bytes, peer, tag);
-  r.op = "send";
+  r.op = op_name("send");
   record_blocking(r, wait_one(r));
 }
 
 void Comm::ssend(const void* buf, size_t bytes, int peer, int tag) {
   Request r = issend(buf, bytes, peer, tag);
-  r.op = "ssend";
+  r.op = op_name("ssend");
   record_blocking(r, wait_one(r));
 }
 
 void Comm::recv(void* buf, size_t bytes, int peer, int tag) {
   Request r = irecv(buf, bytes, peer, tag);
-  r.op = "recv";
+  r.op = op_name("recv");
   record_blocking(r, wait_one(r));
 }
 
@@ -690,11 +690,11 @@ void Comm::sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* r
                     int src, int rtag) {
   Request rr = irecv(rbuf, rbytes, src, rtag);
   Request sr = isend(sbuf, sbytes, dest, stag);
-  rr.op = sr.op = "sendrecv";
+  rr.op = sr.op = op_name("sendrecv");
   MPI_Status got = wait_one(rr);  // named after the receive while it is the one missing...
   wait_one(sr);                   // ...then after the send
   if (!trace().enabled()) return;
-  Span s = comm_record("sendrecv", sr, nullptr, rr.start_us, now_us(), SpanKind::span);
+  Span s = comm_record(op_name("sendrecv"), sr, nullptr, rr.start_us, now_us(), SpanKind::span);
   s.bytes = (int64_t)(sbytes + rbytes);
   s.from = src == MPI_ANY_SOURCE && got.MPI_SOURCE != MPI_PROC_NULL ? got.MPI_SOURCE : src;
   trace().add(std::move(s));
@@ -703,11 +703,15 @@ void Comm::sendrecv(const void* sbuf, size_t sbytes, int dest, int stag, void* r
 // ----------------------------------------------------------------------------
 // collectives: post, then the same watched wait, with peer "all"
 
+std::string Comm::op_name(const char* op) const {
+  return label_.empty() ? std::string(op) : label_ + " " + op;
+}
+
 Request Comm::collective(const char* op, size_t bytes) {
   CollectiveCount& c = (*counts_)[op];
   c.calls++;
   c.bytes += bytes;
-  return Request{MPI_REQUEST_NULL, op, -1, -1, bytes, now_us()};
+  return Request{MPI_REQUEST_NULL, op_name(op), -1, -1, bytes, now_us()};
 }
 
 void Comm::allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op) {

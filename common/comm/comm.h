@@ -225,6 +225,11 @@ class Comm {
   // The collectives run on this communicator (copies of a Comm share the counts; split() starts
   // new ones), and a reset to zero.
   const CollectiveCounts& collective_counts() const { return *counts_; }
+  // A name for this communicator ("tp", "dp", ...: lesson 08's mesh axes) that prefixes its
+  // operations in trace spans and watchdog messages, e.g. "tp allreduce"; "" (the default,
+  // and what split() gives) leaves them bare. The counts above stay keyed by the bare operation.
+  void set_label(const std::string& label) { label_ = label; }
+  const std::string& label() const { return label_; }
   void reset_collective_counts() { counts_->clear(); }
 
   // ---- the link model (process-wide; see the top of this file)
@@ -252,6 +257,7 @@ class Comm {
  private:
   explicit Comm(MPI_Comm c);
   Request collective(const char* op, size_t bytes);  // counted, then posted by the caller
+  std::string op_name(const char* op) const;          // op, after the label when there is one
   MPI_Status wait_one(Request& r);  // the watchdog loop: returns when r completes
   [[noreturn]] void report_deadlock(const Request& r) const;
   [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
@@ -261,6 +267,7 @@ class Comm {
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
   std::shared_ptr<CollectiveCounts> counts_ = std::make_shared<CollectiveCounts>();
+  std::string label_;
   std::shared_ptr<const std::vector<int>> world_ranks_;  // world rank of each rank (null: the identity)
 };
 

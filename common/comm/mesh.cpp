@@ -167,8 +167,10 @@ Mesh::Mesh(const Comm& world, const MeshSizes& sizes) : sizes_(sizes), world_(wo
   FF_CHECK(bad.empty(), bad);
   coords_ = mesh_coords(sizes, world.rank());
   // One split per axis, in kMeshAxes's order on every rank (each split is collective).
-  for (MeshAxis a : kMeshAxes)
+  for (MeshAxis a : kMeshAxes) {
     axis(a) = world_.split(group_first(sizes, world.rank(), a), mesh_axis_index(sizes, coords_, a));
+    axis(a).set_label(mesh_axis_name(a));  // its spans read "tp allreduce", "cp isend", ...
+  }
 }
 
 Comm& Mesh::axis(MeshAxis a) {

@@ -92,7 +92,8 @@ std::string mesh_groups_text(const MeshSizes& s);
 // Built collectively by every rank of `world` (the same sizes everywhere). Refuses
 // (ff::Error, check_mesh's sentence) sizes that do not fit world.size(), before any MPI call.
 // Each axis communicator comes from world.split(color = the group's first world rank,
-// key = the index along the axis), so rank i of tp() has coordinate tp = i, and so on.
+// key = the index along the axis), so rank i of tp() has coordinate tp = i, and so on; each is
+// labelled with its axis's name, so its trace spans and watchdog messages say which axis.
 class Mesh {
  public:
   Mesh(const Comm& world, const MeshSizes& sizes);

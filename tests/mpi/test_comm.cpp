@@ -1391,3 +1391,18 @@ TEST_CASE("collective counters: calls and payload bytes per operation, shared by
   CHECK(w.collective_counts().empty());
   CHECK(copy.collective_counts().empty());
 }
+
+TEST_CASE("a communicator's label prefixes its operations in the trace; split() starts unlabelled") {
+  Comm w = Comm::world(nullptr, nullptr).split(0, 0);
+  w.set_label("tp");
+  CHECK(w.label() == "tp");
+  CHECK(w.split(0, 0).label().empty());
+  trace().enable(w);
+  trace().clear();
+  std::vector<float> x(4, 1.f);
+  w.allreduce_sum(x.data(), x.size());
+  bool named = false;
+  for (const Span& s : trace().spans()) named = named || s.name == "tp allreduce";
+  CHECK(named);
+  CHECK(w.collective_counts().at("allreduce").calls == 1);  // counted under the bare operation
+}
