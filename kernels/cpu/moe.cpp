@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/row_math.h"
 
 namespace ff::cpu {
 
@@ -35,35 +36,77 @@ void moe_permute_plan(int64_t* group_sizes, int64_t* src_token, int64_t* pos,
   }
 }
 
+// Both grouped GEMMs sum each output's terms in the readable order (c[r][n] over i = 0..K-1,
+// dw[i][n] over the group's rows in order), starting from 0: the loops are only turned so that
+// the innermost runs along n, contiguous in w, dc and the output, which the compiler vectorises
+// (a vector lane per n, each lane adding its terms in the same order: the same bits as the
+// scalar loop; -ffp-contract=off keeps every product rounded before its sum). Rows (of c) and
+// weight rows i (of dw) are independent, so they are shared among threads, with row_math.h's
+// rule for when that pays.
+FF_CPU_CLONES static void gemm_row(float* cr, const float* ar, const float* we, int64_t K,
+                                   int64_t Nc, float* acc, bool accumulate) {
+  for (int64_t n = 0; n < Nc; n++) acc[n] = 0.f;
+  for (int64_t i = 0; i < K; i++) {
+    const float ai = ar[i];
+    const float* wi = we + i * Nc;
+    for (int64_t n = 0; n < Nc; n++) acc[n] += ai * wi[n];
+  }
+  for (int64_t n = 0; n < Nc; n++) cr[n] = accumulate ? cr[n] + acc[n] : acc[n];
+}
+
 void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
                   int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
+  std::vector<int64_t> expert_of((size_t)M);  // row -> its group
   int64_t row0 = 0;
-  for (int64_t e = 0; e < G; e++) {
-    const float* we = w + e * K * Nc;
-    for (int64_t r = row0; r < row0 + group_sizes[e]; r++)
-      for (int64_t n = 0; n < Nc; n++) {
-        float acc = 0.f;
-        for (int64_t i = 0; i < K; i++)
-          acc += a[r * K + i] * (trans_w ? we[n * K + i] : we[i * Nc + n]);
-        c[r * Nc + n] = accumulate ? c[r * Nc + n] + acc : acc;
+  for (int64_t e = 0; e < G; e++)
+    for (int64_t r = 0; r < group_sizes[e]; r++) expert_of[(size_t)(row0++)] = e;
+  const int64_t rows = row0;
+  const int threads = row_threads(rows * K * Nc / 8);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> acc((size_t)Nc);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* we = w + expert_of[(size_t)r] * K * Nc;
+      if (!trans_w) {
+        gemm_row(c + r * Nc, a + r * K, we, K, Nc, acc.data(), accumulate);
+        continue;
       }
-    row0 += group_sizes[e];
+      for (int64_t n = 0; n < Nc; n++) {  // w^T: a dot product along a contiguous row of w
+        float s = 0.f;
+        for (int64_t i = 0; i < K; i++) s += a[r * K + i] * we[n * K + i];
+        c[r * Nc + n] = accumulate ? c[r * Nc + n] + s : s;
+      }
+    }
   }
-  (void)M;
+}
+
+FF_CPU_CLONES static void gemm_dw_row(float* dwi, const float* a, const float* dc, int64_t i,
+                                      int64_t r0, int64_t r1, int64_t K, int64_t Nc, float* acc,
+                                      bool accumulate) {
+  for (int64_t n = 0; n < Nc; n++) acc[n] = 0.f;
+  for (int64_t r = r0; r < r1; r++) {
+    const float ari = a[r * K + i];
+    const float* dcr = dc + r * Nc;
+    for (int64_t n = 0; n < Nc; n++) acc[n] += ari * dcr[n];
+  }
+  for (int64_t n = 0; n < Nc; n++) dwi[n] = accumulate ? dwi[n] + acc[n] : acc[n];
 }
 
 void grouped_gemm_dw(float* dw, const float* a, const float* dc, const int64_t* group_sizes,
                      int64_t G, int64_t M, int64_t K, int64_t Nc, bool accumulate) {
-  int64_t row0 = 0;
-  for (int64_t e = 0; e < G; e++) {
-    float* dwe = dw + e * K * Nc;
-    for (int64_t i = 0; i < K; i++)
-      for (int64_t n = 0; n < Nc; n++) {
-        float acc = 0.f;
-        for (int64_t r = row0; r < row0 + group_sizes[e]; r++) acc += a[r * K + i] * dc[r * Nc + n];
-        dwe[i * Nc + n] = accumulate ? dwe[i * Nc + n] + acc : acc;
-      }
-    row0 += group_sizes[e];
+  std::vector<int64_t> first((size_t)G + 1, 0);  // each group's first row
+  for (int64_t e = 0; e < G; e++) first[(size_t)e + 1] = first[(size_t)e] + group_sizes[e];
+  const int threads = row_threads(first[(size_t)G] * K * Nc / 8);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> acc((size_t)Nc);
+#pragma omp for schedule(static)
+    for (int64_t ei = 0; ei < G * K; ei++) {  // (expert e, weight row i) pairs
+      const int64_t e = ei / K, i = ei % K;
+      gemm_dw_row(dw + e * K * Nc + i * Nc, a, dc, i, first[(size_t)e], first[(size_t)e + 1], K, Nc,
+                  acc.data(), accumulate);
+    }
   }
   (void)M;
 }
