@@ -579,3 +579,53 @@ TEST_CASE("moe kernels: moe_combine and its backward equal index_select / mul / 
     check_close_to(dg, gates.grad().to_vector(), tol, "dgates vs autograd");
   }
 }
+
+TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar loops (threaded sizes too)") {
+  // the readable definition: each output sums its terms in order from 0, as the cpu kernel's
+  // comment promises; a reordered (or FMA-fused) sum would differ in the last bits
+  const KernelTable& cpu = kt::cpu_kernels();
+  std::vector<GemmCase> cases = gemm_cases();
+  cases.push_back({"G=3, 300 rows (threaded)", {100, 0, 200}, 64, 64});
+  uint64_t seed = 900;
+  for (const GemmCase& g : cases) {
+    const int64_t G = (int64_t)g.sizes.size(), M = total(g.sizes), K = g.K, Nc = g.Nc;
+    const std::vector<float> a = kt::inputs(M * K, seed++), w = kt::inputs(G * K * Nc, seed++);
+    const std::vector<float> dc = kt::inputs(M * Nc, seed++), c_before = kt::inputs(M * Nc, seed++),
+                             before = kt::inputs(G * K * Nc, seed++);
+    for (bool trans : {false, true})
+      for (bool acc : {false, true}) {
+        std::vector<float> want = c_before, got = c_before;
+        int64_t row0 = 0;
+        for (int64_t e = 0; e < G; e++) {
+          const float* we = w.data() + e * K * Nc;
+          for (int64_t r = row0; r < row0 + g.sizes[(size_t)e]; r++)
+            for (int64_t n = 0; n < Nc; n++) {
+              float s = 0.f;
+              for (int64_t i = 0; i < K; i++) s += a[r * K + i] * (trans ? we[n * K + i] : we[i * Nc + n]);
+              want[r * Nc + n] = acc ? want[r * Nc + n] + s : s;
+            }
+          row0 += g.sizes[(size_t)e];
+        }
+        cpu.grouped_gemm(got.data(), a.data(), w.data(), g.sizes.data(), G, M, K, Nc, trans, acc);
+        INFO(gemm_name(g, trans, acc));
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    for (bool acc : {false, true}) {
+      std::vector<float> want = before, got = before;
+      int64_t row0 = 0;
+      for (int64_t e = 0; e < G; e++) {
+        for (int64_t i = 0; i < K; i++)
+          for (int64_t n = 0; n < Nc; n++) {
+            float s = 0.f;
+            for (int64_t r = row0; r < row0 + g.sizes[(size_t)e]; r++) s += a[r * K + i] * dc[r * Nc + n];
+            float& o = want[(size_t)(e * K * Nc + i * Nc + n)];
+            o = acc ? o + s : s;
+          }
+        row0 += g.sizes[(size_t)e];
+      }
+      cpu.grouped_gemm_dw(got.data(), a.data(), dc.data(), g.sizes.data(), G, M, K, Nc, acc);
+      INFO("grouped_gemm_dw " << gemm_name(g, false, acc));
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
