@@ -65,6 +65,7 @@ class Trace {
   // Starts recording; the epoch is taken after a barrier on comm.
   void enable(const Comm& comm);
   bool enabled() const { return enabled_; }
+  void disable() { enabled_ = false; }  // stops recording (the spans so far are kept)
   double now_us() const;  // since the epoch
   // A span of this thread's time on `stream`'s track (or the current Category's).
   void add(const std::string& name, const std::string& stream, double start_us, double end_us,

@@ -56,11 +56,14 @@ FF_CPU_CLONES static void gemm_row(float* cr, const float* ar, const float* we, 
 
 void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
                   int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
-  std::vector<int64_t> expert_of((size_t)M);  // row -> its group
+  int64_t rows_all = 0;
+  for (int64_t e = 0; e < G; e++) rows_all += group_sizes[e];
+  std::vector<int64_t> expert_of((size_t)rows_all);  // row -> its group (M rows and more: as sized)
   int64_t row0 = 0;
   for (int64_t e = 0; e < G; e++)
     for (int64_t r = 0; r < group_sizes[e]; r++) expert_of[(size_t)(row0++)] = e;
   const int64_t rows = row0;
+  (void)M;
   const int threads = row_threads(rows * K * Nc / 8);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {

@@ -1405,4 +1405,6 @@ TEST_CASE("a communicator's label prefixes its operations in the trace; split() 
   for (const Span& s : trace().spans()) named = named || s.name == "tp allreduce";
   CHECK(named);
   CHECK(w.collective_counts().at("allreduce").calls == 1);  // counted under the bare operation
+  trace().disable();  // the later tests start untraced
+  trace().clear();
 }
