@@ -343,6 +343,12 @@ struct Gathered {
   std::string disagree;         // the first replicated weight whose copies differ ("" if none)
 };
 
+// The same bits (sizes included; an empty vector may have no storage to compare).
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
                      const std::vector<Tensor>& local, const MeshSizes& sizes, Comm& world) {
   std::vector<float> mine;
@@ -387,7 +393,7 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
     for (int r = 0; r < W && g.disagree.empty(); r++) {
       const int t = s == Split::replicated ? 0 : mesh_coords(sizes, r).tp;
       const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
-      if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+      if (!same_floats(a, b))
         g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
     }
     NoGradGuard ng;
@@ -954,7 +960,7 @@ int mesh_lesson(Lesson& L) {
     }
     std::vector<float> bias0 = my_bias;
     check_world.bcast(bias0.data(), bias0.size() * sizeof(float), 0);
-    int bias_same = std::memcmp(bias0.data(), my_bias.data(), my_bias.size() * sizeof(float)) == 0;
+    int bias_same = same_floats(bias0, my_bias);
     check_world.allreduce(&bias_same, 1, MPI_INT, MPI_MIN);
     if (!bias_same && disagree.empty()) disagree = "the balancing bias";
 
@@ -1040,7 +1046,7 @@ int mesh_lesson(Lesson& L) {
           const std::vector<float> v = b.t.to_vector();
           ref_bias.insert(ref_bias.end(), v.begin(), v.end());
         }
-        if (std::memcmp(ref_bias.data(), my_bias.data(), my_bias.size() * sizeof(float)) != 0)
+        if (!same_floats(ref_bias, my_bias))
           bias_equal = false;
       }
       size_t at = 0;
