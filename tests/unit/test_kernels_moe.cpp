@@ -608,7 +608,7 @@ TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar 
         }
         cpu.grouped_gemm(got.data(), a.data(), w.data(), g.sizes.data(), G, M, K, Nc, trans, acc);
         INFO(gemm_name(g, trans, acc));
-        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        CHECK((want.empty() || std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0));
       }
     for (bool acc : {false, true}) {
       std::vector<float> want = before, got = before;
@@ -625,7 +625,7 @@ TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar 
       }
       cpu.grouped_gemm_dw(got.data(), a.data(), dc.data(), g.sizes.data(), G, M, K, Nc, acc);
       INFO("grouped_gemm_dw " << gemm_name(g, false, acc));
-      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      CHECK((want.empty() || std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0));
     }
   }
 }
