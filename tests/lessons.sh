@@ -350,6 +350,17 @@ check "08 planted bug: the causal mask from local indices under CP (no error, no
   'loss of the mesh = one process.s .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --cp 2 --bug local-causal-mask --train 2
 check "08 planted bug: RoPE from local positions under CP" 1 'mean gradient of every weight .*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --cp 2 --bug local-rope-positions --train 2
+check "08 ep2 folded over dp (P=2, tp 1), over tp (P=4, dp2 x tp2 + SP), ZeRO-0 and ZeRO-1" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --ep 2 --train 4 && $MPIRUN -np 4 $L08 --ep 2 --train 4 && \
+           $MPIRUN -np 4 $L08 --ep 2 --zero 0 --train 3"
+check "08 ep4 over tp x dp (expert-DP 1), hierarchical 2 nodes x 2 and 4 x 1, ep2 x cp2 (P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L08 --ep 4 --train 3 && $MPIRUN -np 4 $L08 --ep 4 --a2a hierarchical --train 3 && \
+           $MPIRUN -np 4 $L08 --tp 1 --ep 4 --a2a hierarchical --ranks-per-node 1 --train 3 && \
+           $MPIRUN -np 4 $L08 --tp 1 --cp 2 --ep 2 --train 3"
+check "08 ep3 over dp3 (odd), 6 experts (P=3)" 0 '^check: PASS' \
+  $MPIRUN -np 3 $L08 --tp 1 --ep 3 --experts 6 --batch 6 --train 3
+check "08 planted bug: expert gradients averaged over expert-DP instead of DP x CP (ep2, tp 1)" 1 \
+  'mean gradient of every weight .*experts.*FAIL' $MPIRUN -np 2 $L08 --tp 1 --ep 2 --bug ep-grad-mean --train 2
 check "08 the communication counted per axis equals the formula, printed next to it (P=4)" 0 '^formula ok: tp and dp' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --train 2) || exit 1; echo \"\$out\" | grep -A1 '^  tp: ' | sed 's/^ *\(tp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && \
            echo \"\$out\" | grep -A1 '^  dp: ' | sed 's/^ *\(dp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && echo 'formula ok: tp and dp'"
@@ -395,6 +406,12 @@ usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30
 usage_error "08 bad input: tp x cp not dividing the world" $MPIRUN -np 4 $L08 --tp 2 --cp 3
+usage_error "08 bad input: --ep not dividing the ranks it folds over (ep 3 on 4)" $MPIRUN -np 4 $L08 --ep 3
+usage_error "08 bad input: --experts not a multiple of --ep" $MPIRUN -np 4 $L08 --ep 4 --experts 6
+usage_error "08 bad input: --ep over TP ranks without SP" $MPIRUN -np 2 $L08 --ep 2 --sp off
+usage_error "08 bad input: --a2a without --ep" $MPIRUN -np 2 $L08 --a2a hierarchical
+usage_error "08 bad input: --ranks-per-node not dividing --ep" $MPIRUN -np 4 $L08 --ep 4 --a2a hierarchical --ranks-per-node 3
+usage_error "08 bad input: --bug ep-grad-mean with ep = tp (the mistake is right by accident)" $MPIRUN -np 4 $L08 --ep 2 --bug ep-grad-mean
 usage_error "08 bad input: --bug local-causal-mask without CP" $MPIRUN -np 2 $L08 --bug local-causal-mask
 usage_error "08 bad input: --topk above --experts" $MPIRUN -np 2 $L08 --topk 9
 usage_error "08 bad input: odd --d-rope" $MPIRUN -np 2 $L08 --d-rope 7
@@ -402,9 +419,10 @@ usage_error "08 bad input: --bug f-no-allreduce under SP" $MPIRUN -np 2 $L08 --b
 usage_error "08 bad input: --bug kpe-per-head with tp 2" $MPIRUN -np 2 $L08 --bug kpe-per-head
 usage_error "08 bad input: --prompt with a byte not in the text" $MPIRUN -np 2 $L08 --sample 5 --prompt "é"
 usage_error "08 bad input: --seq longer than the validation text" $MPIRUN -np 1 $L08 --seq 1000 --data tests/unit/main.cpp
-check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: the ring's attention.cu kernels)" 0 '^check: PASS' \
+check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: the ring's attention.cu kernels; ep2)" 0 '^check: PASS' \
   bash -c "$MPIRUN -np 2 $L08 --device sim --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
-           $MPIRUN -np 2 $L08 --device sim --tp 1 --cp 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
+           $MPIRUN -np 2 $L08 --device sim --tp 1 --cp 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
+           $MPIRUN -np 2 $L08 --device sim --tp 1 --ep 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
 if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi

@@ -2,9 +2,11 @@
 // dsv3_ep.h; lesson 05 teaches it).
 #include "common/layers/dsv3_ep.h"
 
+#include <memory>
 #include <numeric>
 
 #include "common/comm/alltoall.h"
+#include "common/core/autograd.h"
 #include "common/core/ops.h"
 #include "common/lesson/trace.h"
 
@@ -303,6 +305,42 @@ Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, co
   }
   if (reduce_replicated) comm.allreduce_sum(g.router_w);  // data parallel outside the experts
   return g;
+}
+
+}  // namespace ff::dsv3
+
+namespace ff::dsv3 {
+
+Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& p,
+                const Tensor& u, Tensor* route, RoutingMap* map) {
+  // ep_forward and ep_backward compute by hand on detached tensors, the tape off; the whole
+  // layer is recorded below as one op
+  auto plain = [](const Tensor& t) { return t.defined() ? t.detach() : Tensor(); };
+  Params w;
+  w.router_w = plain(p.router_w), w.bias = plain(p.bias);
+  w.w1 = plain(p.w1), w.w3 = plain(p.w3), w.w2 = plain(p.w2);
+  w.sw1 = plain(p.sw1), w.sw3 = plain(p.sw3), w.sw2 = plain(p.sw2);
+  const Tensor x = u.detach();
+  auto fwd = std::make_shared<EPForward>();
+  {
+    NoGradGuard no_grad;
+    *fwd = ep_forward(comm, topo, scheme, c, w, w, x);
+  }
+  if (route) *route = fwd->idx;
+  if (map) *map = fwd->map;
+  Tensor y = fwd->y;
+  fwd->y = Tensor();  // the backward does not read y; the closure must not hold the output
+  std::vector<Tensor> inputs = {u, p.router_w, p.w1, p.w3, p.w2};
+  const bool shared = c.shared > 0;
+  if (shared) inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
+  Comm* cm = &comm;
+  Topology* tp = &topo;
+  return record(y, "dsv3_ep", inputs, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
+    Grads g = ep_backward(*cm, *tp, scheme, c, w, w, x, *fwd, dy, Bug::none, false);
+    std::vector<Tensor> grads = {g.dx, g.router_w, g.w1, g.w3, g.w2};
+    if (shared) grads.insert(grads.end(), {g.sw1, g.sw3, g.sw2});
+    return grads;  // the balancing bias is no input: it gets no gradient
+  });
 }
 
 }  // namespace ff::dsv3

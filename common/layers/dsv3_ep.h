@@ -110,3 +110,15 @@ Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, co
                   bool reduce_replicated = true);
 
 }  // namespace ff::dsv3
+
+namespace ff::dsv3 {
+
+// The layer as one autograd op, as model::moe_ffn is for one process: y = layer(u) over the
+// group, its backward ep_backward (the router's and shared experts' gradients left unreduced).
+// p holds the router, the balancing bias, the shared experts and this rank's experts (it is
+// both ep_forward's `full` and `mine`); u and every weight but the bias are the op's inputs.
+// route gets the final experts of this rank's tokens (T, K); map, when given, the routing map.
+Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& p,
+                const Tensor& u, Tensor* route, RoutingMap* map = nullptr);
+
+}  // namespace ff::dsv3

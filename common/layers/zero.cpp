@@ -118,7 +118,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
   // One all-reduce for all of them: one message per step instead of one per tensor.
   flatten_grads(params, flat_.data());
   if (dp_.size() > 1) dp_.allreduce_sum(flat_.data(), (size_t)n);  // a group of one: nothing to sum
-  divide(flat_.data(), n, dp_.size());
+  divide(flat_.data(), n, divisor_ > 0 ? divisor_ : dp_.size());
 
   // Every .grad() <- its mean; then every rank runs the same AdamW on the same numbers.
   std::vector<Tensor> grads;
@@ -169,7 +169,7 @@ void Zero1Adam::step(const std::vector<Tensor*>& params) {
     dp_.reduce_scatter_sum(flat, grad_shard_.data(), std::vector<int>(dp, (int)shard_));
   else  // a group of one: its block is the whole buffer
     std::memcpy(grad_shard_.data(), flat, (size_t)shard_ * sizeof(float));
-  if (bug_ != Bug::no_divide) divide(grad_shard_.data(), shard_, dp);
+  if (bug_ != Bug::no_divide) divide(grad_shard_.data(), shard_, divisor_ > 0 ? divisor_ : dp);
 
   // 2. AdamW on block r only. The flat buffer's gradients are spent: it now holds the
   //    parameters (identical on every rank), and block r of them is what this rank updates.

@@ -86,10 +86,15 @@ class DataParallelAdam {
 
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
+  // The summed gradient is divided by n instead of the group's size: for weights whose
+  // gradients are summed over a group other than the one the loss is averaged over (lesson
+  // 08's experts: summed over expert-DP, averaged over DP x CP).
+  void divide_by(int n) { divisor_ = n; }
 
  private:
   Comm dp_;
   Adam adam_;
+  int divisor_ = 0;  // 0: the group's size
   Tensor flat_;  // (N): every gradient back to back, the buffer the all-reduce sums in place
 };
 
@@ -103,6 +108,7 @@ class Zero1Adam {
 
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
+  void divide_by(int n) { divisor_ = n; }  // as DataParallelAdam::divide_by
 
   // The layout, fixed by the first step: N numbers, padded to dp * shard, rank r owning the
   // flat positions [r * shard, (r + 1) * shard) (those >= N are padding, always zero).
@@ -116,6 +122,7 @@ class Zero1Adam {
   Comm dp_;
   Adam adam_;
   Bug bug_;
+  int divisor_ = 0;
   int64_t n_ = -1, shard_ = 0;
   Tensor flat_;         // (dp * shard): the gradients, then (its gradients spent) the parameters
   Tensor grad_shard_;   // (shard): this rank's block of the mean gradient

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "common/comm/mesh.h"
+#include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
 #include "common/layers/ring_attention.h"
 #include "common/layers/tensor_parallel.h"
@@ -62,7 +63,7 @@ using namespace ff;
 namespace {
 
 struct Options {
-  int64_t tp = 0, dp = 0, cp = 1, zero = 1;
+  int64_t tp = 0, dp = 0, cp = 1, ep = 1, zero = 1, ranks_per_node = 0;
   bool sp = true, print_mesh = false;
   int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
   int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
@@ -70,17 +71,20 @@ struct Options {
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
-              bug = "none";
+              bug = "none", a2a = "flat";
 };
 
-// How a weight is laid over the TP ranks.
-enum class Split { replicated, column, row };
+// How a weight is laid over the ranks: over TP (columns or rows), or, under EP, its experts
+// (dim 0) over the EP ranks.
+enum class Split { replicated, column, row, expert };
 
-Split split_of(const std::string& name) {
+Split split_of(const std::string& name, int ep) {
   auto ends = [&](const char* t) {
     const size_t n = std::strlen(t);
     return name.size() >= n && name.compare(name.size() - n, n, t) == 0;
   };
+  if (ep > 1 && (ends("moe.experts_w1") || ends("moe.experts_w3") || ends("moe.experts_w2")))
+    return Split::expert;
   if (ends("attn.w_uq") || ends("attn.w_uk") || ends("attn.w_uv") || ends("ffn.w1") ||
       ends("ffn.w3") || name == "head")
     return Split::column;
@@ -92,13 +96,17 @@ bool is_norm_weight(const std::string& name) {
   return name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0;
 }
 
-// TP rank t's part of a full weight of shape `full`.
-Shape local_shape(const Shape& full, Split s, int t, int tp) {
+// The part of a full weight of shape `full` that the rank at `co` holds.
+Shape local_shape(const Shape& full, Split s, const MeshCoords& co, const MeshSizes& sizes) {
   Shape out = full;
   if (s == Split::replicated) return out;
+  if (s == Split::expert) {
+    out[0] = full[0] / sizes.ep;
+    return out;
+  }
   const int64_t dim = s == Split::column ? 1 : 0;
   int64_t b, e;
-  split_range(full[(size_t)dim], tp, t, &b, &e);
+  split_range(full[(size_t)dim], sizes.tp, co.tp, &b, &e);
   out[(size_t)dim] = e - b;
   return out;
 }
@@ -110,17 +118,22 @@ Tensor leaf(const Tensor& t) {
 }
 
 // [slide:shard]
-// This TP rank's weights, from the full model every rank builds from the same seed: the heads'
-// up-projections and W_o, the dense FFN and the LM head are cut by the split rule; the rest is
+// This rank's weights, from the full model every rank builds from the same seed: the heads'
+// up-projections and W_o, the dense FFN and the LM head are cut by the TP split rule; under EP
+// each MoE layer keeps the experts [e N/ep, (e+1) N/ep) of its EP index e; the rest is
 // replicated. With kpe_per_head (the planted bug), W_kr (d, d_r) becomes H copies side by side.
-model::Params shard_model(const model::Config& c, const model::Params& full, int t, int tp,
-                          bool kpe_per_head) {
+model::Params shard_model(const model::Config& c, const model::Params& full, const MeshCoords& co,
+                          const MeshSizes& sizes, bool kpe_per_head) {
   model::Params p = full;
+  const int t = co.tp, tp = sizes.tp;
   auto col = [&](Tensor& w) { w = leaf(tp::column_shard(w, t, tp)); };
   auto row = [&](Tensor& w) { w = leaf(tp::row_shard(w, t, tp)); };
+  const int64_t E = c.experts / sizes.ep;  // experts per EP rank
+  auto experts = [&](Tensor& w) { w = leaf(slice(w, 0, co.ep * E, (co.ep + 1) * E)); };
   for (model::Block& b : p.layers) {
     col(b.attn.w_uq), col(b.attn.w_uk), col(b.attn.w_uv), row(b.attn.w_o);
     if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
+    if (b.moe && sizes.ep > 1) experts(b.experts.w1), experts(b.experts.w3), experts(b.experts.w2);
     if (kpe_per_head) {
       NoGradGuard ng;
       b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
@@ -212,6 +225,12 @@ struct MeshModel {
   Comm* cp = nullptr;
   std::vector<std::vector<int64_t>> cp_positions;
   bool local_mask = false, local_rope = false;
+  // EP: the MoE layers over the ep group (lesson 05's layer, common/layers/dsv3_ep.h), this
+  // rank holding N / ep of each layer's experts; maps gets every MoE layer's routing map.
+  Comm* ep = nullptr;
+  dsv3::Topology* topo = nullptr;
+  dsv3::Scheme scheme = dsv3::Scheme::flat;
+  std::vector<dsv3::RoutingMap>* maps = nullptr;
 
   // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
   // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
@@ -290,13 +309,20 @@ struct MeshModel {
       x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, B, pos_all)
                                         : attention_cp(b.attn, lat, H, B, pos_all)));
       // [/slide:mla-f]
-      // FFN: dense SwiGLU column- then row-parallel; the MoE replicated, on this rank's tokens
+      // FFN: dense SwiGLU column- then row-parallel; the MoE on this rank's tokens, its
+      // experts replicated or (EP) spread over the ep group, the tokens sent to them
       u = rmsnorm(x, b.ffn_norm, c.norm_eps);
       if (!b.moe) {
         x = add(x, leave(model::dense_ffn(b.ffn, enter(u))));
       } else {
         Tensor route;
-        x = add(x, model::moe_ffn(mc, b.experts, u, &route));
+        if (ep->size() == 1) {
+          x = add(x, model::moe_ffn(mc, b.experts, u, &route));
+        } else {
+          dsv3::RoutingMap map;
+          x = add(x, dsv3::ep_layer(*ep, *topo, scheme, mc, b.experts, u, &route, &map));
+          if (maps) maps->push_back(std::move(map));
+        }
         routes->push_back(route);
       }
     }
@@ -375,7 +401,7 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
     const MeshCoords co = mesh_coords(sizes, r);
     size_t at = offset[(size_t)r];
     for (size_t k = 0; k < names.size(); k++) {
-      const Shape s = local_shape(full_shapes[k], split_of(names[k]), co.tp, sizes.tp);
+      const Shape s = local_shape(full_shapes[k], split_of(names[k], sizes.ep), co, sizes);
       int64_t numel = 1;
       for (int64_t d : s) numel *= d;
       pieces[(size_t)r].push_back(Tensor::from_vector(
@@ -385,13 +411,19 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
   }
   Gathered g;
   for (size_t k = 0; k < names.size(); k++) {
-    const Split s = split_of(names[k]);
+    const Split s = split_of(names[k], sizes.ep);
+    // the parts to join: TP rank t's shard from rank (tp t, all else 0); EP rank e's experts
+    // from rank e (the first stage's first EP group is ranks 0 .. ep-1)
     std::vector<Tensor> parts;
-    for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, 0, 0})][k]);
-    // every copy equals its reference copy: DP replicas the TP shard of dp 0, and a replicated
-    // weight the one of rank 0
+    if (s == Split::expert)
+      for (int e = 0; e < sizes.ep; e++) parts.push_back(pieces[(size_t)e][k]);
+    else
+      for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, 0, 0})][k]);
+    // every copy equals its reference copy: DP replicas the TP shard of dp 0, expert-DP
+    // replicas the experts of EP rank e, and a replicated weight the one of rank 0
     for (int r = 0; r < W && g.disagree.empty(); r++) {
-      const int t = s == Split::replicated ? 0 : mesh_coords(sizes, r).tp;
+      const MeshCoords co = mesh_coords(sizes, r);
+      const int t = s == Split::replicated ? 0 : s == Split::expert ? co.ep : co.tp;
       const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
       if (!same_floats(a, b))
         g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
@@ -481,7 +513,7 @@ std::map<std::string, CollectiveCount> formula_tp(const model::Config& c, int64_
 }
 
 std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_t numel, int dp,
-                                                  int zero) {
+                                                  int zero, bool loads = true) {
   std::map<std::string, CollectiveCount> f;
   const size_t fl = sizeof(float);
   if (dp == 1) return f;  // a group of one moves nothing
@@ -492,7 +524,7 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
     f["reduce_scatter"] = {1, padded * fl};
     f["allgather"] = {1, padded * fl};
   }
-  if (c.layers > c.dense_layers) {
+  if (loads && c.layers > c.dense_layers) {
     f["allreduce"].calls += 1;
     f["allreduce"].bytes += (size_t)((c.layers - c.dense_layers) * c.experts) * fl;
   }
@@ -516,6 +548,123 @@ std::map<std::string, CollectiveCount> formula_cp(const model::Config& c, int64_
 }
 // [/slide]
 
+// AdamW over one group of ranks that hold the same weights (ZeRO-0 or ZeRO-1): the dense
+// weights over DP x CP, and under EP the experts over expert-DP.
+struct GroupAdam {
+  std::unique_ptr<zero::DataParallelAdam> z0;
+  std::unique_ptr<zero::Zero1Adam> z1;
+  std::vector<Tensor*> params;  // its weights
+  std::vector<size_t> index;    // their positions among the model's named parameters
+  int64_t numel = 0;
+
+  GroupAdam(Comm& group, const AdamConfig& ac, int zero_stage, zero::Bug bug) {
+    if (zero_stage == 0)
+      z0 = std::make_unique<zero::DataParallelAdam>(group, ac);
+    else
+      z1 = std::make_unique<zero::Zero1Adam>(group, ac, bug);
+  }
+  void add(Tensor* p, size_t k) { params.push_back(p), index.push_back(k), numel += p->numel(); }
+  void divide_by(int n) { z0 ? z0->divide_by(n) : z1->divide_by(n); }
+  void step() {
+    if (params.empty()) return;
+    z0 ? z0->step(params) : z1->step(params);
+  }
+  zero::Memory memory() const { return z0 ? z0->memory(params) : z1->memory(params); }
+  // The mean gradient the last step used, per weight (ZeRO-1: every rank's shard, gathered
+  // over `check`, the group's own copy for the check's traffic).
+  std::vector<Tensor> mean_grads(Comm& check) const {
+    std::vector<Tensor> out;
+    if (z0 || params.empty()) {
+      for (Tensor* p : params) out.push_back(p->grad());
+      return out;
+    }
+    std::vector<float> flat((size_t)(z1->shard_size() * check.size()));
+    check.allgather(z1->grad_shard().to_vector().data(), (size_t)z1->shard_size() * sizeof(float),
+                    flat.data());
+    size_t at = 0;
+    for (Tensor* p : params) {
+      const size_t n = (size_t)p->numel();
+      out.push_back(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
+                                                           flat.begin() + (long)(at + n)),
+                                        p->shape()));
+      at += n;
+    }
+    return out;
+  }
+};
+
+zero::Memory operator+(zero::Memory a, const zero::Memory& b) {
+  a.params += b.params, a.grads += b.grads, a.optimizer += b.optimizer, a.buffers += b.buffers;
+  return a;
+}
+
+// [slide:ep-formula]
+// EP: per MoE layer, the routing map's all-gathers (every rank's affinities T N floats, choices
+// T K and kept groups T M int64; flat also the per-expert counts, N int64) and the balance
+// loss's all-reduce (2 doubles); then the rows, counted from the routing map. Flat (lesson 04):
+// one row of d floats per routing slot whose expert lives on another rank, each way, in the
+// forward (dispatch x, combine E(x)) and again in the backward (dy out, dx back).
+// Hierarchical (lesson 05): per hop (rail: one row per token and remote node; fan: one per row
+// and rank of the node that needs it) the same four messages, [x | g] (d + K wide) out and d
+// back in the forward, d out and d + K back in the backward. Messages to oneself are copies.
+std::map<std::string, CollectiveCount> formula_ep(const std::vector<dsv3::RoutingMap>& maps,
+                                                  int me, int R, dsv3::Scheme scheme, int64_t d,
+                                                  int64_t groups_kept) {
+  std::map<std::string, CollectiveCount> f;
+  const size_t fl = sizeof(float), ix = sizeof(int64_t);
+  // rows sent to and received from every peer of one hop, messages and bytes both ways
+  auto messages = [&](const std::vector<int64_t>& to, const std::vector<int64_t>& from, int self,
+                      int64_t width_sum) {
+    for (size_t q = 0; q < to.size(); q++) {
+      if ((int)q == self) continue;
+      for (int64_t rows : {to[q], from[q]})
+        if (rows > 0) f["send"].calls += 2, f["send"].bytes += (size_t)(rows * width_sum) * fl;
+    }
+  };
+  for (const dsv3::RoutingMap& m : maps) {
+    const bool flat = scheme == dsv3::Scheme::flat;
+    f["allgather"].calls += flat ? 4 : 3;
+    f["allgather"].bytes += (size_t)m.P * ((size_t)(m.T * m.N) * fl + (size_t)(m.T * (m.K + groups_kept)) * ix +
+                                           (flat ? (size_t)m.N * ix : 0));
+    f["allreduce"].calls += 1, f["allreduce"].bytes += 2 * sizeof(double);
+    if (flat) {
+      std::vector<int64_t> to((size_t)m.P, 0), from((size_t)m.P, 0);
+      for (int p = 0; p < m.P; p++)
+        for (int64_t t = 0; t < m.T; t++)
+          for (int64_t j = 0; j < m.K; j++) {
+            const int64_t e = m.expert(p, t, j);
+            if (e < 0) continue;
+            if (p == me) to[(size_t)(e / m.E)]++;
+            if (e / m.E == me) from[(size_t)p]++;
+          }
+      messages(to, from, me, 2 * d);
+      continue;
+    }
+    const int nodes = m.P / R, node = me / R, local = me % R;
+    auto node_needs = [&](int p, int64_t t, int n) {
+      for (int q = n * R; q < (n + 1) * R; q++)
+        if (m.needs(p, t, q)) return true;
+      return false;
+    };
+    std::vector<int64_t> rail_to((size_t)nodes, 0), rail_from((size_t)nodes, 0), fan_to((size_t)R, 0),
+        fan_from((size_t)R, 0);
+    for (int n = 0; n < nodes; n++)
+      for (int64_t t = 0; t < m.T; t++) {
+        rail_to[(size_t)n] += node_needs(me, t, n);
+        const int src = n * R + local;  // rows of my rail peer on node n, forwarded by me
+        if (!node_needs(src, t, node)) continue;
+        rail_from[(size_t)n]++;
+        for (int l = 0; l < R; l++) fan_to[(size_t)l] += m.needs(src, t, node * R + l);
+      }
+    for (int p = 0; p < m.P; p++)
+      for (int64_t t = 0; t < m.T; t++) fan_from[(size_t)(p % R)] += m.needs(p, t, me);
+    messages(rail_to, rail_from, node, 2 * d + m.K);
+    messages(fan_to, fan_from, local, 2 * d + m.K);
+  }
+  return f;
+}
+// [/slide]
+
 // The columns `cols` of an int64 (B, T) token batch: a CP rank's tokens of every sequence.
 Tensor take_columns(const Tensor& t, const std::vector<int64_t>& cols) {
   const int64_t B = t.size(0), T = t.size(1);
@@ -534,6 +683,18 @@ std::string counts_text(const CollectiveCounts& m) {
     first = false;
   }
   return first ? "none" : o.str();
+}
+
+// Several communicators' counts as one (lesson 05's hierarchical all-to-all runs on the EP
+// group's node and rail communicators).
+CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms) {
+  CollectiveCounts out;
+  for (const Comm* cm : comms)
+    for (const auto& [op, cc] : cm->collective_counts()) {
+      out[op].calls += cc.calls;
+      out[op].bytes += cc.bytes;
+    }
+  return out;
 }
 
 bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b) {
@@ -594,6 +755,12 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / (tp cp))", 0, 4096);
   cli.flag("--cp", &o.cp, "context-parallel ranks: each sequence's tokens in the zigzag layout, "
            "attention by lesson 02's ring", 1, 64);
+  cli.flag("--ep", &o.ep, "expert-parallel ranks, folded onto the dp x cp x tp ranks (consecutive "
+           "ranks, tp fastest): each holds experts / ep of every MoE layer", 1, 256);
+  cli.choice("--a2a", &o.a2a, {"flat", "hierarchical"},
+             "--ep: lesson 04's all-to-all, or lesson 05's rail-then-node one");
+  cli.flag("--ranks-per-node", &o.ranks_per_node, "--a2a hierarchical: EP ranks per virtual node "
+           "(0: 2 when ep is even, else 1)", 0, 256);
   cli.flag("--zero", &o.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
   std::string sp = "auto";
   cli.choice("--sp", &sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
@@ -632,7 +799,8 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--data", &o.data, "the training text (its distinct bytes are the vocabulary)");
   cli.choice("--bug", &o.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
-              "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions"},
+              "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions",
+              "ep-grad-mean"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
       "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
@@ -660,6 +828,7 @@ int mesh_lesson(Lesson& L) {
   MeshSizes sizes;
   sizes.tp = (int)o.tp;
   sizes.cp = (int)o.cp;
+  sizes.ep = (int)o.ep;
   sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % (o.tp * o.cp) == 0 ? L.size() / (int)(o.tp * o.cp) : 0);
   L.usage_error_if(sizes.dp == 0, "--tp " + std::to_string(o.tp) + " x --cp " + std::to_string(o.cp) +
                                       " does not divide the world of " + std::to_string(L.size()) +
@@ -673,14 +842,30 @@ int mesh_lesson(Lesson& L) {
                   sizes.world(), mesh_groups_text(sizes).c_str());
       for (int r = 0; r < L.size(); r++) {
         const MeshCoords co = mesh_coords(sizes, r);
-        std::printf("  rank %d: %s  tp %d, cp %d, dp %d\n", r, mesh_name(sizes, r).c_str(), co.tp,
-                    co.cp, co.dp);
+        std::printf("  rank %d: %s  tp %d, cp %d, dp %d%s\n", r, mesh_name(sizes, r).c_str(), co.tp,
+                    co.cp, co.dp, sizes.ep > 1 ? (", ep " + std::to_string(co.ep) + ", edp " +
+                                                   std::to_string(co.edp)).c_str() : "");
       }
     }
     return L.finish(0);
   }
   L.usage_error_if(o.sp && o.tp == 1, "--sp on needs --tp > 1 (sequence parallelism splits the "
                                       "tokens over the TP ranks)");
+  L.usage_error_if(o.ep > 1 && o.tp > 1 && !o.sp,
+                   "--ep > 1 with --tp > 1 needs --sp on: an EP group folds over the TP ranks, and "
+                   "without sequence parallelism they hold the same tokens (each would be sent to "
+                   "its experts tp times)");
+  L.usage_error_if(o.experts % o.ep != 0, "--experts " + std::to_string(o.experts) + " must be a "
+                   "multiple of --ep " + std::to_string(o.ep) + " (every EP rank holds as many experts)");
+  L.usage_error_if(o.ep == 1 && (cli.given("--a2a") || cli.given("--ranks-per-node")),
+                   "--a2a and --ranks-per-node choose how the MoE's tokens travel: they need --ep > 1");
+  if (o.ranks_per_node == 0) o.ranks_per_node = o.ep % 2 == 0 ? 2 : 1;
+  L.usage_error_if(o.a2a == "hierarchical" && o.ep % o.ranks_per_node != 0,
+                   "--ranks-per-node " + std::to_string(o.ranks_per_node) + " must divide --ep " +
+                       std::to_string(o.ep) + " (the EP group is cut into virtual nodes)");
+  L.usage_error_if(o.bug == "ep-grad-mean" && (o.ep == 1 || o.ep == o.tp),
+                   "--bug ep-grad-mean needs --ep > 1 and --ep != --tp (with ep = tp, expert-DP has "
+                   "dp x cp ranks and dividing by its size happens to be right)");
   L.usage_error_if(o.heads % o.tp != 0, "--heads " + std::to_string(o.heads) + " must be a multiple "
                    "of --tp " + std::to_string(o.tp) + " (every TP rank computes whole heads)");
   L.usage_error_if(o.batch % sizes.dp != 0, "--batch " + std::to_string(o.batch) + " must be a "
@@ -756,7 +941,7 @@ int mesh_lesson(Lesson& L) {
   const model::Params full = model::init_params(c, (uint64_t)L.flags.seed, L.device);
   MeshModel mm;
   mm.c = c;
-  mm.p = shard_model(c, full, t, sizes.tp, bug_kpe);
+  mm.p = shard_model(c, full, mesh.coords(), sizes, bug_kpe);
   mm.tp = &mesh.tp();
   mm.sp = o.sp;
   mm.ce_local_softmax = o.bug == "ce-local-softmax";
@@ -769,6 +954,13 @@ int mesh_lesson(Lesson& L) {
     mm.cp_positions.push_back(ring::layout_positions(ring::Layout::zigzag, T, sizes.cp, r));
   mm.local_mask = o.bug == "local-causal-mask";
   mm.local_rope = o.bug == "local-rope-positions";
+  mm.ep = &mesh.ep();
+  dsv3::Topology topo = dsv3::make_topology(mesh.ep(), o.a2a == "hierarchical" ? (int)o.ranks_per_node : 1);
+  topo.node_comm.set_label("ep-node"), topo.rail_comm.set_label("ep-rail");
+  mm.topo = &topo;
+  mm.scheme = o.a2a == "hierarchical" ? dsv3::Scheme::hierarchical : dsv3::Scheme::flat;
+  std::vector<dsv3::RoutingMap> maps;
+  mm.maps = &maps;
   const std::vector<int64_t>& my_cols = mm.cp_positions[(size_t)mesh.coords().cp];
   std::vector<std::string> names;
   std::vector<Shape> full_shapes;
@@ -786,19 +978,26 @@ int mesh_lesson(Lesson& L) {
   int64_t local_numel = 0, replicated_numel = 0;
   for (size_t k = 0; k < names.size(); k++) {
     local_numel += params[k]->numel();
-    if (split_of(names[k]) == Split::replicated) replicated_numel += params[k]->numel();
+    if (split_of(names[k], sizes.ep) == Split::replicated) replicated_numel += params[k]->numel();
   }
   AdamConfig ac;
   ac.lr = o.lr;
   const zero::Bug zbug = o.bug == "zero-no-divide"     ? zero::Bug::no_divide
                          : o.bug == "zero-stale-shard" ? zero::Bug::stale_shard
                                                        : zero::Bug::none;
-  std::unique_ptr<zero::DataParallelAdam> opt0;
-  std::unique_ptr<zero::Zero1Adam> opt1;
-  if (o.zero == 0)
-    opt0 = std::make_unique<zero::DataParallelAdam>(data, ac);
-  else
-    opt1 = std::make_unique<zero::Zero1Adam>(data, ac, zbug);
+  // [slide:ep-optimizers]
+  // Two optimizers: the dense weights averaged over DP x CP (W ranks); under EP the experts
+  // over expert-DP, the ranks of the stage holding the same experts (edp = dp cp tp / ep).
+  // Their summed gradient holds every token of the stage once (each reached its expert through
+  // one EP group), so the mean over the global batch divides it by W, not by edp (the planted
+  // bug ep-grad-mean divides by edp: tp / ep too small or too big).
+  Comm& edp = mesh.edp();
+  GroupAdam dense_opt(data, ac, (int)o.zero, zbug), expert_opt(edp, ac, (int)o.zero, zero::Bug::none);
+  for (size_t k = 0; k < names.size(); k++)
+    (split_of(names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(params[k], k);
+  if (o.bug != "ep-grad-mean") expert_opt.divide_by(W);
+  // [/slide]
+  Comm check_edp = edp.split(0, edp.rank());
   if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
 
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
@@ -817,9 +1016,14 @@ int mesh_lesson(Lesson& L) {
   }
 
   if (L.rank() == 0) {
-    std::printf("mesh %s: dp %d x %stp %d = %d ranks, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+    std::printf("mesh %s: dp %d x %stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
                 sizes.dp, sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "",
-                sizes.tp, sizes.world(), (long long)o.zero, o.sp ? "on" : "off",
+                sizes.tp, sizes.world(),
+                sizes.ep > 1 ? (", ep " + std::to_string(sizes.ep) + " folded on them (expert-DP " +
+                                std::to_string(edp.size()) + ", " + o.a2a + " all-to-all" +
+                                (o.a2a == "hierarchical" ? ", " + std::to_string(topo.R) + " ranks per node" : "") + ")").c_str()
+                              : "",
+                (long long)o.zero, o.sp ? "on" : "off",
                 o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
     std::printf("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
                 "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
@@ -833,7 +1037,7 @@ int mesh_lesson(Lesson& L) {
                 o.lr);
     std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                 "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
-                sizes.cp > 1 ? "    CP bytes" : "");
+                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "")).c_str());
   }
 
   // ---- training
@@ -848,7 +1052,7 @@ int mesh_lesson(Lesson& L) {
   std::string disagree, comm_detail, adam_detail = "-";
   int64_t checked_steps = 0;
   double first_loss_ratio = 0;  // step 0: both from the initial weights
-  CollectiveCounts last_tp, last_dp, last_cp;
+  CollectiveCounts last_tp, last_dp, last_cp, last_ep, last_edp;
   std::ostringstream csv;
   L.start_trace();
   double train_s = 0;
@@ -859,6 +1063,8 @@ int mesh_lesson(Lesson& L) {
     mesh.tp().reset_collective_counts();
     data.reset_collective_counts();
     mesh.cp().reset_collective_counts();
+    for (Comm* cm : {&mesh.ep(), &topo.node_comm, &topo.rail_comm, &edp}) cm->reset_collective_counts();
+    maps.clear();
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
     CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, o.batch, T, row0, row0 + B,
                                            (uint64_t)L.flags.seed);
@@ -881,7 +1087,7 @@ int mesh_lesson(Lesson& L) {
     if (o.sp) {
       std::vector<Tensor*> reps;
       for (size_t k = 0; k < names.size(); k++)
-        if (split_of(names[k]) == Split::replicated && !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
+        if (split_of(names[k], sizes.ep) == Split::replicated && !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
           reps.push_back(params[k]);
       std::vector<float> flat;
       for (Tensor* p : reps) {
@@ -902,7 +1108,8 @@ int mesh_lesson(Lesson& L) {
       if (!load.empty()) mesh.tp().allreduce_sum(load.data(), load.size());
     }
     // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
-    if (opt0) opt0->step(params); else opt1->step(params);
+    dense_opt.step();
+    expert_opt.step();
     // 4. the balancing bias from the loads of the whole global batch
     if (W > 1 && !load.empty()) data.allreduce_sum(load.data(), load.size());
     update_biases(mm.p, load, c.experts, o.bias_rate);
@@ -911,14 +1118,26 @@ int mesh_lesson(Lesson& L) {
     last_tp = mesh.tp().collective_counts();
     last_dp = data.collective_counts();
     last_cp = mesh.cp().collective_counts();
-    const bool tp_ok = same_counts(last_tp, formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel));
-    const bool dp_ok = same_counts(last_dp, formula_dp(c, local_numel, W, (int)o.zero));
-    const bool cp_ok = same_counts(last_cp, formula_cp(c, B, Tc, sizes.tp, sizes.cp));
-    if ((!tp_ok || !dp_ok || !cp_ok) && comm_equal) {
-      comm_equal = false;
-      comm_detail = "step " + std::to_string(step) + ": " + (!tp_ok ? "tp " : !dp_ok ? "dp " : "cp ") +
-                    counts_text(!tp_ok ? last_tp : !dp_ok ? last_dp : last_cp);
-    }
+    last_ep = merged_counts({&mesh.ep(), &topo.node_comm, &topo.rail_comm});
+    last_edp = edp.collective_counts();
+    const struct {
+      const char* axis;
+      const CollectiveCounts& got;
+      CollectiveCounts want;
+    } axes[] = {
+        {"tp", last_tp, formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel)},
+        {"dp", last_dp, formula_dp(c, dense_opt.numel, W, (int)o.zero)},
+        {"cp", last_cp, formula_cp(c, B, Tc, sizes.tp, sizes.cp)},
+        {"ep", last_ep, formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)},
+        {"edp", last_edp, sizes.ep > 1 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
+                                       : CollectiveCounts{}},
+    };
+    for (const auto& a : axes)
+      if (!same_counts(a.got, a.want) && comm_equal) {
+        comm_equal = false;
+        comm_detail = "step " + std::to_string(step) + ": " + a.axis + " " + counts_text(a.got) +
+                      ", formula " + counts_text(a.want);
+      }
 
     // ---- the check (its traffic on check_world / check_dp, not counted above)
     Trace::Category check_traffic(trace(), "check");
@@ -926,21 +1145,10 @@ int mesh_lesson(Lesson& L) {
     check_dp.allreduce(&loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
     loss_mesh /= W;
     // the mean gradient each rank's optimizer used, and the weights after its step
-    std::vector<Tensor> mean_grads;
-    if (opt0) {
-      for (Tensor* p : params) mean_grads.push_back(p->grad());
-    } else {
-      std::vector<float> flat((size_t)(opt1->shard_size() * W));
-      check_dp.allgather(opt1->grad_shard().to_vector().data(), (size_t)opt1->shard_size() * sizeof(float),
-                         flat.data());
-      size_t at = 0;
-      for (Tensor* p : params) {
-        const size_t n = (size_t)p->numel();
-        mean_grads.push_back(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
-                                                                    flat.begin() + (long)(at + n)),
-                                                 p->shape()));
-        at += n;
-      }
+    std::vector<Tensor> mean_grads(params.size());
+    for (const GroupAdam* g : {&dense_opt, &expert_opt}) {
+      const std::vector<Tensor> mg = g->mean_grads(g == &dense_opt ? check_dp : check_edp);
+      for (size_t i = 0; i < mg.size(); i++) mean_grads[g->index[i]] = mg[i];
     }
     std::vector<Tensor> now;
     for (Tensor* p : params) now.push_back(*p);
@@ -1063,10 +1271,12 @@ int mesh_lesson(Lesson& L) {
     if (L.rank() == 0) {
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref));
       if (logging) {
-        const std::string cp_col =
-            sizes.cp > 1 ? "  " + std::string(10 - std::min<size_t>(10, human_bytes((double)sum_bytes(last_cp)).size()), ' ') +
-                               human_bytes((double)sum_bytes(last_cp))
-                         : "";
+        auto column = [&](bool shown, const CollectiveCounts& m) {
+          const std::string b = human_bytes((double)sum_bytes(m));
+          return shown ? "  " + std::string(10 - std::min<size_t>(10, b.size()), ' ') + b : std::string();
+        };
+        const std::string cp_col = column(sizes.cp > 1, last_cp) + column(sizes.ep > 1, last_ep) +
+                                   column(sizes.ep > 1, last_edp);
         if (checking)
           std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s%s\n", (long long)step,
                       loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, grad_ratio,
@@ -1087,8 +1297,10 @@ int mesh_lesson(Lesson& L) {
   }
 
   // ---- memory, communication per axis, the estimate
-  const zero::Memory mem = opt0 ? opt0->memory(params) : opt1->memory(params);
-  const zero::Memory want = zero::formula(local_numel, W, (int)o.zero);
+  // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
+  const zero::Memory mem = dense_opt.memory() + expert_opt.memory();
+  const zero::Memory want = zero::formula(dense_opt.numel, W, (int)o.zero) +
+                            (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)o.zero) : zero::Memory{});
   if (L.rank() == 0) {
     std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
     std::printf("  tp: %s\n      formula: %s\n", counts_text(last_tp).c_str(),
@@ -1096,11 +1308,21 @@ int mesh_lesson(Lesson& L) {
     if (sizes.cp > 1)
       std::printf("  cp: %s\n      formula: %s\n", counts_text(last_cp).c_str(),
                   counts_text(formula_cp(c, B, Tc, sizes.tp, sizes.cp)).c_str());
+    if (sizes.ep > 1)
+      std::printf("  ep: %s\n      formula: %s\n", counts_text(last_ep).c_str(),
+                  counts_text(formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)).c_str());
     std::printf("  %s: %s\n      formula: %s\n", sizes.cp > 1 ? "dp x cp" : "dp", counts_text(last_dp).c_str(),
-                counts_text(formula_dp(c, local_numel, W, (int)o.zero)).c_str());
+                counts_text(formula_dp(c, dense_opt.numel, W, (int)o.zero)).c_str());
+    if (sizes.ep > 1)
+      std::printf("  edp: %s\n      formula: %s\n", counts_text(last_edp).c_str(),
+                  counts_text(formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)).c_str());
     std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
                 "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
                 sizes.cp > 1 ? "dp x cp" : "dp", W);
+    if (sizes.ep > 1)
+      std::printf("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
+                  "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, W,
+                  (long long)expert_opt.numel, edp.size());
     std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)mem.params).c_str(),
                 human_bytes((double)want.params).c_str());
     std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)mem.grads).c_str(),
@@ -1123,7 +1345,8 @@ int mesh_lesson(Lesson& L) {
   }
   if (o.estimate == "run" && L.rank() == 0) {
     estimate::Parallel par;
-    par.tp = sizes.tp, par.dp = sizes.dp, par.cp = sizes.cp, par.zero = (int)o.zero, par.sp = o.sp;
+    par.tp = sizes.tp, par.dp = sizes.dp, par.cp = sizes.cp, par.ep = sizes.ep, par.zero = (int)o.zero;
+    par.sp = o.sp;
     estimate::Measured meas{local_numel, (double)mem.params, (double)mem.grads, (double)mem.optimizer};
     std::printf("\n%s", estimate::report(estimate::tiny(c, B), par, meas).c_str());
   }
