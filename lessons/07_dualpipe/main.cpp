@@ -12,10 +12,11 @@
 //     zb-h2      ZB-H1 with more warm-up forwards and W's at the tail: a parallelogram, 2P-1 live
 //     dualpipe   micro-batches enter at both ends; forward & backward pairs overlap
 //     dualpipev  DualPipe folded in a V: one direction, two stages per rank
-//   This file is the executor: it walks the rank's program, receives the activation (or the
-//   gradient) an op needs from the neighbouring stage, runs it through the core's autograd,
-//   and sends what the next op elsewhere needs. An I runs the backward with the weight
-//   gradients deferred (run_backward(..., &deferred)); its W runs them, first in first out.
+//   The executor (common/layers/pipeline.cpp, which lesson 08 reuses) walks the rank's
+//   program, receives the activation (or the gradient) an op needs from the neighbouring
+//   stage, runs it through the core's autograd, and sends what the next op elsewhere needs.
+//   An I runs the backward with the weight gradients deferred (run_backward(..., &deferred));
+//   its W runs them, first in first out. This file gives it the model, cut into stages.
 // Why: the bubble — the time a rank waits for its neighbours — is the cost of pipeline
 //   parallelism; each schedule trades memory and complexity to remove some of it.
 // Run:  make run L=07 NP=4
@@ -39,6 +40,7 @@
 
 #include "common/lesson/files.h"
 #include "common/lesson/lesson.h"
+#include "common/layers/pipeline.h"
 #include "common/layers/schedule.h"
 
 using namespace ff;
@@ -94,7 +96,8 @@ static Tensor mb_loss(const Tensor& y, const Tensor& target, int64_t M) {
 }
 
 // ----------------------------------------------------------------------------
-// The executor
+// The executor (common/layers/pipeline.h: receive, compute, send, for each step of the rank's
+// program; an I defers its weight gradients to its W) runs this model, cut into stages.
 
 enum class Bug { none, drop_w, no_copy_sum };
 
@@ -105,191 +108,39 @@ struct Options {
   Bug bug = Bug::none;
 };
 
-// A message carries one (rows, dim) tensor plus, as its last float, the global index of the
-// micro-batch it belongs to: a receiver that gets another micro-batch than its program
-// expects (two programs disagreeing on a link's order) stops with an error.
-constexpr int kTagActivation = 1, kTagGradient = 2;
-
-class Executor {
+// The stages this rank holds (one, or two for DualPipe and DualPipeV), L / S layers each.
+class Stages : public pp::StageModel {
  public:
-  Executor(Comm& comm, const Schedule& s, const ModelConfig& mc, const Options& opt)
-      : comm_(comm), s_(s), mc_(mc), opt_(opt), r_(comm.rank()) {
+  Stages(int rank, const Schedule& s, const ModelConfig& mc) : s_(s), mc_(mc) {
     const int64_t per_stage = mc.layers / s.num_stages();
     for (int d = 0; d < (s.layout == pp::Layout::line ? 1 : 2); d++) {
       Chunk c;
       c.dir = d;
-      c.stage = s.stage_of(r_, d);
+      c.stage = s.stage_of(rank, d);
       for (int64_t l = c.stage * per_stage; l < (c.stage + 1) * per_stage; l++)
         c.layers.push_back(make_layer(mc, l));
       chunks_.push_back(std::move(c));
     }
-    for (const Step& st : s.ranks[(size_t)r_]) w_total_ += st.op.kind == Kind::W;
   }
-
   struct Chunk {
     int dir = 0, stage = 0;
     std::vector<Layer> layers;
   };
   const std::vector<Chunk>& chunks() const { return chunks_; }
-  double local_loss() const { return loss_sum_; }
-  int peak_live() const { return peak_live_; }
-  double busy_us() const { return busy_us_; }  // time inside ops
-  double end_us() const { return end_us_; }    // when the last op ended (trace clock)
 
-  void run() {
-    for (const Step& step : s_.ranks[(size_t)r_]) {
-      std::vector<Op> ops = step.paired ? std::vector<Op>{step.op, step.with} : std::vector<Op>{step.op};
-      // 1. everything the step needs from other ranks (a pair receives both, as DualPipe does)
-      std::vector<Tensor> inbox;
-      for (const Op& op : ops) inbox.push_back(receive_for(op));
-      // 2. compute, timed (and, with --compute sleep, stretched to the op's cost)
-      const double start = trace().now_us();
-      std::vector<Tensor> outbox;
-      for (size_t i = 0; i < ops.size(); i++) outbox.push_back(compute(ops[i], inbox[i]));
-      if (opt_.sleep) {
-        double left_us = start + opt_.costs.of(step) * opt_.unit_ms * 1e3 - trace().now_us();
-        if (left_us > 0) std::this_thread::sleep_for(std::chrono::microseconds((int64_t)left_us));
-        else overran_++;
-      }
-      const double end = trace().now_us();
-      busy_us_ += end - start;
-      end_us_ = end;
-      trace().add(pp::to_string(step), "compute", start, end);
-      // 3. send the results on (non-blocking: the next op does not wait for the neighbour)
-      for (size_t i = 0; i < ops.size(); i++) send_after(ops[i], outbox[i]);
-    }
-    comm_.wait_all(pending_);
-    pending_.clear();
-    outbox_.clear();
+  Tensor forward(int stage, int gm, const Tensor& x) override {
+    const Chunk& c = chunks_[chunks_.size() == 1 || chunks_[0].stage == stage ? 0 : 1];
+    Tensor y = run_layers(c.layers, x.defined() ? x : mb_input(mc_, s_.M, gm));
+    if (stage + 1 == s_.num_stages()) y = mb_loss(y, mb_target(mc_, s_.M, gm), s_.M);
+    return y;
   }
-  int overran() const { return overran_; }
+  Shape boundary_shape(int, int) const override { return {mc_.rows, mc_.dim}; }
+  Device device() const override { return mc_.dev; }
 
  private:
-  struct Live {  // what a micro-batch leaves on this stage between its F and its B (or W)
-    Tensor x;    // the stage's input, a leaf: its .grad is what goes back to the previous stage
-    Tensor y;    // the stage's output (the loss on the last stage), with its autograd graph
-  };
-
-  Chunk& chunk_of(int dir) { return chunks_[s_.layout == pp::Layout::line ? 0 : (size_t)dir]; }
-
-  // The neighbours of op's stage along its flow: -1 at the ends of the pipeline.
-  int prev_stage(const Op& op) const { return s_.stage_of(r_, op.dir) - 1; }
-  int next_stage(const Op& op) const {
-    int st = s_.stage_of(r_, op.dir) + 1;
-    return st < s_.num_stages() ? st : -1;
-  }
-
-  Tensor receive_for(const Op& op) {
-    const int f = s_.flow_of(op.dir), gm = s_.global_mb(op.dir, op.mb);
-    int from_stage = op.kind == Kind::F ? prev_stage(op) : (op.kind == Kind::W ? -1 : next_stage(op));
-    if (from_stage < 0) return Tensor();
-    int peer = s_.rank_of(f, from_stage);
-    bool grad = op.kind != Kind::F;
-    if (peer == r_) {  // the bottom of the V: the neighbouring stage is on this rank
-      auto& box = grad ? local_grads_ : local_acts_;
-      Tensor t = box.at(gm);
-      box.erase(gm);
-      return t;
-    }
-    std::vector<float> buf((size_t)(mc_.rows * mc_.dim + 1));
-    comm_.recv(buf.data(), buf.size() * sizeof(float), peer, grad ? kTagGradient : kTagActivation);
-    int got = (int)buf.back();
-    FF_CHECK(got == gm, "rank " << r_ << " received the " << (grad ? "gradient" : "activation")
-                                << " of micro-batch " << got << " from rank " << peer << " where its "
-                                << pp::to_string(op) << " expects micro-batch " << gm
-                                << ": the two ranks' programs disagree on the order of that link");
-    buf.pop_back();
-    return Tensor::from_vector(buf, {mc_.rows, mc_.dim}).to(mc_.dev);
-  }
-
-  // Runs op; returns what goes to the neighbouring stage (the output of F, the input gradient
-  // of B or I), undefined when nothing does.
-  Tensor compute(const Op& op, const Tensor& in) {
-    const int gm = s_.global_mb(op.dir, op.mb);
-    const bool last = next_stage(op) < 0;
-    const std::pair<int, int> key{op.dir, op.mb};
-    switch (op.kind) {
-      case Kind::F: {
-        Live lv;
-        lv.x = in.defined() ? in.detach() : mb_input(mc_, s_.M, gm);
-        if (in.defined()) lv.x.requires_grad_();
-        lv.y = run_layers(chunk_of(op.dir).layers, lv.x);
-        if (last) {
-          lv.y = mb_loss(lv.y, mb_target(mc_, s_.M, gm), s_.M);
-          loss_sum_ += lv.y.item();
-        }
-        live_[key] = lv;
-        peak_live_ = std::max(peak_live_, (int)live_.size());
-        return last ? Tensor() : lv.y.detach();
-      }
-      case Kind::B:
-      case Kind::I: {
-        Live& lv = live_.at(key);
-        Tensor dy = last ? Tensor::full({}, 1.f, mc_.dev) : in;
-        // [slide:b-or-i]
-        if (op.kind == Kind::B) {
-          run_backward(lv.y, dy);
-        } else {
-          DeferredGrads w;
-          run_backward(lv.y, dy, &w);
-          deferred_.push_back({key, std::move(w)});
-        }
-        // [/slide]
-        Tensor dx = lv.x.requires_grad() ? lv.x.grad() : Tensor();
-        lv.y = Tensor();  // the graph is no longer needed (a deferred W holds what it uses)
-        if (op.kind == Kind::B) live_.erase(key);
-        return dx;
-      }
-      case Kind::W: {
-        FF_CHECK(!deferred_.empty() && deferred_.front().first == key,
-                 "rank " << r_ << ": " << pp::to_string(op) << " is not the oldest deferred W");
-        // [slide:w-fifo]
-        bool drop = opt_.bug == Bug::drop_w && ++w_run_ == w_total_;  // the rank's last W
-        if (!drop) deferred_.front().second.run();
-        deferred_.pop_front();
-        // [/slide]
-        live_.erase(key);
-        return Tensor();
-      }
-    }
-    return Tensor();
-  }
-
-  void send_after(const Op& op, const Tensor& t) {
-    if (op.kind == Kind::W) return;
-    const int f = s_.flow_of(op.dir), gm = s_.global_mb(op.dir, op.mb);
-    const bool fwd = op.kind == Kind::F;
-    int to_stage = fwd ? next_stage(op) : prev_stage(op);
-    if (to_stage < 0) return;
-    FF_CHECK(t.defined(), "rank " << r_ << ": " << pp::to_string(op) << " has nothing to send");
-    int peer = s_.rank_of(f, to_stage);
-    if (peer == r_) {
-      (fwd ? local_acts_ : local_grads_)[gm] = t;
-      return;
-    }
-    std::vector<float> buf = t.to_vector();
-    buf.push_back((float)gm);
-    outbox_.push_back(std::move(buf));
-    const std::vector<float>& b = outbox_.back();
-    pending_.push_back(comm_.isend(b.data(), b.size() * sizeof(float), peer,
-                                   fwd ? kTagActivation : kTagGradient));
-  }
-
-  Comm& comm_;
   const Schedule& s_;
   const ModelConfig& mc_;
-  const Options& opt_;
-  const int r_;
   std::vector<Chunk> chunks_;
-  std::map<std::pair<int, int>, Live> live_;                          // (dir, mb) -> state
-  std::deque<std::pair<std::pair<int, int>, DeferredGrads>> deferred_;  // W's, FIFO
-  std::map<int, Tensor> local_acts_, local_grads_;  // hand-overs between this rank's stages
-  std::deque<std::vector<float>> outbox_;           // send buffers alive until the sends end
-  std::vector<Request> pending_;
-  double loss_sum_ = 0;
-  int peak_live_ = 0, overran_ = 0;
-  int w_run_ = 0, w_total_ = 0;  // for --bug drop-w
-  double busy_us_ = 0, end_us_ = 0;
 };
 
 // ----------------------------------------------------------------------------
@@ -451,14 +302,24 @@ static int dualpipe_lesson(Lesson& lesson) {
   }
 
   // ---- the pipeline
-  Executor ex(comm, s, mc, opt);
+  Stages model(rank, s, mc);
+  pp::ExecutorOptions eo;
+  eo.drop_last_w = opt.bug == Bug::drop_w;
+  int overran = 0;
+  if (opt.sleep)  // each op stretched to its cost (an op that took longer is counted)
+    eo.after_compute = [&](const Step& step, double start) {
+      const double left_us = start + opt.costs.of(step) * opt.unit_ms * 1e3 - trace().now_us();
+      if (left_us > 0) std::this_thread::sleep_for(std::chrono::microseconds((int64_t)left_us));
+      else overran++;
+    };
+  pp::Executor ex(comm, s, model, eo);
   trace().enable(comm);  // always: the executor's spans give the measured bubble and --csv
   ex.run();
 
   // DualPipe: stage s has two copies (rank s for direction 0, rank P-1-s for direction 1);
   // each saw half of the micro-batches. Partners swap gradients and both copies get the sum.
   std::vector<std::vector<Tensor>> grads;  // per chunk: the grads of its layers' g, w1, w2
-  for (const auto& c : ex.chunks()) {
+  for (const auto& c : model.chunks()) {
     std::vector<Tensor> gs;
     for (const Layer& L : c.layers)
       for (const Tensor* t : {&L.g, &L.w1, &L.w2})
@@ -499,7 +360,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   double busy_us = ex.busy_us(), makespan_us = ex.end_us();
   comm.allreduce(&makespan_us, 1, MPI_DOUBLE, MPI_MAX);
   std::vector<double> all_busy((size_t)P), all_peak((size_t)P), all_over((size_t)P);
-  double mine_peak = ex.peak_live(), mine_over = ex.overran();
+  double mine_peak = ex.peak_live(), mine_over = overran;
   comm.allgather(&busy_us, sizeof(double), all_busy.data());
   comm.allgather(&mine_peak, sizeof(double), all_peak.data());
   comm.allgather(&mine_over, sizeof(double), all_over.data());
@@ -545,8 +406,8 @@ static int dualpipe_lesson(Lesson& lesson) {
   check.scalar("loss", loss, ref_loss, 8.0 * M * FLT_EPSILON * std::max(std::fabs(ref_loss), 1e-3));
   const int64_t per_stage = mc.layers / s.num_stages();
   const char* names[3] = {"g (norm)", "w1", "w2"};
-  for (size_t c = 0; c < ex.chunks().size(); c++) {
-    const auto& ch = ex.chunks()[c];
+  for (size_t c = 0; c < model.chunks().size(); c++) {
+    const auto& ch = model.chunks()[c];
     for (int k = 0; k < 3; k++) {
       std::vector<Tensor> got, want;
       for (int64_t i = 0; i < per_stage; i++) {
@@ -569,7 +430,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   if (lesson.dumping()) {
     // Per stage: the parameters and the pipeline's gradients (DualPipe: summed copies, from
     // the direction-0 copy); rank 0 adds the inputs, targets and the loss.
-    const auto& ch = ex.chunks();
+    const auto& ch = model.chunks();
     for (size_t c = 0; c < ch.size(); c++) {
       if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
       for (int64_t i = 0; i < per_stage; i++) {
