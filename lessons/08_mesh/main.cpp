@@ -51,6 +51,7 @@
 #include "common/comm/mesh.h"
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
+#include "common/layers/pipeline.h"
 #include "common/layers/ring_attention.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/layers/zero.h"
@@ -63,7 +64,7 @@ using namespace ff;
 namespace {
 
 struct Options {
-  int64_t tp = 0, dp = 0, cp = 1, ep = 1, zero = 1, ranks_per_node = 0;
+  int64_t tp = 0, dp = 0, cp = 1, ep = 1, pp = 1, zero = 1, ranks_per_node = 0, microbatches = 0;
   bool sp = true, print_mesh = false;
   int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
   int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
@@ -71,7 +72,7 @@ struct Options {
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
-              bug = "none", a2a = "flat";
+              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage;
 };
 
 // How a weight is laid over the ranks: over TP (columns or rows), or, under EP, its experts
@@ -213,8 +214,24 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
 
 // ----------------------------------------------------------------------------
 // The model on the mesh: this rank's forward of its DP slice, under TP (and SP).
+// Rows [r0, r1) of an int64 tensor (token ids, positions), on its device.
+Tensor index_rows(const Tensor& t, int64_t r0, int64_t r1) {
+  const std::vector<int64_t> all = t.to_index_vector();
+  const int64_t w = t.numel() / t.size(0);
+  Shape s = t.shape();
+  s[0] = r1 - r0;
+  return Tensor::from_indices(std::vector<int64_t>(all.begin() + r0 * w, all.begin() + r1 * w), s, t.device());
+}
+
+// One MoE layer's routing of some token rows: its index among the MoE layers, the experts.
+struct Route {
+  int64_t moe_layer = 0;
+  Tensor idx;  // (rows, K)
+};
+
 struct MeshModel {
   model::Config c;
+  Device device = Device::cpu;
   model::Params p;  // this TP rank's weights (shard_model)
   Comm* tp = nullptr;
   bool sp = false, ce_local_softmax = false;
@@ -271,43 +288,58 @@ struct MeshModel {
   }
   // [/slide]
 
-  // [slide:mesh-forward]
-  // inputs, targets: this rank's (B, T) sequences (under CP its T = seq / cp tokens of each).
-  // Returns the mean loss over its B T tokens (the same on every TP rank); routes gets each MoE
-  // layer's chosen experts for this rank's tokens (all B T of them, or its own slice under SP).
-  Tensor forward(const Tensor& inputs, const Tensor& targets, std::vector<Tensor>* routes) {
-    const int64_t B = inputs.size(0), T = inputs.size(1), n = B * T;
-    const Device dev = p.embed.device();
+  // Where this rank's tokens sit: under CP each sequence's T tokens are the zigzag chunks of
+  // this CP rank (global positions, for the mask and RoPE); under SP this TP rank keeps rows
+  // [r0, r0 + rows) of the B T token rows outside the TP regions.
+  struct Tokens {
+    int64_t B = 0, T = 0, r0 = 0, rows = 0;
+    Tensor pos_all;  // (B T) global positions of every token row
+    Tensor pos;      // (rows) those of this rank's rows
+  };
+  Tokens tokens(int64_t B, int64_t T) const {
+    Tokens k;
+    k.B = B, k.T = T, k.rows = B * T;
+    const Device dev = device;
     std::vector<int64_t> seq_pos = cp_positions[(size_t)cp->rank()];  // global, for RoPE
     if (local_rope)
       for (size_t i = 0; i < seq_pos.size(); i++) seq_pos[i] = (int64_t)i;
-    const Tensor pos_all = model::tile_positions(
-        Tensor::from_indices(seq_pos, {T}, dev), B);                          // (B T)
-    std::vector<int64_t> ids = inputs.to_index_vector();
-    Tensor pos = pos_all;
+    k.pos_all = model::tile_positions(Tensor::from_indices(seq_pos, {T}, dev), B);  // (B T)
+    k.pos = k.pos_all;
     if (sp) {  // this rank's slice of the B T token rows
-      const int64_t rows = n / tp->size(), r0 = tp->rank() * rows;
-      ids = std::vector<int64_t>(ids.begin() + r0, ids.begin() + r0 + rows);
-      const std::vector<int64_t> all = pos_all.to_index_vector();
-      pos = Tensor::from_indices(std::vector<int64_t>(all.begin() + r0, all.begin() + r0 + rows),
-                                 {rows}, dev);
+      k.rows = B * T / tp->size(), k.r0 = tp->rank() * k.rows;
+      k.pos = index_rows(k.pos_all, k.r0, k.r0 + k.rows);
     }
+    return k;
+  }
+
+  // The first stage: this rank's token rows, embedded (rows, d).
+  Tensor embed(const Tensor& inputs, const Tokens& k) const {
+    const std::vector<int64_t> ids = inputs.to_index_vector();
+    return embedding(p.embed, Tensor::from_indices(
+                                  std::vector<int64_t>(ids.begin() + k.r0, ids.begin() + k.r0 + k.rows),
+                                  {k.rows}, device));
+  }
+
+  // [slide:mesh-forward]
+  // Blocks [l0, l1) on this rank's token rows x (rows, d). routes gets each MoE layer's chosen
+  // experts for these rows (its MoE index: the layer's place among the MoE layers).
+  Tensor blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& k, std::vector<Route>* routes) {
     const int64_t H = c.heads / tp->size();  // this rank's heads
     dsv3::Config mc = c.moe_config();
-    mc.seq_len = T;
-    Tensor x = embedding(p.embed, Tensor::from_indices(ids, {(int64_t)ids.size()}, dev));
-    for (const model::Block& b : p.layers) {
+    mc.seq_len = k.T;
+    for (int64_t l = l0; l < l1; l++) {
+      const model::Block& b = p.layers[(size_t)l];
       // [slide:mla-f]
       // attention: the latents from the replicated down-projections (each rank's own tokens
       // under SP), into the TP region as one tensor, this rank's heads, out through W_o's rows
       Tensor u = rmsnorm(x, b.attn_norm, c.norm_eps);
-      model::Latents lat = model::attention_latents(c, b.attn, u, pos);
+      model::Latents lat = model::attention_latents(c, b.attn, u, k.pos);
       const int64_t rq = c.q_lora, rkv = c.kv_lora, rk = lat.k_pe.size(1);
       Tensor joined = enter(concat({lat.c_q, lat.c_kv, lat.k_pe}, 1));
       lat = {slice(joined, 1, 0, rq), slice(joined, 1, rq, rq + rkv),
              slice(joined, 1, rq + rkv, rq + rkv + rk)};
-      x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, B, pos_all)
-                                        : attention_cp(b.attn, lat, H, B, pos_all)));
+      x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, k.B, k.pos_all)
+                                        : attention_cp(b.attn, lat, H, k.B, k.pos_all)));
       // [/slide:mla-f]
       // FFN: dense SwiGLU column- then row-parallel; the MoE on this rank's tokens, its
       // experts replicated or (EP) spread over the ep group, the tokens sent to them
@@ -323,24 +355,128 @@ struct MeshModel {
           x = add(x, dsv3::ep_layer(*ep, *topo, scheme, mc, b.experts, u, &route, &map));
           if (maps) maps->push_back(std::move(map));
         }
-        routes->push_back(route);
+        routes->push_back({l - c.dense_layers, route});
       }
     }
-    // the LM head split over the vocabulary, every token's logits of this rank's columns
+    return x;
+  }
+  // [/slide]
+
+  // The last stage: the LM head split over the vocabulary, every token's logits of this
+  // rank's columns, and the mean loss over the B T tokens (the same on every TP rank).
+  Tensor head_loss(const Tensor& x, const Tensor& targets) {
     Tensor logits = matmul(enter(rmsnorm(x, p.norm, c.norm_eps)), p.head);   // (B T, V_r)
     return vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
                                         ce_local_softmax);
   }
-  // [/slide]
+
 };
+
+// ----------------------------------------------------------------------------
+// Which stage each weight belongs to, and which stages a pipeline rank holds.
+struct StagePlan {
+  std::vector<int64_t> begin;  // S + 1 layer indices
+  pp::Schedule sched;
+  int stages() const { return (int)begin.size() - 1; }
+  int stage_of_layer(int64_t l) const {
+    int st = 0;
+    while (begin[(size_t)st + 1] <= l) st++;
+    return st;
+  }
+  // the embedding on the first stage, block l's weights on its stage, the rest on the last
+  int stage_of(const std::string& name) const {
+    if (name == "embed") return 0;
+    if (name.rfind("layers.", 0) == 0) return stage_of_layer(std::stol(name.substr(7)));
+    return stages() - 1;
+  }
+  bool holds_stage(int stage, int pp_rank) const {
+    for (int d = 0; d < (sched.layout == pp::Layout::line ? 1 : 2); d++)
+      if (sched.stage_of(pp_rank, d) == stage) return true;
+    return false;
+  }
+  bool holds(const std::string& name, int pp_rank) const { return holds_stage(stage_of(name), pp_rank); }
+  int rank_of(const std::string& name) const { return sched.rank_of(0, stage_of(name)); }
+};
+
+// The weights of the stages this pipeline rank does not hold, released (a block keeps only
+// whether it is a MoE block, for the order of the balancing biases).
+void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank) {
+  if (!plan.holds("embed", pp_rank)) p->embed = Tensor();
+  if (!plan.holds("head", pp_rank)) p->norm = Tensor(), p->head = Tensor();
+  for (size_t l = 0; l < p->layers.size(); l++)
+    if (!plan.holds_stage(plan.stage_of_layer((int64_t)l), pp_rank)) {
+      model::Block empty;
+      empty.moe = p->layers[l].moe;
+      p->layers[l] = empty;
+    }
+}
+
+// [slide:pp-stages]
+// PP: the model cut into S stages, stage s holding blocks [begin[s], begin[s+1]), the
+// embedding on the first stage and the final norm, LM head and loss on the last. Lesson 07's
+// executor (common/layers/pipeline.h) walks this rank's schedule and calls forward() for each
+// F; what crosses a stage boundary is the residual stream of this rank's token rows of one
+// micro-batch, (rows, d): under SP each TP rank sends its slice to the same TP rank of the
+// next stage, under CP its zigzag chunks.
+struct MeshStages : pp::StageModel {
+  MeshModel* mm = nullptr;
+  std::vector<int64_t> begin;  // S + 1 layer indices
+  int64_t M = 1, Bm = 1, T = 1;  // micro-batches, sequences in each, tokens of each (this rank)
+  Tensor inputs, targets;        // this step's (M Bm, T) sequences of this rank
+  std::vector<Route> routes;     // every MoE layer's routing of every micro-batch this step
+
+  int stages() const { return (int)begin.size() - 1; }
+  Tensor forward(int stage, int gm, const Tensor& x) override {
+    const MeshModel::Tokens k = mm->tokens(Bm, T);
+    Tensor in = index_rows(inputs, gm * Bm, (gm + 1) * Bm);
+    Tensor y = stage == 0 ? mm->embed(in, k) : x;
+    y = mm->blocks(y, begin[(size_t)stage], begin[(size_t)stage + 1], k, &routes);
+    if (stage + 1 < stages()) return y;
+    Tensor loss = mm->head_loss(y, index_rows(targets, gm * Bm, (gm + 1) * Bm));
+    return M == 1 ? loss : scale(loss, 1.f / (float)M);  // its share of the batch's mean
+  }
+  Shape boundary_shape(int, int) const override { return {mm->tokens(Bm, T).rows, mm->c.dim}; }
+
+  // The loss of this rank's (B, T) sequences through the pipeline, forward only, as one batch
+  // (validation): each stage receives the previous stage's output, computes, sends it on.
+  // Returns the loss on the ranks of the last stage, 0 elsewhere.
+  double forward_only(Comm& pipe, const pp::Schedule& s, const Tensor& in, const Tensor& tg) {
+    NoGradGuard ng;
+    const MeshModel::Tokens k = mm->tokens(in.size(0), in.size(1));
+    const int me = pipe.rank();
+    std::vector<Route> unused;
+    Tensor x;
+    double loss = 0;
+    for (int st = 0; st < stages(); st++) {
+      if (s.rank_of(0, st) != me) continue;
+      if (st > 0 && s.rank_of(0, st - 1) != me) {
+        std::vector<float> buf((size_t)(k.rows * mm->c.dim));
+        pipe.recv(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st - 1), 3);
+        x = Tensor::from_vector(buf, {k.rows, mm->c.dim}, mm->device);
+      }
+      x = mm->blocks(st == 0 ? mm->embed(in, k) : x, begin[(size_t)st], begin[(size_t)st + 1], k, &unused);
+      if (st + 1 == stages()) {
+        loss = mm->head_loss(x, tg).to_vector()[0];
+      } else if (s.rank_of(0, st + 1) != me) {
+        const std::vector<float> buf = x.to_vector();
+        pipe.send(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st + 1), 3);
+      }
+    }
+    return loss;
+  }
+  Device device() const override { return mm->device; }
+};
+// [/slide]
 
 // ----------------------------------------------------------------------------
 // The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
 // b_i += gamma * sign(mean load - load_i), the loads counted over the whole global batch.
-std::vector<float> expert_loads(const std::vector<Tensor>& routes, int64_t N) {
-  std::vector<float> load(routes.size() * (size_t)N, 0.f);
-  for (size_t l = 0; l < routes.size(); l++)
-    for (int64_t e : routes[l].to_index_vector()) load[l * (size_t)N + (size_t)e] += 1.f;
+// The loads of every MoE layer of the model ((L - D) N counts), from the routes this rank saw.
+std::vector<float> expert_loads(const std::vector<Route>& routes, const model::Config& c) {
+  const int64_t N = c.experts;
+  std::vector<float> load((size_t)((c.layers - c.dense_layers) * N), 0.f);
+  for (const Route& r : routes)
+    for (int64_t e : r.idx.to_index_vector()) load[(size_t)(r.moe_layer * N + e)] += 1.f;
   return load;  // exact: counts far below 2^24
 }
 
@@ -348,6 +484,10 @@ void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, 
   size_t l = 0;
   for (model::Block& b : p.layers) {
     if (!b.moe) continue;
+    if (!b.experts.bias.defined()) {  // a layer of another pipeline stage
+      l++;
+      continue;
+    }
     double total = 0;
     for (int64_t i = 0; i < N; i++) total += load[l * (size_t)N + (size_t)i];
     std::vector<float> bias = b.experts.bias.to_vector();
@@ -375,8 +515,10 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// local: this rank's tensors of the names its pipeline stages hold, in names' order.
 Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
-                     const std::vector<Tensor>& local, const MeshSizes& sizes, Comm& world) {
+                     const std::vector<Tensor>& local, const MeshSizes& sizes, const StagePlan& plan,
+                     Comm& world) {
   std::vector<float> mine;
   for (const Tensor& t : local) {
     const std::vector<float> v = t.to_vector();
@@ -395,12 +537,16 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
   std::vector<float> all(offset[(size_t)W]);
   world.allgatherv(mine.data(), mine.size() * sizeof(float), all.data(), bytes);
 
-  // Walk every rank's buffer with that rank's local shapes.
+  // Walk every rank's buffer with that rank's local shapes (empty: a name it does not hold).
   std::vector<std::vector<Tensor>> pieces((size_t)W);
   for (int r = 0; r < W; r++) {
     const MeshCoords co = mesh_coords(sizes, r);
     size_t at = offset[(size_t)r];
     for (size_t k = 0; k < names.size(); k++) {
+      if (!plan.holds(names[k], co.pp)) {
+        pieces[(size_t)r].push_back(Tensor());
+        continue;
+      }
       const Shape s = local_shape(full_shapes[k], split_of(names[k], sizes.ep), co, sizes);
       int64_t numel = 1;
       for (int64_t d : s) numel *= d;
@@ -410,19 +556,22 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
     }
   }
   Gathered g;
+  const int stage_ranks = sizes.dp * sizes.cp * sizes.tp;
   for (size_t k = 0; k < names.size(); k++) {
     const Split s = split_of(names[k], sizes.ep);
-    // the parts to join: TP rank t's shard from rank (tp t, all else 0); EP rank e's experts
-    // from rank e (the first stage's first EP group is ranks 0 .. ep-1)
+    const int q = plan.rank_of(names[k]);  // the pipeline rank holding its stage
+    // the parts to join, from the first block of ranks of that pipeline rank: TP rank t's shard
+    // from (tp t, all else 0); EP rank e's experts from the block's rank e
     std::vector<Tensor> parts;
     if (s == Split::expert)
-      for (int e = 0; e < sizes.ep; e++) parts.push_back(pieces[(size_t)e][k]);
+      for (int e = 0; e < sizes.ep; e++) parts.push_back(pieces[(size_t)(q * stage_ranks + e)][k]);
     else
-      for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, 0, 0})][k]);
+      for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, q, 0})][k]);
     // every copy equals its reference copy: DP replicas the TP shard of dp 0, expert-DP
     // replicas the experts of EP rank e, and a replicated weight the one of rank 0
     for (int r = 0; r < W && g.disagree.empty(); r++) {
       const MeshCoords co = mesh_coords(sizes, r);
+      if (!plan.holds(names[k], co.pp)) continue;
       const int t = s == Split::replicated ? 0 : s == Split::expert ? co.ep : co.tp;
       const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
       if (!same_floats(a, b))
@@ -469,8 +618,9 @@ std::string human_bytes(double b) {
 // [slide:comm-formula]
 // The collectives one training step runs on each axis, as calls and payload bytes (Comm's
 // counters: an all-reduce's buffer, everything an all-gather receives, everything a
-// reduce-scatter reduces). n = this DP rank's B T tokens, lat = r_q + r_kv + d_r per token,
-// L layers of which D dense, and P = tp.
+// reduce-scatter reduces). Per micro-batch (M of them) n = this rank's Bm T tokens, lat =
+// r_q + r_kv + d_r per token; this rank's stages hold L blocks of which D dense (the whole
+// model without PP) and, on the last stage, the head; P = tp.
 //   TP     forward: g after W_o (L) and after W2 (D), n d each; the cross-entropy's all-gather
 //          of (m, l, z_target), 3 n per rank;
 //          backward: f's all-reduce of the latents (L, n lat), before W1/W3 (D, n d) and
@@ -478,42 +628,49 @@ std::string human_bytes(double b) {
 //   TP+SP  the same bytes, each all-reduce now a reduce-scatter and an all-gather: gather_seq
 //          (L latents, D + 1 of n d; each first agrees on the token count: 8 P bytes) and its
 //          backward reduce-scatter; scatter_seq (L + D of n d) and its backward all-gather;
-//          plus one all-reduce of every replicated weight's gradient and one of the MoE loads.
+//          once per step, one all-reduce of every replicated weight's gradient and one of the
+//          MoE loads.
 //   DP     (dp > 1) ZeRO-0 one all-reduce of the N local parameters' gradients; ZeRO-1 one
 //          reduce-scatter and one all-gather of dp * ceil(N / dp); one all-reduce of the MoE
 //          loads.
-std::map<std::string, CollectiveCount> formula_tp(const model::Config& c, int64_t n, int P, bool sp,
-                                                  int64_t replicated_numel) {
+struct StageCounts {
+  int64_t L = 0, D = 0, moe = 0, M = 1;  // blocks, dense ones, MoE ones; micro-batches
+  bool head = true;
+};
+
+std::map<std::string, CollectiveCount> formula_tp(const model::Config& c, const StageCounts& st,
+                                                  int64_t n, int P, bool sp, int64_t replicated_numel) {
   std::map<std::string, CollectiveCount> f;
   if (P == 1) return f;
-  const int64_t L = c.layers, D = c.dense_layers, d = c.dim, lat = c.q_lora + c.kv_lora + c.d_rope;
+  const int64_t L = st.L, D = st.D, h = st.head ? 1 : 0, M = st.M, d = c.dim,
+                lat = c.q_lora + c.kv_lora + c.d_rope;
   const size_t fl = sizeof(float);
   auto add = [&](const char* op, int64_t calls, int64_t numbers) {
     f[op].calls += calls;
     f[op].bytes += (size_t)numbers * fl;
   };
-  add("allgather", 1, 3 * n * P);  // the cross-entropy's (m, l, z_target)
+  add("allgather", h * M, h * M * 3 * n * P);  // the cross-entropy's (m, l, z_target)
   if (!sp) {
-    add("allreduce", L + D, (L + D) * n * d);          // g, forward
-    add("allreduce", L, L * n * lat);                   // f on the latents, backward
-    add("allreduce", D + 1, (D + 1) * n * d);           // f before W1/W3 and the head, backward
+    add("allreduce", (L + D) * M, (L + D) * M * n * d);          // g, forward
+    add("allreduce", L * M, L * M * n * lat);                     // f on the latents, backward
+    add("allreduce", (D + h) * M, (D + h) * M * n * d);           // f before W1/W3 and the head
   } else {
-    add("allgather", L, L * n * lat);                   // gather_seq of the latents
-    add("allgather", D + 1, (D + 1) * n * d);           // ... before W1/W3 and the head
-    f["allgather"].calls += L + D + 1;                  // each gather_seq's token-count check
-    f["allgather"].bytes += (size_t)(L + D + 1) * sizeof(int64_t) * (size_t)P;
-    add("reduce_scatter", L + D, (L + D) * n * d);      // scatter_seq, forward
-    add("reduce_scatter", L, L * n * lat);              // gather_seq's backward
-    add("reduce_scatter", D + 1, (D + 1) * n * d);
-    add("allgather", L + D, (L + D) * n * d);           // scatter_seq's backward
-    add("allreduce", 1, replicated_numel);              // replicated weights' gradients
-    if (L > D) add("allreduce", 1, (L - D) * c.experts);  // the MoE loads
+    add("allgather", L * M, L * M * n * lat);                     // gather_seq of the latents
+    add("allgather", (D + h) * M, (D + h) * M * n * d);           // ... before W1/W3 and the head
+    f["allgather"].calls += (L + D + h) * M;                      // each gather_seq's token-count check
+    f["allgather"].bytes += (size_t)((L + D + h) * M) * sizeof(int64_t) * (size_t)P;
+    add("reduce_scatter", (L + D) * M, (L + D) * M * n * d);      // scatter_seq, forward
+    add("reduce_scatter", L * M, L * M * n * lat);                // gather_seq's backward
+    add("reduce_scatter", (D + h) * M, (D + h) * M * n * d);
+    add("allgather", (L + D) * M, (L + D) * M * n * d);           // scatter_seq's backward
+    add("allreduce", 1, replicated_numel);                        // replicated weights' gradients
+    if (st.moe > 0) add("allreduce", 1, (c.layers - c.dense_layers) * c.experts);  // the MoE loads
   }
   return f;
 }
 
 std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_t numel, int dp,
-                                                  int zero, bool loads = true) {
+                                                  int zero, bool loads) {
   std::map<std::string, CollectiveCount> f;
   const size_t fl = sizeof(float);
   if (dp == 1) return f;  // a group of one moves nothing
@@ -524,7 +681,7 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
     f["reduce_scatter"] = {1, padded * fl};
     f["allgather"] = {1, padded * fl};
   }
-  if (loads && c.layers > c.dense_layers) {
+  if (loads) {
     f["allreduce"].calls += 1;
     f["allreduce"].bytes += (size_t)((c.layers - c.dense_layers) * c.experts) * fl;
   }
@@ -537,15 +694,35 @@ std::map<std::string, CollectiveCount> formula_dp(const model::Config& c, int64_
 // K/V block on, P - 1 hops; the backward passes them again (P - 1 hops) and dK/dV travel with
 // them back to their owner (P hops). Each message is a block of this rank's B sequences x n
 // tokens x its H / tp heads x (d_nope + d_rope) for K and the same for V (padded), or dK, dV.
-std::map<std::string, CollectiveCount> formula_cp(const model::Config& c, int64_t B, int64_t n,
-                                                  int tp, int P) {
+std::map<std::string, CollectiveCount> formula_cp(const model::Config& c, const StageCounts& st,
+                                                  int64_t B, int64_t n, int tp, int P) {
   std::map<std::string, CollectiveCount> f;
   if (P == 1) return f;
-  const int64_t hops = (int64_t)(P - 1) + (P - 1) + P;
+  const int64_t hops = (int64_t)(P - 1) + (P - 1) + P, msgs = st.L * st.M * hops;
   const size_t block = (size_t)(2 * B * (c.heads / tp) * n * (c.d_nope + c.d_rope)) * sizeof(float);
-  f["send"] = {c.layers * hops, (size_t)(c.layers * hops) * block};
+  f["send"] = {msgs, (size_t)msgs * block};
   return f;
 }
+
+// [slide:pp-formula]
+// PP: what this rank's program sends to the other pipeline ranks, read off the schedule: each
+// F whose next stage lives elsewhere sends the activation, each B or I whose previous stage
+// lives elsewhere sends its gradient; one message of rows x d floats plus the micro-batch's
+// index (a float) each. At the bottom of DualPipeV's V the next stage is on the same rank: no
+// message.
+std::map<std::string, CollectiveCount> formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t d) {
+  std::map<std::string, CollectiveCount> f;
+  const size_t msg = (size_t)(rows * d + 1) * sizeof(float);
+  for (const pp::Step& step : s.ranks[(size_t)me])
+    for (const pp::Op& op : step.paired ? std::vector<pp::Op>{step.op, step.with} : std::vector<pp::Op>{step.op}) {
+      const int stage = s.stage_of(me, op.dir);
+      const int to = op.kind == pp::Kind::F ? stage + 1 : op.kind == pp::Kind::W ? -1 : stage - 1;
+      if (to < 0 || to >= s.num_stages() || s.rank_of(s.flow_of(op.dir), to) == me) continue;
+      f["send"].calls += 1, f["send"].bytes += msg;
+    }
+  return f;
+}
+// [/slide]
 // [/slide]
 
 // AdamW over one group of ranks that hold the same weights (ZeRO-0 or ZeRO-1): the dense
@@ -600,8 +777,8 @@ zero::Memory operator+(zero::Memory a, const zero::Memory& b) {
 
 // [slide:ep-formula]
 // EP: per MoE layer, the routing map's all-gathers (every rank's affinities T N floats, choices
-// T K and kept groups T M int64; flat also the per-expert counts, N int64) and the balance
-// loss's all-reduce (2 doubles); then the rows, counted from the routing map. Flat (lesson 04):
+// T K and kept groups T M int64; flat also the per-expert counts, N int64; the model has no
+// balance loss, so no all-reduce of it); then the rows, counted from the routing map. Flat (lesson 04):
 // one row of d floats per routing slot whose expert lives on another rank, each way, in the
 // forward (dispatch x, combine E(x)) and again in the backward (dy out, dx back).
 // Hierarchical (lesson 05): per hop (rail: one row per token and remote node; fan: one per row
@@ -626,7 +803,6 @@ std::map<std::string, CollectiveCount> formula_ep(const std::vector<dsv3::Routin
     f["allgather"].calls += flat ? 4 : 3;
     f["allgather"].bytes += (size_t)m.P * ((size_t)(m.T * m.N) * fl + (size_t)(m.T * (m.K + groups_kept)) * ix +
                                            (flat ? (size_t)m.N * ix : 0));
-    f["allreduce"].calls += 1, f["allreduce"].bytes += 2 * sizeof(double);
     if (flat) {
       std::vector<int64_t> to((size_t)m.P, 0), from((size_t)m.P, 0);
       for (int p = 0; p < m.P; p++)
@@ -761,6 +937,14 @@ int mesh_lesson(Lesson& L) {
              "--ep: lesson 04's all-to-all, or lesson 05's rail-then-node one");
   cli.flag("--ranks-per-node", &o.ranks_per_node, "--a2a hierarchical: EP ranks per virtual node "
            "(0: 2 when ep is even, else 1)", 0, 256);
+  cli.flag("--pp", &o.pp, "pipeline stages' ranks: the layers cut into stages, run by lesson 07's "
+           "executor", 1, 64);
+  cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipev"},
+             "--pp: the pipeline schedule (lesson 07; dualpipev: two stages per rank, a V)");
+  cli.flag("--microbatches", &o.microbatches, "micro-batches per step, each batch / dp / M sequences "
+           "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
+  cli.flag("--layers-per-stage", &o.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
+           "an even split, the first stages taking the remainder)", "LIST");
   cli.flag("--zero", &o.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
   std::string sp = "auto";
   cli.choice("--sp", &sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
@@ -810,10 +994,10 @@ int mesh_lesson(Lesson& L) {
       "Expect: per step the loss of the mesh next to one process's; check: PASS.");
   L.parse();
   if (o.tp == 0) {  // 2 on an even world; with --dp given, what the world leaves
-    if (o.dp > 0 && L.size() % (o.dp * o.cp) == 0)
-      o.tp = L.size() / (o.dp * o.cp);
+    if (o.dp > 0 && L.size() % (o.dp * o.cp * o.pp) == 0)
+      o.tp = L.size() / (o.dp * o.cp * o.pp);
     else
-      o.tp = L.size() % (2 * o.cp) == 0 ? 2 : 1;
+      o.tp = L.size() % (2 * o.cp * o.pp) == 0 ? 2 : 1;
   }
   o.sp = sp == "on" || (sp == "auto" && o.tp > 1);
 
@@ -829,11 +1013,17 @@ int mesh_lesson(Lesson& L) {
   sizes.tp = (int)o.tp;
   sizes.cp = (int)o.cp;
   sizes.ep = (int)o.ep;
-  sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % (o.tp * o.cp) == 0 ? L.size() / (int)(o.tp * o.cp) : 0);
+  sizes.pp = (int)o.pp;
+  const int64_t tcp = o.tp * o.cp * o.pp;
+  sizes.dp = o.dp > 0 ? (int)o.dp : (L.size() % tcp == 0 ? L.size() / (int)tcp : 0);
   L.usage_error_if(sizes.dp == 0, "--tp " + std::to_string(o.tp) + " x --cp " + std::to_string(o.cp) +
-                                      " does not divide the world of " + std::to_string(L.size()) +
-                                      " ranks; give --tp, --cp and --dp whose product is the world size");
-  L.usage_error_if(!check_mesh(sizes, L.size()).empty(), check_mesh(sizes, L.size()));
+                                      " x --pp " + std::to_string(o.pp) + " does not divide the world of " +
+                                      std::to_string(L.size()) + " ranks; give --tp, --cp, --pp and --dp "
+                                      "whose product is the world size");
+  L.usage_error_if(!check_mesh(sizes, L.size()).empty(),
+                   check_mesh(sizes, L.size()) + (o.ep > 1 && sizes.world() != L.size()
+                                                      ? " (ep is folded onto these ranks: it adds none)"
+                                                      : ""));
   if (o.print_mesh) {
     if (L.rank() == 0) {
       std::printf("mesh %s: world = dp %d x pp %d x cp %d x tp %d = %d ranks (order tp-cp-ep-dp-pp, "
@@ -842,8 +1032,8 @@ int mesh_lesson(Lesson& L) {
                   sizes.world(), mesh_groups_text(sizes).c_str());
       for (int r = 0; r < L.size(); r++) {
         const MeshCoords co = mesh_coords(sizes, r);
-        std::printf("  rank %d: %s  tp %d, cp %d, dp %d%s\n", r, mesh_name(sizes, r).c_str(), co.tp,
-                    co.cp, co.dp, sizes.ep > 1 ? (", ep " + std::to_string(co.ep) + ", edp " +
+        std::printf("  rank %d: %s  tp %d, cp %d, dp %d, pp %d%s\n", r, mesh_name(sizes, r).c_str(), co.tp,
+                    co.cp, co.dp, co.pp, sizes.ep > 1 ? (", ep " + std::to_string(co.ep) + ", edp " +
                                                    std::to_string(co.edp)).c_str() : "");
       }
     }
@@ -879,9 +1069,43 @@ int mesh_lesson(Lesson& L) {
                    "--cp > 1 needs --d-v <= --d-nope + --d-rope (the ring's blocks carry v padded to "
                    "the query/key width)");
   const int64_t Tc = T / o.cp;  // tokens of each sequence on one CP rank
-  L.usage_error_if(o.sp && (B * Tc) % o.tp != 0,
-                   "--sp: the " + std::to_string(B * Tc) + " tokens of a rank (batch / dp x seq / cp) "
-                   "must be a multiple of --tp " + std::to_string(o.tp));
+  // PP: M micro-batches of Bm sequences each, a schedule, the layers of each stage
+  // (default: 1 without PP, else 2 pp, or pp when the DP rank's sequences do not split in 2 pp)
+  const int64_t M = o.microbatches > 0 ? o.microbatches
+                    : o.pp == 1       ? 1
+                    : B % (2 * o.pp) == 0 ? 2 * o.pp : o.pp;
+  L.usage_error_if(B % M != 0, "--batch " + std::to_string(o.batch) + " / dp " + std::to_string(sizes.dp) +
+                   " = " + std::to_string(B) + " sequences per DP rank must be a multiple of the " +
+                   std::to_string(M) + " micro-batches (--microbatches; default 2 x --pp, or --pp)");
+  const int64_t Bm = B / M;
+  const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
+  L.usage_error_if(!sched_err.empty(), "--schedule " + o.schedule + ": " + sched_err);
+  const int S = (o.schedule == "dualpipev" ? 2 : 1) * (int)o.pp;  // stages
+  std::vector<int64_t> stage_begin{0};
+  if (o.layers_per_stage.empty()) {
+    L.usage_error_if(o.layers < S, "--layers " + std::to_string(o.layers) + " is fewer than the " +
+                     std::to_string(S) + " pipeline stages (" + o.schedule + " on --pp " +
+                     std::to_string(o.pp) + "): every stage needs a block");
+    for (int st = 0; st < S; st++)
+      stage_begin.push_back(stage_begin.back() + o.layers / S + (st < o.layers % S ? 1 : 0));
+  } else {
+    std::stringstream in(o.layers_per_stage);
+    std::string item;
+    bool ok = true;
+    while (std::getline(in, item, ',')) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      ok = ok && !item.empty() && *end == 0 && v >= 1 && v <= 64;
+      stage_begin.push_back(stage_begin.back() + (ok ? v : 0));
+    }
+    L.usage_error_if(!ok || (int)stage_begin.size() != S + 1 || stage_begin.back() != o.layers,
+                     "--layers-per-stage " + o.layers_per_stage + " must list " + std::to_string(S) +
+                         " block counts >= 1 (one per stage of " + o.schedule + " on --pp " +
+                         std::to_string(o.pp) + "), summing to --layers " + std::to_string(o.layers));
+  }
+  L.usage_error_if(o.sp && (Bm * Tc) % o.tp != 0,
+                   "--sp: the " + std::to_string(Bm * Tc) + " tokens of a rank's micro-batch (batch / dp / "
+                   "microbatches x seq / cp) must be a multiple of --tp " + std::to_string(o.tp));
   L.usage_error_if(o.dense_layers > o.layers, "--dense-layers " + std::to_string(o.dense_layers) +
                    " must be at most --layers " + std::to_string(o.layers));
   L.usage_error_if(o.topk > o.experts, "--topk " + std::to_string(o.topk) + " must be at most --experts " +
@@ -942,6 +1166,7 @@ int mesh_lesson(Lesson& L) {
   MeshModel mm;
   mm.c = c;
   mm.p = shard_model(c, full, mesh.coords(), sizes, bug_kpe);
+  mm.device = L.device;
   mm.tp = &mesh.tp();
   mm.sp = o.sp;
   mm.ce_local_softmax = o.bug == "ce-local-softmax";
@@ -962,21 +1187,38 @@ int mesh_lesson(Lesson& L) {
   std::vector<dsv3::RoutingMap> maps;
   mm.maps = &maps;
   const std::vector<int64_t>& my_cols = mm.cp_positions[(size_t)mesh.coords().cp];
+  // PP: the schedule, and the stages each pipeline rank holds; this rank keeps only the
+  // weights of its own stages
+  const pp::Schedule sched = pp::make_schedule(o.schedule, (int)o.pp, (int)M);
+  const StagePlan plan{stage_begin, sched};
+  release_other_stages(&mm.p, plan, mesh.coords().pp);
+  int64_t held_moe = 0;  // the MoE layers of this rank's stages
+  for (const model::Block& b : mm.p.layers) held_moe += b.moe && b.experts.bias.defined();
+  MeshStages stages;
+  stages.mm = &mm, stages.begin = stage_begin, stages.M = M, stages.Bm = Bm, stages.T = Tc;
   std::vector<std::string> names;
   std::vector<Shape> full_shapes;
-  std::vector<Tensor*> params;
+  std::vector<Tensor*> params;  // per name: this rank's tensor, nullptr for another stage's
   std::vector<model::NamedTensor> named = mm.p.named_parameters();
+  std::map<std::string, Tensor*> by_name;
+  for (model::NamedTensor& n : named) by_name[n.name] = &n.t;
   for (const model::NamedTensor& n : full.named_parameters()) {
     names.push_back(n.name);
     full_shapes.push_back(n.t.shape());
+    params.push_back(plan.holds(n.name, mesh.coords().pp) ? by_name.at(n.name) : nullptr);
   }
-  for (model::NamedTensor& n : named) params.push_back(&n.t);
   if (bug_kpe)  // the gathered W_kr is (d, H d_r): every head's copy
     for (size_t k = 0; k < names.size(); k++)
       if (names[k].size() > 9 && names[k].compare(names[k].size() - 9, 9, "attn.w_kr") == 0)
         full_shapes[k] = {c.dim, c.heads * c.d_rope};
+  // the balancing biases (no parameters) are gathered with the weights
+  std::vector<std::string> all_names = names;
+  std::vector<Shape> all_shapes = full_shapes;
+  for (const model::NamedTensor& n : full.named_buffers())
+    all_names.push_back(n.name), all_shapes.push_back(n.t.shape());
   int64_t local_numel = 0, replicated_numel = 0;
   for (size_t k = 0; k < names.size(); k++) {
+    if (!params[k]) continue;
     local_numel += params[k]->numel();
     if (split_of(names[k], sizes.ep) == Split::replicated) replicated_numel += params[k]->numel();
   }
@@ -994,7 +1236,7 @@ int mesh_lesson(Lesson& L) {
   Comm& edp = mesh.edp();
   GroupAdam dense_opt(data, ac, (int)o.zero, zbug), expert_opt(edp, ac, (int)o.zero, zero::Bug::none);
   for (size_t k = 0; k < names.size(); k++)
-    (split_of(names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(params[k], k);
+    if (params[k]) (split_of(names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(params[k], k);
   if (o.bug != "ep-grad-mean") expert_opt.divide_by(W);
   // [/slide]
   Comm check_edp = edp.split(0, edp.rank());
@@ -1016,8 +1258,9 @@ int mesh_lesson(Lesson& L) {
   }
 
   if (L.rank() == 0) {
-    std::printf("mesh %s: dp %d x %stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
-                sizes.dp, sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "",
+    std::printf("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+                sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
+                sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "",
                 sizes.tp, sizes.world(),
                 sizes.ep > 1 ? (", ep " + std::to_string(sizes.ep) + " folded on them (expert-DP " +
                                 std::to_string(edp.size()) + ", " + o.a2a + " all-to-all" +
@@ -1031,13 +1274,22 @@ int mesh_lesson(Lesson& L) {
                 (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
                 (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
                 (long long)full_numel, (long long)local_numel);
+    if (sizes.pp > 1 || M > 1) {
+      std::string cut;
+      for (int st = 0; st < S; st++)
+        cut += (st ? ", " : "") + std::to_string(stage_begin[(size_t)st + 1] - stage_begin[(size_t)st]);
+      std::printf("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
+                  "last), %lld micro-batches of %lld sequences per DP rank\n",
+                  o.schedule.c_str(), S, cut.c_str(), (long long)M, (long long)Bm);
+    }
     std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
                 (long long)o.batch, (long long)T, (long long)B,
                 sizes.cp > 1 ? (", " + std::to_string(Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
                 o.lr);
     std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                 "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
-                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "")).c_str());
+                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
+                 (sizes.pp > 1 ? "    PP bytes" : "")).c_str());
   }
 
   // ---- training
@@ -1052,7 +1304,19 @@ int mesh_lesson(Lesson& L) {
   std::string disagree, comm_detail, adam_detail = "-";
   int64_t checked_steps = 0;
   double first_loss_ratio = 0;  // step 0: both from the initial weights
-  CollectiveCounts last_tp, last_dp, last_cp, last_ep, last_edp;
+  CollectiveCounts last_tp, last_dp, last_cp, last_ep, last_edp, last_pp;
+  // what each axis should move in one step (EP's depends on the step's routing: below)
+  StageCounts st;
+  st.M = M, st.head = plan.holds("head", mesh.coords().pp);
+  for (int64_t l = 0; l < c.layers; l++)
+    if (plan.holds_stage(plan.stage_of_layer(l), mesh.coords().pp))
+      st.L++, (l < c.dense_layers ? st.D : st.moe)++;
+  const CollectiveCounts want_tp = formula_tp(c, st, Bm * Tc, sizes.tp, o.sp, replicated_numel),
+                         want_dp = formula_dp(c, dense_opt.numel, W, (int)o.zero, held_moe > 0),
+                         want_cp = formula_cp(c, st, Bm, Tc, sizes.tp, sizes.cp),
+                         want_edp = sizes.ep > 1 && expert_opt.numel > 0 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
+                                                 : CollectiveCounts{},
+                         want_pp = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
   std::ostringstream csv;
   L.start_trace();
   double train_s = 0;
@@ -1063,7 +1327,7 @@ int mesh_lesson(Lesson& L) {
     mesh.tp().reset_collective_counts();
     data.reset_collective_counts();
     mesh.cp().reset_collective_counts();
-    for (Comm* cm : {&mesh.ep(), &topo.node_comm, &topo.rail_comm, &edp}) cm->reset_collective_counts();
+    for (Comm* cm : {&mesh.ep(), &topo.node_comm, &topo.rail_comm, &edp, &mesh.pp()}) cm->reset_collective_counts();
     maps.clear();
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
     CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, o.batch, T, row0, row0 + B,
@@ -1071,23 +1335,25 @@ int mesh_lesson(Lesson& L) {
     batch = {take_columns(batch.inputs, my_cols), take_columns(batch.targets, my_cols)};
 
     // [slide:step]
-    // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens)
-    for (Tensor* p : params) p->zero_grad();
-    std::vector<Tensor> routes;
-    Tensor loss;
-    {
-      Trace::Scope span(trace(), "forward+backward", "compute");
-      loss = mm.forward(batch.inputs.to(L.device), batch.targets.to(L.device), &routes);
-      loss.backward();
-    }
+    // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens), its
+    //    stages, micro-batch by micro-batch in the order of the pipeline schedule
+    for (Tensor* p : params)
+      if (p) p->zero_grad();
+    stages.inputs = batch.inputs.to(L.device), stages.targets = batch.targets.to(L.device);
+    stages.routes.clear();
+    pp::Executor ex(mesh.pp(), sched, stages);
+    ex.run();
+    const double ex_loss = ex.local_loss();  // the sum of the micro-batches' shares
+    const std::vector<Route>& routes = stages.routes;
     // [slide:sp-grads]
     // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
     //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
-    std::vector<float> load = expert_loads(routes, c.experts);
+    std::vector<float> load = expert_loads(routes, c);
     if (o.sp) {
       std::vector<Tensor*> reps;
       for (size_t k = 0; k < names.size(); k++)
-        if (split_of(names[k], sizes.ep) == Split::replicated && !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
+        if (params[k] && split_of(names[k], sizes.ep) == Split::replicated &&
+            !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
           reps.push_back(params[k]);
       std::vector<float> flat;
       for (Tensor* p : reps) {
@@ -1105,13 +1371,13 @@ int mesh_lesson(Lesson& L) {
                                                 p->shape(), p->device()));
         at += n;
       }
-      if (!load.empty()) mesh.tp().allreduce_sum(load.data(), load.size());
+      if (held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
     }
     // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
     dense_opt.step();
     expert_opt.step();
     // 4. the balancing bias from the loads of the whole global batch
-    if (W > 1 && !load.empty()) data.allreduce_sum(load.data(), load.size());
+    if (W > 1 && held_moe > 0) data.allreduce_sum(load.data(), load.size());
     update_biases(mm.p, load, c.experts, o.bias_rate);
     // [/slide]
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1120,17 +1386,18 @@ int mesh_lesson(Lesson& L) {
     last_cp = mesh.cp().collective_counts();
     last_ep = merged_counts({&mesh.ep(), &topo.node_comm, &topo.rail_comm});
     last_edp = edp.collective_counts();
+    last_pp = mesh.pp().collective_counts();
     const struct {
       const char* axis;
       const CollectiveCounts& got;
       CollectiveCounts want;
     } axes[] = {
-        {"tp", last_tp, formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel)},
-        {"dp", last_dp, formula_dp(c, dense_opt.numel, W, (int)o.zero)},
-        {"cp", last_cp, formula_cp(c, B, Tc, sizes.tp, sizes.cp)},
+        {"tp", last_tp, want_tp},
+        {"dp", last_dp, want_dp},
+        {"cp", last_cp, want_cp},
         {"ep", last_ep, formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)},
-        {"edp", last_edp, sizes.ep > 1 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
-                                       : CollectiveCounts{}},
+        {"edp", last_edp, want_edp},
+        {"pp", last_pp, want_pp},
     };
     for (const auto& a : axes)
       if (!same_counts(a.got, a.want) && comm_equal) {
@@ -1141,34 +1408,32 @@ int mesh_lesson(Lesson& L) {
 
     // ---- the check (its traffic on check_world / check_dp, not counted above)
     Trace::Category check_traffic(trace(), "check");
-    double loss_mesh = loss.to_vector()[0];
-    check_dp.allreduce(&loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
-    loss_mesh /= W;
+    // the loss lives on the ranks of the last stage: each of its dp x cp groups' TP ranks
+    // holds its share (the same on every TP rank)
+    double loss_mesh = ex_loss;
+    check_world.allreduce(&loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
+    loss_mesh /= (double)(W * sizes.tp);
     // the mean gradient each rank's optimizer used, and the weights after its step
     std::vector<Tensor> mean_grads(params.size());
     for (const GroupAdam* g : {&dense_opt, &expert_opt}) {
       const std::vector<Tensor> mg = g->mean_grads(g == &dense_opt ? check_dp : check_edp);
       for (size_t i = 0; i < mg.size(); i++) mean_grads[g->index[i]] = mg[i];
     }
-    std::vector<Tensor> now;
-    for (Tensor* p : params) now.push_back(*p);
-    std::vector<Tensor> biases;
-    for (const model::NamedTensor& b : mm.p.named_buffers()) biases.push_back(b.t);
-    const Gathered g_grad = gather_full(names, full_shapes, mean_grads, sizes, check_world);
-    const Gathered g_par = gather_full(names, full_shapes, now, sizes, check_world);
+    std::vector<Tensor> now, held_grads;
+    for (size_t k = 0; k < names.size(); k++)
+      if (params[k]) now.push_back(*params[k]), held_grads.push_back(mean_grads[k]);
+    for (const model::NamedTensor& b : mm.p.named_buffers())  // the biases, with the weights
+      if (b.t.defined()) now.push_back(b.t);
+    const Gathered g_grad = gather_full(names, full_shapes, held_grads, sizes, plan, check_world);
+    const Gathered g_par = gather_full(all_names, all_shapes, now, sizes, plan, check_world);
     if (disagree.empty() && !g_par.disagree.empty()) disagree = "weights " + g_par.disagree;
     if (disagree.empty() && !g_grad.disagree.empty()) disagree = "mean gradients " + g_grad.disagree;
-    // every rank's bias is the same when every rank's loads are
+    // the balancing biases as gathered (every rank's copy the same bits: the replica check)
     std::vector<float> my_bias;
-    for (const Tensor& b : biases) {
-      const std::vector<float> v = b.to_vector();
+    for (size_t i = names.size(); i < all_names.size(); i++) {
+      const std::vector<float> v = g_par.full[i].to_vector();
       my_bias.insert(my_bias.end(), v.begin(), v.end());
     }
-    std::vector<float> bias0 = my_bias;
-    check_world.bcast(bias0.data(), bias0.size() * sizeof(float), 0);
-    int bias_same = same_floats(bias0, my_bias);
-    check_world.allreduce(&bias_same, 1, MPI_INT, MPI_MIN);
-    if (!bias_same && disagree.empty()) disagree = "the balancing bias";
 
     double loss_ref = NAN, grad_ratio = 0;
     std::string step_adam = "=";
@@ -1211,7 +1476,9 @@ int mesh_lesson(Lesson& L) {
           grad_ratio = std::max(grad_ratio, r);
           if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
         }
-        ref_load = expert_loads(out.routes, c.experts);
+        std::vector<Route> ref_routes;
+        for (size_t l = 0; l < out.routes.size(); l++) ref_routes.push_back({(int64_t)l, out.routes[l]});
+        ref_load = expert_loads(ref_routes, c);
       }
       // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
       if (ref_adam_params.empty())
@@ -1276,7 +1543,7 @@ int mesh_lesson(Lesson& L) {
           return shown ? "  " + std::string(10 - std::min<size_t>(10, b.size()), ' ') + b : std::string();
         };
         const std::string cp_col = column(sizes.cp > 1, last_cp) + column(sizes.ep > 1, last_ep) +
-                                   column(sizes.ep > 1, last_edp);
+                                   column(sizes.ep > 1, last_edp) + column(sizes.pp > 1, last_pp);
         if (checking)
           std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s%s\n", (long long)step,
                       loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, grad_ratio,
@@ -1304,18 +1571,20 @@ int mesh_lesson(Lesson& L) {
   if (L.rank() == 0) {
     std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
     std::printf("  tp: %s\n      formula: %s\n", counts_text(last_tp).c_str(),
-                counts_text(formula_tp(c, B * Tc, sizes.tp, o.sp, replicated_numel)).c_str());
+                counts_text(want_tp).c_str());
     if (sizes.cp > 1)
       std::printf("  cp: %s\n      formula: %s\n", counts_text(last_cp).c_str(),
-                  counts_text(formula_cp(c, B, Tc, sizes.tp, sizes.cp)).c_str());
+                  counts_text(want_cp).c_str());
     if (sizes.ep > 1)
       std::printf("  ep: %s\n      formula: %s\n", counts_text(last_ep).c_str(),
                   counts_text(formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)).c_str());
     std::printf("  %s: %s\n      formula: %s\n", sizes.cp > 1 ? "dp x cp" : "dp", counts_text(last_dp).c_str(),
-                counts_text(formula_dp(c, dense_opt.numel, W, (int)o.zero)).c_str());
+                counts_text(want_dp).c_str());
     if (sizes.ep > 1)
       std::printf("  edp: %s\n      formula: %s\n", counts_text(last_edp).c_str(),
-                  counts_text(formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)).c_str());
+                  counts_text(want_edp).c_str());
+    if (sizes.pp > 1)
+      std::printf("  pp: %s\n      formula: %s\n", counts_text(last_pp).c_str(), counts_text(want_pp).c_str());
     std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
                 "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
                 sizes.cp > 1 ? "dp x cp" : "dp", W);
@@ -1360,15 +1629,16 @@ int mesh_lesson(Lesson& L) {
   double val_mesh = 0, val_ref = 0, val0_mesh = 0;
   {
     NoGradGuard ng;
+    mm.maps = nullptr;
+    Comm check_pp = mesh.pp().split(0, mesh.pp().rank());
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
     for (int64_t k = 0; k < o.val_batches; k++) {
       CharCorpus::Batch vb = corpus.batch(CharCorpus::Split::val, k, o.batch, T, row0, row0 + B,
                                           (uint64_t)L.flags.seed);
       vb = {take_columns(vb.inputs, my_cols), take_columns(vb.targets, my_cols)};
-      std::vector<Tensor> routes;
-      double v = mm.forward(vb.inputs.to(L.device), vb.targets.to(L.device), &routes).to_vector()[0];
-      check_dp.allreduce(&v, 1, MPI_DOUBLE, MPI_SUM);
-      v /= W;
+      double v = stages.forward_only(check_pp, sched, vb.inputs.to(L.device), vb.targets.to(L.device));
+      check_world.allreduce(&v, 1, MPI_DOUBLE, MPI_SUM);
+      v /= (double)(W * sizes.tp);
       if (k == 0) val0_mesh = v;
       val_mesh += v / (double)o.val_batches;
       if (L.rank() == 0) {
@@ -1437,7 +1707,7 @@ int mesh_lesson(Lesson& L) {
   // a parameter no token reached (an idle expert under ZeRO-1) may hold no gradient at all
   size_t grads_held = 0;
   for (const Tensor* p : params)
-    if (p->grad().defined()) grads_held += p->nbytes();
+    if (p && p->grad().defined()) grads_held += p->nbytes();
   std::snprintf(line, sizeof line, "memory: parameters 4N, gradients 4N (those held), AdamW's m and "
                 "v %s, measured", o.zero ? "8 ceil(N/dp)" : "8N");
   check.holds(line, mem.params == want.params && mem.grads == grads_held &&
