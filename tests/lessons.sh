@@ -361,6 +361,24 @@ check "08 ep3 over dp3 (odd), 6 experts (P=3)" 0 '^check: PASS' \
   $MPIRUN -np 3 $L08 --tp 1 --ep 3 --experts 6 --batch 6 --train 3
 check "08 planted bug: expert gradients averaged over expert-DP instead of DP x CP (ep2, tp 1)" 1 \
   'mean gradient of every weight .*experts.*FAIL' $MPIRUN -np 2 $L08 --tp 1 --ep 2 --bug ep-grad-mean --train 2
+check "08 pp2 with 1f1b, zb-h1 (weight gradients deferred to W) and dualpipev (a V, 4 stages) (P=2)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --pp 2 --train 3 && $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule zb-h1 --train 3 && \
+           $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipev --layers 4 --train 3"
+check "08 pp x dp, pp x tp + SP, pp x cp, pp x ep (P=4)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 4 $L08 --tp 1 --pp 2 --train 3 && $MPIRUN -np 4 $L08 --pp 2 --schedule zb-h1 --train 3 && \
+           $MPIRUN -np 4 $L08 --tp 1 --pp 2 --cp 2 --train 3 && $MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --layers 3 --train 3"
+check "08 pp3 (odd), uneven stages 2+1 and --layers-per-stage 1,2; gradient accumulation (pp 1, 4 micro-batches)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 3 $L08 --tp 1 --pp 3 --layers 3 --batch 6 --train 3 && \
+           $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 3 --train 3 && \
+           $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 3 --layers-per-stage 1,2 --schedule zb-h1 --train 3 && \
+           $MPIRUN -np 1 $L08 --microbatches 4 --train 3"
+check "08 planted bug: the micro-batches' losses summed, not averaged (pp2)" 1 'mean gradient of every weight .*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --pp 2 --bug pp-mb-sum --train 2
+check "08 the 5D mesh on 16 ranks: dp2 x pp2 x cp2 x tp2, ep2 folded (the issue's command)" 0 '^check: PASS' \
+  $MPIRUN -np 16 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2 --train 3
+check "08 the 5D mesh on 32 ranks: dp4 x pp2 x cp2 x tp2, ep2 folded; dualpipev with ep4, hierarchical" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 32 $L08 --dp 4 --pp 2 --cp 2 --tp 2 --ep 2 --train 3 && \
+           $MPIRUN -np 32 $L08 --dp 4 --pp 2 --cp 2 --tp 2 --ep 4 --a2a hierarchical --schedule dualpipev --layers 4 --batch 16 --train 2"
 check "08 the communication counted per axis equals the formula, printed next to it (P=4)" 0 '^formula ok: tp and dp' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --train 2) || exit 1; echo \"\$out\" | grep -A1 '^  tp: ' | sed 's/^ *\(tp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && \
            echo \"\$out\" | grep -A1 '^  dp: ' | sed 's/^ *\(dp:\|formula:\) *//' | uniq | wc -l | grep -qx 1 && echo 'formula ok: tp and dp'"
@@ -412,6 +430,11 @@ usage_error "08 bad input: --ep over TP ranks without SP" $MPIRUN -np 2 $L08 --e
 usage_error "08 bad input: --a2a without --ep" $MPIRUN -np 2 $L08 --a2a hierarchical
 usage_error "08 bad input: --ranks-per-node not dividing --ep" $MPIRUN -np 4 $L08 --ep 4 --a2a hierarchical --ranks-per-node 3
 usage_error "08 bad input: --bug ep-grad-mean with ep = tp (the mistake is right by accident)" $MPIRUN -np 4 $L08 --ep 2 --bug ep-grad-mean
+usage_error "08 bad input: fewer layers than pipeline stages (dualpipev on pp 2: 4 stages, 2 layers)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipev
+usage_error "08 bad input: --layers-per-stage not summing to --layers" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers-per-stage 1,2
+usage_error "08 bad input: dualpipev with fewer than 2 pp micro-batches" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 4 --schedule dualpipev --microbatches 2
+usage_error "08 bad input: micro-batches not dividing a DP rank's sequences" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --microbatches 3
+usage_error "08 bad input: ep counted as ranks (dp2 x pp2 x cp2 x tp2 on 32)" $MPIRUN -np 32 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2
 usage_error "08 bad input: --bug local-causal-mask without CP" $MPIRUN -np 2 $L08 --bug local-causal-mask
 usage_error "08 bad input: --topk above --experts" $MPIRUN -np 2 $L08 --topk 9
 usage_error "08 bad input: odd --d-rope" $MPIRUN -np 2 $L08 --d-rope 7
@@ -419,10 +442,11 @@ usage_error "08 bad input: --bug f-no-allreduce under SP" $MPIRUN -np 2 $L08 --b
 usage_error "08 bad input: --bug kpe-per-head with tp 2" $MPIRUN -np 2 $L08 --bug kpe-per-head
 usage_error "08 bad input: --prompt with a byte not in the text" $MPIRUN -np 2 $L08 --sample 5 --prompt "é"
 usage_error "08 bad input: --seq longer than the validation text" $MPIRUN -np 1 $L08 --seq 1000 --data tests/unit/main.cpp
-check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: the ring's attention.cu kernels; ep2)" 0 '^check: PASS' \
+check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: the ring's attention.cu kernels; ep2; pp2)" 0 '^check: PASS' \
   bash -c "$MPIRUN -np 2 $L08 --device sim --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
            $MPIRUN -np 2 $L08 --device sim --tp 1 --cp 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
-           $MPIRUN -np 2 $L08 --device sim --tp 1 --ep 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
+           $MPIRUN -np 2 $L08 --device sim --tp 1 --ep 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
+           $MPIRUN -np 2 $L08 --device sim --tp 1 --pp 2 --schedule zb-h1 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
 if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi

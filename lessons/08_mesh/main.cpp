@@ -422,6 +422,7 @@ struct MeshStages : pp::StageModel {
   MeshModel* mm = nullptr;
   std::vector<int64_t> begin;  // S + 1 layer indices
   int64_t M = 1, Bm = 1, T = 1;  // micro-batches, sequences in each, tokens of each (this rank)
+  bool mb_sum = false;
   Tensor inputs, targets;        // this step's (M Bm, T) sequences of this rank
   std::vector<Route> routes;     // every MoE layer's routing of every micro-batch this step
 
@@ -433,7 +434,8 @@ struct MeshStages : pp::StageModel {
     y = mm->blocks(y, begin[(size_t)stage], begin[(size_t)stage + 1], k, &routes);
     if (stage + 1 < stages()) return y;
     Tensor loss = mm->head_loss(y, index_rows(targets, gm * Bm, (gm + 1) * Bm));
-    return M == 1 ? loss : scale(loss, 1.f / (float)M);  // its share of the batch's mean
+    // its share of the batch's mean (the planted bug pp-mb-sum: the micro-batches' losses summed)
+    return M == 1 || mb_sum ? loss : scale(loss, 1.f / (float)M);
   }
   Shape boundary_shape(int, int) const override { return {mm->tokens(Bm, T).rows, mm->c.dim}; }
 
@@ -984,7 +986,7 @@ int mesh_lesson(Lesson& L) {
   cli.choice("--bug", &o.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
               "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions",
-              "ep-grad-mean"},
+              "ep-grad-mean", "pp-mb-sum"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
       "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
@@ -1078,6 +1080,8 @@ int mesh_lesson(Lesson& L) {
                    " = " + std::to_string(B) + " sequences per DP rank must be a multiple of the " +
                    std::to_string(M) + " micro-batches (--microbatches; default 2 x --pp, or --pp)");
   const int64_t Bm = B / M;
+  L.usage_error_if(o.bug == "pp-mb-sum" && M == 1, "--bug pp-mb-sum needs more than one micro-batch "
+                   "(--pp > 1 or --microbatches > 1)");
   const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
   L.usage_error_if(!sched_err.empty(), "--schedule " + o.schedule + ": " + sched_err);
   const int S = (o.schedule == "dualpipev" ? 2 : 1) * (int)o.pp;  // stages
@@ -1196,6 +1200,7 @@ int mesh_lesson(Lesson& L) {
   for (const model::Block& b : mm.p.layers) held_moe += b.moe && b.experts.bias.defined();
   MeshStages stages;
   stages.mm = &mm, stages.begin = stage_begin, stages.M = M, stages.Bm = Bm, stages.T = Tc;
+  stages.mb_sum = o.bug == "pp-mb-sum";
   std::vector<std::string> names;
   std::vector<Shape> full_shapes;
   std::vector<Tensor*> params;  // per name: this rank's tensor, nullptr for another stage's
