@@ -80,7 +80,7 @@ void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_byt
 
 void all_to_all(Comm& comm, A2A how, const void* send, const std::vector<size_t>& send_bytes,
                 void* recv, const std::vector<size_t>& recv_bytes, int tag) {
-  Trace::Scope span(trace(), "all-to-all", "comm");
+  Trace::Scope span(trace(), comm.label().empty() ? "all-to-all" : comm.label() + " all-to-all", "comm");
   const char* s = static_cast<const char*>(send);
   char* d = static_cast<char*>(recv);
   // [slide:a2a-three]

@@ -43,6 +43,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -64,10 +65,10 @@ using namespace ff;
 namespace {
 
 struct Options {
-  int64_t tp = 0, dp = 0, cp = 1, ep = 1, pp = 1, zero = 1, ranks_per_node = 0, microbatches = 0;
+  int64_t tp = 0, dp = 0, cp = 0, ep = 0, pp = 0, zero = 1, ranks_per_node = 0, microbatches = 0;
   bool sp = true, print_mesh = false;
   int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
-  int64_t dim = 64, layers = 2, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
+  int64_t dim = 64, layers = 0, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
@@ -930,17 +931,19 @@ int mesh_lesson(Lesson& L) {
       "mesh (ZeRO-1, sequence parallelism, ring attention); every step checked against one process.");
   cli.flag("--tp", &o.tp, "tensor-parallel ranks: attention heads, dense FFN, LM head (0: 2 when "
            "the world size is even, else 1)", 0, 64);
+  // The default mesh: on a world that is a multiple of 16 with no axis given, every axis is 2
+  // (DP the rest): `mpirun -np 16` runs the five-axis mesh, `-np 32` the same with DP 4.
   cli.flag("--dp", &o.dp, "data-parallel ranks (0: the world size / (tp cp))", 0, 4096);
   cli.flag("--cp", &o.cp, "context-parallel ranks: each sequence's tokens in the zigzag layout, "
-           "attention by lesson 02's ring", 1, 64);
+           "attention by lesson 02's ring (0: 2 on a world of 16k ranks with no axis given, else 1)", 0, 64);
   cli.flag("--ep", &o.ep, "expert-parallel ranks, folded onto the dp x cp x tp ranks (consecutive "
-           "ranks, tp fastest): each holds experts / ep of every MoE layer", 1, 256);
+           "ranks, tp fastest): each holds experts / ep of every MoE layer (0: as --cp)", 0, 256);
   cli.choice("--a2a", &o.a2a, {"flat", "hierarchical"},
              "--ep: lesson 04's all-to-all, or lesson 05's rail-then-node one");
   cli.flag("--ranks-per-node", &o.ranks_per_node, "--a2a hierarchical: EP ranks per virtual node "
            "(0: 2 when ep is even, else 1)", 0, 256);
   cli.flag("--pp", &o.pp, "pipeline stages' ranks: the layers cut into stages, run by lesson 07's "
-           "executor", 1, 64);
+           "executor (0: as --cp)", 0, 64);
   cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipev"},
              "--pp: the pipeline schedule (lesson 07; dualpipev: two stages per rank, a V)");
   cli.flag("--microbatches", &o.microbatches, "micro-batches per step, each batch / dp / M sequences "
@@ -958,7 +961,8 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--batch", &o.batch, "global batch: sequences per step, split over DP", 1, 4096);
   cli.flag("--seq", &o.seq, "tokens per sequence", 2, 1024);
   cli.flag("--dim", &o.dim, "model width d", 1, 4096);
-  cli.flag("--layers", &o.layers, "transformer blocks", 1, 64);
+  cli.flag("--layers", &o.layers, "transformer blocks (0: the dense ones and one MoE block per "
+           "pipeline stage, at least 2)", 0, 64);
   cli.flag("--dense-layers", &o.dense_layers, "blocks with a dense SwiGLU FFN (the rest: MoE)", 0, 64);
   cli.flag("--heads", &o.heads, "attention heads (split over TP)", 1, 256);
   cli.flag("--d-nope", &o.d_nope, "query/key head width without RoPE", 1, 1024);
@@ -995,6 +999,11 @@ int mesh_lesson(Lesson& L) {
       "  make run L=08 NP=1 ARGS=\"--estimate deepseek-v3\"\n"
       "Expect: per step the loss of the mesh next to one process's; check: PASS.");
   L.parse();
+  const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&
+                       !cli.given("--pp") && !cli.given("--ep");
+  const int64_t axis_default = no_axis && L.size() % 16 == 0 ? 2 : 1;
+  for (int64_t* a : {&o.cp, &o.pp, &o.ep})
+    if (*a == 0) *a = axis_default;
   if (o.tp == 0) {  // 2 on an even world; with --dp given, what the world leaves
     if (o.dp > 0 && L.size() % (o.dp * o.cp * o.pp) == 0)
       o.tp = L.size() / (o.dp * o.cp * o.pp);
@@ -1024,7 +1033,8 @@ int mesh_lesson(Lesson& L) {
                                       "whose product is the world size");
   L.usage_error_if(!check_mesh(sizes, L.size()).empty(),
                    check_mesh(sizes, L.size()) + (o.ep > 1 && sizes.world() != L.size()
-                                                      ? " (ep is folded onto these ranks: it adds none)"
+                                                      ? " (ep is folded onto these ranks: it adds none; "
+                                                        "--dp 0 takes what the others leave)"
                                                       : ""));
   if (o.print_mesh) {
     if (L.rank() == 0) {
@@ -1085,6 +1095,7 @@ int mesh_lesson(Lesson& L) {
   const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
   L.usage_error_if(!sched_err.empty(), "--schedule " + o.schedule + ": " + sched_err);
   const int S = (o.schedule == "dualpipev" ? 2 : 1) * (int)o.pp;  // stages
+  if (o.layers == 0) o.layers = std::max<int64_t>(2, o.dense_layers + S);  // an MoE on every stage
   std::vector<int64_t> stage_begin{0};
   if (o.layers_per_stage.empty()) {
     L.usage_error_if(o.layers < S, "--layers " + std::to_string(o.layers) + " is fewer than the " +
@@ -1329,6 +1340,8 @@ int mesh_lesson(Lesson& L) {
     const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
     const bool logging = step % o.log_every == 0 || step + 1 == o.steps;
     const auto t0 = std::chrono::steady_clock::now();
+    std::optional<Trace::Scope> step_span;  // the step's training on the compute track, check excluded
+    step_span.emplace(trace(), "step " + std::to_string(step), "compute");
     mesh.tp().reset_collective_counts();
     data.reset_collective_counts();
     mesh.cp().reset_collective_counts();
@@ -1386,6 +1399,7 @@ int mesh_lesson(Lesson& L) {
     update_biases(mm.p, load, c.experts, o.bias_rate);
     // [/slide]
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_span.reset();
     last_tp = mesh.tp().collective_counts();
     last_dp = data.collective_counts();
     last_cp = mesh.cp().collective_counts();
@@ -1559,11 +1573,12 @@ int mesh_lesson(Lesson& L) {
                       "-", "-", "-", "-", step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
                       human_bytes((double)sum_bytes(last_dp)).c_str(), cp_col.c_str());
       }
-      char row[256];
-      std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu\n",
+      char row[320];
+      std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu,%d,%d,%zu,%zu,%zu,0\n",
                     sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh,
                     loss_ref, grad_ratio, sum_bytes(last_tp), sum_bytes(last_dp), sizes.cp,
-                    sum_bytes(last_cp));
+                    sum_bytes(last_cp), sizes.pp, sizes.ep, sum_bytes(last_ep), sum_bytes(last_edp),
+                    sum_bytes(last_pp));
       csv << row;
     }
   }
@@ -1611,10 +1626,10 @@ int mesh_lesson(Lesson& L) {
     const double steps_s = train_s / (double)std::max<int64_t>(o.steps, 1);
     std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded), %.0f tokens/s\n",
                 steps_s * 1e3, (double)(o.batch * T) / steps_s);
-    char row[256];
-    std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,\n", sizes.dp,
+    char row[320];
+    std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
                   sizes.tp, (long long)o.zero, (int)o.sp, mem.params, mem.grads, mem.optimizer,
-                  mem.buffers, want.params + want.grads + want.optimizer, sizes.cp);
+                  mem.buffers, want.params + want.grads + want.optimizer, sizes.cp, sizes.pp, sizes.ep);
     csv << row;
   }
   if (o.estimate == "run" && L.rank() == 0) {
@@ -1624,15 +1639,40 @@ int mesh_lesson(Lesson& L) {
     estimate::Measured meas{local_numel, (double)mem.params, (double)mem.grads, (double)mem.optimizer};
     std::printf("\n%s", estimate::report(estimate::tiny(c, B), par, meas).c_str());
   }
-  // one file for the figures: a row per step (loss, the check, bytes per axis) and one for memory
+  // every rank's bytes per axis in the last step, measured and by the formula (a row each)
+  if (!L.flags.csv.empty()) {
+    Trace::Category check_traffic(trace(), "check");
+    const CollectiveCounts last_ep_want = formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1);
+    const CollectiveCounts* mine[12] = {&last_tp, &last_dp, &last_cp, &last_ep, &last_edp, &last_pp,
+                                        &want_tp, &want_dp, &want_cp, &last_ep_want, &want_edp, &want_pp};
+    std::vector<uint64_t> b(12), all(12 * (size_t)L.size());
+    for (size_t i = 0; i < 12; i++)
+      for (const auto& [op, cc] : *mine[i]) b[i] += cc.bytes;
+    check_world.allgather(b.data(), b.size() * sizeof(uint64_t), all.data());
+    for (int r = 0; L.rank() == 0 && r < L.size(); r++)
+      for (int f = 0; f < 2; f++) {
+        const uint64_t* x = &all[12 * (size_t)r + 6 * (size_t)f];
+        char row[320];
+        std::snprintf(row, sizeof row, "%s,%d,%d,%lld,%d,%lld,,,,%llu,%llu,,,,,,%d,%llu,%d,%d,%llu,%llu,%llu,%d\n",
+                      f ? "rank_formula" : "rank", sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp,
+                      (long long)(o.steps - 1), (unsigned long long)x[0], (unsigned long long)x[1],
+                      sizes.cp, (unsigned long long)x[2], sizes.pp, sizes.ep, (unsigned long long)x[3],
+                      (unsigned long long)x[4], (unsigned long long)x[5], r);
+        csv << row;
+      }
+  }
+  // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory
+  // and, per rank, one of the bytes it sent per axis in the last step and one of the formula's
   L.csv_append("kind,dp,tp,zero,sp,step,loss_mesh,loss_ref,grad_err_ratio,tp_bytes,dp_bytes,"
-               "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total,cp,cp_bytes",
+               "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total,cp,cp_bytes,pp,ep,"
+               "ep_bytes,edp_bytes,pp_bytes,rank",
                csv.str());
 
   // ---- after training: the validation loss of the mesh and of one process (the mean over
   // --val-batches global batches of the held-out text), a dump, a sample
   double val_mesh = 0, val_ref = 0, val0_mesh = 0;
   {
+    Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
     NoGradGuard ng;
     mm.maps = nullptr;
     Comm check_pp = mesh.pp().split(0, mesh.pp().rank());
@@ -1726,6 +1766,7 @@ int mesh_lesson(Lesson& L) {
   }
   // the tolerance from one process's loss (a non-finite mesh loss must not widen it)
   double val_want = root ? val_ref : val_mesh;
+  Trace::Category check_traffic(trace(), "check");
   check_world.bcast(&val_want, sizeof val_want, 0);
   check.holds("validation loss of the mesh is finite", std::isfinite(val_mesh));
   check.scalar("validation loss, mesh vs one process (same weights)", val_mesh, val_want,
