@@ -323,7 +323,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L08=$B/08_mesh
-echo "== lesson 08: DP x CP x TP mesh, ZeRO-1, sequence parallelism"
+echo "== lesson 08: the 5D mesh (DP x PP x CP x TP x EP), ZeRO-1, sequence parallelism"
 # every mesh: each step's loss and mean gradients == one process's within 4 n eps, AdamW bit for
 # bit, replicas equal, communication == its formula, memory == seed 001's fp32 formula
 check "08 one process (P=1: tp 1, dp 1)" 0 '^check: PASS' $MPIRUN -np 1 $L08 --train 6
@@ -374,8 +374,10 @@ check "08 pp3 (odd), uneven stages 2+1 and --layers-per-stage 1,2; gradient accu
            $MPIRUN -np 1 $L08 --microbatches 4 --train 3"
 check "08 planted bug: the micro-batches' losses summed, not averaged (pp2)" 1 'mean gradient of every weight .*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --pp 2 --bug pp-mb-sum --train 2
-check "08 the 5D mesh on 16 ranks: dp2 x pp2 x cp2 x tp2, ep2 folded (the issue's command)" 0 '^check: PASS' \
-  $MPIRUN -np 16 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2 --train 3
+check "08 the 5D mesh on 16 ranks: the default with no axis given is dp2 x pp2 x cp2 x tp2, ep2 folded; the same by flags" 0 '^check: PASS' \
+  bash -c "out=\$($MPIRUN -np 16 $L08 --train 3) && echo \"\$out\" | grep -q '^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded' && \
+           echo \"\$out\" | grep -q '^model: .* 3 layers (1 dense, 2 MoE' && echo \"\$out\" | grep -q '^  ep: ' && \
+           $MPIRUN -np 16 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2 --train 3"
 check "08 the 5D mesh on 32 ranks: dp4 x pp2 x cp2 x tp2, ep2 folded; dualpipev with ep4, hierarchical" 0 '^check: PASS' \
   bash -c "$MPIRUN -np 32 $L08 --dp 4 --pp 2 --cp 2 --tp 2 --ep 2 --train 3 && \
            $MPIRUN -np 32 $L08 --dp 4 --pp 2 --cp 2 --tp 2 --ep 4 --a2a hierarchical --schedule dualpipev --layers 4 --batch 16 --train 2"
@@ -415,6 +417,9 @@ check "08 --dump: numpy recomputes the losses and checks the last step's gradien
            $MPIRUN -np 2 $L08 --tp 1 --cp 2 --train 2 --dump $LOG/d08c >/dev/null && $PYTHON tests/check_dump_08.py $LOG/d08c"
 check "08 --trace: spans nest on every track, the check's traffic on its own track (P=4)" 0 '^trace ok: 4 ranks' \
   bash -c "$MPIRUN -np 4 $L08 --train 2 --trace $LOG/t08.json >/dev/null && grep -q '\"check\"' $LOG/t08.json && $PYTHON scripts/check-trace.py $LOG/t08.json - 4"
+check "08 --trace of the 32-rank mesh: one track per rank, every communication span named by its axis, all six axes there" 0 '^trace axes ok' \
+  bash -c "$MPIRUN -np 32 $L08 --train 2 --trace $LOG/t08x32.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t08x32.json - 32 && \
+           $PYTHON tests/check_trace_08.py $LOG/t08x32.json tp cp ep dp-cp edp pp"
 check "08 --help lists every flag with its default" 0 '--zero N .*\(default: 1\)' $MPIRUN -np 1 $L08 --help
 usage_error "08 bad input: tp x dp is not the world (tp 2, dp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 2 --dp 3
 usage_error "08 bad input: --tp not dividing the world (tp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 3
@@ -430,8 +435,8 @@ usage_error "08 bad input: --ep over TP ranks without SP" $MPIRUN -np 2 $L08 --e
 usage_error "08 bad input: --a2a without --ep" $MPIRUN -np 2 $L08 --a2a hierarchical
 usage_error "08 bad input: --ranks-per-node not dividing --ep" $MPIRUN -np 4 $L08 --ep 4 --a2a hierarchical --ranks-per-node 3
 usage_error "08 bad input: --bug ep-grad-mean with ep = tp (the mistake is right by accident)" $MPIRUN -np 4 $L08 --ep 2 --bug ep-grad-mean
-usage_error "08 bad input: fewer layers than pipeline stages (dualpipev on pp 2: 4 stages, 2 layers)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipev
-usage_error "08 bad input: --layers-per-stage not summing to --layers" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers-per-stage 1,2
+usage_error "08 bad input: fewer layers than pipeline stages (dualpipev on pp 2: 4 stages, 2 layers)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipev --layers 2
+usage_error "08 bad input: --layers-per-stage not summing to --layers" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 2 --layers-per-stage 1,2
 usage_error "08 bad input: dualpipev with fewer than 2 pp micro-batches" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 4 --schedule dualpipev --microbatches 2
 usage_error "08 bad input: micro-batches not dividing a DP rank's sequences" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --microbatches 3
 usage_error "08 bad input: ep counted as ranks (dp2 x pp2 x cp2 x tp2 on 32)" $MPIRUN -np 32 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2

@@ -962,7 +962,7 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--seq", &o.seq, "tokens per sequence", 2, 1024);
   cli.flag("--dim", &o.dim, "model width d", 1, 4096);
   cli.flag("--layers", &o.layers, "transformer blocks (0: the dense ones and one MoE block per "
-           "pipeline stage, at least 2)", 0, 64);
+           "pipeline stage, at least 2; with --layers-per-stage, its sum)", 0, 64);
   cli.flag("--dense-layers", &o.dense_layers, "blocks with a dense SwiGLU FFN (the rest: MoE)", 0, 64);
   cli.flag("--heads", &o.heads, "attention heads (split over TP)", 1, 256);
   cli.flag("--d-nope", &o.d_nope, "query/key head width without RoPE", 1, 1024);
@@ -1095,9 +1095,9 @@ int mesh_lesson(Lesson& L) {
   const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
   L.usage_error_if(!sched_err.empty(), "--schedule " + o.schedule + ": " + sched_err);
   const int S = (o.schedule == "dualpipev" ? 2 : 1) * (int)o.pp;  // stages
-  if (o.layers == 0) o.layers = std::max<int64_t>(2, o.dense_layers + S);  // an MoE on every stage
   std::vector<int64_t> stage_begin{0};
   if (o.layers_per_stage.empty()) {
+    if (o.layers == 0) o.layers = std::max<int64_t>(2, o.dense_layers + S);  // an MoE on every stage
     L.usage_error_if(o.layers < S, "--layers " + std::to_string(o.layers) + " is fewer than the " +
                      std::to_string(S) + " pipeline stages (" + o.schedule + " on --pp " +
                      std::to_string(o.pp) + "): every stage needs a block");
@@ -1113,6 +1113,7 @@ int mesh_lesson(Lesson& L) {
       ok = ok && !item.empty() && *end == 0 && v >= 1 && v <= 64;
       stage_begin.push_back(stage_begin.back() + (ok ? v : 0));
     }
+    if (o.layers == 0) o.layers = stage_begin.back();  // --layers: the stages' sum
     L.usage_error_if(!ok || (int)stage_begin.size() != S + 1 || stage_begin.back() != o.layers,
                      "--layers-per-stage " + o.layers_per_stage + " must list " + std::to_string(S) +
                          " block counts >= 1 (one per stage of " + o.schedule + " on --pp " +
