@@ -372,6 +372,12 @@ check "08 pp3 (odd), uneven stages 2+1 and --layers-per-stage 1,2; gradient accu
            $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 3 --train 3 && \
            $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 3 --layers-per-stage 1,2 --schedule zb-h1 --train 3 && \
            $MPIRUN -np 1 $L08 --microbatches 4 --train 3"
+check "08 dualpipe: every stage on two ranks, their gradients summed over the pair (pp2; pp4 x tp2 + SP with ep2; pp4 x cp2, ep2 hierarchical)" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipe --train 3 && \
+           $MPIRUN -np 8 $L08 --tp 2 --pp 4 --schedule dualpipe --ep 2 --batch 16 --train 2 && \
+           $MPIRUN -np 8 $L08 --tp 1 --cp 2 --pp 4 --schedule dualpipe --ep 2 --a2a hierarchical --batch 16 --train 2"
+check "08 planted bug: dualpipe without the pair's gradient sum (each copy steps on half the batch)" 1 \
+  'mean gradient of every weight .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipe --bug dualpipe-no-pair-sum --train 2
 check "08 planted bug: the micro-batches' losses summed, not averaged (pp2)" 1 'mean gradient of every weight .*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --pp 2 --bug pp-mb-sum --train 2
 check "08 the 5D mesh on 16 ranks: the default with no axis given is dp2 x pp2 x cp2 x tp2, ep2 folded; the same by flags" 0 '^check: PASS' \
@@ -438,6 +444,7 @@ usage_error "08 bad input: --bug ep-grad-mean with ep = tp (the mistake is right
 usage_error "08 bad input: fewer layers than pipeline stages (dualpipev on pp 2: 4 stages, 2 layers)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipev --layers 2
 usage_error "08 bad input: --layers-per-stage not summing to --layers" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 2 --layers-per-stage 1,2
 usage_error "08 bad input: dualpipev with fewer than 2 pp micro-batches" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --layers 4 --schedule dualpipev --microbatches 2
+usage_error "08 bad input: dualpipe on an odd pipeline (pp 3)" $MPIRUN -np 3 $L08 --tp 1 --pp 3 --batch 6 --schedule dualpipe
 usage_error "08 bad input: micro-batches not dividing a DP rank's sequences" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --microbatches 3
 usage_error "08 bad input: ep counted as ranks (dp2 x pp2 x cp2 x tp2 on 32)" $MPIRUN -np 32 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2
 usage_error "08 bad input: --bug local-causal-mask without CP" $MPIRUN -np 2 $L08 --bug local-causal-mask

@@ -471,6 +471,24 @@ struct MeshStages : pp::StageModel {
 };
 // [/slide]
 
+// The gradients of ps summed over comm in one flat buffer (a missing gradient counts as 0).
+void sum_grads(const std::vector<Tensor*>& ps, Comm& comm) {
+  std::vector<float> flat;
+  for (Tensor* p : ps) {
+    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+    const std::vector<float> v = p->grad().to_vector();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  comm.allreduce_sum(flat.data(), flat.size());
+  size_t at = 0;
+  for (Tensor* p : ps) {
+    const size_t n = (size_t)p->numel();
+    p->grad().copy_from(Tensor::from_vector(
+        std::vector<float>(flat.begin() + (long)at, flat.begin() + (long)(at + n)), p->shape(), p->device()));
+    at += n;
+  }
+}
+
 // ----------------------------------------------------------------------------
 // The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
 // b_i += gamma * sign(mean load - load_i), the loads counted over the whole global batch.
@@ -944,8 +962,9 @@ int mesh_lesson(Lesson& L) {
            "(0: 2 when ep is even, else 1)", 0, 256);
   cli.flag("--pp", &o.pp, "pipeline stages' ranks: the layers cut into stages, run by lesson 07's "
            "executor (0: as --cp)", 0, 64);
-  cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipev"},
-             "--pp: the pipeline schedule (lesson 07; dualpipev: two stages per rank, a V)");
+  cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipe", "dualpipev"},
+             "--pp: the pipeline schedule (lesson 07; dualpipe: two directions, every stage on two "
+             "ranks; dualpipev: two stages per rank, a V)");
   cli.flag("--microbatches", &o.microbatches, "micro-batches per step, each batch / dp / M sequences "
            "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
   cli.flag("--layers-per-stage", &o.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
@@ -990,7 +1009,7 @@ int mesh_lesson(Lesson& L) {
   cli.choice("--bug", &o.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
               "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions",
-              "ep-grad-mean", "pp-mb-sum"},
+              "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
       "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
@@ -1090,6 +1109,8 @@ int mesh_lesson(Lesson& L) {
                    " = " + std::to_string(B) + " sequences per DP rank must be a multiple of the " +
                    std::to_string(M) + " micro-batches (--microbatches; default 2 x --pp, or --pp)");
   const int64_t Bm = B / M;
+  L.usage_error_if(o.bug == "dualpipe-no-pair-sum" && o.schedule != "dualpipe",
+                   "--bug dualpipe-no-pair-sum needs --schedule dualpipe");
   L.usage_error_if(o.bug == "pp-mb-sum" && M == 1, "--bug pp-mb-sum needs more than one micro-batch "
                    "(--pp > 1 or --microbatches > 1)");
   const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
@@ -1325,6 +1346,7 @@ int mesh_lesson(Lesson& L) {
   // what each axis should move in one step (EP's depends on the step's routing: below)
   StageCounts st;
   st.M = M, st.head = plan.holds("head", mesh.coords().pp);
+  if (sched.layout == pp::Layout::dual) st.M = M / 2;  // a stage's copy here sees one direction's
   for (int64_t l = 0; l < c.layers; l++)
     if (plan.holds_stage(plan.stage_of_layer(l), mesh.coords().pp))
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
@@ -1333,7 +1355,17 @@ int mesh_lesson(Lesson& L) {
                          want_cp = formula_cp(c, st, Bm, Tc, sizes.tp, sizes.cp),
                          want_edp = sizes.ep > 1 && expert_opt.numel > 0 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
                                                  : CollectiveCounts{},
-                         want_pp = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
+                         want_pp0 = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
+  CollectiveCounts want_pp = want_pp0;
+  // DualPipe's pair (rank q and P-1-q of the pipeline, holding the same two stages)
+  const bool dual = sched.layout == pp::Layout::dual;
+  Comm pair = mesh.pp().split(std::min(mesh.coords().pp, (int)o.pp - 1 - mesh.coords().pp), mesh.coords().pp);
+  pair.set_label("pp");
+  if (dual) {
+    want_pp["allreduce"].calls += 1 + (held_moe > 0 ? 1 : 0);
+    want_pp["allreduce"].bytes += (size_t)local_numel * sizeof(float) +
+                                  (held_moe > 0 ? (size_t)((c.layers - c.dense_layers) * c.experts) * sizeof(float) : 0);
+  }
   std::ostringstream csv;
   L.start_trace();
   double train_s = 0;
@@ -1346,7 +1378,7 @@ int mesh_lesson(Lesson& L) {
     mesh.tp().reset_collective_counts();
     data.reset_collective_counts();
     mesh.cp().reset_collective_counts();
-    for (Comm* cm : {&mesh.ep(), &topo.node_comm, &topo.rail_comm, &edp, &mesh.pp()}) cm->reset_collective_counts();
+    for (Comm* cm : {&mesh.ep(), &topo.node_comm, &topo.rail_comm, &edp, &mesh.pp(), &pair}) cm->reset_collective_counts();
     maps.clear();
     const int64_t row0 = (int64_t)mesh.coords().dp * B;
     CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, o.batch, T, row0, row0 + B,
@@ -1374,24 +1406,22 @@ int mesh_lesson(Lesson& L) {
         if (params[k] && split_of(names[k], sizes.ep) == Split::replicated &&
             !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
           reps.push_back(params[k]);
-      std::vector<float> flat;
-      for (Tensor* p : reps) {
-        if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
-        const std::vector<float> v = p->grad().to_vector();
-        flat.insert(flat.end(), v.begin(), v.end());
-      }
-      mesh.tp().allreduce_sum(flat.data(), flat.size());
+      sum_grads(reps, mesh.tp());
       // [/slide:sp-grads]
-      size_t at = 0;
-      for (Tensor* p : reps) {
-        const size_t n = (size_t)p->numel();
-        p->grad().copy_from(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
-                                                                   flat.begin() + (long)(at + n)),
-                                                p->shape(), p->device()));
-        at += n;
-      }
       if (held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
     }
+    // [slide:dualpipe-copies]
+    // DualPipe: stage s lives on rank s (direction 0) and on rank P-1-s (direction 1), each
+    // copy's gradient from its direction's micro-batches: the pair sums them, so both copies
+    // take the same AdamW step (the replica check compares their bits), and their MoE loads
+    if (dual && o.bug != "dualpipe-no-pair-sum") {
+      std::vector<Tensor*> held;
+      for (Tensor* p : params)
+        if (p) held.push_back(p);
+      sum_grads(held, pair);
+      if (held_moe > 0) pair.allreduce_sum(load.data(), load.size());
+    }
+    // [/slide]
     // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
     dense_opt.step();
     expert_opt.step();
@@ -1406,7 +1436,7 @@ int mesh_lesson(Lesson& L) {
     last_cp = mesh.cp().collective_counts();
     last_ep = merged_counts({&mesh.ep(), &topo.node_comm, &topo.rail_comm});
     last_edp = edp.collective_counts();
-    last_pp = mesh.pp().collective_counts();
+    last_pp = merged_counts({&mesh.pp(), &pair});
     const struct {
       const char* axis;
       const CollectiveCounts& got;
@@ -1743,8 +1773,9 @@ int mesh_lesson(Lesson& L) {
   check.holds(line, !root || adam_equal);
   check.holds("balancing bias = one process's update from its own routes, bit for bit",
               !root || bias_equal);
-  std::snprintf(line, sizeof line, "every copy of a replicated weight (over TP and DP) and of the "
-                "bias holds the same bits%s%s", disagree.empty() ? "" : ": not ", disagree.c_str());
+  std::snprintf(line, sizeof line, "every copy of a replicated weight (over TP and DP%s) and of the "
+                "bias holds the same bits%s%s", dual ? ", and DualPipe's two of every stage" : "",
+                disagree.empty() ? "" : ": not ", disagree.c_str());
   check.holds(line, !root || disagree.empty());
   std::snprintf(line, sizeof line, "communication per axis = the formula, every step%s%s",
                 comm_equal ? "" : ": ", comm_detail.c_str());
