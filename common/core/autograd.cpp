@@ -40,23 +40,38 @@ Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
 }
 
 Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
-                    int weight_input,
-                    std::function<std::vector<Tensor>(const Tensor&)> input_backward,
-                    std::function<Tensor(const Tensor&)> weight_backward) {
-  FF_CHECK(weight_input >= 0 && weight_input < (int)inputs.size(),
-           name << ": weight input " << weight_input << " out of range");
-  auto full = [input_backward, weight_backward, weight_input](const Tensor& g) {
-    std::vector<Tensor> grads = input_backward(g);
-    grads[(size_t)weight_input] = weight_backward(g);
-    return grads;
+                    std::vector<int> weight_inputs,
+                    std::function<SplitGrads(const Tensor&)> split_backward) {
+  FF_CHECK(!weight_inputs.empty(), name << ": a split backward without a weight input");
+  for (int w : weight_inputs)
+    FF_CHECK(w >= 0 && w < (int)inputs.size(), name << ": weight input " << w << " out of range");
+  auto full = [split_backward, weight_inputs, name](const Tensor& g) {
+    SplitGrads s = split_backward(g);
+    std::vector<Tensor> w = s.weights();
+    FF_CHECK(w.size() == weight_inputs.size(), "weight backward of " << name << " returned "
+                 << w.size() << " gradients for " << weight_inputs.size() << " weights");
+    for (size_t k = 0; k < w.size(); k++) s.inputs[(size_t)weight_inputs[k]] = w[k];
+    return s.inputs;
   };
   out = record(out, name, std::move(inputs), full);
   if (Node* node = out.impl()->grad_fn.get()) {
-    node->weight_input = weight_input;
-    node->input_backward = std::move(input_backward);
-    node->weight_backward = std::move(weight_backward);
+    node->weight_inputs = std::move(weight_inputs);
+    node->split_backward = std::move(split_backward);
   }
   return out;
+}
+
+Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
+                    int weight_input,
+                    std::function<std::vector<Tensor>(const Tensor&)> input_backward,
+                    std::function<Tensor(const Tensor&)> weight_backward) {
+  auto split = [input_backward = std::move(input_backward),
+                weight_backward = std::move(weight_backward)](const Tensor& g) {
+    return SplitGrads{input_backward(g), [weight_backward, g] {
+                        return std::vector<Tensor>{weight_backward(g)};
+                      }};
+  };
+  return record_split(out, name, std::move(inputs), std::vector<int>{weight_input}, split);
 }
 
 // acc += g (both on the same device, same shape)
@@ -141,20 +156,35 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     }
     Node* node = t->grad_fn.get();
     std::vector<Tensor> in_grads;
-    int w = node->weight_input;
-    if (deferred && w >= 0 && node->inputs[(size_t)w].requires_grad() &&
-        !node->inputs[(size_t)w].impl()->grad_fn) {
-      // "I" now, "W" later: the closure keeps the weight, the gradient and (through
-      // weight_backward's captures) the activation alive until it runs.
-      in_grads = node->input_backward(g);
-      std::shared_ptr<TensorImpl> weight = node->inputs[(size_t)w].impl_ptr();
-      size_t n_inputs = node->inputs.size();
-      deferred->pending_.push_back([weight, g, w, n_inputs, name = node->name,
-                                    fn = node->weight_backward] {
-        std::vector<Tensor> grads(n_inputs);
-        grads[(size_t)w] = fn(g);
+    bool split = deferred && !node->weight_inputs.empty();
+    for (int w : node->weight_inputs) {
+      const Tensor& weight = node->inputs[(size_t)w];
+      split = split && weight.requires_grad() && !weight.impl()->grad_fn;
+    }
+    if (split) {
+      // "I" now, "W" later: the closure keeps the weights and (through the op's captures)
+      // what their gradients need alive until it runs.
+      SplitGrads s = node->split_backward(g);
+      in_grads = std::move(s.inputs);
+      std::vector<std::shared_ptr<TensorImpl>> weights;
+      for (int w : node->weight_inputs) weights.push_back(node->inputs[(size_t)w].impl_ptr());
+      deferred->pending_.push_back([weights, ws = node->weight_inputs, n_inputs = node->inputs.size(),
+                                    name = node->name, fn = std::move(s.weights)] {
+        std::vector<Tensor> w = fn();
+        FF_CHECK(w.size() == ws.size(), "weight backward of " << name << " returned " << w.size()
+                                            << " gradients for " << ws.size() << " weights");
+        std::vector<Tensor> grads(n_inputs);  // as the full backward returns them
+        for (size_t k = 0; k < ws.size(); k++) grads[(size_t)ws[k]] = w[k];
         apply_planted_bug(name, grads);
-        accumulate(weight->grad, grads[(size_t)w]);
+        for (size_t k = 0; k < ws.size(); k++) {
+          const Tensor& gk = grads[(size_t)ws[k]];
+          if (!gk.defined()) continue;
+          FF_CHECK(gk.shape() == Tensor(weights[k]).shape(),
+                   "weight backward of " << name << ": gradient " << ws[k] << " has shape "
+                                         << shape_str(gk.shape()) << ", input has "
+                                         << shape_str(Tensor(weights[k]).shape()));
+          accumulate(weights[k]->grad, gk);
+        }
       });
     } else {
       in_grads = node->backward(g);

@@ -15,23 +15,31 @@
 
 namespace ff {
 
+// What a split backward (see Node) returns: the input gradients now, and the weight
+// gradients as a computation to run now or later. `weights` returns one gradient per weight
+// input, in Node::weight_inputs' order; what it needs (activations, output gradients, whatever
+// the input half computed for it) lives in its captures.
+struct SplitGrads {
+  std::vector<Tensor> inputs;  // one per input, the weights' left undefined
+  std::function<std::vector<Tensor>()> weights;
+};
+
 struct Node {
   std::string name;                // the op, e.g. "softmax"
   std::vector<Tensor> inputs;      // the tensors the op read
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
-  // Ops with a weight (matmul's 2-D right operand) can split their backward in two, as
-  // zero-bubble pipeline schedules need: input gradients now ("I"), weight gradient later
-  // ("W"). Then weight_input >= 0, input_backward returns every gradient but the weight's
-  // (left undefined) and weight_backward returns the weight's alone; backward is both.
-  int weight_input = -1;
-  std::function<std::vector<Tensor>(const Tensor& grad_output)> input_backward;
-  std::function<Tensor(const Tensor& grad_output)> weight_backward;
+  // Ops with weights (matmul's 2-D right operand; the MoE layers' expert, router and shared
+  // matrices) can split their backward in two, as zero-bubble pipeline schedules need: input
+  // gradients now ("I"), weight gradients later ("W"). Then weight_inputs holds the weights'
+  // indices in inputs and split_backward gives both halves; backward is the one, then the other.
+  std::vector<int> weight_inputs;
+  std::function<SplitGrads(const Tensor& grad_output)> split_backward;
 };
 
-// Weight gradients set aside by run_backward(root, g, &deferred), in the order the reverse
-// walk met them; run() computes them and accumulates them into the weights' .grad.
-// Holding them keeps alive what they need (the op's input activation and its output
-// gradient): a deferred W costs memory until it runs.
+// Weight gradients set aside by run_backward(root, g, &deferred), one entry per op, in the
+// order the reverse walk met them; run() computes them and accumulates them into the weights'
+// .grad. Holding them keeps alive what they need (the op's input activation and its output
+// gradient, or what its input half computed for them): a deferred W costs memory until it runs.
 class DeferredGrads {
  public:
   bool empty() const { return pending_.empty(); }
@@ -66,18 +74,22 @@ struct NoGradGuard {
 Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
               std::function<std::vector<Tensor>(const Tensor& grad_output)> backward);
 
-// The same for an op whose backward splits into input and weight parts (see Node): the
-// full backward is input_backward followed by weight_backward.
+// The same for an op whose backward splits into input and weight halves (see Node).
+Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
+                    std::vector<int> weight_inputs,
+                    std::function<SplitGrads(const Tensor& grad_output)> split_backward);
+// One weight (matmul): input_backward returns every gradient but the weight's (left
+// undefined), weight_backward the weight's.
 Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inputs,
                     int weight_input,
                     std::function<std::vector<Tensor>(const Tensor& grad_output)> input_backward,
                     std::function<Tensor(const Tensor& grad_output)> weight_backward);
 
 // Runs the reverse walk from `root`, seeded with `grad_output` (same shape as root).
-// With `deferred`, every splittable op whose weight is a leaf computes only its input
-// gradients now and leaves the weight gradient in *deferred (the "I" of a zero-bubble
-// schedule; deferred->run() is its "W"). after_each_op, when given, is called after each op's
-// backward (lesson 06 polls its messages there, between the compute tiles).
+// With `deferred`, every splittable op whose weights are all leaves that require grad
+// computes only its input gradients now and leaves its weight gradients in *deferred (the "I"
+// of a zero-bubble schedule; deferred->run() is its "W"). after_each_op, when given, is called
+// after each op's backward (lesson 06 polls its messages there, between the compute tiles).
 void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred = nullptr,
                   const std::function<void()>& after_each_op = {});
 

@@ -1,5 +1,6 @@
 // Autograd engine: accumulation, repeated backward, zero_grad, the no-grad scope,
-// explicit output gradients, errors, a diamond graph, and that graphs are freed.
+// explicit output gradients, errors, a diamond graph, that graphs are freed, and the input/weight
+// split of a backward (one weight, as matmul, and several).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -265,4 +266,116 @@ TEST_CASE("autograd: DeferredGrads::run_next runs one W at a time, oldest first,
   CHECK_FALSE(deferred.run_next());
   CHECK(bitwise_equal(split.w1.grad(), full.w1.grad()));
   CHECK(bitwise_equal(split.w2.grad(), full.w2.grad()));
+}
+
+// ---- an op that defers several weights (the MoE layers' ops do, model.cpp and dsv3_ep.cpp)
+namespace {
+// y = x * a + b elementwise, recorded with inputs {a, x, b} and weights {b, a} (in that order,
+// so the mapping from weight_backward's list to the inputs is exercised): dx = g a, da = g x,
+// db = g. `wrong_count` makes the weight half return one gradient too few.
+Tensor axpb(const Tensor& a, const Tensor& x, const Tensor& b, bool wrong_count = false) {
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = add(mul(x, a), b);
+  }
+  Tensor ad = a.detach(), xd = x.detach();
+  return record_split(y, "axpb", {a, x, b}, {2, 0}, [ad, xd, wrong_count](const Tensor& g) {
+    return SplitGrads{{Tensor(), mul(g, ad), Tensor()}, [ad, xd, g, wrong_count] {
+                        if (wrong_count) return std::vector<Tensor>{g.clone()};
+                        return std::vector<Tensor>{g.clone(), mul(g, xd)};
+                      }};
+  });
+}
+struct Axpb {
+  Tensor a = leaf({3, 4}, 31), x = leaf({3, 4}, 32), b = leaf({3, 4}, 33);
+  Tensor forward() const { return axpb(a, exp(x), b); }  // x behind an op: the I path flows on
+};
+}  // namespace
+
+TEST_CASE("autograd: an op with several weights defers them all to one W, each to its own input") {
+  Axpb full, split;
+  Tensor g = randn({3, 4}, 35);
+  run_backward(full.forward(), g);
+  // against the formulas: dx = g a exp(x), da = g exp(x), db = g
+  CHECK(bitwise_equal(full.b.grad(), g));
+  CHECK(bitwise_equal(full.a.grad(), mul(g, exp(full.x))));
+  CHECK(bitwise_equal(full.x.grad(), mul(mul(g, full.a), exp(full.x))));
+
+  DeferredGrads deferred;
+  run_backward(split.forward(), g, &deferred);
+  CHECK(deferred.size() == 1);  // one op: one W for both its weights
+  REQUIRE(split.x.grad().defined());
+  CHECK(bitwise_equal(split.x.grad(), full.x.grad()));
+  CHECK_FALSE(split.a.grad().defined());
+  CHECK_FALSE(split.b.grad().defined());
+  deferred.run();
+  CHECK(bitwise_equal(split.a.grad(), full.a.grad()));
+  CHECK(bitwise_equal(split.b.grad(), full.b.grad()));
+  CHECK(bitwise_equal(split.x.grad(), full.x.grad()));  // W touches no input gradient
+}
+
+TEST_CASE("autograd: several weights are deferred only when every one is a leaf that requires grad") {
+  Axpb full;
+  Tensor g = randn({3, 4}, 35);
+  run_backward(full.forward(), g);
+  SUBCASE("one weight an intermediate") {
+    Axpb s;
+    DeferredGrads deferred;
+    run_backward(axpb(s.a, exp(s.x), scale(s.b, 1.f)), g, &deferred);
+    CHECK(deferred.empty());
+    REQUIRE(s.a.grad().defined());  // the whole backward ran now
+    CHECK(bitwise_equal(s.a.grad(), full.a.grad()));
+    CHECK(bitwise_equal(s.b.grad(), full.b.grad()));
+  }
+  SUBCASE("one weight that requires no grad") {
+    Axpb s;
+    Tensor b = s.b.detach();
+    DeferredGrads deferred;
+    run_backward(axpb(s.a, exp(s.x), b), g, &deferred);
+    CHECK(deferred.empty());
+    REQUIRE(s.a.grad().defined());
+    CHECK(bitwise_equal(s.a.grad(), full.a.grad()));
+    CHECK_FALSE(b.grad().defined());
+  }
+}
+
+TEST_CASE("autograd: a planted bug reaches the deferred weights of a multi-weight op, at their input index") {
+  Axpb full;
+  Tensor g = randn({3, 4}, 35);
+  run_backward(full.forward(), g);
+  for (bool defer : {false, true}) {
+    CAPTURE(defer);
+    {  // drop_first_input zeroes input 0's gradient: a, a deferred weight, not b nor x
+      Axpb s;
+      testing::PlantedBug bug("axpb", testing::Bug::drop_first_input);
+      DeferredGrads deferred;
+      run_backward(s.forward(), g, defer ? &deferred : nullptr);
+      deferred.run();
+      CHECK(bitwise_equal(s.a.grad(), Tensor::zeros({3, 4})));
+      CHECK(bitwise_equal(s.b.grad(), full.b.grad()));
+      CHECK(bitwise_equal(s.x.grad(), full.x.grad()));
+    }
+    {  // scale_by_1_01: every gradient of the op, deferred or not, is 1% off
+      Axpb s;
+      testing::PlantedBug bug("axpb", testing::Bug::scale_by_1_01);
+      DeferredGrads deferred;
+      run_backward(s.forward(), g, defer ? &deferred : nullptr);
+      deferred.run();
+      CHECK_FALSE(compare(s.a.grad(), full.a.grad(), 1e-6, 1e-6).pass);
+      CHECK_FALSE(compare(s.b.grad(), full.b.grad(), 1e-6, 1e-6).pass);
+      CHECK_FALSE(compare(s.x.grad(), full.x.grad(), 1e-6, 1e-6).pass);
+    }
+  }
+}
+
+TEST_CASE("autograd: a split backward that returns the wrong number of weight gradients is an error") {
+  Axpb s;
+  Tensor g = randn({3, 4}, 35);
+  CHECK_THROWS_AS(run_backward(axpb(s.a, s.x, s.b, true), g), Error);
+  DeferredGrads deferred;
+  run_backward(axpb(s.a, s.x, s.b, true), g, &deferred);  // I is fine
+  CHECK_THROWS_AS(deferred.run(), Error);                  // W is not
+  CHECK_THROWS_AS(record_split(s.a.clone(), "bad", {s.a}, {1}, [](const Tensor&) { return SplitGrads{}; }),
+                  Error);
 }
