@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
 BUILD = ROOT / os.environ.get("BUILD", "build")
 MARP = SLIDES / "node_modules" / ".bin" / "marp"
-MIN_SLIDES, MAX_SLIDES = 8, 15  # a lesson deck covers its lesson in 8-15 slides
+# A lesson deck covers its lesson in 8-15 slides, per part for a lesson taught in parts (lesson
+# 08): each part opens with a title slide (`<!-- _class: lead -->`).
+MIN_SLIDES, MAX_SLIDES = 8, 15
 DEFAULT_MAX_LINES = 14
 
 CODE = re.compile(r"^<!--\s*code:\s*(\S+?)#([\w.-]+)\s*-->\s*$")
@@ -178,7 +180,7 @@ def front_matter(deck):
 
 def render(deck, mode, cache, figdir):
     """The deck with its directives filled in; mode 'check' runs nothing."""
-    out, figures, slides, fenced = [], figures_written(), 1, False
+    out, figures, slides, fenced, parts = [], figures_written(), 1, False, 0
     lines = deck.read_text().splitlines()
     if lines and lines[0].strip() == "---":
         fail(deck, 1, "no front matter in a deck: slides.py adds it (theme, math, footer)")
@@ -190,6 +192,8 @@ def render(deck, mode, cache, figdir):
             continue
         if line.strip() == "---":
             slides += 1
+        if line.strip() == "<!-- _class: lead -->":
+            parts += 1
         if m := CODE.match(line):
             out += excerpt(deck, lineno, m.group(1), m.group(2))
             continue
@@ -213,8 +217,11 @@ def render(deck, mode, cache, figdir):
         out.append(FIGURE.sub(lambda m: f"](figures/{m.group(1)})", line))
     if fenced:
         fail(deck, len(lines), "a code fence is never closed")
-    if deck.name[:2] != "00" and not MIN_SLIDES <= slides <= MAX_SLIDES:
-        fail(deck, 1, f"{slides} slides: a lesson deck has {MIN_SLIDES} to {MAX_SLIDES}")
+    parts = max(parts, 1)
+    if deck.name[:2] != "00" and not MIN_SLIDES * parts <= slides <= MAX_SLIDES * parts:
+        fail(deck, 1, f"{slides} slides: a lesson deck has {MIN_SLIDES} to {MAX_SLIDES}"
+                      + (f" per part ({parts} parts: {MIN_SLIDES * parts} to {MAX_SLIDES * parts})"
+                         if parts > 1 else " (per part: a part opens with a lead slide)"))
     return front_matter(deck) + out, slides
 
 
