@@ -108,4 +108,30 @@ for z in 0 1; do
 done
 $PYTHON plots/08_mesh.py "$DATA/08_loss.csv" "$DATA/08_memory.csv" "$OUT"
 
+# Lesson 08 part 2: the default 32-rank 5D mesh (dp 4 x pp 2 x cp 2 x tp 2, ep 2 folded): its groups
+# on every axis, its loss against one process's over 50 steps (two runs from the same seed; the
+# mesh's default model has 3 layers), every rank's bytes per axis in one step against the formula,
+# and a Gantt chart of one step from a 3-step trace. 50 steps: the mesh checks every step against
+# one process (gathering the weights and gradients), about half a second a step with 32 ranks on
+# two cores.
+echo "+ lesson 08 part 2 at P=1 and 32"
+rm -f "$DATA/08_5d_loss.csv"
+$MPIRUN -np 32 "$L08" --print-mesh >"$DATA/08_5d_mesh.txt"
+run08_5d() {  # run08_5d NP ARGS...: 50 training steps, the loss from the same weights every 10, the log kept
+  local np=$1; shift
+  $MPIRUN -np $np "$L08" --train 50 --check-every 10 --log-every 10 "$@" --csv "$DATA/08_5d_loss.csv" \
+    >"$DATA/08_5d_P$np.log"
+}
+run08_5d 1 --layers 3
+run08_5d 32
+m1=$(grep -o '^model:.* parameters,' "$DATA/08_5d_P1.log")  # the model, without rank 0's share
+m32=$(grep -o '^model:.* parameters,' "$DATA/08_5d_P32.log")
+if [ "$m1" != "$m32" ]; then
+  printf 'error: lesson 08 part 2: one process and the mesh train different models:\n%s\n%s\n' \
+    "$m1" "$m32" >&2
+  exit 1
+fi
+$MPIRUN -np 32 "$L08" --train 3 --check-every 50 --log-every 50 --trace "$DATA/08_5d.json" >/dev/null
+$PYTHON plots/08_mesh_5d.py "$DATA/08_5d_mesh.txt" "$DATA/08_5d_loss.csv" "$DATA/08_5d.json" "$OUT"
+
 echo "figures in $OUT/:"; ls -1 "$OUT"

@@ -1372,6 +1372,11 @@ int mesh_lesson(Lesson& L) {
   for (int64_t step = 0; step < o.steps; step++) {
     const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
     const bool logging = step % o.log_every == 0 || step + 1 == o.steps;
+    {  // the ranks start each step together (the check before it ends on rank 0 last), so a
+       // trace's step shows the step
+      Trace::Category check_traffic(trace(), "check");
+      check_world.barrier();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<Trace::Scope> step_span;  // the step's training on the compute track, check excluded
     step_span.emplace(trace(), "step " + std::to_string(step), "compute");
