@@ -376,6 +376,11 @@ check "08 dualpipe: every stage on two ranks, their gradients summed over the pa
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipe --train 3 && \
            $MPIRUN -np 8 $L08 --tp 2 --pp 4 --schedule dualpipe --ep 2 --batch 16 --train 2 && \
            $MPIRUN -np 8 $L08 --tp 1 --cp 2 --pp 4 --schedule dualpipe --ep 2 --a2a hierarchical --batch 16 --train 2"
+check "08 dualpipev and dualpipe with EP: F&B pairs overlapped at the all-to-alls give the sequential run's bits (identical dumps)" 0 '^overlap ok' \
+  bash -c "for s in dualpipev dualpipe; do for ov in on off; do rm -rf $LOG/d08ov_\$s\$ov; \
+             out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule \$s --layers 4 --train 2 --overlap \$ov --dump $LOG/d08ov_\$s\$ov) || exit 1; \
+             [ \$ov = off ] || echo \"\$out\" | grep -Eq '^  overlap: [1-9][0-9]* hand-overs' || exit 1; done; \
+           diff -r $LOG/d08ov_\${s}on $LOG/d08ov_\${s}off >/dev/null || exit 1; done; echo overlap ok"
 check "08 planted bug: dualpipe without the pair's gradient sum (each copy steps on half the batch)" 1 \
   'mean gradient of every weight .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipe --bug dualpipe-no-pair-sum --train 2
 check "08 planted bug: the micro-batches' losses summed, not averaged (pp2)" 1 'mean gradient of every weight .*FAIL' \

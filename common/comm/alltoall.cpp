@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "common/comm/overlap.h"
 #include "common/lesson/trace.h"
 
 namespace ff {
@@ -75,6 +76,7 @@ void a2a_finish(Comm& comm, A2AFlight& flight) { comm.wait_all(flight.reqs); }
 void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
                const std::vector<size_t>& recv_bytes, int tag) {
   A2AFlight flight = a2a_start(comm, send, send_bytes, recv, recv_bytes, tag);
+  overlap::yield();  // inside a paired forward and backward: the other half computes meanwhile
   a2a_finish(comm, flight);
 }
 

@@ -26,6 +26,8 @@ std::vector<size_t> block_offsets(const std::vector<size_t>& bytes);
 
 void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
                  const std::vector<size_t>& recv_bytes, int tag);
+// (a2a_async is a2a_start then a2a_finish; between the two, inside a paired forward and
+// backward (common/comm/overlap.h), the other half of the pair computes.)
 void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
                const std::vector<size_t>& recv_bytes, int tag);
 

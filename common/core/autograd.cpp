@@ -12,6 +12,7 @@ namespace ff {
 static thread_local bool g_grad_enabled = true;
 
 bool grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool on) { g_grad_enabled = on; }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 

@@ -58,6 +58,9 @@ class DeferredGrads {
 
 // Whether ops record the tape (true unless a NoGradGuard is alive on this thread).
 bool grad_enabled();
+// Sets it, for code that switches between call stacks on one thread (common/comm/overlap.h:
+// each keeps its own mode); everything else uses NoGradGuard.
+void set_grad_enabled(bool on);
 
 struct NoGradGuard {
   NoGradGuard();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/comm/overlap.h"
 #include "common/core/check.h"
 #include "common/lesson/trace.h"
 
@@ -29,8 +30,12 @@ void Executor::run() {
     for (const Op& op : ops) inbox.push_back(receive_for(op));
     // 2. compute, timed
     const double start = trace().now_us();
-    std::vector<Tensor> outbox;
-    for (size_t i = 0; i < ops.size(); i++) outbox.push_back(compute(ops[i], inbox[i]));
+    std::vector<Tensor> outbox(ops.size());
+    if (step.paired && opt_.overlap_pairs)
+      overlap::run_pair([&] { outbox[0] = compute(ops[0], inbox[0]); },
+                        [&] { outbox[1] = compute(ops[1], inbox[1]); });
+    else
+      for (size_t i = 0; i < ops.size(); i++) outbox[i] = compute(ops[i], inbox[i]);
     if (opt_.after_compute) opt_.after_compute(step, start);
     const double end = trace().now_us();
     busy_us_ += end - start;

@@ -41,6 +41,9 @@ struct ExecutorOptions {
   // trace clock (lesson 07 stretches each op to its cost there).
   std::function<void(const Step&, double start_us)> after_compute;
   bool drop_last_w = false;  // planted bug: the rank's last W is skipped
+  // A paired step (F&B) runs its forward and its backward interleaved, each one's all-to-alls
+  // in flight while the other computes (common/comm/overlap.h); else the F, then the B.
+  bool overlap_pairs = false;
   bool trace_steps = true;   // a "compute" span per step, named by the step ("F0(3)&B1(1)")
 };
 

@@ -77,6 +77,9 @@ class Trace {
   void clear() { spans_.clear(); }
   // The category records go to now ("" outside any Category).
   const std::string& category() const { return category_; }
+  // Sets it outside a Category scope's discipline: for code that switches between call stacks
+  // on one thread (common/comm/overlap.h gives each its own).
+  void set_category(const std::string& c) { category_ = c; }
 
   // Collective: every rank calls them; rank 0 writes the file. Throws ff::Error if the
   // file cannot be written (on rank 0).

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "common/comm/mesh.h"
+#include "common/comm/overlap.h"
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
@@ -73,7 +74,7 @@ struct Options {
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
-              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage;
+              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on";
 };
 
 // How a weight is laid over the ranks: over TP (columns or rows), or, under EP, its experts
@@ -965,6 +966,9 @@ int mesh_lesson(Lesson& L) {
   cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipe", "dualpipev"},
              "--pp: the pipeline schedule (lesson 07; dualpipe: two directions, every stage on two "
              "ranks; dualpipev: two stages per rank, a V)");
+  cli.choice("--overlap", &o.overlap, {"on", "off"},
+             "--schedule dualpipe/dualpipev: a paired step's forward and backward interleaved, each "
+             "one's all-to-alls in flight while the other computes (lesson 06), or one after the other");
   cli.flag("--microbatches", &o.microbatches, "micro-batches per step, each batch / dp / M sequences "
            "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
   cli.flag("--layers-per-stage", &o.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
@@ -1317,8 +1321,11 @@ int mesh_lesson(Lesson& L) {
       for (int st = 0; st < S; st++)
         cut += (st ? ", " : "") + std::to_string(stage_begin[(size_t)st + 1] - stage_begin[(size_t)st]);
       std::printf("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
-                  "last), %lld micro-batches of %lld sequences per DP rank\n",
-                  o.schedule.c_str(), S, cut.c_str(), (long long)M, (long long)Bm);
+                  "last), %lld micro-batches of %lld sequences per DP rank%s\n",
+                  o.schedule.c_str(), S, cut.c_str(), (long long)M, (long long)Bm,
+                  o.schedule.rfind("dualpipe", 0) != 0 ? ""
+                  : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
+                                      : "; F&B pairs one after the other");
     }
     std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
                 (long long)o.batch, (long long)T, (long long)B,
@@ -1397,7 +1404,9 @@ int mesh_lesson(Lesson& L) {
       if (p) p->zero_grad();
     stages.inputs = batch.inputs.to(L.device), stages.targets = batch.targets.to(L.device);
     stages.routes.clear();
-    pp::Executor ex(mesh.pp(), sched, stages);
+    pp::ExecutorOptions exo;
+    exo.overlap_pairs = o.overlap == "on";
+    pp::Executor ex(mesh.pp(), sched, stages, exo);
     ex.run();
     const double ex_loss = ex.local_loss();  // the sum of the micro-batches' shares
     const std::vector<Route>& routes = stages.routes;
@@ -1641,6 +1650,9 @@ int mesh_lesson(Lesson& L) {
                   counts_text(want_edp).c_str());
     if (sizes.pp > 1)
       std::printf("  pp: %s\n      formula: %s\n", counts_text(last_pp).c_str(), counts_text(want_pp).c_str());
+    if (o.schedule.rfind("dualpipe", 0) == 0 && o.overlap == "on")
+      std::printf("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
+                  "over the whole run\n", overlap::switches());
     std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
                 "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
                 sizes.cp > 1 ? "dp x cp" : "dp", W);

@@ -1,0 +1,37 @@
+// common/comm/overlap.h — a forward and a backward of two micro-batches, interleaved so that
+// each one's all-to-alls are in flight while the other computes: lesson 06's overlap, for the
+// paired steps of a pipeline schedule (DualPipe's "F&B", common/layers/pipeline.h).
+//
+// The two run as two fibers (Boost.Context) on this thread and take turns at the all-to-alls:
+// when one has posted an all-to-all's sends and receives (a2a_start, common/comm/alltoall.h)
+// it hands the CPU to the other, which runs until it posts one of its own (or ends); then the
+// first finishes its all-to-all, whose messages have moved meanwhile, and goes on. With
+// DeepSeek-V3's block that is its order: the forward's dispatch flies during the backward's
+// experts, the backward's combine during the forward's attention, and so on.
+//
+// The turns are taken at the same points of the program on every rank (each all-to-all's
+// start), so the collectives both halves issue on a communicator (TP's all-gathers, the
+// routing maps' all-gathers) come in the same order on all its ranks, as MPI requires.
+// Each fiber keeps its own autograd mode (a backward runs under NoGradGuard, the forward
+// records) and its own trace category: the second half's spans go to a track of their own,
+// "paired backward", since two interleaved call stacks on one track would not nest.
+//
+// Nothing about the numbers changes: each half computes what it computes alone, in the same
+// order, so the result is the sequential one bit for bit (tests/mpi/test_overlap.cpp).
+#pragma once
+#include <functional>
+
+namespace ff::overlap {
+
+// Runs first() and second() interleaved as above; returns when both have ended. An exception
+// in either is rethrown here once both have stopped (the other runs on to its end).
+void run_pair(const std::function<void()>& first, const std::function<void()>& second);
+
+// Inside run_pair: hand the CPU to the other half until it yields back or ends (no-op outside
+// a pair, or when the other half has ended). a2a_async calls it between start and finish.
+void yield();
+
+// Switches taken so far on this thread (every yield that handed over): for tests and reports.
+long switches();
+
+}  // namespace ff::overlap
