@@ -1,10 +1,12 @@
-// Lesson 08, part 1 — a tiny DeepSeek-style language model on a rank grid: data parallelism
+// Lesson 08 — a tiny DeepSeek-style language model on a five-axis rank grid: data parallelism
 // with ZeRO-1, tensor parallelism with sequence parallelism, context parallelism by lesson 02's
-// ring, and the memory and communication they cost.
+// ring (part 1), expert parallelism by lesson 05's layer and pipeline parallelism by lesson 07's
+// executor (part 2), and the memory and communication they cost.
 //
 // What: a character-level decoder (common/layers/model.h: Multi-head Latent Attention, a dense
-//   SwiGLU block, then lesson 05's DeepSeek-V3 MoE) trained on tinyshakespeare by the ranks of
-//   a DP x CP x TP mesh (common/comm/mesh.h, Megatron-LM's order: tp fastest).
+//   SwiGLU block, then lesson 05's DeepSeek-V3 MoE blocks) trained on tinyshakespeare by the
+//   ranks of a DP x PP x CP x TP mesh with EP folded onto it (common/comm/mesh.h, Megatron-LM's
+//   order: tp fastest, pp slowest).
 //     DP  each DP rank takes B / dp of the global batch's sequences; the gradients are averaged
 //         over DP by the optimizer: ZeRO-0 (one all-reduce, AdamW everywhere) or ZeRO-1
 //         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather).
@@ -23,6 +25,15 @@
 //     CP  (--cp) each sequence's tokens split over the CP ranks in the zigzag layout; attention
 //         runs lesson 02's ring (common/layers/ring_attention.h) over MLA's per-head keys and
 //         values, the mask and RoPE from global positions; gradients averaged over DP x CP.
+//     EP  (--ep) each MoE layer's experts spread over an EP group of consecutive ranks of the
+//         stage (folded: ep divides dp cp tp); lesson 05's layer (common/layers/dsv3_ep.h)
+//         sends each token to its experts' ranks and back; the experts' gradients summed over
+//         expert-DP (the ranks holding the same experts) and divided by dp cp.
+//     PP  (--pp) the blocks cut into stages (embedding on the first, head and loss on the last)
+//         and run micro-batch by micro-batch by lesson 07's executor (common/layers/pipeline.h)
+//         in the order of --schedule 1f1b | zb-h1 | dualpipe | dualpipev; DualPipe's two
+//         copies of a stage sum their gradients; paired F&B steps overlap their all-to-alls
+//         (lesson 06, common/comm/overlap.h).
 // Why: a model too big for one GPU in memory (ZeRO: the optimizer state split) or in compute
 //   and activations (TP, SP); DeepSeek-V3 itself trains with DP + ZeRO-1, PP and EP, no TP
 //   (--estimate deepseek-v3 says what that costs).
@@ -31,7 +42,9 @@
 //   whole global batch from the same weights) within 4 n eps max|want|; the AdamW step equals
 //   one process's on the same gradients bit for bit; the balancing bias likewise; every
 //   replica of a weight holds the same bits; the communication per axis equals its formula.
-// Run:  make run L=08                                   (4 ranks: DP 2 x TP 2, SP, ZeRO-1)
+// Run:  make run L=08                    (16 ranks: DP 2 x PP 2 x CP 2 x TP 2, EP 2 folded)
+//       make run L=08 NP=32                              (the same with DP 4)
+//       make run L=08 NP=4                               (DP 2 x TP 2, SP, ZeRO-1)
 //       make run L=08 NP=4 ARGS="--tp 1 --zero 0"       (plain data parallelism)
 //       make run L=08 NP=4 ARGS="--cp 2"                (CP 2 x TP 2: the ring inside TP)
 //       make run L=08 NP=1 ARGS="--estimate deepseek-v3" (the memory model of the real thing)
@@ -946,8 +959,9 @@ int mesh_lesson(Lesson& L) {
   Options o;
   Cli& cli = L.cli;
   cli.summary(
-      "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x CP x TP "
-      "mesh (ZeRO-1, sequence parallelism, ring attention); every step checked against one process.");
+      "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x PP x CP x "
+      "TP x EP mesh (ZeRO-1, sequence parallelism, ring attention, lesson 05's expert-parallel MoE, "
+      "lesson 07's pipeline schedules); every step checked against one process.");
   cli.flag("--tp", &o.tp, "tensor-parallel ranks: attention heads, dense FFN, LM head (0: 2 when "
            "the world size is even, else 1)", 0, 64);
   // The default mesh: on a world that is a multiple of 16 with no axis given, every axis is 2
@@ -1016,7 +1030,9 @@ int mesh_lesson(Lesson& L) {
               "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
-      "  make run L=08                          4 ranks: DP 2 x TP 2 with SP and ZeRO-1\n"
+      "  make run L=08                          16 ranks: DP 2 x PP 2 x CP 2 x TP 2, EP 2 folded\n"
+      "  make run L=08 NP=32                    the same with DP 4\n"
+      "  make run L=08 NP=4                     DP 2 x TP 2 with SP and ZeRO-1\n"
       "  make run L=08 ARGS=\"--print-mesh\"      every group of every axis\n"
       "  make run L=08 NP=1 ARGS=\"--train 2000 --check-every 500 --log-every 250 --sample 300\"\n"
       "  make run L=08 NP=1 ARGS=\"--estimate deepseek-v3\"\n"
