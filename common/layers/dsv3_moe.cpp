@@ -265,10 +265,23 @@ Tensor shared_forward(const Params& p, const Tensor& x, moe::ExpertCache* cache)
   return moe::experts_forward(shared(p), x, sizes, cache);
 }
 
-moe::ExpertGrads shared_backward(const Params& p, const moe::ExpertCache& cache, const Tensor& dy) {
-  moe::ExpertGrads g = moe::experts_backward(shared(p), cache, dy);
+moe::ExpertInputGrads shared_backward_input(const Params& p, const moe::ExpertCache& cache,
+                                            const Tensor& dy) {
+  return moe::experts_backward_input(shared(p), cache, dy);
+}
+
+moe::ExpertGrads shared_backward_weights(const Params& p, const moe::ExpertCache& cache,
+                                         const moe::ExpertInputGrads& in) {
+  moe::ExpertGrads g = moe::experts_backward_weights(shared(p), cache, in);
   const int64_t d = p.sw1.size(0), Sf = p.sw1.size(1);
   g.dw1 = reshape(g.dw1, {d, Sf}), g.dw3 = reshape(g.dw3, {d, Sf}), g.dw2 = reshape(g.dw2, {Sf, d});
+  return g;
+}
+
+moe::ExpertGrads shared_backward(const Params& p, const moe::ExpertCache& cache, const Tensor& dy) {
+  moe::ExpertInputGrads in = shared_backward_input(p, cache, dy);
+  moe::ExpertGrads g = shared_backward_weights(p, cache, in);
+  g.dxp = in.dxp;
   return g;
 }
 
@@ -306,25 +319,44 @@ Forward forward(const Config& c, const Params& p, const Tensor& x) {
   return f;
 }
 
-Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
-               const Tensor& dy, Bug bug) {
+InputGrads backward_input(const Config& c, const Params& p, const Tensor& x, const Forward& f,
+                          const Tensor& dy, Bug bug) {
   const int64_t T = x.size(0), K = c.topk, d = x.size(1);
   const Device dev = x.device();
-  Grads g;
+  InputGrads in;
   moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.gates);
-  moe::ExpertGrads eg = moe::experts_backward(routed(p), f.cache, slice(cg.dyp, 0, 0, f.kept_rows));
+  in.routed = moe::experts_backward_input(routed(p), f.cache, slice(cg.dyp, 0, 0, f.kept_rows));
   Tensor dxp = f.kept_rows < T * K
-                   ? concat({eg.dxp, Tensor::zeros({T * K - f.kept_rows, d}, dev)}, 0)
-                   : eg.dxp;
-  Tensor dz = router_dlogits(c, f.s, p.bias, f.idx, cg.dgates, f.bal, f.bal.sequences, bug);
-  g.router_w = matmul(transpose(x, 0, 1), dz);
-  g.dx = add(moe::unpermute_sum(dxp, f.plan), matmul(dz, transpose(p.router_w, 0, 1)));
+                   ? concat({in.routed.dxp, Tensor::zeros({T * K - f.kept_rows, d}, dev)}, 0)
+                   : in.routed.dxp;
+  in.dz = router_dlogits(c, f.s, p.bias, f.idx, cg.dgates, f.bal, f.bal.sequences, bug);
+  in.dx = add(moe::unpermute_sum(dxp, f.plan), matmul(in.dz, transpose(p.router_w, 0, 1)));
+  if (c.shared > 0) {
+    in.shared = shared_backward_input(p, f.shared_cache, dy);  // ungated: dy as it is
+    if (bug != Bug::no_shared_grad) in.dx = add(in.dx, in.shared.dxp);
+  }
+  return in;
+}
+
+Grads backward_weights(const Config& c, const Params& p, const Tensor& x,
+                       const moe::ExpertCache& cache, const moe::ExpertCache& shared_cache,
+                       const InputGrads& in) {
+  Grads g;
+  g.router_w = matmul(transpose(x, 0, 1), in.dz);
+  moe::ExpertGrads eg = moe::experts_backward_weights(routed(p), cache, in.routed);
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
   if (c.shared > 0) {
-    moe::ExpertGrads sg = shared_backward(p, f.shared_cache, dy);  // ungated: dy as it is
-    if (bug != Bug::no_shared_grad) g.dx = add(g.dx, sg.dxp);
+    moe::ExpertGrads sg = shared_backward_weights(p, shared_cache, in.shared);
     g.sw1 = sg.dw1, g.sw2 = sg.dw2, g.sw3 = sg.dw3;
   }
+  return g;
+}
+
+Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
+               const Tensor& dy, Bug bug) {
+  InputGrads in = backward_input(c, p, x, f, dy, bug);
+  Grads g = backward_weights(c, p, x, f.cache, f.shared_cache, in);
+  g.dx = in.dx;
   return g;
 }
 

@@ -141,6 +141,12 @@ Tensor router_dlogits(const Config& c, const Tensor& s, const Tensor& bias, cons
 // ---- the shared experts
 Tensor shared_forward(const Params& p, const Tensor& x, moe::ExpertCache* cache);
 moe::ExpertGrads shared_backward(const Params& p, const moe::ExpertCache& cache, const Tensor& dy);
+// shared_backward in its two halves (moe.h's experts_backward_input / _weights): dxp now, the
+// weights' gradients whenever the second runs.
+moe::ExpertInputGrads shared_backward_input(const Params& p, const moe::ExpertCache& cache,
+                                            const Tensor& dy);
+moe::ExpertGrads shared_backward_weights(const Params& p, const moe::ExpertCache& cache,
+                                         const moe::ExpertInputGrads& in);
 
 // ---- the whole layer on one process (the reference lesson 05's ranks must equal, and the
 // layer lessons 06/08 call when they do not distribute the experts).
@@ -163,6 +169,23 @@ struct Grads {
 Forward forward(const Config& c, const Params& p, const Tensor& x);
 Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
                const Tensor& dy, Bug bug = Bug::none);
+// backward in two halves, for a zero-bubble pipeline's I and W (the autograd op of
+// model::moe_ffn and ep_layer defers the second): backward_input gives dx (router, routed and
+// shared paths) and keeps what the weight gradients need; backward_weights gives those of the
+// router (x^T dz), the routed experts (grouped GEMMs on the cached rows) and the shared
+// experts, dx left undefined: weight GEMMs alone, no communication. Together, backward's bits.
+struct InputGrads {
+  Tensor dx;
+  Tensor dz;                              // (T, N): the router logits' gradient
+  moe::ExpertInputGrads routed, shared;   // shared: undefined when S = 0
+};
+InputGrads backward_input(const Config& c, const Params& p, const Tensor& x, const Forward& f,
+                          const Tensor& dy, Bug bug = Bug::none);
+// On the caches of either layer (Forward's, or the EP layer's): p's routed experts are the
+// ones whose rows `cache` holds.
+Grads backward_weights(const Config& c, const Params& p, const Tensor& x,
+                       const moe::ExpertCache& cache, const moe::ExpertCache& shared_cache,
+                       const InputGrads& in);
 
 // The same layer through the autograd core (loop form, ops only), on the decisions of
 // `assign` (idx, kept): the reference the hand-written backward is checked against. The loss

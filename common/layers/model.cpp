@@ -12,6 +12,7 @@
 #include "common/core/check.h"
 #include "common/core/ops.h"
 #include "common/lesson/npy.h"
+#include "common/lesson/trace.h"
 
 namespace ff::model {
 
@@ -296,14 +297,29 @@ Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u, Te
   Tensor y = fwd->y;
   fwd->y = Tensor();  // the backward does not read y; the closure must not hold the output
 
+  // The backward splits as a zero-bubble pipeline wants (autograd.h's record_split): dx now
+  // (I), every weight's gradient later (W). The weight half is weight GEMMs alone (x^T dz for
+  // the router, the grouped GEMMs of the routed and shared experts): only the optimizer needs
+  // them, while the previous stage waits for dx.
   std::vector<Tensor> inputs = {u, p.router_w, p.w1, p.w3, p.w2};
+  std::vector<int> weights = {1, 2, 3, 4};
   const bool shared = c.shared > 0;
-  if (shared) inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
-  return record(y, "dsv3_moe", inputs, [c, w, x, fwd, shared](const Tensor& dy) {
-    dsv3::Grads g = dsv3::backward(c, w, x, *fwd, dy);
-    std::vector<Tensor> grads = {g.dx, g.router_w, g.w1, g.w3, g.w2};
-    if (shared) grads.insert(grads.end(), {g.sw1, g.sw3, g.sw2});
-    return grads;  // the balancing bias is no input: it gets no gradient
+  if (shared) {
+    inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
+    weights.insert(weights.end(), {5, 6, 7});
+  }
+  return record_split(y, "dsv3_moe", inputs, weights, [c, w, x, fwd, shared](const Tensor& dy) {
+    auto in = std::make_shared<dsv3::InputGrads>(dsv3::backward_input(c, w, x, *fwd, dy));
+    std::vector<Tensor> grads(shared ? 8 : 5);
+    grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient
+    in->dx = in->routed.dxp = in->shared.dxp = Tensor();  // W keeps only what it reads
+    return SplitGrads{grads, [c, w, x, fwd, shared, in] {
+                        Trace::Scope span(trace(), "moe weight gradients", "compute");
+                        dsv3::Grads g = dsv3::backward_weights(c, w, x, fwd->cache, fwd->shared_cache, *in);
+                        std::vector<Tensor> wg = {g.router_w, g.w1, g.w3, g.w2};
+                        if (shared) wg.insert(wg.end(), {g.sw1, g.sw3, g.sw2});
+                        return wg;
+                      }};
   });
 }
 

@@ -136,7 +136,8 @@ Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Lat
 // positions (T) repeated for each of B sequences: (B T), one per row of the activations.
 Tensor tile_positions(const Tensor& positions, int64_t B);
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u);
-// u (B T, d): lesson 05's layer as one autograd op "dsv3_moe". route, when given, receives the
+// u (B T, d): lesson 05's layer as one autograd op "dsv3_moe", its backward split (dx in a
+// zero-bubble pipeline's I, every weight's gradient in its W). route, when given, receives the
 // experts each token was sent to, (B T, K) int64.
 Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u,
                Tensor* route = nullptr);

@@ -446,3 +446,153 @@ TEST_CASE("model: all-dense and all-MoE stacks, and sequences shorter than seq_l
     CHECK(dense_tensors == dense * 3);
   }
 }
+
+// ---------------------------------------------------------------------------
+// The MoE op's backward split into I (dx) and W (every weight's gradient), as a zero-bubble
+// pipeline runs it: run_backward(y, dy, &deferred) computes dx, deferred.run() the rest.
+namespace {
+
+struct MoeLeaves {
+  dsv3::Params p;
+  Tensor u;
+  // the same values on every call (seeded); the balancing bias is no leaf
+  MoeLeaves(const dsv3::Config& c, int64_t T) {
+    p = dsv3::init_params(c, 41, 0.5, Device::cpu);
+    for (Tensor* t : {&p.router_w, &p.w1, &p.w3, &p.w2, &p.sw1, &p.sw3, &p.sw2})
+      if (t->defined()) t->requires_grad_();
+    u = randn({T, c.dim}, 42).requires_grad_();
+  }
+  std::vector<std::pair<std::string, Tensor>> grads() const {
+    std::vector<std::pair<std::string, Tensor>> g = {{"dx", u.grad()}, {"router_w", p.router_w.grad()},
+                                                     {"w1", p.w1.grad()}, {"w3", p.w3.grad()},
+                                                     {"w2", p.w2.grad()}};
+    if (p.sw1.defined())
+      g.insert(g.end(), {{"sw1", p.sw1.grad()}, {"sw3", p.sw3.grad()}, {"sw2", p.sw2.grad()}});
+    return g;
+  }
+};
+
+// The names of the gradients of `got` that are missing or not bit for bit those of `want`.
+std::vector<std::string> differing(const MoeLeaves& got, const MoeLeaves& want) {
+  std::vector<std::string> out;
+  const auto g = got.grads(), w = want.grads();
+  for (size_t i = 0; i < g.size(); i++)
+    if (!g[i].second.defined() || !bitwise_equal(g[i].second, w[i].second)) out.push_back(g[i].first);
+  return out;
+}
+
+// Every branch of the layer: shared experts or none, a balance loss, capacity with dropped
+// slots (the packed rows past kept_rows) or none.
+std::vector<dsv3::Config> moe_configs() {
+  std::vector<dsv3::Config> cs;
+  for (int64_t shared : {1, 0})
+    for (double capacity : {0.0, 1.0}) {
+      dsv3::Config c;
+      c.shared = shared, c.capacity_factor = capacity, c.alpha = 0.01, c.seq_len = 16;
+      cs.push_back(c);
+    }
+  return cs;
+}
+
+}  // namespace
+
+TEST_CASE("model: the MoE op defers every weight gradient to W; I then W equals one backward bit for bit") {
+  const int64_t T = 32;
+  for (const dsv3::Config& c : moe_configs()) {
+    CAPTURE(c.shared);
+    CAPTURE(c.capacity_factor);
+    Tensor dy = randn({T, c.dim}, 43);
+    MoeLeaves full(c, T), split(c, T);
+    run_backward(model::moe_ffn(c, full.p, full.u), dy);
+    {  // the op's gradients are the hand-written backward's (dsv3::backward, in one piece)
+      NoGradGuard no_grad;
+      dsv3::Params w = full.p;
+      for (Tensor* t : {&w.router_w, &w.w1, &w.w3, &w.w2, &w.sw1, &w.sw3, &w.sw2})
+        if (t->defined()) *t = t->detach();
+      const Tensor x = full.u.detach();
+      dsv3::Grads g = dsv3::backward(c, w, x, dsv3::forward(c, w, x), dy);
+      CHECK(bitwise_equal(full.u.grad(), g.dx));
+      CHECK(bitwise_equal(full.p.router_w.grad(), g.router_w));
+      CHECK(bitwise_equal(full.p.w1.grad(), g.w1));
+      CHECK(bitwise_equal(full.p.w2.grad(), g.w2));
+      CHECK(bitwise_equal(full.p.w3.grad(), g.w3));
+      if (c.shared > 0) CHECK(bitwise_equal(full.p.sw2.grad(), g.sw2));
+    }
+
+    DeferredGrads deferred;
+    run_backward(model::moe_ffn(c, split.p, split.u), dy, &deferred);
+    CHECK(deferred.size() == 1);  // the op's one W
+    REQUIRE(split.u.grad().defined());
+    CHECK(bitwise_equal(split.u.grad(), full.u.grad()));  // I: dx, whole
+    for (const auto& [name, g] : split.grads())
+      if (name != "dx") CHECK_MESSAGE(!g.defined(), name << " was computed in I");
+    deferred.run();
+    CHECK(differing(split, full).empty());
+  }
+}
+
+TEST_CASE("model: the MoE op's I-then-W check fails with W skipped or a bug planted in the op's gradients") {
+  const int64_t T = 32;
+  dsv3::Config c = moe_configs()[1];  // shared experts, capacity
+  Tensor dy = randn({T, c.dim}, 43);
+  MoeLeaves full(c, T);
+  run_backward(model::moe_ffn(c, full.p, full.u), dy);
+  const std::vector<std::string> weights = {"router_w", "w1", "w3", "w2", "sw1", "sw3", "sw2"};
+  SUBCASE("W skipped: every weight's gradient is missing, dx is right") {
+    MoeLeaves s(c, T);
+    DeferredGrads deferred;
+    run_backward(model::moe_ffn(c, s.p, s.u), dy, &deferred);
+    deferred.clear();
+    CHECK(differing(s, full) == weights);
+  }
+  SUBCASE("scale_by_1_01 planted in the op: every gradient, I's and W's, is 1% off") {
+    MoeLeaves s(c, T);
+    {
+      testing::PlantedBug bug("dsv3_moe", Bug::scale_by_1_01);
+      DeferredGrads deferred;
+      run_backward(model::moe_ffn(c, s.p, s.u), dy, &deferred);
+      deferred.run();
+    }
+    std::vector<std::string> all = weights;
+    all.insert(all.begin(), "dx");
+    CHECK(differing(s, full) == all);
+    CHECK_FALSE(compare(s.p.w2.grad(), full.p.w2.grad(), 0.0, 1e-3).pass);  // not rounding: 1%
+  }
+  SUBCASE("drop_first_input planted in the op: dx is zero, the deferred weights are untouched") {
+    MoeLeaves s(c, T);
+    {
+      testing::PlantedBug bug("dsv3_moe", Bug::drop_first_input);
+      DeferredGrads deferred;
+      run_backward(model::moe_ffn(c, s.p, s.u), dy, &deferred);
+      deferred.run();
+    }
+    CHECK(differing(s, full) == std::vector<std::string>{"dx"});
+  }
+}
+
+TEST_CASE("model: with deferral, I leaves every MoE and matmul weight's gradient to W; then one backward's bits") {
+  model::Config c;  // dense then MoE block
+  model::Params full = model::init_params(c, 5), split = model::init_params(c, 5);
+  Tensor tokens = randint({2, 17}, 19, c.vocab);
+  model::loss_and_grads(c, full, tokens);
+  model::Batch b = model::split_tokens(tokens);
+  model::Output out = model::forward(c, split, b.inputs, b.targets, model::positions(b.inputs.size(1)));
+  DeferredGrads deferred;
+  run_backward(out.loss, Tensor::full({}, 1.f), &deferred);
+  const std::vector<model::NamedTensor> got = split.named_parameters(), want = full.named_parameters();
+  int moe = 0, now = 0;
+  for (const model::NamedTensor& n : got) {
+    const bool is_moe = n.name.find(".moe.") != std::string::npos;
+    moe += is_moe;
+    if (is_moe) CHECK_MESSAGE(!n.t.grad().defined(), n.name << " was computed in I");
+    now += n.t.grad().defined();  // embeddings and norm weights: never deferred
+  }
+  CHECK(moe == 7);
+  CHECK(now > 0);
+  CHECK(now < (int)got.size() - moe);  // the attention's and dense FFN's matmul weights wait too
+  deferred.run();
+  for (size_t i = 0; i < got.size(); i++) {
+    REQUIRE_MESSAGE(got[i].t.grad().defined(), got[i].name);
+    CHECK_MESSAGE(bitwise_equal(got[i].t.grad(), want[i].t.grad()), got[i].name);
+  }
+}
