@@ -248,13 +248,13 @@ EPForward ep_forward(Comm& comm, Topology& topo, Scheme scheme, const Config& c,
 // the gate and forms dL/dg = <dy_t, E(x_t)> itself, sending it home with the partial dx (K
 // extra columns, zero but for the slots it holds: the sums on the way add zeros to it, exactly).
 
-Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& full,
-                  const Params& mine, const Tensor& x, const EPForward& f, const Tensor& dy, Bug bug,
-                  bool reduce_replicated) {
+InputGrads ep_backward_input(Comm& comm, Topology& topo, Scheme scheme, const Config& c,
+                             const Params& full, const Params& mine, const Tensor& x,
+                             const EPForward& f, const Tensor& dy, Bug bug) {
   const int64_t T = x.size(0), d = x.size(1), K = c.topk, TK = T * K;
   const Device dev = x.device();
+  InputGrads in;
   Tensor dgates, dx_routed;
-  moe::ExpertGrads eg;
   if (scheme == Scheme::flat) {
     const ep::Routes& R = f.routes;
     moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.gates);
@@ -263,9 +263,9 @@ Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, co
                                f.order);
     {
       Trace::Scope span(trace(), "experts backward", "compute");
-      eg = moe::experts_backward(routed(mine), f.cache, dyl);
+      in.routed = moe::experts_backward_input(routed(mine), f.cache, dyl);
     }
-    Tensor dxp = ep::exchange_rows(comm, A2A::async, ep::put_rows(eg.dxp, f.order), R.bytes(false, d),
+    Tensor dxp = ep::exchange_rows(comm, A2A::async, ep::put_rows(in.routed.dxp, f.order), R.bytes(false, d),
                                    R.bytes(true, d), d, 4);
     if (f.kept_rows < TK) dxp = concat({dxp, Tensor::zeros({TK - f.kept_rows, d}, dev)}, 0);
     dx_routed = moe::unpermute_sum(dxp, f.plan);
@@ -280,12 +280,12 @@ Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, co
     std::vector<float> dg_rows = sum(mul(dy_rows, f.yl), 1, true).to_vector();  // <dy, E(x)>
     {
       Trace::Scope span(trace(), "experts backward", "compute");
-      eg = moe::experts_backward(routed(mine), f.cache, dyl);
+      in.routed = moe::experts_backward_input(routed(mine), f.cache, dyl);
     }
     // per expert row: [dx part (d) | dL/dg in its slot's column (K)], summed home
     std::vector<float> dg_cols((size_t)(n * K), 0.f);
     for (int64_t i = 0; i < n; i++) dg_cols[(size_t)(i * K + f.xl_slot[(size_t)i])] = dg_rows[(size_t)i];
-    Tensor rows = concat({eg.dxp, Tensor::from_vector(dg_cols, {n, K}, dev)}, 1);
+    Tensor rows = concat({in.routed.dxp, Tensor::from_vector(dg_cols, {n, K}, dev)}, 1);
     Tensor partial = sum_back(rows, f.xl_row, f.recv_fan.size(0));
     Tensor node_sum = sum_back(hop_back(topo.node_comm, f.fan, partial, 17), f.fan_src,
                                (int64_t)std::accumulate(f.rail.recv_rows.begin(), f.rail.recv_rows.end(), size_t(0)));
@@ -293,20 +293,34 @@ Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, co
     dx_routed = slice(home, 1, 0, d);
     dgates = slice(home, 1, d, d + K);
   }
-  // the router (replicated): dL/dz from dL/dg and the balance loss, then its matmuls
-  Tensor dz = router_dlogits(c, f.s, full.bias, f.idx, dgates, f.bal, f.sequences_all, bug);
-  Grads g;
-  g.router_w = matmul(transpose(x, 0, 1), dz);
-  g.dx = add(dx_routed, matmul(dz, transpose(full.router_w, 0, 1)));
-  g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
+  // the router (replicated): dL/dz from dL/dg and the balance loss, then its input matmul
+  in.dz = router_dlogits(c, f.s, full.bias, f.idx, dgates, f.bal, f.sequences_all, bug);
+  in.dx = add(dx_routed, matmul(in.dz, transpose(full.router_w, 0, 1)));
   if (c.shared > 0) {
-    moe::ExpertGrads sg = shared_backward(full, f.shared_cache, dy);
-    if (bug != Bug::no_shared_grad) g.dx = add(g.dx, sg.dxp);
-    g.sw1 = sg.dw1, g.sw2 = sg.dw2, g.sw3 = sg.dw3;
-    if (reduce_replicated)
-      comm.allreduce_sum(g.sw1), comm.allreduce_sum(g.sw2), comm.allreduce_sum(g.sw3);
+    in.shared = shared_backward_input(full, f.shared_cache, dy);
+    if (bug != Bug::no_shared_grad) in.dx = add(in.dx, in.shared.dxp);
   }
-  if (reduce_replicated) comm.allreduce_sum(g.router_w);  // data parallel outside the experts
+  return in;
+}
+
+Grads ep_backward_weights(const Config& c, const Params& full, const Params& mine, const Tensor& x,
+                          const EPForward& f, const InputGrads& in) {
+  Trace::Scope span(trace(), "moe weight gradients", "compute");
+  Params p = full;  // the router and the shared experts; this rank's experts, whose rows f.cache holds
+  p.w1 = mine.w1, p.w3 = mine.w3, p.w2 = mine.w2;
+  return backward_weights(c, p, x, f.cache, f.shared_cache, in);
+}
+
+Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& full,
+                  const Params& mine, const Tensor& x, const EPForward& f, const Tensor& dy, Bug bug,
+                  bool reduce_replicated) {
+  InputGrads in = ep_backward_input(comm, topo, scheme, c, full, mine, x, f, dy, bug);
+  Grads g = ep_backward_weights(c, full, mine, x, f, in);  // the experts' stay with them
+  g.dx = in.dx;
+  if (reduce_replicated) {  // data parallel outside the experts
+    if (c.shared > 0) comm.allreduce_sum(g.sw1), comm.allreduce_sum(g.sw2), comm.allreduce_sum(g.sw3);
+    comm.allreduce_sum(g.router_w);
+  }
   return g;
 }
 
@@ -333,16 +347,27 @@ Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, cons
   if (map) *map = fwd->map;
   Tensor y = fwd->y;
   fwd->y = Tensor();  // the backward does not read y; the closure must not hold the output
+  // split as model::moe_ffn's op: I = every all-to-all and dx, W = the weight GEMMs, local
   std::vector<Tensor> inputs = {u, p.router_w, p.w1, p.w3, p.w2};
+  std::vector<int> weights = {1, 2, 3, 4};
   const bool shared = c.shared > 0;
-  if (shared) inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
+  if (shared) {
+    inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
+    weights.insert(weights.end(), {5, 6, 7});
+  }
   Comm* cm = &comm;
   Topology* tp = &topo;
-  return record(y, "dsv3_ep", inputs, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
-    Grads g = ep_backward(*cm, *tp, scheme, c, w, w, x, *fwd, dy, Bug::none, false);
-    std::vector<Tensor> grads = {g.dx, g.router_w, g.w1, g.w3, g.w2};
-    if (shared) grads.insert(grads.end(), {g.sw1, g.sw3, g.sw2});
-    return grads;  // the balancing bias is no input: it gets no gradient
+  return record_split(y, "dsv3_ep", inputs, weights, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
+    auto in = std::make_shared<InputGrads>(ep_backward_input(*cm, *tp, scheme, c, w, w, x, *fwd, dy, Bug::none));
+    std::vector<Tensor> grads(shared ? 8 : 5);
+    grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient
+    in->dx = in->routed.dxp = in->shared.dxp = Tensor();  // W keeps only what it reads
+    return SplitGrads{grads, [c, w, x, fwd, shared, in] {
+                        Grads g = ep_backward_weights(c, w, w, x, *fwd, *in);
+                        std::vector<Tensor> wg = {g.router_w, g.w1, g.w3, g.w2};
+                        if (shared) wg.insert(wg.end(), {g.sw1, g.sw3, g.sw2});
+                        return wg;
+                      }};
   });
 }
 

@@ -108,13 +108,25 @@ EPForward ep_forward(Comm& comm, Topology& topo, Scheme scheme, const Config& c,
 Grads ep_backward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& full,
                   const Params& mine, const Tensor& x, const EPForward& f, const Tensor& dy, Bug bug,
                   bool reduce_replicated = true);
+// ep_backward in two halves, for a zero-bubble pipeline's I and W (ep_layer's op defers the
+// second): ep_backward_input runs every all-to-all and gives dx, keeping what the weight
+// gradients need (at this rank's experts, the gradients of the rows they received);
+// ep_backward_weights is local, weight GEMMs alone on this rank's cached rows: the router's,
+// this rank's experts' and the shared experts' gradients, none reduced. Together, ep_backward's
+// bits (before its reduction).
+InputGrads ep_backward_input(Comm& comm, Topology& topo, Scheme scheme, const Config& c,
+                             const Params& full, const Params& mine, const Tensor& x,
+                             const EPForward& f, const Tensor& dy, Bug bug);
+Grads ep_backward_weights(const Config& c, const Params& full, const Params& mine, const Tensor& x,
+                          const EPForward& f, const InputGrads& in);
 
 }  // namespace ff::dsv3
 
 namespace ff::dsv3 {
 
 // The layer as one autograd op, as model::moe_ffn is for one process: y = layer(u) over the
-// group, its backward ep_backward (the router's and shared experts' gradients left unreduced).
+// group, its backward ep_backward (the router's and shared experts' gradients left unreduced),
+// split: ep_backward_input is the op's I (all the communication), ep_backward_weights its W.
 // p holds the router, the balancing bias, the shared experts and this rank's experts (it is
 // both ep_forward's `full` and `mine`); u and every weight but the bias are the op's inputs.
 // route gets the final experts of this rank's tokens (T, K); map, when given, the routing map.
