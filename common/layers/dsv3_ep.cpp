@@ -332,11 +332,9 @@ Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, cons
                 const Tensor& u, Tensor* route, RoutingMap* map) {
   // ep_forward and ep_backward compute by hand on detached tensors, the tape off; the whole
   // layer is recorded below as one op
-  auto plain = [](const Tensor& t) { return t.defined() ? t.detach() : Tensor(); };
-  Params w;
-  w.router_w = plain(p.router_w), w.bias = plain(p.bias);
-  w.w1 = plain(p.w1), w.w3 = plain(p.w3), w.w2 = plain(p.w2);
-  w.sw1 = plain(p.sw1), w.sw3 = plain(p.sw3), w.sw2 = plain(p.sw2);
+  const bool shared = c.shared > 0;
+  const RecordedOp op = recorded_op(p, u, shared);
+  const Params& w = op.plain;
   const Tensor x = u.detach();
   auto fwd = std::make_shared<EPForward>();
   {
@@ -348,16 +346,9 @@ Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, cons
   Tensor y = fwd->y;
   fwd->y = Tensor();  // the backward does not read y; the closure must not hold the output
   // split as model::moe_ffn's op: I = every all-to-all and dx, W = the weight GEMMs, local
-  std::vector<Tensor> inputs = {u, p.router_w, p.w1, p.w3, p.w2};
-  std::vector<int> weights = {1, 2, 3, 4};
-  const bool shared = c.shared > 0;
-  if (shared) {
-    inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
-    weights.insert(weights.end(), {5, 6, 7});
-  }
   Comm* cm = &comm;
   Topology* tp = &topo;
-  return record_split(y, "dsv3_ep", inputs, weights, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
+  return record_split(y, "dsv3_ep", op.inputs, op.weights, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
     auto in = std::make_shared<InputGrads>(ep_backward_input(*cm, *tp, scheme, c, w, w, x, *fwd, dy, Bug::none));
     std::vector<Tensor> grads(shared ? 8 : 5);
     grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient

@@ -37,6 +37,22 @@ Params init_params(const Config& c, uint64_t seed, double bias_spread, Device de
   return p;
 }
 
+RecordedOp recorded_op(const Params& p, const Tensor& u, bool shared) {
+  auto plain = [](const Tensor& t) { return t.defined() ? t.detach() : Tensor(); };
+  RecordedOp op;
+  Params& w = op.plain;
+  w.router_w = plain(p.router_w), w.bias = plain(p.bias);
+  w.w1 = plain(p.w1), w.w3 = plain(p.w3), w.w2 = plain(p.w2);
+  w.sw1 = plain(p.sw1), w.sw3 = plain(p.sw3), w.sw2 = plain(p.sw2);
+  op.inputs = {u, p.router_w, p.w1, p.w3, p.w2};
+  op.weights = {1, 2, 3, 4};
+  if (shared) {
+    op.inputs.insert(op.inputs.end(), {p.sw1, p.sw3, p.sw2});
+    op.weights.insert(op.weights.end(), {5, 6, 7});
+  }
+  return op;
+}
+
 Params slice_experts(const Params& p, int64_t e0, int64_t e1) {
   Params q = p;
   q.w1 = slice(p.w1, 0, e0, e1), q.w3 = slice(p.w3, 0, e0, e1), q.w2 = slice(p.w2, 0, e0, e1);

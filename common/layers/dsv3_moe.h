@@ -76,6 +76,16 @@ struct Params {
 Params init_params(const Config& c, uint64_t seed, double bias_spread, Device dev);
 // The routed experts [e0, e1) of p, everything else shared.
 Params slice_experts(const Params& p, int64_t e0, int64_t e1);
+// The layer as one autograd op (model::moe_ffn, dsv3::ep_layer): it computes forward and
+// backward by hand on p's tensors detached (`plain`), and is recorded with the inputs u, then
+// the weights whose gradients its backward leaves to W: the router's, the routed experts' W1,
+// W3, W2 and, with shared experts, theirs.
+struct RecordedOp {
+  Params plain;
+  std::vector<Tensor> inputs;  // u, router_w, w1, w3, w2[, sw1, sw3, sw2]
+  std::vector<int> weights;    // the weights' places in inputs
+};
+RecordedOp recorded_op(const Params& p, const Tensor& u, bool shared);
 // The experts as common/layers/moe.h's expert path wants them.
 moe::Params routed(const Params& p);
 moe::Params shared(const Params& p);  // one group: (1, d, S f), (1, S f, d)

@@ -281,11 +281,9 @@ Tensor dense_ffn(const DenseFFN& f, const Tensor& u) {
 Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u, Tensor* route) {
   // lesson 05's layer computes forward and backward itself: it sees detached tensors, with
   // the tape off, and the whole layer is recorded below as one op
-  auto plain = [](const Tensor& t) { return t.defined() ? t.detach() : Tensor(); };
-  dsv3::Params w;
-  w.router_w = plain(p.router_w), w.bias = plain(p.bias);
-  w.w1 = plain(p.w1), w.w3 = plain(p.w3), w.w2 = plain(p.w2);
-  w.sw1 = plain(p.sw1), w.sw3 = plain(p.sw3), w.sw2 = plain(p.sw2);
+  const bool shared = c.shared > 0;
+  const dsv3::RecordedOp op = dsv3::recorded_op(p, u, shared);
+  const dsv3::Params& w = op.plain;
   const Tensor x = u.detach();
   // what the backward needs (routing, plan, expert activations) lives in the closure
   auto fwd = std::make_shared<dsv3::Forward>();
@@ -301,14 +299,7 @@ Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u, Te
   // (I), every weight's gradient later (W). The weight half is weight GEMMs alone (x^T dz for
   // the router, the grouped GEMMs of the routed and shared experts): only the optimizer needs
   // them, while the previous stage waits for dx.
-  std::vector<Tensor> inputs = {u, p.router_w, p.w1, p.w3, p.w2};
-  std::vector<int> weights = {1, 2, 3, 4};
-  const bool shared = c.shared > 0;
-  if (shared) {
-    inputs.insert(inputs.end(), {p.sw1, p.sw3, p.sw2});
-    weights.insert(weights.end(), {5, 6, 7});
-  }
-  return record_split(y, "dsv3_moe", inputs, weights, [c, w, x, fwd, shared](const Tensor& dy) {
+  return record_split(y, "dsv3_moe", op.inputs, op.weights, [c, w, x, fwd, shared](const Tensor& dy) {
     auto in = std::make_shared<dsv3::InputGrads>(dsv3::backward_input(c, w, x, *fwd, dy));
     std::vector<Tensor> grads(shared ? 8 : 5);
     grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient
