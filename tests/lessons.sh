@@ -381,6 +381,9 @@ check "08 dualpipev and dualpipe with EP: F&B pairs overlapped at the all-to-all
              out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule \$s --layers 4 --train 2 --overlap \$ov --dump $LOG/d08ov_\$s\$ov) || exit 1; \
              [ \$ov = off ] || echo \"\$out\" | grep -Eq '^  overlap: [1-9][0-9]* hand-overs' || exit 1; done; \
            diff -r $LOG/d08ov_\${s}on $LOG/d08ov_\${s}off >/dev/null || exit 1; done; echo overlap ok"
+check "08 --link: the network modelled (lesson 05's model) on the 16-rank mesh and under dualpipev with EP; the same checks" 0 '^check: PASS' \
+  bash -c "out=\$($MPIRUN -np 16 $L08 --train 2 --link intra=1GB/s,inter=200MB/s) && echo \"\$out\" | grep -q '^modelled links: intra-node 1 GB/s, inter-node 200 MB/s' && \
+           echo \"\$out\" | grep -q 'links modelled' && $MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule dualpipev --layers 4 --train 2 --link inter=100MB/s"
 check "08 planted bug: dualpipe without the pair's gradient sum (each copy steps on half the batch)" 1 \
   'mean gradient of every weight .*FAIL' $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule dualpipe --bug dualpipe-no-pair-sum --train 2
 check "08 planted bug: the micro-batches' losses summed, not averaged (pp2)" 1 'mean gradient of every weight .*FAIL' \
@@ -452,6 +455,8 @@ usage_error "08 bad input: dualpipev with fewer than 2 pp micro-batches" $MPIRUN
 usage_error "08 bad input: dualpipe on an odd pipeline (pp 3)" $MPIRUN -np 3 $L08 --tp 1 --pp 3 --batch 6 --schedule dualpipe
 usage_error "08 bad input: micro-batches not dividing a DP rank's sequences" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --microbatches 3
 usage_error "08 bad input: ep counted as ranks (dp2 x pp2 x cp2 x tp2 on 32)" $MPIRUN -np 32 $L08 --dp 2 --pp 2 --cp 2 --tp 2 --ep 2
+usage_error "08 bad input: malformed --link" $MPIRUN -np 2 $L08 --link inter=0GB/s
+usage_error "08 bad input: --link with --ranks-per-node not dividing the world" $MPIRUN -np 4 $L08 --link intra=1GB/s --ranks-per-node 3
 usage_error "08 bad input: --bug local-causal-mask without CP" $MPIRUN -np 2 $L08 --bug local-causal-mask
 usage_error "08 bad input: --topk above --experts" $MPIRUN -np 2 $L08 --topk 9
 usage_error "08 bad input: odd --d-rope" $MPIRUN -np 2 $L08 --d-rope 7

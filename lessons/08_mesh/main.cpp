@@ -87,7 +87,7 @@ struct Options {
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
-              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on";
+              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link;
 };
 
 // How a weight is laid over the ranks: over TP (columns or rows), or, under EP, its experts
@@ -973,8 +973,11 @@ int mesh_lesson(Lesson& L) {
            "ranks, tp fastest): each holds experts / ep of every MoE layer (0: as --cp)", 0, 256);
   cli.choice("--a2a", &o.a2a, {"flat", "hierarchical"},
              "--ep: lesson 04's all-to-all, or lesson 05's rail-then-node one");
-  cli.flag("--ranks-per-node", &o.ranks_per_node, "--a2a hierarchical: EP ranks per virtual node "
-           "(0: 2 when ep is even, else 1)", 0, 256);
+  cli.flag("--ranks-per-node", &o.ranks_per_node, "ranks per virtual node, consecutive ranks: of the "
+           "EP group for --a2a hierarchical, of the world for --link (0: 2 when ep is even, else 1)", 0, 256);
+  cli.flag("--link", &o.link, "model the network as lesson 05 does: intra=BW,inter=BW,latency=T "
+           "(keys left out: intra=160GB/s,inter=50GB/s,latency=3us); point-to-point messages (the "
+           "all-to-alls, the CP ring, the pipeline) complete when the model says", "SPEC");
   cli.flag("--pp", &o.pp, "pipeline stages' ranks: the layers cut into stages, run by lesson 07's "
            "executor (0: as --cp)", 0, 64);
   cli.choice("--schedule", &o.schedule, {"1f1b", "zb-h1", "dualpipe", "dualpipev"},
@@ -1098,9 +1101,19 @@ int mesh_lesson(Lesson& L) {
                    "its experts tp times)");
   L.usage_error_if(o.experts % o.ep != 0, "--experts " + std::to_string(o.experts) + " must be a "
                    "multiple of --ep " + std::to_string(o.ep) + " (every EP rank holds as many experts)");
-  L.usage_error_if(o.ep == 1 && (cli.given("--a2a") || cli.given("--ranks-per-node")),
-                   "--a2a and --ranks-per-node choose how the MoE's tokens travel: they need --ep > 1");
+  L.usage_error_if(o.ep == 1 && (cli.given("--a2a") || (cli.given("--ranks-per-node") && !cli.given("--link"))),
+                   "--a2a and --ranks-per-node choose how the MoE's tokens travel: they need --ep > 1 "
+                   "(or, --ranks-per-node, --link)");
   if (o.ranks_per_node == 0) o.ranks_per_node = o.ep % 2 == 0 ? 2 : 1;
+  LinkModel link;
+  link.ranks_per_node = (int)o.ranks_per_node;
+  if (cli.given("--link")) {
+    std::string why;
+    L.usage_error_if(!parse_link(o.link, &link, &why), why);
+    L.usage_error_if(L.size() % o.ranks_per_node != 0, "--link: --ranks-per-node " +
+                     std::to_string(o.ranks_per_node) + " must divide the world of " +
+                     std::to_string(L.size()) + " ranks (virtual nodes of consecutive ranks)");
+  }
   L.usage_error_if(o.a2a == "hierarchical" && o.ep % o.ranks_per_node != 0,
                    "--ranks-per-node " + std::to_string(o.ranks_per_node) + " must divide --ep " +
                        std::to_string(o.ep) + " (the EP group is cut into virtual nodes)");
@@ -1343,6 +1356,8 @@ int mesh_lesson(Lesson& L) {
                   : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
                                       : "; F&B pairs one after the other");
     }
+    if (link.enabled) std::printf("%s (point-to-point messages; the collectives as MPI runs them)\n",
+                                  describe(link).c_str());
     std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
                 (long long)o.batch, (long long)T, (long long)B,
                 sizes.cp > 1 ? (", " + std::to_string(Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
@@ -1391,6 +1406,7 @@ int mesh_lesson(Lesson& L) {
   }
   std::ostringstream csv;
   L.start_trace();
+  Comm::set_link(link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
   for (int64_t step = 0; step < o.steps; step++) {
     const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
@@ -1643,6 +1659,7 @@ int mesh_lesson(Lesson& L) {
       csv << row;
     }
   }
+  Comm::set_link(LinkModel{});
 
   // ---- memory, communication per axis, the estimate
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
@@ -1688,8 +1705,8 @@ int mesh_lesson(Lesson& L) {
                 human_bytes(zero::mixed_precision_bytes(local_numel, W, 0)).c_str(),
                 human_bytes(zero::mixed_precision_bytes(local_numel, W, 1)).c_str());
     const double steps_s = train_s / (double)std::max<int64_t>(o.steps, 1);
-    std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded), %.0f tokens/s\n",
-                steps_s * 1e3, (double)(o.batch * T) / steps_s);
+    std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
+                steps_s * 1e3, link.enabled ? "; links modelled" : "", (double)(o.batch * T) / steps_s);
     char row[320];
     std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
                   sizes.tp, (long long)o.zero, (int)o.sp, mem.params, mem.grads, mem.optimizer,
