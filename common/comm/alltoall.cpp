@@ -76,7 +76,9 @@ void a2a_finish(Comm& comm, A2AFlight& flight) { comm.wait_all(flight.reqs); }
 void a2a_async(Comm& comm, const char* send, const std::vector<size_t>& send_bytes, char* recv,
                const std::vector<size_t>& recv_bytes, int tag) {
   A2AFlight flight = a2a_start(comm, send, send_bytes, recv, recv_bytes, tag);
-  overlap::yield();  // inside a paired forward and backward: the other half computes meanwhile
+  // inside a paired forward and backward the other half computes meanwhile, testing these
+  // messages between its ops
+  overlap::yield([&] { a2a_test(comm, flight); });
   a2a_finish(comm, flight);
 }
 

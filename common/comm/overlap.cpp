@@ -34,6 +34,7 @@ struct Half {
   bool grad = true;       // its autograd mode while suspended
   std::string category;   // its trace category while suspended
   std::exception_ptr error;
+  std::function<void()> poll;  // while suspended in an all-to-all: one test of its messages
   void* stack_bottom = nullptr;
   size_t stack_size = 0;
 #if defined(FF_OVERLAP_ASAN)
@@ -56,6 +57,9 @@ void resume(Pair& p, int h) {
   Half& x = p.half[h];
   set_grad_enabled(x.grad);
   trace().set_category(x.category);
+  // between its ops, the running half polls the suspended one's messages
+  Half& other = p.half[1 - h];
+  set_between_ops(other.done || !other.poll ? std::function<void()>() : other.poll);
   p.current = h;
 #if defined(FF_OVERLAP_ASAN)
   void* fake = nullptr;
@@ -123,17 +127,19 @@ void run_pair(const std::function<void()>& first, const std::function<void()>& s
     if (!p.half[1 - h].done) h = 1 - h;
   }
   g_pair = nullptr;
+  set_between_ops({});
   set_grad_enabled(grad);
   trace().set_category(category);
   for (const Half& x : p.half)
     if (x.error) std::rethrow_exception(x.error);
 }
 
-void yield() {
+void yield(const std::function<void()>& poll) {
   Pair* p = g_pair;
   if (!p || p->current < 0 || p->half[1 - p->current].done) return;
   Half& x = p->half[p->current];
   g_switches++;
+  x.poll = poll;
 #if defined(FF_OVERLAP_ASAN)
   __sanitizer_start_switch_fiber(&x.fake_stack, p->sched_bottom, p->sched_size);
 #endif
@@ -141,6 +147,7 @@ void yield() {
 #if defined(FF_OVERLAP_ASAN)
   __sanitizer_finish_switch_fiber(x.fake_stack, &p->sched_bottom, &p->sched_size);
 #endif
+  x.poll = nullptr;
 }
 
 long switches() { return g_switches; }

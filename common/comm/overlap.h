@@ -7,7 +7,8 @@
 // it hands the CPU to the other, which runs until it posts one of its own (or ends); then the
 // first finishes its all-to-all, whose messages have moved meanwhile, and goes on. With
 // DeepSeek-V3's block that is its order: the forward's dispatch flies during the backward's
-// experts, the backward's combine during the forward's attention, and so on.
+// experts, the backward's combine during the forward's attention, and so on. While one half is
+// suspended, the other polls its messages between ops.
 //
 // The turns are taken at the same points of the program on every rank (each all-to-all's
 // start), so the collectives both halves issue on a communicator (TP's all-gathers, the
@@ -28,8 +29,11 @@ namespace ff::overlap {
 void run_pair(const std::function<void()>& first, const std::function<void()>& second);
 
 // Inside run_pair: hand the CPU to the other half until it yields back or ends (no-op outside
-// a pair, or when the other half has ended). a2a_async calls it between start and finish.
-void yield();
+// a pair, or when the other half has ended). a2a_async calls it between start and finish,
+// with poll = one test of its messages: while this half is suspended the other calls poll
+// between its ops (autograd's set_between_ops), since MPI moves messages, and the link model
+// sees them arrive, only inside MPI calls (lesson 06's --progress test).
+void yield(const std::function<void()>& poll = {});
 
 // Switches taken so far on this thread (every yield that handed over): for tests and reports.
 long switches();

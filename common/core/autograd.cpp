@@ -13,6 +13,9 @@ static thread_local bool g_grad_enabled = true;
 
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
+
+static thread_local std::function<void()> g_between_ops;
+void set_between_ops(std::function<void()> fn) { g_between_ops = std::move(fn); }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 
@@ -27,6 +30,7 @@ void plant_bug(const std::string& name, Bug bug) {
 
 Tensor record(Tensor out, const std::string& name, std::vector<Tensor> inputs,
               std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  if (g_between_ops) g_between_ops();
   if (!grad_enabled()) return out;
   bool any = false;
   for (const Tensor& t : inputs) any = any || t.requires_grad();
@@ -205,6 +209,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     }
     grads.erase(t);  // free intermediate gradients as soon as they are consumed
     if (after_each_op) after_each_op();
+    if (g_between_ops) g_between_ops();
   }
 }
 
