@@ -62,8 +62,9 @@ bool grad_enabled();
 // each keeps its own mode); everything else uses NoGradGuard.
 void set_grad_enabled(bool on);
 
-// A function called between ops on this thread: after each op the tape records, and after each
-// op's backward in run_backward. Communication in flight progresses only inside MPI calls, so
+// A function called between ops on this thread: after each op of the core (every op passes
+// through record(), taped or not, under NoGradGuard too) and after each op's backward in
+// run_backward. Communication in flight progresses only inside MPI calls, so
 // a rank that computes while its messages travel polls them here (common/comm/overlap.h
 // installs one for its paired halves). An empty function: none (the default).
 void set_between_ops(std::function<void()> fn);

@@ -11,6 +11,8 @@
 #include "common/comm/comm.h"
 #include "common/comm/overlap.h"
 #include "common/core/autograd.h"
+#include "common/core/ops.h"
+#include "common/core/tensor.h"
 #include "common/lesson/trace.h"
 
 using namespace ff;
@@ -95,6 +97,25 @@ TEST_CASE("overlap: each half keeps its own autograd mode and trace category acr
   CHECK(b_cat == "paired backward");
   CHECK(grad_enabled());        // restored after the pair
   CHECK(trace().category().empty());
+}
+
+TEST_CASE("overlap: the running half polls the suspended half's messages between its ops") {
+  Comm c = overlap_comm();
+  int polls = 0, polls_in_first = 0;
+  overlap::run_pair(
+      [&] {
+        overlap::yield([&] { polls++; });  // as a2a_async does between start and finish
+        polls_in_first = polls;
+        sum_all(exp(randn({4}, 3).requires_grad_())).backward();  // no poll: nothing suspended
+      },
+      [&] {
+        Tensor x = randn({4}, 5);
+        x.requires_grad_();
+        mul(x, x);  // one op: one poll
+        exp(x);     // and another
+      });
+  CHECK(polls_in_first == 2);
+  CHECK(polls == 2);
 }
 
 TEST_CASE("overlap: an error in one half is rethrown once both have ended") {

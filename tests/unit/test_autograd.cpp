@@ -379,3 +379,23 @@ TEST_CASE("autograd: a split backward that returns the wrong number of weight gr
   CHECK_THROWS_AS(record_split(s.a.clone(), "bad", {s.a}, {1}, [](const Tensor&) { return SplitGrads{}; }),
                   Error);
 }
+
+TEST_CASE("autograd: the between-ops hook runs after each recorded op and each op's backward") {
+  int calls = 0;
+  set_between_ops([&] { calls++; });
+  Tensor x = leaf({3}, 7);
+  Tensor y = mul(exp(x), x);  // two ops
+  CHECK(calls == 2);
+  {
+    NoGradGuard ng;  // untaped ops too
+    exp(x);
+  }
+  CHECK(calls == 3);
+  calls = 0;
+  y.backward(Tensor::full({3}, 1.f));
+  CHECK(calls >= 2);  // after mul's and exp's backward (and after the ops they compute with)
+  set_between_ops({});
+  calls = 0;
+  sum_all(exp(x)).backward();
+  CHECK(calls == 0);  // removed
+}
