@@ -134,10 +134,8 @@ Tensor leaf(const Tensor& t) {
 }
 
 // [slide:shard]
-// This rank's weights, from the full model every rank builds from the same seed: the heads'
-// up-projections and W_o, the dense FFN and the LM head are cut by the TP split rule; under EP
-// each MoE layer keeps the experts [e N/ep, (e+1) N/ep) of its EP index e; the rest is
-// replicated. With kpe_per_head (the planted bug), W_kr (d, d_r) becomes H copies side by side.
+// This rank's weights, cut from the full model (the same seed everywhere): heads, dense FFN, LM
+// head by the TP split rule; under EP each MoE layer's experts [e N/ep, (e+1) N/ep); the rest whole.
 model::Params shard_model(const model::Config& c, const model::Params& full, const MeshCoords& co,
                           const MeshSizes& sizes, bool kpe_per_head) {
   model::Params p = full;
@@ -150,7 +148,7 @@ model::Params shard_model(const model::Config& c, const model::Params& full, con
     col(b.attn.w_uq), col(b.attn.w_uk), col(b.attn.w_uv), row(b.attn.w_o);
     if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
     if (b.moe && sizes.ep > 1) experts(b.experts.w1), experts(b.experts.w3), experts(b.experts.w2);
-    if (kpe_per_head) {
+    if (kpe_per_head) {  // the planted bug: W_kr (d, d_r) becomes H copies side by side
       NoGradGuard ng;
       b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
     }
@@ -426,7 +424,6 @@ void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank) 
     }
 }
 
-// [slide:pp-stages]
 // PP: the model cut into S stages, stage s holding blocks [begin[s], begin[s+1]), the
 // embedding on the first stage and the final norm, LM head and loss on the last. Lesson 07's
 // executor (common/layers/pipeline.h) walks this rank's schedule and calls forward() for each
@@ -442,6 +439,8 @@ struct MeshStages : pp::StageModel {
   std::vector<Route> routes;     // every MoE layer's routing of every micro-batch this step
 
   int stages() const { return (int)begin.size() - 1; }
+  // [slide:pp-stages]
+  // micro-batch gm through stage `stage`: lesson 07's executor calls it for each F
   Tensor forward(int stage, int gm, const Tensor& x) override {
     const MeshModel::Tokens k = mm->tokens(Bm, T);
     Tensor in = index_rows(inputs, gm * Bm, (gm + 1) * Bm);
@@ -452,6 +451,7 @@ struct MeshStages : pp::StageModel {
     // its share of the batch's mean (the planted bug pp-mb-sum: the micro-batches' losses summed)
     return M == 1 || mb_sum ? loss : scale(loss, 1.f / (float)M);
   }
+  // [/slide]
   Shape boundary_shape(int, int) const override { return {mm->tokens(Bm, T).rows, mm->c.dim}; }
 
   // The loss of this rank's (B, T) sequences through the pipeline, forward only, as one batch
@@ -483,7 +483,6 @@ struct MeshStages : pp::StageModel {
   }
   Device device() const override { return mm->device; }
 };
-// [/slide]
 
 // The gradients of ps summed over comm in one flat buffer (a missing gradient counts as 0).
 void sum_grads(const std::vector<Tensor*>& ps, Comm& comm) {
