@@ -12,7 +12,7 @@
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
 #   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
 #                   lesson 04's all-to-alls as ratios to MPI_Alltoallv, lesson 06's hidden
-#                   fraction, lesson 08's training step vs PyTorch
+#                   fraction, lesson 08's training step vs PyTorch and its overlapped pairs
 #   make clean
 #
 # Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
@@ -214,6 +214,8 @@ bench: deps
 	@echo "lesson 08: one training step of the single-process model, tokens/s, against PyTorch"
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh --dim 256 --batch 16 --seq 64
+	@echo "lesson 08: dualpipev's F&B pairs overlapped at their all-to-alls vs one after the other, links modelled"
+	bash tests/bench/bench_08_overlap.sh $(BUILD)/bin/08_mesh 5
 
 test: deps
 	@$(MAKE) --no-print-directory build
