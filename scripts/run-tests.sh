@@ -109,6 +109,7 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
 usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus $MPIRUN -np 2 $T/trace_demo /dev/null /dev/null
 source tests/lessons.sh
 source tests/bad_input.sh
+source tests/cluster.sh
 echo "== slides"
 check "every deck builds to HTML; its code markers, figures and runs exist (bad ones are caught)" 0 '^slides ok: [0-9]+ decks build to HTML' \
   $PYTHON scripts/slides.py check
