@@ -13,6 +13,8 @@
 #   make bench      kernel throughput per device (cpu, sim, cuda when a GPU is present),
 #                   lesson 04's all-to-alls as ratios to MPI_Alltoallv, lesson 06's hidden
 #                   fraction, lesson 08's training step vs PyTorch and its overlapped pairs
+#   make gpu-check  on a machine with a GPU: the cuda kernel tests, make bench and every
+#                   lesson with --device cuda, in one report (build/gpu-check.txt)
 #   make clean
 #
 # Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
@@ -95,7 +97,7 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build found deps test lessons run plots slides lecture reference sanitize bench clean help
+.PHONY: all build found deps test lessons run plots slides lecture reference sanitize bench gpu-check clean help
 .DEFAULT_GOAL := all
 
 all: deps
@@ -221,6 +223,11 @@ test: deps
 	@$(MAKE) --no-print-directory build
 	@bash scripts/run-tests.sh
 
+# everything that needs a GPU, in one report (build/gpu-check.txt); without a GPU: says so, exit 0
+gpu-check: deps
+	@$(MAKE) --no-print-directory build
+	@bash scripts/gpu-check.sh
+
 lessons: deps
 	@$(MAKE) --no-print-directory build
 	@bash scripts/run-lessons.sh
@@ -265,6 +272,6 @@ clean:
 	rm -rf $(BUILD) plots/out
 
 help:
-	@sed -n '2,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,20p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
