@@ -350,14 +350,10 @@ Tensor ep_layer(Comm& comm, Topology& topo, Scheme scheme, const Config& c, cons
   Topology* tp = &topo;
   return record_split(y, "dsv3_ep", op.inputs, op.weights, [cm, tp, scheme, c, w, x, fwd, shared](const Tensor& dy) {
     auto in = std::make_shared<InputGrads>(ep_backward_input(*cm, *tp, scheme, c, w, w, x, *fwd, dy, Bug::none));
-    std::vector<Tensor> grads(shared ? 8 : 5);
-    grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient
+    std::vector<Tensor> grads = op_input_grads(in->dx, shared);
     in->dx = in->routed.dxp = in->shared.dxp = Tensor();  // W keeps only what it reads
     return SplitGrads{grads, [c, w, x, fwd, shared, in] {
-                        Grads g = ep_backward_weights(c, w, w, x, *fwd, *in);
-                        std::vector<Tensor> wg = {g.router_w, g.w1, g.w3, g.w2};
-                        if (shared) wg.insert(wg.end(), {g.sw1, g.sw3, g.sw2});
-                        return wg;
+                        return op_weight_grads(ep_backward_weights(c, w, w, x, *fwd, *in), shared);
                       }};
   });
 }

@@ -53,6 +53,18 @@ RecordedOp recorded_op(const Params& p, const Tensor& u, bool shared) {
   return op;
 }
 
+std::vector<Tensor> op_input_grads(const Tensor& dx, bool shared) {
+  std::vector<Tensor> grads(shared ? 8 : 5);
+  grads[0] = dx;  // the balancing bias is no input: it gets no gradient
+  return grads;
+}
+
+std::vector<Tensor> op_weight_grads(const Grads& g, bool shared) {
+  std::vector<Tensor> wg = {g.router_w, g.w1, g.w3, g.w2};
+  if (shared) wg.insert(wg.end(), {g.sw1, g.sw3, g.sw2});
+  return wg;
+}
+
 Params slice_experts(const Params& p, int64_t e0, int64_t e1) {
   Params q = p;
   q.w1 = slice(p.w1, 0, e0, e1), q.w3 = slice(p.w3, 0, e0, e1), q.w2 = slice(p.w2, 0, e0, e1);

@@ -176,6 +176,10 @@ struct Forward {
 struct Grads {
   Tensor dx, router_w, w1, w2, w3, sw1, sw2, sw3;
 };
+// The recorded op's gradients in recorded_op's order of inputs: the input half's (dx, the
+// weights' left undefined) and the weight half's (one per weight).
+std::vector<Tensor> op_input_grads(const Tensor& dx, bool shared);
+std::vector<Tensor> op_weight_grads(const Grads& g, bool shared);
 Forward forward(const Config& c, const Params& p, const Tensor& x);
 Grads backward(const Config& c, const Params& p, const Tensor& x, const Forward& f,
                const Tensor& dy, Bug bug = Bug::none);

@@ -301,15 +301,12 @@ Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u, Te
   // them, while the previous stage waits for dx.
   return record_split(y, "dsv3_moe", op.inputs, op.weights, [c, w, x, fwd, shared](const Tensor& dy) {
     auto in = std::make_shared<dsv3::InputGrads>(dsv3::backward_input(c, w, x, *fwd, dy));
-    std::vector<Tensor> grads(shared ? 8 : 5);
-    grads[0] = in->dx;  // the balancing bias is no input: it gets no gradient
+    std::vector<Tensor> grads = dsv3::op_input_grads(in->dx, shared);
     in->dx = in->routed.dxp = in->shared.dxp = Tensor();  // W keeps only what it reads
     return SplitGrads{grads, [c, w, x, fwd, shared, in] {
                         Trace::Scope span(trace(), "moe weight gradients", "compute");
-                        dsv3::Grads g = dsv3::backward_weights(c, w, x, fwd->cache, fwd->shared_cache, *in);
-                        std::vector<Tensor> wg = {g.router_w, g.w1, g.w3, g.w2};
-                        if (shared) wg.insert(wg.end(), {g.sw1, g.sw3, g.sw2});
-                        return wg;
+                        return dsv3::op_weight_grads(
+                            dsv3::backward_weights(c, w, x, fwd->cache, fwd->shared_cache, *in), shared);
                       }};
   });
 }

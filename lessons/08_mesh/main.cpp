@@ -897,6 +897,13 @@ std::string counts_text(const CollectiveCounts& m) {
 
 // Several communicators' counts as one (lesson 05's hierarchical all-to-all runs on the EP
 // group's node and rail communicators).
+// The payload bytes of every operation counted.
+size_t sum_bytes(const CollectiveCounts& m) {
+  size_t b = 0;
+  for (const auto& [op, cc] : m) b += cc.bytes;
+  return b;
+}
+
 CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms) {
   CollectiveCounts out;
   for (const Comm* cm : comms)
@@ -1148,6 +1155,7 @@ int mesh_lesson(Lesson& L) {
   const std::string sched_err = pp::check_args(o.schedule, o.pp, M);
   L.usage_error_if(!sched_err.empty(), "--schedule " + o.schedule + ": " + sched_err);
   const int S = (o.schedule == "dualpipev" ? 2 : 1) * (int)o.pp;  // stages
+  const bool sched_pairs = o.schedule == "dualpipe" || o.schedule == "dualpipev";  // F&B steps
   std::vector<int64_t> stage_begin{0};
   if (o.layers_per_stage.empty()) {
     if (o.layers == 0) o.layers = std::max<int64_t>(2, o.dense_layers + S);  // an MoE on every stage
@@ -1351,7 +1359,7 @@ int mesh_lesson(Lesson& L) {
       std::printf("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
                   "last), %lld micro-batches of %lld sequences per DP rank%s\n",
                   o.schedule.c_str(), S, cut.c_str(), (long long)M, (long long)Bm,
-                  o.schedule.rfind("dualpipe", 0) != 0 ? ""
+                  !sched_pairs ? ""
                   : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
                                       : "; F&B pairs one after the other");
     }
@@ -1391,9 +1399,8 @@ int mesh_lesson(Lesson& L) {
                          want_dp = formula_dp(c, dense_opt.numel, W, (int)o.zero, held_moe > 0),
                          want_cp = formula_cp(c, st, Bm, Tc, sizes.tp, sizes.cp),
                          want_edp = sizes.ep > 1 && expert_opt.numel > 0 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
-                                                 : CollectiveCounts{},
-                         want_pp0 = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
-  CollectiveCounts want_pp = want_pp0;
+                                                 : CollectiveCounts{};
+  CollectiveCounts want_pp = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
   // DualPipe's pair (rank q and P-1-q of the pipeline, holding the same two stages)
   const bool dual = sched.layout == pp::Layout::dual;
   Comm pair = mesh.pp().split(std::min(mesh.coords().pp, (int)o.pp - 1 - mesh.coords().pp), mesh.coords().pp);
@@ -1625,11 +1632,6 @@ int mesh_lesson(Lesson& L) {
         at += n;
       }
     }
-    auto sum_bytes = [](const CollectiveCounts& m) {
-      size_t b = 0;
-      for (const auto& [op, cc] : m) b += cc.bytes;
-      return b;
-    };
     if (L.rank() == 0) {
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref));
       if (logging) {
@@ -1682,7 +1684,7 @@ int mesh_lesson(Lesson& L) {
                   counts_text(want_edp).c_str());
     if (sizes.pp > 1)
       std::printf("  pp: %s\n      formula: %s\n", counts_text(last_pp).c_str(), counts_text(want_pp).c_str());
-    if (o.schedule.rfind("dualpipe", 0) == 0 && o.overlap == "on")
+    if (sched_pairs && o.overlap == "on")
       std::printf("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
                   "over the whole run\n", overlap::switches());
     std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
@@ -1726,8 +1728,7 @@ int mesh_lesson(Lesson& L) {
     const CollectiveCounts* mine[12] = {&last_tp, &last_dp, &last_cp, &last_ep, &last_edp, &last_pp,
                                         &want_tp, &want_dp, &want_cp, &last_ep_want, &want_edp, &want_pp};
     std::vector<uint64_t> b(12), all(12 * (size_t)L.size());
-    for (size_t i = 0; i < 12; i++)
-      for (const auto& [op, cc] : *mine[i]) b[i] += cc.bytes;
+    for (size_t i = 0; i < 12; i++) b[i] = sum_bytes(*mine[i]);
     check_world.allgather(b.data(), b.size() * sizeof(uint64_t), all.data());
     for (int r = 0; L.rank() == 0 && r < L.size(); r++)
       for (int f = 0; f < 2; f++) {
