@@ -17,7 +17,8 @@
 #                   lesson with --device cuda, in one report (build/gpu-check.txt)
 #   make clean
 #
-# Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90".
+# Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90",
+#          NO_NCCL=1 (build without NCCL even when found), NCCL_HOME=/path/to/nccl.
 
 BUILD    ?= build
 CXX      := mpicxx
@@ -88,6 +89,32 @@ LIB_OBJS  += $(CUDA_SRCS:%.cu=$(BUILD)/obj/cuda/%.o) $(BUILD)/obj/cuda/kernels/c
 FLAGS     += -DFF_HAVE_CUDA=1
 LDLIBS    += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread
 endif
+# ---- NCCL (with nvcc only): nccl.h and libnccl under NCCL_HOME, else next to the CUDA toolkit,
+# else the system's. Only common/comm/nccl.cpp includes it; NO_NCCL=1 opts out.
+NO_NCCL   ?= 0
+NCCL_HOME ?=
+ifneq ($(NVCC),)
+ifneq ($(NO_NCCL),1)
+NCCL_INCDIR := $(firstword $(dir $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) \
+                 $(CUDA_HOME)/include/nccl.h $(CUDA_HOME)/targets/x86_64-linux/include/nccl.h /usr/include/nccl.h)))
+NCCL_LIBDIR := $(firstword $(dir $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib64/libnccl.so) \
+                 $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
+                 /usr/lib/x86_64-linux-gnu/libnccl.so)))
+ifeq ($(NCCL_INCDIR),)
+NO_NCCL_WHY := no nccl.h under $(or $(NCCL_HOME),$(CUDA_HOME)) or /usr/include; set NCCL_HOME
+else ifeq ($(NCCL_LIBDIR),)
+NO_NCCL_WHY := nccl.h in $(NCCL_INCDIR) but no libnccl.so next to it; set NCCL_HOME
+else
+NCCL_VERSION := $(shell sed -n 's/^\#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' $(NCCL_INCDIR)nccl.h | paste -sd.)
+$(BUILD)/obj/common/comm/nccl.o: FLAGS += -DFF_HAVE_NCCL=1 -isystem $(NCCL_INCDIR) -isystem $(CUDA_HOME)/include
+LDLIBS += -L$(NCCL_LIBDIR) -lnccl -Wl,-rpath,$(NCCL_LIBDIR)
+endif
+else
+NO_NCCL_WHY := NO_NCCL=1
+endif
+else
+NO_NCCL_WHY := no cuda device in this build
+endif
 LIB         := $(BUILD)/lib/libfivefold.a
 LESSONS     := $(notdir $(wildcard lessons/[0-9][0-9]_*))
 LESSON_BINS := $(LESSONS:%=$(BUILD)/bin/%)
@@ -110,6 +137,11 @@ ifneq ($(NVCC),)
 	@echo "✓ nvcc found ($(NVCC)): kernels/cuda/*.cu build for devices sim and cuda (sm $(CUDA_ARCH))"
 else
 	@echo "✗ no cuda device ($(or $(NO_CUDA_WHY),$(if $(filter 1,$(NO_CUDA)),NO_CUDA=1,nvcc not found))): building devices cpu and sim only"
+endif
+ifneq ($(NCCL_VERSION),)
+	@echo "✓ nccl found (version $(NCCL_VERSION), $(NCCL_LIBDIR)libnccl.so): --backend nccl moves cuda tensors GPU to GPU"
+else
+	@echo "✗ no nccl ($(NO_NCCL_WHY)): every message goes through MPI"
 endif
 ifneq ($(CPU_ISA),)
 	@echo "✓ cpu matmul runs its $(CPU_ISA) clone here, picked at run time (the build runs on any x86-64)"

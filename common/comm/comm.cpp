@@ -16,6 +16,8 @@
 // only posted after ssend returns): the watchdog reports it like any other deadlock.
 #include "common/comm/comm.h"
 
+#include "common/comm/nccl.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -262,7 +264,7 @@ void Comm::link_posted(Request& r) {
   const LinkClass c = link_class(r.peer);
   (c == LinkClass::self ? g_link.sent.self : c == LinkClass::intra ? g_link.sent.intra
                                                                    : g_link.sent.inter) += r.bytes;
-  if (!g_link.model.enabled || c == LinkClass::self) return;
+  if (!g_link.model.enabled || c == LinkClass::self || r.nccl) return;  // NCCL's are not modelled
   r.modelled = true;
   r.link_done_s = charge_link(&g_link.out_free_s[link_index(c)], c, r.bytes, link_now_s());
 }
@@ -342,7 +344,26 @@ Comm Comm::split(int color, int key) const {
   mpiCheck(MPI_Comm_split(comm_, color, key, &child));
   Comm c(child);
   c.timeout_s_ = timeout_s_;
+  if (nccl_) {
+    const bool member = child != MPI_COMM_NULL;
+    if (NcclComm::has_split())  // every rank of this communicator takes part, members or not
+      c.nccl_ = nccl_->split(color, key, member, c.rank_, c.size_, timeout_s_);
+    else if (member)
+      c.enable_nccl();
+  }
   return c;
+}
+
+void Comm::enable_nccl() {
+  if (nccl_ || comm_ == MPI_COMM_NULL) return;
+  FF_CHECK(nccl::built(), "enable_nccl: this build has no NCCL");
+  std::string id = rank_ == 0 ? NcclComm::unique_id() : std::string(NcclComm::id_bytes(), '\0');
+  bcast(&id[0], id.size(), 0);  // host bytes: MPI, watched
+  nccl_ = NcclComm::create(id, rank_, size_, timeout_s_);
+}
+
+bool Comm::to_nccl(const void* a, const void* b) const {
+  return nccl_ && nccl::is_device_pointer(a) && (!b || nccl::is_device_pointer(b));
 }
 
 // ----------------------------------------------------------------------------
@@ -473,6 +494,10 @@ MPI_Status Comm::wait_one(Request& r) {
   MPI_Status status;
   std::memset(&status, 0, sizeof status);
   status.MPI_SOURCE = MPI_PROC_NULL;
+  if (r.nccl) {
+    nccl_wait(r);
+    return status;
+  }
   Backoff backoff(timeout_s_);
   if (r.arrived) {  // Comm::test saw it complete in MPI (and told the model)
     status = r.status;
@@ -493,7 +518,46 @@ MPI_Status Comm::wait_one(Request& r) {
   return status;
 }
 
+// ---- the watchdog on NCCL: the launch's event polled against the same deadline; on expiry
+// ncclCommAbort (so that no kernel of it keeps the GPU), then the same line as for MPI.
+
+[[noreturn]] void Comm::report_nccl_failure(const Request& r, const std::string& error) const {
+  char peer[32], tag[32];
+  name_peer_and_tag(r, peer, tag);
+  std::fprintf(stderr, "error: rank %d: NCCL failed in %s with peer %s (%zu bytes): %s\n", rank_,
+               r.op.c_str(), peer, r.bytes, error.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+bool Comm::nccl_test(Request& r) {
+  std::string error;
+  switch (nccl_->poll(r.nccl, &error)) {
+    case NcclState::done: return true;
+    case NcclState::pending: return false;
+    case NcclState::stalled: nccl_->abort(); report_deadlock(r);
+    case NcclState::failed: nccl_->abort(); report_nccl_failure(r, error);
+  }
+  return false;
+}
+
+void Comm::nccl_wait(Request& r) {
+  Backoff backoff(timeout_s_);
+  while (!nccl_test(r))
+    if (!backoff.pause()) {
+      nccl_->abort();
+      report_deadlock(r);
+    }
+  r.nccl.reset();  // retired
+}
+
 bool Comm::test(Request& r) {
+  if (r.nccl) {
+    if (!nccl_test(r)) return false;
+    if (r.done_us < 0) r.done_us = now_us();
+    return true;  // a wait retires it
+  }
   if (r.req != MPI_REQUEST_NULL) {
     int done = 0;
     MPI_Status status;
@@ -552,7 +616,7 @@ static void record_blocking(const Request& r, const MPI_Status& status) {
 static double flight_end(const Request& r, double now) { return r.done_us >= 0 ? r.done_us : now; }
 
 void Comm::wait(Request& r) {
-  if (r.req == MPI_REQUEST_NULL && !r.arrived) return;
+  if (r.req == MPI_REQUEST_NULL && !r.arrived && !r.nccl) return;
   const double entered = trace().enabled() ? now_us() : 0.0;
   MPI_Status status = wait_one(r);
   if (!trace().enabled()) return;
@@ -562,6 +626,14 @@ void Comm::wait(Request& r) {
 }
 
 void Comm::wait_all(std::vector<Request>& rs) {
+  // Requests on NCCL: one at a time, after those on MPI (which move only while this rank is
+  // in MPI calls; NCCL's move on the GPU whatever this rank does).
+  if (std::any_of(rs.begin(), rs.end(), [](const Request& r) { return r.nccl != nullptr; })) {
+    for (int pass = 0; pass < 2; pass++)
+      for (Request& r : rs)
+        if ((r.nccl != nullptr) == (pass == 1)) wait(r);
+    return;
+  }
   std::vector<MPI_Request> handles;  // the pending requests, for MPI_Testsome
   std::vector<size_t> where;         // handles[i] is rs[where[i]].req
   // Completed in MPI, not yet in the link model: (index in rs, its status). Requests test()
@@ -645,20 +717,28 @@ void Comm::wait_all(std::vector<Request>& rs) {
 
 Request Comm::isend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, op_name("isend"), peer, tag, bytes, now_us()};
-  mpiCheck(MPI_Isend(buf, to_count(bytes, "isend"), MPI_BYTE, peer, tag, comm_, &r.req));
+  if (to_nccl(buf)) r.nccl = nccl_->send(buf, bytes, peer);  // queued; tags play no part
+  else mpiCheck(MPI_Isend(buf, to_count(bytes, "isend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
 }
 
 Request Comm::issend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, op_name("issend"), peer, tag, bytes, now_us()};
-  mpiCheck(MPI_Issend(buf, to_count(bytes, "issend"), MPI_BYTE, peer, tag, comm_, &r.req));
+  if (to_nccl(buf)) r.nccl = nccl_->send(buf, bytes, peer);  // NCCL has no synchronous mode
+  else mpiCheck(MPI_Issend(buf, to_count(bytes, "issend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
 }
 
 Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, op_name("irecv"), peer, tag, bytes, now_us(), /*is_recv=*/true};
+  if (to_nccl(buf)) {
+    FF_CHECK(peer >= 0 && peer < size_, "irecv on NCCL: peer " << peer << " is not a rank of this communicator of "
+                                                               << size_ << " (no wildcard on NCCL)");
+    r.nccl = nccl_->recv(buf, bytes, peer);
+    return r;
+  }
   mpiCheck(MPI_Irecv(buf, to_count(bytes, "irecv"), MPI_BYTE, peer, tag, comm_, &r.req));
   // Modelled unless to itself (or from nobody); a wildcard source is looked at on arrival.
   r.modelled = g_link.model.enabled && peer != rank_ && peer != MPI_PROC_NULL;
@@ -714,11 +794,30 @@ Request Comm::collective(const char* op, size_t bytes) {
   return Request{MPI_REQUEST_NULL, op_name(op), -1, -1, bytes, now_us()};
 }
 
+// The NCCL type and operation of an MPI all-reduce; false for what NCCL does not have (a
+// user-defined MPI_Op, a derived datatype).
+static bool nccl_reduction(MPI_Datatype type, MPI_Op op, NcclComm::Type* t, NcclComm::Op* o) {
+  if (type == MPI_FLOAT) *t = NcclComm::Type::f32;
+  else if (type == MPI_DOUBLE) *t = NcclComm::Type::f64;
+  else if (type == MPI_INT) *t = NcclComm::Type::i32;
+  else if (type == MPI_INT64_T || type == MPI_LONG_LONG) *t = NcclComm::Type::i64;
+  else return false;
+  if (op == MPI_SUM) *o = NcclComm::Op::sum;
+  else if (op == MPI_PROD) *o = NcclComm::Op::prod;
+  else if (op == MPI_MAX) *o = NcclComm::Op::max;
+  else if (op == MPI_MIN) *o = NcclComm::Op::min;
+  else return false;
+  return true;
+}
+
 void Comm::allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op) {
   int type_size = 0;
   mpiCheck(MPI_Type_size(type, &type_size));
   Request r = collective("allreduce", (size_t)count * (size_t)type_size);
-  mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm_, &r.req));
+  NcclComm::Type nt;
+  NcclComm::Op no;
+  if (to_nccl(buf) && nccl_reduction(type, op, &nt, &no)) r.nccl = nccl_->allreduce(buf, (size_t)count, nt, no);
+  else mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm_, &r.req));
   record_blocking(r, wait_one(r));  // one span, as a blocking point-to-point call
 }
 
@@ -733,7 +832,8 @@ void Comm::allgather(const void* send, size_t bytes, void* recv) {
   Request r = collective("allgather", bytes * (size_t)size_);
   // Our own block already in place in recv: MPI forbids the aliasing, MPI_IN_PLACE says it.
   const void* s = send == static_cast<char*>(recv) + (size_t)rank_ * bytes ? MPI_IN_PLACE : send;
-  mpiCheck(MPI_Iallgather(s, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r.req));
+  if (to_nccl(send, recv)) r.nccl = nccl_->allgather(send, bytes, recv);
+  else mpiCheck(MPI_Iallgather(s, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r.req));
   record_blocking(r, wait_one(r));
 }
 
@@ -748,7 +848,8 @@ void Comm::allgatherv(const void* send, size_t bytes, void* recv,
   counts_and_displs(recv_bytes, "allgatherv", &counts, &displs);
   Request r = collective("allgatherv", std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0}));
   const void* s = send == static_cast<char*>(recv) + displs[rank_] ? MPI_IN_PLACE : send;
-  mpiCheck(MPI_Iallgatherv(s, counts[rank_], MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE,
+  if (to_nccl(send, recv)) r.nccl = nccl_->allgatherv(send, bytes, recv, recv_bytes);
+  else mpiCheck(MPI_Iallgatherv(s, counts[rank_], MPI_BYTE, recv, counts.data(), displs.data(), MPI_BYTE,
                            comm_, &r.req));
   record_blocking(r, wait_one(r));
 }
@@ -763,13 +864,15 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
   }
   to_count(total * sizeof(float), "reduce_scatter");
   Request r = collective("reduce_scatter", total * sizeof(float));
-  mpiCheck(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &r.req));
+  if (to_nccl(send, recv)) r.nccl = nccl_->reduce_scatter_sum(send, recv, counts);
+  else mpiCheck(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &r.req));
   record_blocking(r, wait_one(r));
 }
 
 void Comm::bcast(void* buf, size_t bytes, int root) {
   Request r = collective("bcast", bytes);
-  mpiCheck(MPI_Ibcast(buf, to_count(bytes, "bcast"), MPI_BYTE, root, comm_, &r.req));
+  if (to_nccl(buf)) r.nccl = nccl_->bcast(buf, bytes, root);
+  else mpiCheck(MPI_Ibcast(buf, to_count(bytes, "bcast"), MPI_BYTE, root, comm_, &r.req));
   record_blocking(r, wait_one(r));
 }
 
@@ -790,39 +893,48 @@ void Comm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, vo
   size_t sent = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
   size_t received = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
   Request r = collective("alltoallv", sent + received);
-  mpiCheck(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(),
+  if (to_nccl(send, recv)) r.nccl = nccl_->alltoallv(send, send_bytes, recv, recv_bytes);
+  else mpiCheck(MPI_Ialltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(),
                           rdispls.data(), MPI_BYTE, comm_, &r.req));
   record_blocking(r, wait_one(r));
 }
 
 // ----------------------------------------------------------------------------
-// tensors: cpu storage is used in place; sim/cuda storage is staged through the host
+// tensors: cpu storage is used in place, and cuda storage on NCCL; the rest is staged through
+// the host
+
+bool Comm::in_place(const Tensor& t) const {
+  return t.device() == Device::cpu || (t.device() == Device::cuda && nccl_);
+}
 
 void Comm::send(const Tensor& t, int peer, int tag) {
-  if (t.device() == Device::cpu) return send(t.raw(), t.nbytes(), peer, tag);
+  if (in_place(t)) return send(t.raw(), t.nbytes(), peer, tag);
   Tensor host = t.to(Device::cpu);
   send(host.raw(), host.nbytes(), peer, tag);
 }
 
 void Comm::ssend(const Tensor& t, int peer, int tag) {
-  if (t.device() == Device::cpu) return ssend(t.raw(), t.nbytes(), peer, tag);
+  if (in_place(t)) return ssend(t.raw(), t.nbytes(), peer, tag);
   Tensor host = t.to(Device::cpu);
   ssend(host.raw(), host.nbytes(), peer, tag);
 }
 
 void Comm::recv(Tensor& t, int peer, int tag) {
   FF_CHECK(t.defined(), "recv: the tensor must be allocated with the expected shape first");
-  if (t.device() == Device::cpu) return recv(t.raw(), t.nbytes(), peer, tag);
+  if (in_place(t)) return recv(t.raw(), t.nbytes(), peer, tag);
   Tensor host = Tensor::empty(t.shape(), Device::cpu, t.dtype());
   recv(host.raw(), host.nbytes(), peer, tag);
   device_memcpy(t.raw(), t.device(), host.raw(), Device::cpu, host.nbytes());
 }
 
-void Comm::allreduce_sum(Tensor& t) {
+static void check_f32(const Tensor& t, const char* op) {
   FF_CHECK(t.defined() && t.dtype() == DType::f32,
-           "allreduce_sum: needs a float32 tensor, got "
-               << (t.defined() ? dtype_name(t.dtype()) : "an undefined tensor"));
-  if (t.device() == Device::cpu) return allreduce_sum(t.data(), (size_t)t.numel());
+           op << ": needs a float32 tensor, got " << (t.defined() ? dtype_name(t.dtype()) : "an undefined tensor"));
+}
+
+void Comm::allreduce_sum(Tensor& t) {
+  check_f32(t, "allreduce_sum");
+  if (in_place(t)) return allreduce_sum(t.data(), (size_t)t.numel());
   Tensor host = t.to(Device::cpu);
   allreduce_sum(host.data(), (size_t)host.numel());
   device_memcpy(t.raw(), t.device(), host.raw(), Device::cpu, host.nbytes());
@@ -830,10 +942,34 @@ void Comm::allreduce_sum(Tensor& t) {
 
 void Comm::bcast(Tensor& t, int root) {
   FF_CHECK(t.defined(), "bcast: the tensor must be allocated with the expected shape first");
-  if (t.device() == Device::cpu) return bcast(t.raw(), t.nbytes(), root);
+  if (in_place(t)) return bcast(t.raw(), t.nbytes(), root);
   Tensor host = t.to(Device::cpu);
   bcast(host.raw(), host.nbytes(), root);
   device_memcpy(t.raw(), t.device(), host.raw(), Device::cpu, host.nbytes());
+}
+
+void Comm::allgather(const Tensor& mine, Tensor& all) {
+  FF_CHECK(mine.defined() && all.defined() && all.dtype() == mine.dtype() &&
+               all.nbytes() == mine.nbytes() * (size_t)size_ && all.device() == mine.device(),
+           "allgather: `all` must be allocated with " << size_ << " times the elements of `mine`, "
+                                                      "same dtype and device");
+  if (in_place(mine)) return allgather(mine.raw(), mine.nbytes(), all.raw());
+  Tensor h_mine = mine.to(Device::cpu), h_all = Tensor::empty(all.shape(), Device::cpu, all.dtype());
+  allgather(h_mine.raw(), h_mine.nbytes(), h_all.raw());
+  device_memcpy(all.raw(), all.device(), h_all.raw(), Device::cpu, h_all.nbytes());
+}
+
+void Comm::reduce_scatter_sum(const Tensor& all, Tensor& mine) {
+  check_f32(all, "reduce_scatter_sum");
+  check_f32(mine, "reduce_scatter_sum");
+  FF_CHECK(all.numel() == mine.numel() * size_ && all.device() == mine.device(),
+           "reduce_scatter_sum: `all` must have " << size_ << " times the elements of `mine`, on its device");
+  FF_CHECK(mine.numel() <= INT_MAX, "reduce_scatter_sum: " << mine.numel() << " floats per rank is more than MPI's int count allows");
+  const std::vector<int> counts((size_t)size_, (int)mine.numel());
+  if (in_place(all)) return reduce_scatter_sum(all.data(), mine.data(), counts);
+  Tensor h_all = all.to(Device::cpu), h_mine = Tensor::empty(mine.shape(), Device::cpu);
+  reduce_scatter_sum(h_all.data(), h_mine.data(), counts);
+  device_memcpy(mine.raw(), mine.device(), h_mine.raw(), Device::cpu, h_mine.nbytes());
 }
 
 }  // namespace ff

@@ -12,7 +12,10 @@
 //    tight loop first, and sleeps between polls only when this node has more ranks than
 //    cores (or the wait is long). FF_WAIT=spin|sleep|auto (default auto) overrides; see
 //    WaitPolicy and "the watchdog" in comm.cpp.
-//  * Buffers are host memory. Tensor overloads stage sim/cuda tensors through the host.
+//  * Buffers are host memory on MPI. With NCCL enabled (enable_nccl(); common/comm/nccl.h), a
+//    call whose buffers are device memory goes to NCCL instead, under the same watchdog, trace
+//    spans and counts. Tensor overloads stage sim/cuda tensors through the host, except cuda
+//    tensors on a Comm with NCCL, whose storage NCCL moves where it is.
 //  * Tracing (trace() enabled), on the "comm" track of this rank:
 //      - a blocking call (send, ssend, recv, sendrecv, a collective) is one span, call to return;
 //      - a non-blocking request (isend, issend, irecv) is a *flight*, from its post to its
@@ -66,6 +69,8 @@
 namespace ff {
 
 class Tensor;
+class NcclComm;
+struct NcclTicket;
 
 // ---- the link model (see the top of this file)
 
@@ -125,6 +130,8 @@ struct Request {
   bool arrived = false;
   MPI_Status status{};
   double done_us = -1;
+  // On NCCL (req stays MPI_REQUEST_NULL): the completion of its launch; null once retired.
+  std::shared_ptr<NcclTicket> nccl = nullptr;
 };
 
 // How this process's waits poll, decided once in Comm::world.
@@ -220,8 +227,16 @@ class Comm {
   // Byte counts and displacements per peer, as MPI_Alltoallv with MPI_BYTE.
   void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                  const std::vector<size_t>& recv_bytes);
-  // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split).
+  // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split); with NCCL
+  // enabled, the matching NCCL communicator too (ncclCommSplit).
   Comm split(int color, int key) const;
+
+  // ---- NCCL (common/comm/nccl.h)
+  // Collective: sets up NCCL on this communicator (rank 0's unique id by bcast), so that calls
+  // on device buffers go to it; the GPU must be selected first. Communicators split from this
+  // one afterwards get their own. Throws ff::Error when the build has no NCCL.
+  void enable_nccl();
+  bool nccl_enabled() const { return nccl_ != nullptr; }
   // The collectives run on this communicator (copies of a Comm share the counts; split() starts
   // new ones), and a reset to zero.
   const CollectiveCounts& collective_counts() const { return *counts_; }
@@ -247,12 +262,17 @@ class Comm {
   static LinkBytes bytes_sent();
   static void reset_bytes_sent();
 
-  // ---- tensors (float32 or int64; staged through the host when not on cpu)
+  // ---- tensors (float32 or int64; staged through the host when not on cpu, except cuda
+  // tensors with NCCL enabled)
   void send(const Tensor& t, int peer, int tag);
   void ssend(const Tensor& t, int peer, int tag);
   void recv(Tensor& t, int peer, int tag);  // t must already have the right shape and dtype
   void allreduce_sum(Tensor& t);
   void bcast(Tensor& t, int root);
+  // all (P n, ...) <- every rank's mine (n, ...) in rank order; all must be allocated.
+  void allgather(const Tensor& mine, Tensor& all);
+  // mine (n, ...) <- this rank's block of the sum of all (P n, ...) over ranks (float32).
+  void reduce_scatter_sum(const Tensor& all, Tensor& mine);
 
  private:
   explicit Comm(MPI_Comm c);
@@ -263,12 +283,20 @@ class Comm {
   [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
   void link_posted(Request& r);                             // count a send; model its sending
   void link_arrived(Request& r, const MPI_Status& status);  // model a receive's arrival
+  // Whether a call on these buffers goes to NCCL: enabled, and each non-null one on the device.
+  bool to_nccl(const void* a, const void* b = nullptr) const;
+  bool nccl_test(Request& r);    // one poll of r's launch; the watchdog's lines on a failure
+  void nccl_wait(Request& r);    // the watchdog loop for a request on NCCL
+  [[noreturn]] void report_nccl_failure(const Request& r, const std::string& error) const;
+  // A tensor whose storage this Comm's calls can use in place: on cpu, or cuda with NCCL.
+  bool in_place(const Tensor& t) const;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 60.0;
   std::shared_ptr<CollectiveCounts> counts_ = std::make_shared<CollectiveCounts>();
   std::string label_;
   std::shared_ptr<const std::vector<int>> world_ranks_;  // world rank of each rank (null: the identity)
+  std::shared_ptr<NcclComm> nccl_;  // null: MPI only
 };
 
 }  // namespace ff

@@ -29,24 +29,20 @@ void check_f32(const Tensor& x, const char* op) {
 
 // All-gather along dim 0: every rank's (n, ...) rows, in rank order, as (P n, ...).
 Tensor gather_rows(const Tensor& x, Comm& tp) {
-  const int P = tp.size();
-  std::vector<float> mine = x.to_vector(), all(mine.size() * P);
-  tp.allgather(mine.data(), mine.size() * sizeof(float), all.data());
   Shape s = x.shape();
-  s[0] *= P;
-  return Tensor::from_vector(all, s, x.device());
+  s[0] *= tp.size();
+  Tensor all = Tensor::empty(s, x.device());
+  tp.allgather(x, all);
+  return all;
 }
 
 // Reduce-scatter along dim 0: (T, ...) partials -> this rank's (T / P, ...) rows of the sum.
 Tensor reduce_scatter_rows(const Tensor& x, Comm& tp) {
-  const int P = tp.size();
-  std::vector<float> all = x.to_vector();
-  const size_t block = all.size() / P;
-  std::vector<float> mine(block);
-  tp.reduce_scatter_sum(all.data(), mine.data(), std::vector<int>(P, (int)block));
   Shape s = x.shape();
-  s[0] /= P;
-  return Tensor::from_vector(mine, s, x.device());
+  s[0] /= tp.size();
+  Tensor mine = Tensor::empty(s, x.device());
+  tp.reduce_scatter_sum(x, mine);
+  return mine;
 }
 
 void check_divisible(const Tensor& x, Comm& tp, const char* op) {

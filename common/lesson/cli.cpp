@@ -196,6 +196,9 @@ void Cli::parse(int argc, char** argv, const Comm& comm) {
 void CommonFlags::add_to(Cli& cli) {
   cli.choice("--device", &device, {"auto", "cpu", "sim", "cuda"},
              "where kernels run (auto: the best available)");
+  cli.choice("--backend", &backend, {"auto", "mpi", "nccl"},
+             "what moves the tensors between ranks: nccl needs --device cuda (auto: nccl on cuda "
+             "when built with NCCL, else mpi)");
   cli.flag("--seed", &seed, "seed of the counter-based RNG", 0, INT64_MAX);
   cli.flag("--timeout", &timeout, "watchdog: seconds without progress before a wait is an error",
            0.1, 86400.0);

@@ -74,6 +74,7 @@ class Cli {
 // Flags every lesson has (DESIGN §6), with their defaults.
 struct CommonFlags {
   std::string device = "auto";  // cpu | sim | cuda | auto
+  std::string backend = "auto"; // mpi | nccl | auto (common/comm/nccl.h: resolve_backend)
   std::string dump;             // directory for .npy dumps ("" = off)
   std::string trace;            // Chrome trace JSON path ("" = off)
   std::string csv;              // metrics CSV path ("" = off)

@@ -136,6 +136,14 @@ void Lesson::parse() {
   usage_error_if(!bad.empty(), bad);
   device = flags.resolve_device(comm);
   comm.set_timeout(flags.timeout);
+  std::string why = resolve_backend(flags.backend, device, nccl::built(), &backend);
+  usage_error_if(!why.empty(), why);
+  if (backend == Backend::nccl) {
+    comm.enable_nccl();
+    if (rank() == 0)
+      std::printf("backend: NCCL %s moves the cuda tensors GPU to GPU, MPI the host buffers\n",
+                  nccl::version().c_str());
+  }
 }
 
 void Lesson::require_memory(double bytes, const std::string& flags_to_lower) const {

@@ -35,6 +35,7 @@
 // A lesson includes this header for the whole core it composes: tensors, ops, autograd,
 // checks, Comm, flags and trace spans.
 #include "common/comm/comm.h"
+#include "common/comm/nccl.h"
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
@@ -64,13 +65,15 @@ class Lesson {
 
   Comm& comm;
   Cli cli;             // the lesson adds its flags, then calls parse()
-  CommonFlags flags;   // --device --seed --timeout --dump --trace --csv --max-memory
+  CommonFlags flags;   // --device --backend --seed --timeout --dump --trace --csv --max-memory
   Device device = Device::cpu;  // resolved by parse()
+  Backend backend = Backend::mpi;  // resolved by parse(); nccl: comm has NCCL enabled
   int rank() const { return comm.rank(); }
   int size() const { return comm.size(); }
 
   // Adds the shared flags, parses argv, checks the SIMT_*/FF_* environment and every output
-  // path, resolves --device and sets the watchdog. Any bad input: exit 2 (see above).
+  // path, resolves --device and --backend (nccl: sets up NCCL on comm, and says so on rank 0)
+  // and sets the watchdog. Any bad input: exit 2 (see above).
   void parse();
   // A check after parsing that every rank evaluates the same way: throws UsageError.
   void usage_error_if(bool bad, const std::string& message) const;

@@ -27,6 +27,7 @@
 #include "common/core/check.h"
 #include "common/comm/alltoall.h"
 #include "common/comm/comm.h"
+#include "common/comm/nccl.h"
 #include "common/core/tensor.h"
 #include "common/lesson/files.h"
 #include "common/lesson/trace.h"
@@ -407,6 +408,50 @@ TEST_CASE("tensor overloads stage sim tensors through the host") {
     if (r == P - 1) c.send(out, 0, 8);
     if (r == 0) for (float x : got.to_vector()) CHECK(x == (float)(P - 1));
   }
+}
+
+TEST_CASE("tensor overloads: allgather and reduce_scatter_sum along dim 0, on cpu and sim") {
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size();
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    // rank r holds rows [r*2, r*2+2) of a (2P, 3) matrix whose element (i, j) is 10 i + j
+    std::vector<float> mine_v(6), full_v((size_t)6 * P);
+    for (size_t k = 0; k < full_v.size(); k++) full_v[k] = (float)(10 * (k / 3) + k % 3);
+    std::copy(full_v.begin() + 6 * r, full_v.begin() + 6 * (r + 1), mine_v.begin());
+    Tensor mine = Tensor::from_vector(mine_v, {2, 3}, d), all = Tensor::zeros({2 * P, 3}, d);
+    c.allgather(mine, all);
+    CHECK(all.device() == d);
+    CHECK(all.to_vector() == full_v);
+    // every rank contributes (r + 1) * full: rank r's rows of the sum are P(P+1)/2 * its rows
+    std::vector<float> part(full_v);
+    for (float& x : part) x *= (float)(r + 1);
+    Tensor sum_rows = Tensor::zeros({2, 3}, d);
+    c.reduce_scatter_sum(Tensor::from_vector(part, {2 * P, 3}, d), sum_rows);
+    std::vector<float> want(mine_v);
+    for (float& x : want) x *= (float)(P * (P + 1) / 2);
+    CHECK(sum_rows.to_vector() == want);
+    // the sizes must fit: refused before any message, on every rank
+    Tensor wrong = Tensor::zeros({2 * P + 1, 3}, d);
+    CHECK_THROWS_AS(c.allgather(mine, wrong), Error);
+    CHECK_THROWS_AS(c.reduce_scatter_sum(wrong, sum_rows), Error);
+  }
+}
+
+TEST_CASE("nccl: a Comm stays on MPI unless NCCL is enabled; without NCCL in the build enabling it throws") {
+  Comm c = test_comm();
+  CHECK(!c.nccl_enabled());
+  if (!nccl::built()) {
+    CHECK(nccl::version().empty());
+    CHECK_THROWS_AS(c.enable_nccl(), Error);  // refused on every rank, before any message
+    CHECK(!c.nccl_enabled());
+  } else {
+    CHECK(!nccl::version().empty());  // the library loads and says what it is
+  }
+  // host memory is never a device pointer, with or without CUDA
+  std::vector<float> host(4);
+  CHECK(!nccl::is_device_pointer(host.data()));
+  CHECK(!nccl::is_device_pointer(nullptr));
 }
 
 // ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Flag parsing without MPI: Cli::parse_args returns "" on success, "help", or the error text.
 #include <doctest/doctest.h>
 
+#include "common/comm/nccl.h"
 #include "common/lesson/cli.h"
 
 using namespace ff;
@@ -94,4 +95,39 @@ TEST_CASE("cli: usage lists every flag with its default") {
                            "--order {naive|evenodd|async}", "(default: evenodd)", "--dump PATH",
                            "(default: off)", "--causal", "--help"})
     CHECK_MESSAGE(u.find(want) != std::string::npos, "usage lacks: " << want);
+}
+
+TEST_CASE("--backend: auto is nccl only for cuda tensors in a build with NCCL; nccl needs both") {
+  Backend b = Backend::nccl;
+  // mpi: always, whatever the device
+  for (Device d : {Device::cpu, Device::sim, Device::cuda}) {
+    b = Backend::nccl;
+    CHECK(resolve_backend("mpi", d, true, &b) == "");
+    CHECK(b == Backend::mpi);
+  }
+  // auto
+  CHECK(resolve_backend("auto", Device::cuda, true, &b) == "");
+  CHECK(b == Backend::nccl);
+  for (auto [d, built] : {std::pair{Device::cuda, false}, {Device::cpu, true}, {Device::sim, true}}) {
+    b = Backend::nccl;
+    CHECK(resolve_backend("auto", d, built, &b) == "");
+    CHECK(b == Backend::mpi);
+  }
+  // nccl: refused with one sentence saying what is needed, *out untouched
+  b = Backend::mpi;
+  CHECK(resolve_backend("nccl", Device::cuda, true, &b) == "");
+  CHECK(b == Backend::nccl);
+  b = Backend::mpi;
+  std::string e = resolve_backend("nccl", Device::cpu, true, &b);
+  CHECK(e.find("needs --device cuda") != std::string::npos);
+  CHECK(e.find("tensors are on cpu") != std::string::npos);
+  CHECK(b == Backend::mpi);
+  e = resolve_backend("nccl", Device::sim, true, &b);
+  CHECK(e.find("tensors are on sim") != std::string::npos);
+  e = resolve_backend("nccl", Device::cuda, false, &b);
+  CHECK(e.find("this build has no NCCL") != std::string::npos);
+  CHECK(b == Backend::mpi);
+  CHECK(resolve_backend("gloo", Device::cpu, true, &b).find("expected mpi, nccl or auto") != std::string::npos);
+  CHECK(std::string(backend_name(Backend::nccl)) == "nccl");
+  CHECK(std::string(backend_name(Backend::mpi)) == "mpi");
 }

@@ -1,0 +1,123 @@
+// common/comm/nccl.h — the NCCL backend of Comm: collectives and point-to-point messages on
+// device (cuda) buffers, one rank per GPU.
+//
+// Design rules:
+//  * Comm keeps one interface. A Comm with NCCL enabled (Comm::enable_nccl, the lessons'
+//    --backend nccl) hands a call to NCCL when its buffers are device memory (a cuda tensor's
+//    storage, cudaPointerGetAttributes says so) and NCCL can do it; host buffers, and what NCCL
+//    has no operation for (a user-defined MPI_Op, a derived datatype), go to MPI as before.
+//    So a lesson's small host-side numbers (losses, timings, routing counts) stay on MPI, and
+//    its tensors' gradients and activations go GPU to GPU.
+//  * Setup as llm.c and PyTorch do it: rank 0 of the MPI communicator makes the ncclUniqueId,
+//    MPI_Bcast hands it to the others, each calls ncclCommInitRankConfig. Comm::split makes the
+//    matching NCCL communicator with ncclCommSplit (NCCL >= 2.18), else with a new id per group.
+//  * Every NCCL communicator is non-blocking (ncclConfig_t.blocking = 0) and has its own CUDA
+//    stream, created blocking with respect to the legacy default stream on which the kernels
+//    and copies run: an operation starts after the kernels that wrote its buffers, and a wait
+//    returns once it has finished (a CUDA event recorded after it).
+//  * Nothing here blocks without a deadline. Setup and each ncclGroupEnd are settled by polling
+//    ncclCommGetAsyncError; completion by polling cudaEventQuery (and ncclCommGetAsyncError,
+//    for a peer's failure). Comm's watchdog does the polling, with its timeout: on expiry it
+//    calls ncclCommAbort and prints the same line as for MPI,
+//      error: rank R: no progress for T s in <op> with peer P (tag G, N bytes) — likely deadlock
+//    then MPI_Abort — what PyTorch's NCCL watchdog does.
+//  * Point-to-point: NCCL matches messages between two ranks in the order they were posted and
+//    has no tags. isend/irecv are queued and launched together, in one ncclGroupStart/End, when
+//    a wait or test first needs one of them, so a ring's receive and send posted one after the
+//    other cannot wait on each other on the stream. A blocking send waits for its own message
+//    only; NCCL has no synchronous mode (issend and ssend are isend and send).
+//  * Without NCCL in the build every function below is still there, and create() throws: the
+//    lessons refuse --backend nccl before that (one `error:` line, exit 2).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+
+namespace ff {
+
+enum class Backend { mpi, nccl };
+const char* backend_name(Backend b);  // "mpi", "nccl"
+
+namespace nccl {
+// Whether this build has NCCL (nccl.h and libnccl found next to the CUDA toolkit, or NCCL_HOME).
+bool built();
+// The NCCL library's version at run time ("2.28.9"); "" without NCCL.
+std::string version();
+// Whether p is device memory of the current GPU (false for host memory, and without CUDA).
+bool is_device_pointer(const void* p);
+}  // namespace nccl
+
+// The rule of --backend mpi|nccl|auto, as a pure function: auto is nccl when the tensors are on
+// cuda and the build has NCCL, else mpi; nccl needs both. Returns "" and sets *out, or the one
+// sentence a lesson prints as its `error:` line.
+std::string resolve_backend(const std::string& flag, Device device, bool nccl_built, Backend* out);
+
+// What a wait sees of enqueued NCCL work: stalled is a launch that did not settle within the
+// timeout (the watchdog's deadlock line), failed an NCCL or CUDA error.
+enum class NcclState { pending, done, failed, stalled };
+
+// Completion of work enqueued on an NcclComm's stream: a CUDA event, recorded when the work is
+// launched (queued point-to-point messages: at the next flush()).
+struct NcclTicket;
+
+// One NCCL communicator (ncclComm_t), its stream, and the point-to-point messages queued on it.
+class NcclComm {
+ public:
+  enum class Type { f32, f64, i32, i64 };
+  enum class Op { sum, prod, max, min };
+  using Ticket = std::shared_ptr<NcclTicket>;
+
+  // Setup, as llm.c does it: rank 0 makes a unique id (id_bytes() of it), the caller hands it
+  // to every rank (Comm::enable_nccl: by its watched MPI broadcast), and every rank of `size`
+  // calls create() with it. Settled within timeout_s; throws ff::Error (naming NCCL's error,
+  // or the timeout) on failure.
+  static std::string unique_id();
+  static size_t id_bytes();
+  static std::shared_ptr<NcclComm> create(const std::string& id, int rank, int size, double timeout_s);
+  // Whether this NCCL has ncclCommSplit (>= 2.18). Without it, Comm::split sets up each group
+  // with a new id instead.
+  static bool has_split();
+  // ncclCommSplit, collective over this communicator: every member calls it, in the same order
+  // as the MPI split it mirrors; the ranks of one color form the new one, ordered by key. A
+  // rank that is not a member (member false) gets null; rank and size are its new ones.
+  std::shared_ptr<NcclComm> split(int color, int key, bool member, int rank, int size, double timeout_s);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  int rank() const;
+  int size() const;
+
+  // Collectives, launched at once on the stream (buffers: device memory).
+  Ticket allreduce(void* buf, size_t count, Type type, Op op);  // in place
+  // recv holds size() blocks of `bytes`; send may be this rank's block of recv (in place).
+  Ticket allgather(const void* send, size_t bytes, void* recv);
+  // Blocks of different sizes, back to back: grouped sends and receives.
+  Ticket allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
+  // counts[r] floats of the sum to rank r: ncclReduceScatter when all are equal, else an
+  // all-reduce of the whole into a scratch buffer of which this rank keeps its block.
+  Ticket reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
+  Ticket bcast(void* buf, size_t bytes, int root);
+  // Grouped ncclSend/ncclRecv, one pair per peer (MPI_Alltoallv's layout, in bytes).
+  Ticket alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                   const std::vector<size_t>& recv_bytes);
+  // Point-to-point: queued until flush() (or a poll of their ticket) launches them together.
+  Ticket send(const void* buf, size_t bytes, int peer);
+  Ticket recv(void* buf, size_t bytes, int peer);
+  void flush();
+
+  // One poll, never blocking (a queued message is launched first): done, pending, stalled, or
+  // failed (an NCCL error, asynchronous or at launch, or a CUDA error: *error says which).
+  NcclState poll(const Ticket& t, std::string* error);
+  // ncclCommAbort: the watchdog's way out of a stuck communicator.
+  void abort();
+
+ private:
+  NcclComm();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ff
