@@ -157,6 +157,42 @@ static void measure_node(int* node_ranks, double* cores) {
   if (quota > 0 && quota < *cores) *cores = quota;
 }
 
+NodeLayout node_layout_of(const std::vector<int>& node_of_rank) {
+  NodeLayout l;
+  std::vector<int> seen;  // the labels, in the order of their first rank
+  for (size_t i = 0; i < node_of_rank.size(); i++)
+    if (i == 0 || node_of_rank[i] != node_of_rank[i - 1]) seen.push_back(node_of_rank[i]);
+  std::vector<int> distinct(seen);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  l.nodes = std::max<int>(1, (int)distinct.size());
+  // consecutive (each node one run of ranks) and equal runs
+  const size_t P = node_of_rank.size();
+  if (P > 0 && seen.size() == distinct.size() && P % distinct.size() == 0) {
+    const size_t R = P / distinct.size();
+    bool equal = true;
+    for (size_t i = 0; i < P; i++) equal = equal && node_of_rank[i] == node_of_rank[i / R * R];
+    if (equal) l.ranks_per_node = (int)R;
+  }
+  return l;
+}
+
+NodeLayout Comm::node_layout() {
+  // Each node is named by its lowest world rank.
+  MPI_Comm node = MPI_COMM_NULL;
+  int world_rank = 0, size = 1, leader = 0;
+  mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+  leader = world_rank;
+  mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node));
+  mpiCheck(MPI_Comm_free(&node));
+  std::vector<int> all((size_t)size);
+  Comm world(MPI_COMM_WORLD);
+  world.allgather(&leader, sizeof leader, all.data());  // watched
+  return node_layout_of(all);
+}
+
 // Reads FF_WAIT and measures the node; collective over MPI_COMM_WORLD. A bad FF_WAIT is a
 // usage error on every rank: the lowest rank that saw it prints the one line.
 static void decide_wait_policy() {

@@ -81,8 +81,20 @@ struct LinkModel {
   double intra_bytes_per_s = 160e9, inter_bytes_per_s = 50e9;
   double latency_s = 3e-6;
   int ranks_per_node = 2;
+  bool real_nodes = false;  // ranks_per_node is this job's real layout (NodeLayout), not a virtual one
   int node_of(int world_rank) const { return world_rank / ranks_per_node; }
 };
+
+// Where this job's ranks really are: a node is the ranks that share memory
+// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)).
+struct NodeLayout {
+  int nodes = 1;           // distinct nodes
+  int ranks_per_node = 0;  // when every node holds the same number of consecutive world ranks
+                           // (mpirun --map-by ppr:G:node, srun's block distribution): that number;
+                           // else 0 (the nodes cannot be written as world rank / R)
+};
+// From the node of each world rank (any labels: equal labels, same node).
+NodeLayout node_layout_of(const std::vector<int>& node_of_rank);
 
 // Parses --link's "intra=BW,inter=BW,latency=T": any subset of the three keys, in any order,
 // each at most once; the keys left out keep LinkModel's defaults. BW is a positive number with
@@ -96,8 +108,9 @@ struct LinkModel {
 // and returns false.
 bool parse_link(const std::string& spec, LinkModel* out, std::string* error);
 // One line for a lesson's output, e.g.
-//   "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 2 ranks per node";
-// for a disabled model "links not modelled (2 ranks per node)".
+//   "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 2 ranks per virtual node";
+// for a disabled model "links not modelled (2 ranks per virtual node)"; "per node" when the
+// layout is the job's real one (real_nodes).
 std::string describe(const LinkModel& m);
 
 enum class LinkClass { self, intra, inter };
@@ -178,6 +191,8 @@ class Comm {
   static Comm world(int* argc, char*** argv, int thread_level = MPI_THREAD_SINGLE);
   static int thread_level_provided();
   static const WaitPolicy& wait_policy();
+  // This job's real nodes (collective over MPI_COMM_WORLD).
+  static NodeLayout node_layout();
   // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.
   [[noreturn]] static void exit_all(int code);
 

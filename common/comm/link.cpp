@@ -132,7 +132,8 @@ bool parse_link(const std::string& spec, LinkModel* out, std::string* error) {
 
 std::string describe(const LinkModel& m) {
   const std::string per_node = std::to_string(m.ranks_per_node) +
-                               (m.ranks_per_node == 1 ? " rank per node" : " ranks per node");
+                               (m.ranks_per_node == 1 ? " rank per " : " ranks per ") +
+                               (m.real_nodes ? "node" : "virtual node");
   if (!m.enabled) return "links not modelled (" + per_node + ")";
   return "modelled links: intra-node " + bandwidth_text(m.intra_bytes_per_s) + ", inter-node " +
          bandwidth_text(m.inter_bytes_per_s) + ", latency " + time_text(m.latency_s) + ", " +

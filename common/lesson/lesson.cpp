@@ -146,6 +146,18 @@ void Lesson::parse() {
   }
 }
 
+int64_t Lesson::ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
+                               const std::function<bool(int64_t)>& fits) const {
+  const NodeLayout nodes = Comm::node_layout();  // every rank calls it, given or not
+  *real = false;
+  if (given > 0) return given;
+  if (nodes.nodes > 1 && nodes.ranks_per_node > 0 && (!fits || fits(nodes.ranks_per_node))) {
+    *real = true;
+    return nodes.ranks_per_node;
+  }
+  return virtual_default;
+}
+
 void Lesson::require_memory(double bytes, const std::string& flags_to_lower) const {
   int on_node = 1;
   double avail = memory_available_per_rank(comm, &on_node);

@@ -82,6 +82,13 @@ class Lesson {
   // flags to lower. Every rank must pass the same estimate.
   void require_memory(double bytes_per_rank, const std::string& flags_to_lower) const;
 
+  // --ranks-per-node for the lessons that model nodes (05, 06, 08). given > 0: the flag's value,
+  // a virtual layout. given == 0 (left out): the job's real layout (Comm::node_layout) when it
+  // spans several nodes with the same number of consecutive ranks on each and fits(R) accepts
+  // it, else virtual_default. *real says which was taken; collective.
+  int64_t ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
+                         const std::function<bool(int64_t)>& fits = nullptr) const;
+
   // ---- outputs: each write is checked and atomic; a failure is remembered for finish()
   bool dumping() const { return !flags.dump.empty(); }
   // DIR/name.npy, written by the calling rank (rank-local dumps: name it after the rank).

@@ -171,7 +171,7 @@ static int deepseek_lesson(Lesson& lesson) {
   cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
   cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
   cli.flag("--bias-init", &bias_init, "std of the initial balancing bias b", 0.0, 10.0);
-  cli.flag("--ranks-per-node", &R, "ranks per virtual node R (must divide P; 2 when P is even, else 1)", 1, 4096);
+  cli.flag("--ranks-per-node", &R, "ranks per node R (must divide P; default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even, of 1 when odd)", 1, 4096);
   std::string link_spec;
   int64_t reps = 5;
   cli.flag("--link", &link_spec, "model the network: intra=BW,inter=BW,latency=T (e.g. "
@@ -207,7 +207,9 @@ static int deepseek_lesson(Lesson& lesson) {
   cli.epilog("run:  make run L=05 ARGS=\"--a2a flat\"\n"
              "      make run L=05 ARGS=\"--capacity-factor 1 --overflow next-best\"");
   lesson.parse();
-  if (!cli.given("--ranks-per-node")) R = P % 2 == 0 ? 2 : 1;  // default: nodes of 2 when P is even
+  // default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even
+  bool real_nodes = false;
+  R = lesson.ranks_per_node(cli.given("--ranks-per-node") ? R : 0, P % 2 == 0 ? 2 : 1, &real_nodes);
   const int nodes = (int)(P / std::max<int64_t>(R, 1));
   lesson.usage_error_if(P % R != 0, "--ranks-per-node " + std::to_string(R) +
                                         " does not divide the " + std::to_string(P) + " ranks");
@@ -239,6 +241,7 @@ static int deepseek_lesson(Lesson& lesson) {
                         " is a bug of the bias update: it needs --balance bias");
   LinkModel link;
   link.ranks_per_node = (int)R;
+  link.real_nodes = real_nodes;
   if (cli.given("--link")) {
     std::string why;
     lesson.usage_error_if(!parse_link(link_spec, &link, &why), why);
@@ -270,10 +273,10 @@ static int deepseek_lesson(Lesson& lesson) {
   Tensor x = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 10).to(dev);
   Tensor dy = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 11).to(dev);
   if (rank == 0)
-    std::printf("== 05 DeepSeek-V3 MoE: P=%d ranks = %d nodes x %lld, %lld routed experts (%lld "
+    std::printf("== 05 DeepSeek-V3 MoE: P=%d ranks = %d %snodes x %lld, %lld routed experts (%lld "
                 "per rank) in %lld groups, top-%lld within %lld groups, %lld shared, gate %s, "
                 "%lld tokens per rank, all-to-all %s, device %s\n",
-                P, nodes, (long long)R, (long long)N, (long long)E, (long long)c.groups,
+                P, nodes, real_nodes ? "" : "virtual ", (long long)R, (long long)N, (long long)E, (long long)c.groups,
                 (long long)K, (long long)c.topk_groups, (long long)c.shared, gate.c_str(),
                 (long long)T, a2a.c_str(), device_name(dev));
   lesson.start_trace();

@@ -836,7 +836,7 @@ static int overlap_lesson(Lesson& lesson) {
   cli.flag("--gflops", &gflops, "--compute modelled: the modelled compute rate per rank, GFLOP/s",
            1e-3, 1e6);
   cli.flag("--ranks-per-node", &R,
-           "ranks per virtual node (must divide P; default 2 when P is even, else 1)", 1, 4096);
+           "ranks per node (must divide P; default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even, of 1 when odd)", 1, 4096);
   cli.flag("--tokens", &s.T, "tokens per micro-batch per rank T", 1, 1 << 14);
   cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
   cli.flag("--heads", &s.H, "attention heads H (must divide d)", 1, 4096);
@@ -853,7 +853,8 @@ static int overlap_lesson(Lesson& lesson) {
              "      make run L=06 ARGS=\"--progress none\"\n"
              "      make run L=06 ARGS=\"--prefill\"");
   lesson.parse();
-  if (!cli.given("--ranks-per-node")) R = P % 2 == 0 ? 2 : 1;
+  bool real_nodes = false;  // the job's real nodes when it spans several, else virtual ones
+  R = lesson.ranks_per_node(cli.given("--ranks-per-node") ? R : 0, P % 2 == 0 ? 2 : 1, &real_nodes);
   lesson.usage_error_if(P % R != 0, "--ranks-per-node " + std::to_string(R) + " does not divide the " +
                                         std::to_string(P) + " ranks");
   lesson.usage_error_if(c.experts % P != 0, "--experts " + std::to_string(c.experts) +
@@ -870,6 +871,7 @@ static int overlap_lesson(Lesson& lesson) {
                         "MPI_THREAD_SINGLE or FUNNELED: use --progress test");
   LinkModel link;
   link.ranks_per_node = (int)R;
+  link.real_nodes = real_nodes;
   {
     std::string why;
     lesson.usage_error_if(!parse_link(link_spec, &link, &why), why);

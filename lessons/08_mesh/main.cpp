@@ -979,8 +979,9 @@ int mesh_lesson(Lesson& L) {
            "ranks, tp fastest): each holds experts / ep of every MoE layer (0: as --cp)", 0, 256);
   cli.choice("--a2a", &o.a2a, {"flat", "hierarchical"},
              "--ep: lesson 04's all-to-all, or lesson 05's rail-then-node one");
-  cli.flag("--ranks-per-node", &o.ranks_per_node, "ranks per virtual node, consecutive ranks: of the "
-           "EP group for --a2a hierarchical, of the world for --link (0: 2 when ep is even, else 1)", 0, 256);
+  cli.flag("--ranks-per-node", &o.ranks_per_node, "ranks per node, consecutive ranks: of the "
+           "EP group for --a2a hierarchical, of the world for --link (0: the job's real nodes when it "
+           "spans several, else virtual nodes of 2 when ep is even, of 1 when odd)", 0, 256);
   cli.flag("--link", &o.link, "model the network as lesson 05 does: intra=BW,inter=BW,latency=T "
            "(keys left out: intra=160GB/s,inter=50GB/s,latency=3us); point-to-point messages (the "
            "all-to-alls, the CP ring, the pipeline) complete when the model says", "SPEC");
@@ -1110,9 +1111,15 @@ int mesh_lesson(Lesson& L) {
   L.usage_error_if(o.ep == 1 && (cli.given("--a2a") || (cli.given("--ranks-per-node") && !cli.given("--link"))),
                    "--a2a and --ranks-per-node choose how the MoE's tokens travel: they need --ep > 1 "
                    "(or, --ranks-per-node, --link)");
-  if (o.ranks_per_node == 0) o.ranks_per_node = o.ep % 2 == 0 ? 2 : 1;
+  // Left out: the job's real nodes when it spans several (and, for --a2a hierarchical, they cut
+  // the EP groups evenly), else virtual nodes of 2 when ep is even.
+  bool real_nodes = false;
+  o.ranks_per_node = L.ranks_per_node(o.ranks_per_node, o.ep % 2 == 0 ? 2 : 1, &real_nodes, [&](int64_t R) {
+    return o.a2a != "hierarchical" || o.ep % R == 0;
+  });
   LinkModel link;
   link.ranks_per_node = (int)o.ranks_per_node;
+  link.real_nodes = real_nodes;
   if (cli.given("--link")) {
     std::string why;
     L.usage_error_if(!parse_link(o.link, &link, &why), why);
@@ -1342,7 +1349,7 @@ int mesh_lesson(Lesson& L) {
                 sizes.tp, sizes.world(),
                 sizes.ep > 1 ? (", ep " + std::to_string(sizes.ep) + " folded on them (expert-DP " +
                                 std::to_string(edp.size()) + ", " + o.a2a + " all-to-all" +
-                                (o.a2a == "hierarchical" ? ", " + std::to_string(topo.R) + " ranks per node" : "") + ")").c_str()
+                                (o.a2a == "hierarchical" ? ", " + std::to_string(topo.R) + (real_nodes ? " ranks per node" : " ranks per virtual node") : "") + ")").c_str()
                               : "",
                 (long long)o.zero, o.sp ? "on" : "off",
                 o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());

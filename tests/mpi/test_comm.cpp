@@ -937,7 +937,7 @@ TEST_CASE("link model: parse_link accepts units, bare numbers and subsets; descr
   CHECK(m.inter_bytes_per_s == 50e9);
   CHECK(m.latency_s == doctest::Approx(3e-6).epsilon(1e-12));
   CHECK(m.ranks_per_node == 8);  // not parse_link's business
-  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 8 ranks per node");
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 3 us, 8 ranks per virtual node");
 
   // any order, any subset: the rest keep the defaults (also over values set before)
   m.intra_bytes_per_s = 1;
@@ -945,7 +945,7 @@ TEST_CASE("link model: parse_link accepts units, bare numbers and subsets; descr
   CHECK(m.intra_bytes_per_s == 160e9);
   CHECK(m.inter_bytes_per_s == 400e6);
   CHECK(m.latency_s == doctest::Approx(2e-3).epsilon(1e-12));
-  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 400 MB/s, latency 2 ms, 8 ranks per node");
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 400 MB/s, latency 2 ms, 8 ranks per virtual node");
 
   // bare numbers: GB/s and us; every unit
   REQUIRE(parse_link("intra=2.5,inter=1e1,latency=7", &m, &error));
@@ -956,18 +956,41 @@ TEST_CASE("link model: parse_link accepts units, bare numbers and subsets; descr
   CHECK(m.intra_bytes_per_s == 3e3);
   CHECK(m.inter_bytes_per_s == 12);
   CHECK(m.latency_s == 1.5);
-  CHECK(describe(m) == "modelled links: intra-node 3 KB/s, inter-node 12 B/s, latency 1.5 s, 8 ranks per node");
+  CHECK(describe(m) == "modelled links: intra-node 3 KB/s, inter-node 12 B/s, latency 1.5 s, 8 ranks per virtual node");
   REQUIRE(parse_link("latency=250ns", &m, &error));
   CHECK(m.latency_s == doctest::Approx(250e-9).epsilon(1e-12));
   CHECK(m.inter_bytes_per_s == 50e9);
   REQUIRE(parse_link("latency=0", &m, &error));  // a pure bandwidth model
   CHECK(m.latency_s == 0);
-  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 0 us, 8 ranks per node");
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 0 us, 8 ranks per virtual node");
 
   LinkModel off;
   off.ranks_per_node = 1;
+  CHECK(describe(off) == "links not modelled (1 rank per virtual node)");
+  CHECK(describe(LinkModel{}) == "links not modelled (2 ranks per virtual node)");
+  off.real_nodes = true;  // the job's own layout
   CHECK(describe(off) == "links not modelled (1 rank per node)");
-  CHECK(describe(LinkModel{}) == "links not modelled (2 ranks per node)");
+  m.real_nodes = true;
+  CHECK(describe(m) == "modelled links: intra-node 160 GB/s, inter-node 50 GB/s, latency 0 us, 8 ranks per node");
+}
+
+TEST_CASE("node layout: nodes and ranks per node from the node of each world rank") {
+  auto layout = [](std::vector<int> v) {
+    NodeLayout l = node_layout_of(v);
+    return std::pair<int, int>{l.nodes, l.ranks_per_node};
+  };
+  CHECK(layout({0, 0, 0, 0}) == std::pair{1, 4});                    // one node
+  CHECK(layout({0, 0, 4, 4, 8, 8}) == std::pair{3, 2});              // --map-by ppr:2:node
+  CHECK(layout({7, 7, 7, 3, 3, 3}) == std::pair{2, 3});              // any labels
+  CHECK(layout({0, 4, 0, 4}) == std::pair{2, 0});                    // round robin: not rank / R
+  CHECK(layout({0, 0, 0, 4}) == std::pair{2, 0});                    // uneven
+  CHECK(layout({0, 0, 4, 4, 0, 0}) == std::pair{2, 0});              // a node in two runs
+  CHECK(layout({5}) == std::pair{1, 1});
+  // this job: one machine, every rank on it
+  Comm c = test_comm();
+  NodeLayout here = Comm::node_layout();
+  CHECK(here.nodes == 1);
+  CHECK(here.ranks_per_node == c.size());
 }
 
 TEST_CASE("link model: parse_link refuses every malformed spec, naming the part") {
