@@ -50,6 +50,10 @@ void memcpy(void* dst, bool dst_on_device, const void* src, bool src_on_device, 
   cudaCheck(cudaMemcpy(dst, src, bytes, kind));
 }
 void synchronize() { cudaCheck(cudaDeviceSynchronize()); }
+int count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
 void select(int ordinal) {
   int n = 0;
   cudaCheck(cudaGetDeviceCount(&n));

@@ -23,6 +23,7 @@ void memset_zero(void* p, size_t bytes);
 void memcpy(void* dst, bool dst_on_device, const void* src, bool src_on_device, size_t bytes);
 void synchronize();
 void select(int ordinal);
+int count();
 }  // namespace cuda_runtime
 #endif
 
@@ -57,6 +58,14 @@ const char* device_unavailable_reason(Device d) {
   return "no CUDA GPU found";
 #else
   return "built without nvcc";
+#endif
+}
+
+int device_gpu_count() {
+#if FF_HAVE_CUDA
+  return cuda_runtime::available() ? cuda_runtime::count() : 0;
+#else
+  return 0;
 #endif
 }
 

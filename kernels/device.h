@@ -19,6 +19,8 @@ bool parse_device(const std::string& s, Device* out);
 bool device_available(Device d);
 // Why `d` is not available, in a few words ("built without nvcc", "no CUDA GPU found").
 const char* device_unavailable_reason(Device d);
+// The GPUs this process can see (0 without CUDA or without a GPU).
+int device_gpu_count();
 // cuda: makes GPU (ordinal mod the number of GPUs) current for this process.
 void device_select_gpu(int ordinal);
 

@@ -139,6 +139,16 @@ void Lesson::parse() {
   std::string why = resolve_backend(flags.backend, device, nccl::built(), &backend);
   usage_error_if(!why.empty(), why);
   if (backend == Backend::nccl) {
+    // NCCL takes one GPU per rank: two ranks on one GPU is an NCCL error ("duplicate GPU").
+    const int node_ranks = Comm::wait_policy().node_ranks, gpus = device_gpu_count();
+    int crowded = node_ranks > gpus ? 1 : 0;
+    comm.allreduce(&crowded, 1, MPI_INT, MPI_MAX);  // every rank agrees; rank 0 says it
+    usage_error_if(crowded != 0,
+                   "--backend nccl takes one GPU per rank, and " +
+                       (node_ranks > gpus ? "this node has " + std::to_string(node_ranks) + " ranks for " +
+                                                std::to_string(gpus) + " GPU(s)"
+                                          : std::string("a node has more ranks than GPUs")) +
+                       ": run at most as many ranks per node as it has GPUs, or use --backend mpi");
     comm.enable_nccl();
     if (rank() == 0)
       std::printf("backend: NCCL %s moves the cuda tensors GPU to GPU, MPI the host buffers\n",

@@ -28,6 +28,7 @@
 #include "common/comm/alltoall.h"
 #include "common/comm/comm.h"
 #include "common/comm/nccl.h"
+#include "kernels/device.h"
 #include "common/core/tensor.h"
 #include "common/lesson/files.h"
 #include "common/lesson/trace.h"
@@ -452,6 +453,99 @@ TEST_CASE("nccl: a Comm stays on MPI unless NCCL is enabled; without NCCL in the
   std::vector<float> host(4);
   CHECK(!nccl::is_device_pointer(host.data()));
   CHECK(!nccl::is_device_pointer(nullptr));
+}
+
+// On a machine with a GPU per rank and a build with NCCL (make test there, make gpu-check):
+// every call Comm hands to NCCL, on cuda buffers, against the answer MPI gives on the host.
+TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; host buffers stay on MPI") {
+  Comm c = test_comm();
+  const int r = c.rank(), P = c.size();
+  int can = nccl::built() && device_available(Device::cuda) &&
+            Comm::wait_policy().node_ranks <= device_gpu_count();
+  c.allreduce(&can, 1, MPI_INT, MPI_MIN);
+  if (!can) {
+    MESSAGE("skipped: needs a build with NCCL and a GPU per rank");
+    return;
+  }
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  device_select_gpu(local);
+  c.enable_nccl();
+  REQUIRE(c.nccl_enabled());
+  const Device cu = Device::cuda;
+
+  // all-reduce of a tensor, in place on the GPU
+  Tensor t = Tensor::full({1000}, (float)(r + 1), cu);
+  c.allreduce_sum(t);
+  for (float x : t.to_vector()) REQUIRE(x == (float)(P * (P + 1) / 2));
+  CHECK(c.collective_counts().at("allreduce").calls == 1);
+  // a raw device buffer of doubles, MPI_MAX
+  double* dd = static_cast<double*>(device_malloc(cu, sizeof(double)));
+  double mine = 0.5 + r;
+  device_memcpy(dd, cu, &mine, Device::cpu, sizeof mine);
+  c.allreduce(dd, 1, MPI_DOUBLE, MPI_MAX);
+  double got = 0;
+  device_memcpy(&got, Device::cpu, dd, cu, sizeof got);
+  CHECK(got == 0.5 + (P - 1));
+  device_free(cu, dd);
+  // the host's numbers still go through MPI on this Comm
+  int host_sum = r;
+  c.allreduce(&host_sum, 1, MPI_INT, MPI_SUM);
+  CHECK(host_sum == P * (P - 1) / 2);
+
+  // bcast, allgather, reduce-scatter of tensors
+  Tensor b = r == P - 1 ? Tensor::full({7}, 2.5f, cu) : Tensor::zeros({7}, cu);
+  c.bcast(b, P - 1);
+  for (float x : b.to_vector()) CHECK(x == 2.5f);
+  Tensor rows = Tensor::full({2, 3}, (float)r, cu), all = Tensor::zeros({2 * P, 3}, cu);
+  c.allgather(rows, all);
+  std::vector<float> av = all.to_vector();
+  for (size_t k = 0; k < av.size(); k++) CHECK(av[k] == (float)(k / 6));
+  Tensor part = Tensor::full({2 * P, 3}, (float)(r + 1), cu), mine_rows = Tensor::zeros({2, 3}, cu);
+  c.reduce_scatter_sum(part, mine_rows);
+  for (float x : mine_rows.to_vector()) CHECK(x == (float)(P * (P + 1) / 2));
+
+  // a ring with isend/irecv posted one after the other (the receive first): one group, no wait
+  // on each other; then blocking, even ranks sending first
+  Tensor out = Tensor::full({5}, (float)r, cu), in = Tensor::zeros({5}, cu);
+  std::vector<Request> reqs;
+  reqs.push_back(c.irecv(in.raw(), in.nbytes(), (r + P - 1) % P, 3));
+  reqs.push_back(c.isend(out.raw(), out.nbytes(), (r + 1) % P, 3));
+  c.wait_all(reqs);
+  for (float x : in.to_vector()) CHECK(x == (float)((r + P - 1) % P));
+  if (P > 1) {
+    Tensor in2 = Tensor::zeros({5}, cu);
+    if (r % 2 == 0) c.send(out, (r + 1) % P, 4), c.recv(in2, (r + P - 1) % P, 4);
+    else c.recv(in2, (r + P - 1) % P, 4), c.send(out, (r + 1) % P, 4);
+    for (float x : in2.to_vector()) CHECK(x == (float)((r + P - 1) % P));
+  }
+
+  // all-to-all(v): rank r sends q + 1 floats of value 100 r + q to rank q
+  std::vector<size_t> sb((size_t)P), rb((size_t)P);
+  std::vector<float> send_h;
+  for (int q = 0; q < P; q++) {
+    sb[(size_t)q] = (size_t)(q + 1) * sizeof(float);
+    rb[(size_t)q] = (size_t)(r + 1) * sizeof(float);
+    for (int k = 0; k <= q; k++) send_h.push_back((float)(100 * r + q));
+  }
+  Tensor send_d = Tensor::from_vector(send_h, {(int64_t)send_h.size()}, cu);
+  Tensor recv_d = Tensor::zeros({(int64_t)P * (r + 1)}, cu);
+  c.alltoallv(send_d.raw(), sb, recv_d.raw(), rb);
+  std::vector<float> rv = recv_d.to_vector();
+  for (int q = 0; q < P; q++)
+    for (int k = 0; k <= r; k++) CHECK(rv[(size_t)(q * (r + 1) + k)] == (float)(100 * q + r));
+
+  // split: even and odd ranks, each half all-reduces on its own NCCL communicator
+  Comm half = c.split(r % 2, r);
+  REQUIRE(half.nccl_enabled());
+  Tensor h = Tensor::full({3}, (float)r, cu);
+  half.allreduce_sum(h);
+  float want = 0;
+  for (int q = r % 2; q < P; q += 2) want += (float)q;
+  for (float x : h.to_vector()) CHECK(x == want);
 }
 
 // ----------------------------------------------------------------------------

@@ -7,14 +7,25 @@
 // return. Expected: within --timeout seconds, a line like
 //   error: rank 0: no progress for 3 s in ssend with peer 1 (tag 7, 16 bytes) — likely deadlock
 // and a non-zero exit (MPI_Abort). The test runner runs this under `timeout`.
+//
+//   mpirun -np 2 build/tests/ssend_deadlock --nccl --timeout 3     (two GPUs, a build with NCCL)
+//
+// The same on NCCL, with device buffers: both ranks receive first, and NCCL has no synchronous
+// send to make the point with. The watchdog polls the launch's CUDA event, aborts the NCCL
+// communicator (ncclCommAbort) and prints the same line:
+//   error: rank 0: no progress for 3 s in recv with peer 1 (tag 7, 16 bytes) — likely deadlock
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "common/comm/comm.h"
+#include "common/comm/nccl.h"
+#include "kernels/device.h"
 
 using namespace ff;
+
+static int peer_of(int rank) { return 1 - rank; }
 
 int main(int argc, char** argv) {
   Comm comm = Comm::world(&argc, &argv);
@@ -25,21 +36,40 @@ int main(int argc, char** argv) {
   };
 
   double timeout_s = 3;
+  bool on_nccl = false;
   for (int i = 1; i < argc; i++) {
-    if (std::strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--nccl") == 0) {
+      on_nccl = true;
+    } else if (std::strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
       char* end = nullptr;
       timeout_s = std::strtod(argv[++i], &end);
       if (*end != '\0' || !(timeout_s > 0 && timeout_s <= 3600))
         usage_error(std::string("--timeout ") + argv[i] + ": want seconds in (0, 3600]");
     } else {
-      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--timeout S], default 3)");
+      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--nccl] [--timeout S], default 3)");
     }
   }
   if (comm.size() != 2)
     usage_error("ssend_deadlock needs exactly 2 ranks (got " + std::to_string(comm.size()) + ")");
   comm.set_timeout(timeout_s);
+  if (on_nccl) {
+    if (!nccl::built() || device_gpu_count() < 2)
+      usage_error("--nccl needs a build with NCCL and two GPUs (this one: " +
+                  std::string(nccl::built() ? "NCCL " + nccl::version() : "no NCCL") + ", " +
+                  std::to_string(device_gpu_count()) + " GPU(s))");
+    device_select_gpu(rank);  // one machine: rank r takes GPU r
+    comm.enable_nccl();
+    void* in = device_malloc(Device::cuda, 16);
+    if (rank == 0)
+      std::printf("both ranks receive from each other on NCCL before sending: the watchdog should "
+                  "report it within %g s\n", timeout_s);
+    std::fflush(stdout);
+    comm.recv(in, 16, peer_of(rank), /*tag=*/7);  // never completes
+    std::printf("rank %d: no deadlock?! the receive completed without a send\n", rank);
+    Comm::exit_all(0);
+  }
 
-  const int peer = 1 - rank;
+  const int peer = peer_of(rank);
   int out[4] = {rank, rank, rank, rank}, in[4] = {0, 0, 0, 0};
   if (rank == 0)
     std::printf("both ranks Ssend to each other before receiving: the watchdog should report it "
