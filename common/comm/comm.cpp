@@ -21,6 +21,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -554,26 +555,50 @@ MPI_Status Comm::wait_one(Request& r) {
   return status;
 }
 
-// ---- the watchdog on NCCL: the launch's event polled against the same deadline; on expiry
-// ncclCommAbort (so that no kernel of it keeps the GPU), then the same line as for MPI.
+// ---- the watchdog on NCCL: the launch's event polled against the same deadline; on expiry the
+// same line as for MPI, then ncclCommAbort (so that no kernel of it keeps the GPU busy) and
+// MPI_Abort. The line comes first and the abort is bounded: ncclCommAbort can itself block.
 
-[[noreturn]] void Comm::report_nccl_failure(const Request& r, const std::string& error) const {
+// Aborts r's NCCL communicator from a second thread, giving it up to 2 s, then ends the job.
+[[noreturn]] static void nccl_abort_and_exit(const Request& r) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<NcclTicket> t = r.nccl;
+  std::thread([t, done] {
+    NcclComm::abort(t);
+    done->store(true);
+  }).detach();
+  for (int i = 0; i < 200 && !done->load(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+void Comm::report_nccl_failure(const Request& r, const std::string& error) const {
   char peer[32], tag[32];
   name_peer_and_tag(r, peer, tag);
   std::fprintf(stderr, "error: rank %d: NCCL failed in %s with peer %s (%zu bytes): %s\n", rank_,
                r.op.c_str(), peer, r.bytes, error.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
+  nccl_abort_and_exit(r);
+}
+
+void Comm::report_nccl_stall(const Request& r) const {
+  char peer[32], tag[32];
+  name_peer_and_tag(r, peer, tag);
+  std::fprintf(stderr,
+               "error: rank %d: no progress for %g s in %s with peer %s (tag %s, %zu bytes) "
+               "— likely deadlock\n",
+               rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
+  std::fflush(stderr);
+  nccl_abort_and_exit(r);
 }
 
 bool Comm::nccl_test(Request& r) {
   std::string error;
-  switch (nccl_->poll(r.nccl, &error)) {
+  switch (NcclComm::poll(r.nccl, &error)) {
     case NcclState::done: return true;
     case NcclState::pending: return false;
-    case NcclState::stalled: nccl_->abort(); report_deadlock(r);
-    case NcclState::failed: nccl_->abort(); report_nccl_failure(r, error);
+    case NcclState::stalled: report_nccl_stall(r);
+    case NcclState::failed: report_nccl_failure(r, error);
   }
   return false;
 }
@@ -581,10 +606,7 @@ bool Comm::nccl_test(Request& r) {
 void Comm::nccl_wait(Request& r) {
   Backoff backoff(timeout_s_);
   while (!nccl_test(r))
-    if (!backoff.pause()) {
-      nccl_->abort();
-      report_deadlock(r);
-    }
+    if (!backoff.pause()) report_nccl_stall(r);
   r.nccl.reset();  // retired
 }
 
@@ -665,6 +687,8 @@ void Comm::wait_all(std::vector<Request>& rs) {
   // Requests on NCCL: one at a time, after those on MPI (which move only while this rank is
   // in MPI calls; NCCL's move on the GPU whatever this rank does).
   if (std::any_of(rs.begin(), rs.end(), [](const Request& r) { return r.nccl != nullptr; })) {
+    for (Request& r : rs)  // launched first: a peer may need them before it answers on MPI
+      if (r.nccl) NcclComm::launch(r.nccl);
     for (int pass = 0; pass < 2; pass++)
       for (Request& r : rs)
         if ((r.nccl != nullptr) == (pass == 1)) wait(r);

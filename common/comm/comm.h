@@ -303,6 +303,7 @@ class Comm {
   bool nccl_test(Request& r);    // one poll of r's launch; the watchdog's lines on a failure
   void nccl_wait(Request& r);    // the watchdog loop for a request on NCCL
   [[noreturn]] void report_nccl_failure(const Request& r, const std::string& error) const;
+  [[noreturn]] void report_nccl_stall(const Request& r) const;
   // A tensor whose storage this Comm's calls can use in place: on cpu, or cuda with NCCL.
   bool in_place(const Tensor& t) const;
   MPI_Comm comm_ = MPI_COMM_NULL;

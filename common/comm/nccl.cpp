@@ -77,23 +77,24 @@ bool nccl::is_device_pointer(const void* p) {
 }
 
 struct NcclTicket {
+  std::weak_ptr<NcclComm> owner;  // whose queue launches it, whose state a poll checks
   cudaEvent_t event = nullptr;
-  void* scratch = nullptr;  // reduce_scatter_sum's whole sum, freed with the ticket
   bool launched = false;
   bool stalled = false;     // a launch did not settle within the timeout
   std::string error;        // an NCCL or CUDA error at launch
   ~NcclTicket() {
     if (event) cudaEventDestroy(event);
-    if (scratch) cudaFree(scratch);  // synchronizes: the work that used it is over
   }
 };
 
 struct NcclComm::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  cudaEvent_t legacy_done = nullptr;  // recorded on the legacy stream before each launch
   int rank = 0, size = 1;
   double timeout_s = 60;
   bool aborted = false;
+  std::weak_ptr<NcclComm> self;
   struct P2p {
     bool send;
     void* buf;
@@ -103,9 +104,11 @@ struct NcclComm::Impl {
   };
   std::vector<P2p> queued;
 
-  // A non-blocking launch (init, split, a group) is settled when ncclCommGetAsyncError no
-  // longer says ncclInProgress. Returns "" when it succeeded, "stalled" past the timeout, else
-  // NCCL's error.
+  // A non-blocking launch (init, split, a group, finalize) is settled when
+  // ncclCommGetAsyncError no longer says ncclInProgress (NCCL refuses any other call on the
+  // communicator until then). Returns "" when it succeeded, "stalled" past the timeout, else
+  // NCCL's error. The first group between two ranks also connects them: it settles only once
+  // the peer has launched its side.
   std::string settle(ncclResult_t launch) const {
     if (launch != ncclSuccess && launch != ncclInProgress)
       return std::string(ncclGetErrorString(launch)) + ": " + ncclGetLastError(comm);
@@ -122,14 +125,20 @@ struct NcclComm::Impl {
     }
   }
 
+  // Before a launch: the stream waits for what the legacy default stream has queued (the
+  // kernels and copies that wrote the buffers). The stream itself does not block the legacy one.
+  void ready() {
+    cudaOk(cudaEventRecord(legacy_done, cudaStreamLegacy));
+    cudaOk(cudaStreamWaitEvent(stream, legacy_done, 0));
+  }
+
   // The ticket of what was just launched: an event recorded after it on the stream, or the
   // launch's failure.
   Ticket after(ncclResult_t launch, Ticket t = nullptr) {
-    return finish(settle(launch), t ? t : std::make_shared<NcclTicket>());
-  }
-  // The same, for a launch already settled with `err`.
-  Ticket finish(const std::string& err, Ticket t) {
+    if (!t) t = std::make_shared<NcclTicket>();
+    t->owner = self;
     t->launched = true;
+    std::string err = settle(launch);
     if (err == "stalled") {
       t->stalled = true;
     } else if (!err.empty()) {
@@ -142,8 +151,17 @@ struct NcclComm::Impl {
   }
 
   void make_stream() {
-    // Blocking with respect to the legacy default stream, where the kernels and copies run.
-    cudaOk(cudaStreamCreate(&stream));
+    cudaOk(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaOk(cudaEventCreateWithFlags(&legacy_done, cudaEventDisableTiming));
+  }
+
+  // A setup that failed: the communicator is aborted (not finalized) and the error thrown.
+  [[noreturn]] void fail(const std::string& what, const std::string& err) {
+    if (comm) ncclCommAbort(comm);
+    aborted = true;
+    FF_CHECK(false, "NCCL: " << what << ": "
+                             << (err == "stalled" ? "no progress for " + std::to_string(timeout_s) + " s" : err));
+    std::abort();
   }
 };
 
@@ -188,8 +206,15 @@ static ncclConfig_t nonblocking_config() {
 
 NcclComm::NcclComm() : impl_(new Impl) {}
 
+// Every rank drops its copies of a communicator at the same point of the program (as it split
+// it), so finalize (which completes what is outstanding with the peers) is settled under the
+// deadline before the destroy; a communicator that does not finalize in time is aborted.
 NcclComm::~NcclComm() {
-  if (impl_->comm && !impl_->aborted) ncclCommDestroy(impl_->comm);
+  if (impl_->comm && !impl_->aborted) {
+    if (impl_->settle(ncclCommFinalize(impl_->comm)).empty()) ncclCommDestroy(impl_->comm);
+    else ncclCommAbort(impl_->comm);
+  }
+  if (impl_->legacy_done) cudaEventDestroy(impl_->legacy_done);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -208,14 +233,15 @@ std::shared_ptr<NcclComm> NcclComm::create(const std::string& id_bytes, int rank
   FF_CHECK(id_bytes.size() == sizeof id, "NCCL: a unique id of " << id_bytes.size() << " bytes, expected " << sizeof id);
   std::memcpy(&id, id_bytes.data(), sizeof id);
   std::shared_ptr<NcclComm> c(new NcclComm);
-  c->impl_->rank = rank;
-  c->impl_->size = size;
-  c->impl_->timeout_s = timeout_s;
-  c->impl_->make_stream();
+  Impl& m = *c->impl_;
+  m.self = c;
+  m.rank = rank;
+  m.size = size;
+  m.timeout_s = timeout_s;
+  m.make_stream();  // (the GPU is current: the stream is on it, and NCCL takes it)
   ncclConfig_t config = nonblocking_config();
-  std::string err = c->impl_->settle(ncclCommInitRankConfig(&c->impl_->comm, size, id, rank, &config));
-  FF_CHECK(err.empty(), "NCCL: setting up a communicator of " << size << " ranks: "
-                            << (err == "stalled" ? "no progress for " + std::to_string(timeout_s) + " s" : err));
+  std::string err = m.settle(ncclCommInitRankConfig(&m.comm, size, id, rank, &config));
+  if (!err.empty()) m.fail("setting up a communicator of " + std::to_string(size) + " ranks", err);
   return c;
 }
 
@@ -223,20 +249,25 @@ bool NcclComm::has_split() { return NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
 
 std::shared_ptr<NcclComm> NcclComm::split(int color, int key, bool member, int rank, int size, double timeout_s) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
-  ncclComm_t child = nullptr;
+  flush();
+  // NCCL writes the new communicator into *slot when its setup ends, possibly after a stall has
+  // been reported: the slot lives on the heap, and is given up (not freed) on failure.
+  ncclComm_t* slot = new ncclComm_t(nullptr);
   ncclConfig_t config = nonblocking_config();
-  std::string err = impl_->settle(ncclCommSplit(impl_->comm, member ? color : NCCL_SPLIT_NOCOLOR, key, &child, &config));
-  FF_CHECK(err.empty(), "NCCL: splitting a communicator of " << impl_->size << " ranks: "
-                            << (err == "stalled" ? "no progress for " + std::to_string(timeout_s) + " s" : err));
+  std::string err = impl_->settle(ncclCommSplit(impl_->comm, member ? color : NCCL_SPLIT_NOCOLOR, key, slot, &config));
+  if (!err.empty()) impl_->fail("splitting a communicator of " + std::to_string(impl_->size) + " ranks", err);
+  std::unique_ptr<ncclComm_t> owned(slot);
   if (!member) return nullptr;
   std::shared_ptr<NcclComm> c(new NcclComm);
-  c->impl_->comm = child;
-  c->impl_->rank = rank;
-  c->impl_->size = size;
-  c->impl_->timeout_s = timeout_s;
-  c->impl_->make_stream();
-  err = c->impl_->settle(ncclSuccess);  // the child may still be connecting
-  FF_CHECK(err.empty(), "NCCL: the split communicator: " << (err == "stalled" ? "no progress" : err));
+  Impl& m = *c->impl_;
+  m.self = c;
+  m.comm = *slot;
+  m.rank = rank;
+  m.size = size;
+  m.timeout_s = timeout_s;
+  m.make_stream();
+  err = m.settle(ncclSuccess);  // (the parent's settle covered it; cheap)
+  if (!err.empty()) m.fail("the split communicator", err);
   return c;
 #else
   (void)color, (void)key, (void)member, (void)rank, (void)size, (void)timeout_s;
@@ -245,16 +276,25 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key, bool member, int r
 #endif
 }
 
+// Each collective first launches the queued point-to-point messages: on the stream they come
+// before it, as they were posted before it (a peer may need them to reach the collective).
+
 NcclComm::Ticket NcclComm::allreduce(void* buf, size_t count, Type type, Op op) {
+  flush();
+  impl_->ready();
   return impl_->after(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), impl_->comm, impl_->stream));
 }
 
 NcclComm::Ticket NcclComm::allgather(const void* send, size_t bytes, void* recv) {
+  flush();
+  impl_->ready();
   return impl_->after(ncclAllGather(send, recv, bytes, ncclInt8, impl_->comm, impl_->stream));
 }
 
 NcclComm::Ticket NcclComm::allgatherv(const void* send, size_t bytes, void* recv,
                                       const std::vector<size_t>& recv_bytes) {
+  flush();
+  impl_->ready();
   Group g;
   size_t off = 0;
   for (int r = 0; r < impl_->size; r++) {
@@ -266,30 +306,33 @@ NcclComm::Ticket NcclComm::allgatherv(const void* send, size_t bytes, void* recv
   return impl_->after(g.end());
 }
 
+// Equal blocks: ncclReduceScatter. Unequal ones: one ncclReduce per block, to its rank, in one
+// group (no scratch memory: a cudaMalloc/cudaFree could wait on NCCL kernels in flight).
 NcclComm::Ticket NcclComm::reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) {
+  flush();
+  impl_->ready();
   const bool equal = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
   if (equal)
     return impl_->after(ncclReduceScatter(send, recv, (size_t)counts[0], ncclFloat32, ncclSum, impl_->comm, impl_->stream));
-  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  Group g;
   size_t off = 0;
-  for (int r = 0; r < impl_->rank; r++) off += (size_t)counts[(size_t)r];
-  auto t = std::make_shared<NcclTicket>();
-  cudaOk(cudaMalloc(&t->scratch, (total ? total : 1) * sizeof(float)));
-  float* whole = static_cast<float*>(t->scratch);
-  ncclResult_t rc = ncclAllReduce(send, whole, total, ncclFloat32, ncclSum, impl_->comm, impl_->stream);
-  std::string err = impl_->settle(rc);
-  if (err.empty())
-    cudaOk(cudaMemcpyAsync(recv, whole + off, (size_t)counts[(size_t)impl_->rank] * sizeof(float),
-                           cudaMemcpyDeviceToDevice, impl_->stream));
-  return impl_->finish(err, t);
+  for (int r = 0; r < impl_->size; r++) {
+    g.add(ncclReduce(send + off, recv, (size_t)counts[(size_t)r], ncclFloat32, ncclSum, r, impl_->comm, impl_->stream));
+    off += (size_t)counts[(size_t)r];
+  }
+  return impl_->after(g.end());
 }
 
 NcclComm::Ticket NcclComm::bcast(void* buf, size_t bytes, int root) {
+  flush();
+  impl_->ready();
   return impl_->after(ncclBroadcast(buf, buf, bytes, ncclInt8, root, impl_->comm, impl_->stream));
 }
 
 NcclComm::Ticket NcclComm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                                      const std::vector<size_t>& recv_bytes) {
+  flush();
+  impl_->ready();
   Group g;
   size_t so = 0, ro = 0;
   for (int r = 0; r < impl_->size; r++) {
@@ -304,21 +347,24 @@ NcclComm::Ticket NcclComm::alltoallv(const void* send, const std::vector<size_t>
 
 NcclComm::Ticket NcclComm::send(const void* buf, size_t bytes, int peer) {
   auto t = std::make_shared<NcclTicket>();
+  t->owner = impl_->self;
   impl_->queued.push_back({true, const_cast<void*>(buf), bytes, peer, t});
   return t;
 }
 
 NcclComm::Ticket NcclComm::recv(void* buf, size_t bytes, int peer) {
   auto t = std::make_shared<NcclTicket>();
+  t->owner = impl_->self;
   impl_->queued.push_back({false, buf, bytes, peer, t});
   return t;
 }
 
-// Every queued message in one group: one launch, one event for all of them.
+// Every queued message in one group: one launch, each message's own event recorded after it.
 void NcclComm::flush() {
   if (impl_->queued.empty()) return;
   std::vector<Impl::P2p> q;
   q.swap(impl_->queued);
+  impl_->ready();
   Group g;
   for (const Impl::P2p& m : q) {
     if (m.bytes == 0) continue;
@@ -331,15 +377,22 @@ void NcclComm::flush() {
     t.launched = true;
     t.stalled = first->stalled;
     t.error = first->error;
-    if (first->event) {  // its own event, recorded at the same point
+    if (first->event) {
       cudaOk(cudaEventCreateWithFlags(&t.event, cudaEventDisableTiming));
       cudaOk(cudaEventRecord(t.event, impl_->stream));
     }
   }
 }
 
+void NcclComm::launch(const Ticket& t) {
+  if (t->launched) return;
+  std::shared_ptr<NcclComm> owner = t->owner.lock();
+  FF_CHECK(owner, "an NCCL request outlived its communicator before it was launched");
+  owner->flush();
+}
+
 NcclState NcclComm::poll(const Ticket& t, std::string* error) {
-  if (!t->launched) flush();
+  launch(t);
   if (t->stalled) return NcclState::stalled;
   if (!t->error.empty()) {
     *error = t->error;
@@ -352,13 +405,20 @@ NcclState NcclComm::poll(const Ticket& t, std::string* error) {
     *error = std::string("CUDA: ") + cudaGetErrorString(q);
     return NcclState::failed;
   }
-  ncclResult_t st = ncclSuccess;
-  ncclCommGetAsyncError(impl_->comm, &st);
-  if (st != ncclSuccess && st != ncclInProgress) {
-    *error = std::string(ncclGetErrorString(st)) + ": " + ncclGetLastError(impl_->comm);
-    return NcclState::failed;
+  std::shared_ptr<NcclComm> owner = t->owner.lock();
+  if (owner) {  // a peer's failure (a lost connection, an abort) shows here
+    ncclResult_t st = ncclSuccess;
+    ncclCommGetAsyncError(owner->impl_->comm, &st);
+    if (st != ncclSuccess && st != ncclInProgress) {
+      *error = std::string(ncclGetErrorString(st)) + ": " + ncclGetLastError(owner->impl_->comm);
+      return NcclState::failed;
+    }
   }
   return NcclState::pending;
+}
+
+void NcclComm::abort(const Ticket& t) {
+  if (std::shared_ptr<NcclComm> owner = t->owner.lock()) owner->abort();
 }
 
 void NcclComm::abort() {
@@ -396,7 +456,9 @@ NcclComm::Ticket NcclComm::alltoallv(const void*, const std::vector<size_t>&, vo
 NcclComm::Ticket NcclComm::send(const void*, size_t, int) { no_nccl(); }
 NcclComm::Ticket NcclComm::recv(void*, size_t, int) { no_nccl(); }
 void NcclComm::flush() {}
+void NcclComm::launch(const Ticket&) {}
 NcclState NcclComm::poll(const Ticket&, std::string*) { no_nccl(); }
+void NcclComm::abort(const Ticket&) {}
 void NcclComm::abort() {}
 
 #endif

@@ -12,9 +12,10 @@
 //    MPI_Bcast hands it to the others, each calls ncclCommInitRankConfig. Comm::split makes the
 //    matching NCCL communicator with ncclCommSplit (NCCL >= 2.18), else with a new id per group.
 //  * Every NCCL communicator is non-blocking (ncclConfig_t.blocking = 0) and has its own CUDA
-//    stream, created blocking with respect to the legacy default stream on which the kernels
-//    and copies run: an operation starts after the kernels that wrote its buffers, and a wait
-//    returns once it has finished (a CUDA event recorded after it).
+//    stream (cudaStreamNonBlocking), made to wait, before each launch, for what the legacy
+//    default stream (the kernels and copies) has queued: an operation starts after the kernels
+//    that wrote its buffers, and a wait returns once it has finished (a CUDA event recorded
+//    after it). Every request is waited before its buffers are used again, as on MPI.
 //  * Nothing here blocks without a deadline. Setup and each ncclGroupEnd are settled by polling
 //    ncclCommGetAsyncError; completion by polling cudaEventQuery (and ncclCommGetAsyncError,
 //    for a peer's failure). Comm's watchdog does the polling, with its timeout: on expiry it
@@ -22,10 +23,12 @@
 //      error: rank R: no progress for T s in <op> with peer P (tag G, N bytes) — likely deadlock
 //    then MPI_Abort — what PyTorch's NCCL watchdog does.
 //  * Point-to-point: NCCL matches messages between two ranks in the order they were posted and
-//    has no tags. isend/irecv are queued and launched together, in one ncclGroupStart/End, when
-//    a wait or test first needs one of them, so a ring's receive and send posted one after the
-//    other cannot wait on each other on the stream. A blocking send waits for its own message
-//    only; NCCL has no synchronous mode (issend and ssend are isend and send).
+//    has no tags, and does not check sizes (a receive must name the sent size, or the watchdog
+//    reports it). isend/irecv are queued and launched together, in one ncclGroupStart/End, when
+//    a wait or test first needs one of them (or a collective, a split or a wait_all comes), so a
+//    ring's receive and send posted one after the other cannot wait on each other on the
+//    stream. A blocking send waits for its own message only; NCCL has no synchronous mode
+//    (issend and ssend are isend and send).
 //  * Without NCCL in the build every function below is still there, and create() throws: the
 //    lessons refuse --backend nccl before that (one `error:` line, exit 2).
 #pragma once
@@ -90,28 +93,35 @@ class NcclComm {
   int rank() const;
   int size() const;
 
-  // Collectives, launched at once on the stream (buffers: device memory).
+  // Collectives, launched at once on the stream (buffers: device memory), after the queued
+  // point-to-point messages.
   Ticket allreduce(void* buf, size_t count, Type type, Op op);  // in place
   // recv holds size() blocks of `bytes`; send may be this rank's block of recv (in place).
   Ticket allgather(const void* send, size_t bytes, void* recv);
   // Blocks of different sizes, back to back: grouped sends and receives.
   Ticket allgatherv(const void* send, size_t bytes, void* recv, const std::vector<size_t>& recv_bytes);
-  // counts[r] floats of the sum to rank r: ncclReduceScatter when all are equal, else an
-  // all-reduce of the whole into a scratch buffer of which this rank keeps its block.
+  // counts[r] floats of the sum to rank r: ncclReduceScatter when all are equal, else one
+  // ncclReduce per block to its rank, grouped.
   Ticket reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
   Ticket bcast(void* buf, size_t bytes, int root);
   // Grouped ncclSend/ncclRecv, one pair per peer (MPI_Alltoallv's layout, in bytes).
   Ticket alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                    const std::vector<size_t>& recv_bytes);
-  // Point-to-point: queued until flush() (or a poll of their ticket) launches them together.
+  // Point-to-point: queued until flush() launches them together: a poll of one of their tickets,
+  // a collective or a split on this communicator, or Comm::wait_all.
   Ticket send(const void* buf, size_t bytes, int peer);
   Ticket recv(void* buf, size_t bytes, int peer);
   void flush();
 
-  // One poll, never blocking (a queued message is launched first): done, pending, stalled, or
-  // failed (an NCCL error, asynchronous or at launch, or a CUDA error: *error says which).
-  NcclState poll(const Ticket& t, std::string* error);
-  // ncclCommAbort: the watchdog's way out of a stuck communicator.
+  // The ticket's communicator's queue launched, if the ticket is still in it.
+  static void launch(const Ticket& t);
+  // One poll (a queued message is launched first, which settles under the timeout: the first
+  // messages between two ranks connect them, and wait for the peer's launch): done, pending,
+  // stalled, or failed (an NCCL error, asynchronous or at launch, or a CUDA error: *error says
+  // which). A ticket knows its communicator.
+  static NcclState poll(const Ticket& t, std::string* error);
+  // ncclCommAbort (of the ticket's communicator): the watchdog's way out of a stuck one.
+  static void abort(const Ticket& t);
   void abort();
 
  private:

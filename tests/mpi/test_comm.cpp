@@ -475,6 +475,7 @@ TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; 
   device_select_gpu(local);
   c.enable_nccl();
   REQUIRE(c.nccl_enabled());
+  c.reset_collective_counts();  // (the agreement above, and the id's broadcast, ran on MPI)
   const Device cu = Device::cuda;
 
   // all-reduce of a tensor, in place on the GPU
@@ -507,6 +508,12 @@ TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; 
   Tensor part = Tensor::full({2 * P, 3}, (float)(r + 1), cu), mine_rows = Tensor::zeros({2, 3}, cu);
   c.reduce_scatter_sum(part, mine_rows);
   for (float x : mine_rows.to_vector()) CHECK(x == (float)(P * (P + 1) / 2));
+  // unequal blocks (rank q gets q + 1 floats): grouped ncclReduce
+  std::vector<int> counts((size_t)P);
+  for (int q = 0; q < P; q++) counts[(size_t)q] = q + 1;
+  Tensor whole = Tensor::full({(int64_t)P * (P + 1) / 2}, (float)(r + 1), cu), block = Tensor::zeros({r + 1}, cu);
+  c.reduce_scatter_sum(whole.data(), block.data(), counts);
+  for (float x : block.to_vector()) CHECK(x == (float)(P * (P + 1) / 2));
 
   // a ring with isend/irecv posted one after the other (the receive first): one group, no wait
   // on each other; then blocking, even ranks sending first
