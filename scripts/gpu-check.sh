@@ -81,14 +81,14 @@ if [ -z "$nccl" ]; then
   say "## NCCL: not in this build (make says why: ✗ no nccl), so not checked"
 else
   say "## NCCL $nccl: Comm's calls on cuda buffers, one rank per GPU"
-  if $MPIRUN -np "$ngpu" "$BUILD/tests/mpi_tests" -tc='nccl:*' >"$tmp/nccl.log" 2>&1 &&
+  if $MPIRUN -np "$ngpu" "$BUILD/tests/mpi_tests" -tc='nccl on cuda*' >"$tmp/nccl.log" 2>&1 &&
      ! grep -q 'skipped: needs' "$tmp/nccl.log"; then
     say "ok: $(grep -a '\[doctest\] assertions:' "$tmp/nccl.log" | tail -n 1)"
   else
     failed=$((failed + 1)); say "FAIL (or skipped):"; tail -n 40 "$tmp/nccl.log" | tee -a "$report.tmp"
   fi
   if [ "$ngpu" -ge 2 ]; then
-    timeout 8 $MPIRUN -np 2 "$BUILD/tests/ssend_deadlock" --nccl --timeout 3 >"$tmp/dl.log" 2>&1
+    timeout 8 $MPIRUN -np 2 "$BUILD/tests/ssend_deadlock" --nccl cuda --timeout 3 >"$tmp/dl.log" 2>&1
     if grep -q 'no progress for 3 s in recv with peer' "$tmp/dl.log"; then
       say "ok: the watchdog ends an NCCL deadlock: $(grep -m1 '^error:' "$tmp/dl.log")"
     else

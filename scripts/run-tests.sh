@@ -103,10 +103,13 @@ done
 check "watchdog turns a two-rank Ssend deadlock into one error line" 1 \
   'error: rank [01]: no progress for 3 s in ssend with peer [01] \(tag [0-9]+, [0-9]+ bytes\) — likely deadlock' \
   timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --timeout 3   # must fire within timeout + 5 s
+check "watchdog on NCCL (emulated on sim): two ranks that both receive first, one error line" 1 \
+  'error: rank [01]: no progress for 3 s in recv with peer [01] \(tag 7, 16 bytes\) — likely deadlock' \
+  timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --nccl sim --timeout 3
 if $T/device_query | grep -q '^backends:.* nccl' && [ "$($T/device_query | sed -n 's/^gpus: //p')" -ge 2 ]; then
   check "watchdog on NCCL: two ranks that both receive first, one error line, the communicator aborted" 1 \
     'error: rank [01]: no progress for 3 s in recv with peer [01] \(tag 7, 16 bytes\) — likely deadlock' \
-    timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --nccl --timeout 3
+    timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --nccl cuda --timeout 3
 fi
 check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 ranks' \
   bash -c "$MPIRUN -np 3 $T/trace_demo $LOG/trace.json $LOG/trace.csv && $PYTHON scripts/check-trace.py $LOG/trace.json $LOG/trace.csv 3"

@@ -65,7 +65,6 @@ for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 05_deepseek_moe 0
   bi_add "$L --device nope"                                   2 "$np" "" ""               "$bin --device nope"
   bi_add "$L --backend gloo"                                 2 "$np" "" ""               "$bin --backend gloo"
   bi_add "$L --backend nccl with the tensors on cpu"          2 "$np" "" ""               "$bin --backend nccl --device cpu"
-  bi_add "$L --backend nccl with the tensors on sim"          2 "$np" "" ""               "$bin --backend nccl --device sim"
   bi_add "$L --seed -1"                                       2 "$np" "" ""               "$bin --seed -1"
   bi_add "$L --timeout 0"                                     2 "$np" "" ""               "$bin --timeout 0"
   bi_add "$L --max-memory -1"                                 2 "$np" "" ""               "$bin --max-memory -1"

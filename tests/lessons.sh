@@ -472,3 +472,36 @@ check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: t
 if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi
+
+echo "== NCCL (--backend nccl): emulated on device sim; on cuda where there is a GPU per rank"
+# nccl_run NAME ARGS...: the run PASSes on --backend nccl and NCCL ran at least one launch on every
+# rank (the tensors' collectives went to it, not to MPI)
+nccl_ran='NCCL (\(emulated\)|[0-9.]+) ran [1-9][0-9]* to [0-9]+ launches per rank'
+check "04 --device sim --backend nccl: the router's gradient all-reduces on (emulated) NCCL, the check PASSes (P=3, P=2)" 0 "$nccl_ran" \
+  bash -c "$MPIRUN -np 3 $L04 --device sim --backend nccl --experts 6 | grep -q '^check: PASS' && \
+           $MPIRUN -np 2 $L04 --device sim --backend nccl | tee /dev/stderr | grep -q '^check: PASS'"
+check "05 --device sim --backend nccl: the gradient all-reduces on (emulated) NCCL, the check PASSes (P=3, P=2)" 0 "$nccl_ran" \
+  bash -c "$MPIRUN -np 3 $L05 --device sim --backend nccl --batch 1 --experts 6 | grep -q '^check: PASS' && \
+           $MPIRUN -np 2 $L05 --device sim --backend nccl --batch 1 | tee /dev/stderr | grep -q '^check: PASS'"
+check "06 --device sim --backend nccl: the block's gradient all-reduces on (emulated) NCCL (P=2)" 0 "$nccl_ran" \
+  bash -c "$MPIRUN -np 2 $L06 --device sim --backend nccl --reps 1 --tokens 16 --dim 32 --ffn 32 --microbatches 3 | tee /dev/stderr | grep -q '^check: PASS'"
+for run in "2|--tp 2" "2|--tp 2 --ep 2" "4|--tp 2 --cp 2" "4|--tp 2 --pp 2 --layers 2" "4|--tp 2 --pp 2 --layers 2 --schedule dualpipe"; do
+  np=${run%%|*}; mesh=${run#*|}
+  check "08 --device sim --backend nccl $mesh: TP's all-reduces, gathers and scatters on (emulated) NCCL, every check PASSes (P=$np)" 0 "$nccl_ran" \
+    bash -c "$MPIRUN -np $np $L08 --device sim --backend nccl $mesh --train 2 --dim 32 --ffn 32 --batch 4 --seq 16 | tee /dev/stderr | grep -q '^check: PASS'"
+done
+check "08 --backend nccl and mpi on sim dump the same bits (tp2 + SP, ep2: NCCL's path changes no number)" 0 '^same bits' \
+  bash -c "rm -rf $LOG/d08n $LOG/d08m && \
+           $MPIRUN -np 2 $L08 --device sim --backend nccl --ep 2 --train 2 --dim 32 --ffn 32 --batch 4 --seq 16 --dump $LOG/d08n >/dev/null && \
+           $MPIRUN -np 2 $L08 --device sim --backend mpi --ep 2 --train 2 --dim 32 --ffn 32 --batch 4 --seq 16 --dump $LOG/d08m >/dev/null && \
+           diff -r $LOG/d08n $LOG/d08m && echo same bits"
+for L in 01_online_softmax 02_ring_attention 07_dualpipe; do
+  check "$L --device sim --backend nccl: PASSes; its messages are on host buffers, so MPI's (0 NCCL launches)" 0 'NCCL \(emulated\) ran 0 to 0 launches' \
+    bash -c "$MPIRUN -np 2 $B/$L --device sim --backend nccl | tee /dev/stderr | grep -q '^check: PASS'"
+done
+if $T/device_query | grep -q '^backends:.* nccl' && [ "$($T/device_query | sed -n 's/^gpus: //p')" -ge 2 ]; then
+  for L in 04_gshard 05_deepseek_moe 06_overlap 08_mesh; do
+    check "$L --device cuda --backend nccl (P=2, a GPU each)" 0 "$nccl_ran" \
+      bash -c "$MPIRUN -np 2 $B/$L --device cuda --backend nccl | tee /dev/stderr | grep -q '^check: PASS'"
+  done
+fi

@@ -383,16 +383,22 @@ Comm Comm::split(int color, int key) const {
   c.timeout_s_ = timeout_s_;
   if (nccl_) {
     const bool member = child != MPI_COMM_NULL;
-    if (NcclComm::has_split())  // every rank of this communicator takes part, members or not
+    if (nccl_->can_split())  // every rank of this communicator takes part, members or not
       c.nccl_ = nccl_->split(color, key, member, c.rank_, c.size_, timeout_s_);
     else if (member)
-      c.enable_nccl();
+      c.enable_nccl(nccl_->device());
   }
   return c;
 }
 
-void Comm::enable_nccl() {
+void Comm::enable_nccl(Device device) {
   if (nccl_ || comm_ == MPI_COMM_NULL) return;
+  FF_CHECK(device == Device::cuda || device == Device::sim,
+           "enable_nccl: NCCL moves cuda buffers (or sim ones, emulated), not " << device_name(device) << " ones");
+  if (device == Device::sim) {
+    nccl_ = NcclComm::emulate(comm_, timeout_s_);
+    return;
+  }
   FF_CHECK(nccl::built(), "enable_nccl: this build has no NCCL");
   std::string id = rank_ == 0 ? NcclComm::unique_id() : std::string(NcclComm::id_bytes(), '\0');
   bcast(&id[0], id.size(), 0);  // host bytes: MPI, watched
@@ -400,7 +406,7 @@ void Comm::enable_nccl() {
 }
 
 bool Comm::to_nccl(const void* a, const void* b) const {
-  return nccl_ && nccl::is_device_pointer(a) && (!b || nccl::is_device_pointer(b));
+  return nccl_ && nccl_->takes(a) && (!b || nccl_->takes(b));
 }
 
 // ----------------------------------------------------------------------------
@@ -964,7 +970,7 @@ void Comm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, vo
 // the host
 
 bool Comm::in_place(const Tensor& t) const {
-  return t.device() == Device::cpu || (t.device() == Device::cuda && nccl_);
+  return t.device() == Device::cpu || (nccl_ && t.device() == nccl_->device());
 }
 
 void Comm::send(const Tensor& t, int peer, int tag) {

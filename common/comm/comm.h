@@ -66,6 +66,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
+
 namespace ff {
 
 class Tensor;
@@ -247,10 +249,11 @@ class Comm {
   Comm split(int color, int key) const;
 
   // ---- NCCL (common/comm/nccl.h)
-  // Collective: sets up NCCL on this communicator (rank 0's unique id by bcast), so that calls
-  // on device buffers go to it; the GPU must be selected first. Communicators split from this
-  // one afterwards get their own. Throws ff::Error when the build has no NCCL.
-  void enable_nccl();
+  // Collective: sets up NCCL on this communicator, so that calls on buffers of `device` go to
+  // it. cuda: rank 0's unique id by bcast, the GPU selected first; throws ff::Error when the
+  // build has no NCCL. sim: the emulation over MPI (common/comm/nccl.h), in every build.
+  // Communicators split from this one afterwards get their own.
+  void enable_nccl(Device device = Device::cuda);
   bool nccl_enabled() const { return nccl_ != nullptr; }
   // The collectives run on this communicator (copies of a Comm share the counts; split() starts
   // new ones), and a reset to zero.
@@ -304,7 +307,7 @@ class Comm {
   void nccl_wait(Request& r);    // the watchdog loop for a request on NCCL
   [[noreturn]] void report_nccl_failure(const Request& r, const std::string& error) const;
   [[noreturn]] void report_nccl_stall(const Request& r) const;
-  // A tensor whose storage this Comm's calls can use in place: on cpu, or cuda with NCCL.
+  // A tensor whose storage this Comm's calls can use in place: on cpu, or NCCL's device.
   bool in_place(const Tensor& t) const;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

@@ -136,24 +136,16 @@ void Lesson::parse() {
   usage_error_if(!bad.empty(), bad);
   device = flags.resolve_device(comm);
   comm.set_timeout(flags.timeout);
-  std::string why = resolve_backend(flags.backend, device, nccl::built(), &backend);
-  usage_error_if(!why.empty(), why);
-  if (backend == Backend::nccl) {
-    // NCCL takes one GPU per rank: two ranks on one GPU is an NCCL error ("duplicate GPU").
-    const int node_ranks = Comm::wait_policy().node_ranks, gpus = device_gpu_count();
-    int crowded = node_ranks > gpus ? 1 : 0;
-    comm.allreduce(&crowded, 1, MPI_INT, MPI_MAX);  // every rank agrees; rank 0 says it
-    usage_error_if(crowded != 0,
-                   "--backend nccl takes one GPU per rank, and " +
-                       (node_ranks > gpus ? "this node has " + std::to_string(node_ranks) + " ranks for " +
-                                                std::to_string(gpus) + " GPU(s)"
-                                          : std::string("a node has more ranks than GPUs")) +
-                       ": run at most as many ranks per node as it has GPUs, or use --backend mpi");
-    comm.enable_nccl();
-    if (rank() == 0)
-      std::printf("backend: NCCL %s moves the cuda tensors GPU to GPU, MPI the host buffers\n",
-                  nccl::version().c_str());
+  // NCCL takes one GPU per rank: whether every node has a GPU for each of its ranks (agreed).
+  int crowded = 0;
+  if (device == Device::cuda) {  // (the same on every rank: no collective otherwise)
+    crowded = Comm::wait_policy().node_ranks > device_gpu_count() ? 1 : 0;
+    comm.allreduce(&crowded, 1, MPI_INT, MPI_MAX);
   }
+  std::string why = resolve_backend(flags.backend, device, nccl::built(), crowded == 0, &backend);
+  usage_error_if(!why.empty(), why);
+  // (said at the end, in finish(): a usage error found after this must stay one line)
+  if (backend == Backend::nccl) comm.enable_nccl(device);
 }
 
 int64_t Lesson::ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
@@ -240,7 +232,18 @@ int Lesson::finish(int code) {
   }
   int64_t files = dumped_;
   comm.allreduce(&files, 1, MPI_INT64_T, MPI_SUM);
+  int64_t on_nccl[2] = {nccl::launches(), nccl::launches()};  // [0] the fewest, [1] the most
+  if (backend == Backend::nccl) {
+    comm.allreduce(&on_nccl[0], 1, MPI_INT64_T, MPI_MIN);
+    comm.allreduce(&on_nccl[1], 1, MPI_INT64_T, MPI_MAX);
+  }
   if (rank() == 0) {
+    if (backend == Backend::nccl && device == Device::cuda)
+      std::printf("    NCCL %s ran %lld to %lld launches per rank (the rest went through MPI)\n",
+                  nccl::version().c_str(), (long long)on_nccl[0], (long long)on_nccl[1]);
+    else if (backend == Backend::nccl)
+      std::printf("    NCCL (emulated) ran %lld to %lld launches per rank (the rest went through MPI)\n",
+                  (long long)on_nccl[0], (long long)on_nccl[1]);
     if (files) std::printf("    wrote %lld dump file%s to %s\n", (long long)files, files == 1 ? "" : "s",
                            flags.dump.c_str());
     for (const std::string& w : written_) std::printf("    wrote %s\n", w.c_str());

@@ -439,95 +439,110 @@ TEST_CASE("tensor overloads: allgather and reduce_scatter_sum along dim 0, on cp
   }
 }
 
-TEST_CASE("nccl: a Comm stays on MPI unless NCCL is enabled; without NCCL in the build enabling it throws") {
+TEST_CASE("nccl: a Comm stays on MPI unless NCCL is enabled; cuda needs NCCL in the build; never cpu") {
   Comm c = test_comm();
   CHECK(!c.nccl_enabled());
   if (!nccl::built()) {
     CHECK(nccl::version().empty());
-    CHECK_THROWS_AS(c.enable_nccl(), Error);  // refused on every rank, before any message
+    CHECK_THROWS_AS(c.enable_nccl(Device::cuda), Error);  // refused on every rank, before any message
     CHECK(!c.nccl_enabled());
   } else {
     CHECK(!nccl::version().empty());  // the library loads and says what it is
   }
-  // host memory is never a device pointer, with or without CUDA
-  std::vector<float> host(4);
-  CHECK(!nccl::is_device_pointer(host.data()));
-  CHECK(!nccl::is_device_pointer(nullptr));
+  CHECK_THROWS_AS(c.enable_nccl(Device::cpu), Error);
+  CHECK(!c.nccl_enabled());
+  c.enable_nccl(Device::sim);  // the emulation: in every build
+  REQUIRE(c.nccl_enabled());
+  Comm copy = c;  // copies share it
+  CHECK(copy.nccl_enabled());
 }
 
-// On a machine with a GPU per rank and a build with NCCL (make test there, make gpu-check):
-// every call Comm hands to NCCL, on cuda buffers, against the answer MPI gives on the host.
-TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; host buffers stay on MPI") {
-  Comm c = test_comm();
+// Every call Comm hands to NCCL, on device buffers, against the answer MPI gives on the host:
+// on sim (the emulation, always) and on cuda (a GPU per rank and a build with NCCL).
+static void check_nccl_calls(Comm& c, Device dev) {
   const int r = c.rank(), P = c.size();
-  int can = nccl::built() && device_available(Device::cuda) &&
-            Comm::wait_policy().node_ranks <= device_gpu_count();
-  c.allreduce(&can, 1, MPI_INT, MPI_MIN);
-  if (!can) {
-    MESSAGE("skipped: needs a build with NCCL and a GPU per rank");
-    return;
-  }
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &node);
-  int local = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_free(&node);
-  device_select_gpu(local);
-  c.enable_nccl();
+  c.enable_nccl(dev);
   REQUIRE(c.nccl_enabled());
-  c.reset_collective_counts();  // (the agreement above, and the id's broadcast, ran on MPI)
-  const Device cu = Device::cuda;
+  c.reset_collective_counts();  // (the agreement before, and the id's broadcast, ran on MPI)
 
-  // all-reduce of a tensor, in place on the GPU
-  Tensor t = Tensor::full({1000}, (float)(r + 1), cu);
+  // all-reduce of a tensor, in place on the device
+  Tensor t = Tensor::full({1000}, (float)(r + 1), dev);
   c.allreduce_sum(t);
   for (float x : t.to_vector()) REQUIRE(x == (float)(P * (P + 1) / 2));
   CHECK(c.collective_counts().at("allreduce").calls == 1);
+  CHECK(c.collective_counts().at("allreduce").bytes == 4000);
   // a raw device buffer of doubles, MPI_MAX
-  double* dd = static_cast<double*>(device_malloc(cu, sizeof(double)));
+  double* dd = static_cast<double*>(device_malloc(dev, sizeof(double)));
   double mine = 0.5 + r;
-  device_memcpy(dd, cu, &mine, Device::cpu, sizeof mine);
+  device_memcpy(dd, dev, &mine, Device::cpu, sizeof mine);
   c.allreduce(dd, 1, MPI_DOUBLE, MPI_MAX);
   double got = 0;
-  device_memcpy(&got, Device::cpu, dd, cu, sizeof got);
+  device_memcpy(&got, Device::cpu, dd, dev, sizeof got);
   CHECK(got == 0.5 + (P - 1));
-  device_free(cu, dd);
+  device_free(dev, dd);
   // the host's numbers still go through MPI on this Comm
   int host_sum = r;
   c.allreduce(&host_sum, 1, MPI_INT, MPI_SUM);
   CHECK(host_sum == P * (P - 1) / 2);
 
-  // bcast, allgather, reduce-scatter of tensors
-  Tensor b = r == P - 1 ? Tensor::full({7}, 2.5f, cu) : Tensor::zeros({7}, cu);
+  // bcast, allgather (also in place), reduce-scatter of tensors
+  Tensor b = r == P - 1 ? Tensor::full({7}, 2.5f, dev) : Tensor::zeros({7}, dev);
   c.bcast(b, P - 1);
   for (float x : b.to_vector()) CHECK(x == 2.5f);
-  Tensor rows = Tensor::full({2, 3}, (float)r, cu), all = Tensor::zeros({2 * P, 3}, cu);
+  Tensor rows = Tensor::full({2, 3}, (float)r, dev), all = Tensor::zeros({2 * P, 3}, dev);
   c.allgather(rows, all);
   std::vector<float> av = all.to_vector();
   for (size_t k = 0; k < av.size(); k++) CHECK(av[k] == (float)(k / 6));
-  Tensor part = Tensor::full({2 * P, 3}, (float)(r + 1), cu), mine_rows = Tensor::zeros({2, 3}, cu);
+  Tensor in_place = Tensor::zeros({2 * P, 3}, dev);
+  device_memcpy(in_place.data() + 6 * r, dev, rows.data(), dev, rows.nbytes());
+  c.allgather(in_place.data() + 6 * r, rows.nbytes(), in_place.data());
+  CHECK(in_place.to_vector() == av);
+  Tensor part = Tensor::full({2 * P, 3}, (float)(r + 1), dev), mine_rows = Tensor::zeros({2, 3}, dev);
   c.reduce_scatter_sum(part, mine_rows);
   for (float x : mine_rows.to_vector()) CHECK(x == (float)(P * (P + 1) / 2));
-  // unequal blocks (rank q gets q + 1 floats): grouped ncclReduce
+  // unequal blocks (rank q gets q + 1 floats of the sum of q-dependent values): grouped ncclReduce
   std::vector<int> counts((size_t)P);
-  for (int q = 0; q < P; q++) counts[(size_t)q] = q + 1;
-  Tensor whole = Tensor::full({(int64_t)P * (P + 1) / 2}, (float)(r + 1), cu), block = Tensor::zeros({r + 1}, cu);
+  std::vector<float> whole_h;
+  for (int q = 0; q < P; q++) {
+    counts[(size_t)q] = q + 1;
+    for (int k = 0; k <= q; k++) whole_h.push_back((float)((r + 1) * (10 * q + k)));
+  }
+  Tensor whole = Tensor::from_vector(whole_h, {(int64_t)whole_h.size()}, dev), block = Tensor::zeros({r + 1}, dev);
   c.reduce_scatter_sum(whole.data(), block.data(), counts);
-  for (float x : block.to_vector()) CHECK(x == (float)(P * (P + 1) / 2));
+  std::vector<float> bv = block.to_vector();
+  for (int k = 0; k <= r; k++) CHECK(bv[(size_t)k] == (float)(P * (P + 1) / 2 * (10 * r + k)));
+  // allgatherv: rank q gives q + 1 floats of value q
+  std::vector<size_t> gb((size_t)P);
+  for (int q = 0; q < P; q++) gb[(size_t)q] = (size_t)(q + 1) * sizeof(float);
+  Tensor gmine = Tensor::full({r + 1}, (float)r, dev), gall = Tensor::zeros({(int64_t)P * (P + 1) / 2}, dev);
+  c.allgatherv(gmine.data(), gmine.nbytes(), gall.data(), gb);
+  std::vector<float> gv = gall.to_vector();
+  for (int q = 0, k = 0; q < P; q++)
+    for (int j = 0; j <= q; j++) CHECK(gv[(size_t)k++] == (float)q);
 
   // a ring with isend/irecv posted one after the other (the receive first): one group, no wait
   // on each other; then blocking, even ranks sending first
-  Tensor out = Tensor::full({5}, (float)r, cu), in = Tensor::zeros({5}, cu);
+  Tensor out = Tensor::full({5}, (float)r, dev), in = Tensor::zeros({5}, dev);
   std::vector<Request> reqs;
   reqs.push_back(c.irecv(in.raw(), in.nbytes(), (r + P - 1) % P, 3));
   reqs.push_back(c.isend(out.raw(), out.nbytes(), (r + 1) % P, 3));
   c.wait_all(reqs);
   for (float x : in.to_vector()) CHECK(x == (float)((r + P - 1) % P));
   if (P > 1) {
-    Tensor in2 = Tensor::zeros({5}, cu);
+    Tensor in2 = Tensor::zeros({5}, dev);
     if (r % 2 == 0) c.send(out, (r + 1) % P, 4), c.recv(in2, (r + P - 1) % P, 4);
     else c.recv(in2, (r + P - 1) % P, 4), c.send(out, (r + 1) % P, 4);
     for (float x : in2.to_vector()) CHECK(x == (float)((r + P - 1) % P));
+    // a send posted before a collective its peer reaches only after receiving it: the queued
+    // send is launched ahead of the collective on the stream, as it was posted ahead of it
+    Tensor s = Tensor::full({3}, 7.0f, dev), got3 = Tensor::zeros({3}, dev), sum = Tensor::full({2}, 1.0f, dev);
+    Request q;
+    if (r == 0) q = c.isend(s.raw(), s.nbytes(), 1, 5);
+    if (r == 1) c.recv(got3, 0, 5);
+    c.allreduce_sum(sum);
+    if (r == 0) c.wait(q);
+    for (float x : sum.to_vector()) CHECK(x == (float)P);
+    if (r == 1) for (float x : got3.to_vector()) CHECK(x == 7.0f);
   }
 
   // all-to-all(v): rank r sends q + 1 floats of value 100 r + q to rank q
@@ -538,8 +553,8 @@ TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; 
     rb[(size_t)q] = (size_t)(r + 1) * sizeof(float);
     for (int k = 0; k <= q; k++) send_h.push_back((float)(100 * r + q));
   }
-  Tensor send_d = Tensor::from_vector(send_h, {(int64_t)send_h.size()}, cu);
-  Tensor recv_d = Tensor::zeros({(int64_t)P * (r + 1)}, cu);
+  Tensor send_d = Tensor::from_vector(send_h, {(int64_t)send_h.size()}, dev);
+  Tensor recv_d = Tensor::zeros({(int64_t)P * (r + 1)}, dev);
   c.alltoallv(send_d.raw(), sb, recv_d.raw(), rb);
   std::vector<float> rv = recv_d.to_vector();
   for (int q = 0; q < P; q++)
@@ -548,11 +563,35 @@ TEST_CASE("nccl: on cuda buffers each call goes to NCCL and gives MPI's answer; 
   // split: even and odd ranks, each half all-reduces on its own NCCL communicator
   Comm half = c.split(r % 2, r);
   REQUIRE(half.nccl_enabled());
-  Tensor h = Tensor::full({3}, (float)r, cu);
+  Tensor h = Tensor::full({3}, (float)r, dev);
   half.allreduce_sum(h);
   float want = 0;
   for (int q = r % 2; q < P; q += 2) want += (float)q;
   for (float x : h.to_vector()) CHECK(x == want);
+  CHECK(half.collective_counts().at("allreduce").calls == 1);
+}
+
+TEST_CASE("nccl, emulated on sim: every call on device buffers gives MPI's answer; host buffers stay on MPI") {
+  Comm c = test_comm();
+  check_nccl_calls(c, Device::sim);
+}
+
+TEST_CASE("nccl on cuda (a GPU per rank, a build with NCCL): every call gives MPI's answer") {
+  Comm c = test_comm();
+  int can = nccl::built() && device_available(Device::cuda) &&
+            Comm::wait_policy().node_ranks <= device_gpu_count();
+  c.allreduce(&can, 1, MPI_INT, MPI_MIN);
+  if (!can) {
+    MESSAGE("skipped: needs a build with NCCL and a GPU per rank");
+    return;
+  }
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.rank(), MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  device_select_gpu(local);
+  check_nccl_calls(c, Device::cuda);
 }
 
 // ----------------------------------------------------------------------------

@@ -8,11 +8,12 @@
 //   error: rank 0: no progress for 3 s in ssend with peer 1 (tag 7, 16 bytes) — likely deadlock
 // and a non-zero exit (MPI_Abort). The test runner runs this under `timeout`.
 //
-//   mpirun -np 2 build/tests/ssend_deadlock --nccl --timeout 3     (two GPUs, a build with NCCL)
+//   mpirun -np 2 build/tests/ssend_deadlock --nccl cuda --timeout 3   (two GPUs, a build with NCCL)
+//   mpirun -np 2 build/tests/ssend_deadlock --nccl sim --timeout 3    (NCCL emulated, no GPU)
 //
 // The same on NCCL, with device buffers: both ranks receive first, and NCCL has no synchronous
-// send to make the point with. The watchdog polls the launch's CUDA event, aborts the NCCL
-// communicator (ncclCommAbort) and prints the same line:
+// send to make the point with. The watchdog polls the launch (its CUDA event on cuda), prints
+// the same line and aborts the NCCL communicator (ncclCommAbort):
 //   error: rank 0: no progress for 3 s in recv with peer 1 (tag 7, 16 bytes) — likely deadlock
 #include <cstdio>
 #include <cstdlib>
@@ -37,29 +38,33 @@ int main(int argc, char** argv) {
 
   double timeout_s = 3;
   bool on_nccl = false;
+  Device dev = Device::cuda;
   for (int i = 1; i < argc; i++) {
-    if (std::strcmp(argv[i], "--nccl") == 0) {
+    if (std::strcmp(argv[i], "--nccl") == 0 && i + 1 < argc) {
       on_nccl = true;
+      const std::string d = argv[++i];
+      if (d != "cuda" && d != "sim") usage_error("--nccl " + d + ": want cuda or sim");
+      dev = d == "sim" ? Device::sim : Device::cuda;
     } else if (std::strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
       char* end = nullptr;
       timeout_s = std::strtod(argv[++i], &end);
       if (*end != '\0' || !(timeout_s > 0 && timeout_s <= 3600))
         usage_error(std::string("--timeout ") + argv[i] + ": want seconds in (0, 3600]");
     } else {
-      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--nccl] [--timeout S], default 3)");
+      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--nccl cuda|sim] [--timeout S], default 3)");
     }
   }
   if (comm.size() != 2)
     usage_error("ssend_deadlock needs exactly 2 ranks (got " + std::to_string(comm.size()) + ")");
   comm.set_timeout(timeout_s);
   if (on_nccl) {
-    if (!nccl::built() || device_gpu_count() < 2)
-      usage_error("--nccl needs a build with NCCL and two GPUs (this one: " +
+    if (dev == Device::cuda && (!nccl::built() || device_gpu_count() < 2))
+      usage_error("--nccl cuda needs a build with NCCL and two GPUs (this one: " +
                   std::string(nccl::built() ? "NCCL " + nccl::version() : "no NCCL") + ", " +
-                  std::to_string(device_gpu_count()) + " GPU(s))");
-    device_select_gpu(rank);  // one machine: rank r takes GPU r
-    comm.enable_nccl();
-    void* in = device_malloc(Device::cuda, 16);
+                  std::to_string(device_gpu_count()) + " GPU(s)); --nccl sim emulates it");
+    if (dev == Device::cuda) device_select_gpu(rank);  // one machine: rank r takes GPU r
+    comm.enable_nccl(dev);
+    void* in = device_malloc(dev, 16);
     if (rank == 0)
       std::printf("both ranks receive from each other on NCCL before sending: the watchdog should "
                   "report it within %g s\n", timeout_s);

@@ -97,37 +97,48 @@ TEST_CASE("cli: usage lists every flag with its default") {
     CHECK_MESSAGE(u.find(want) != std::string::npos, "usage lacks: " << want);
 }
 
-TEST_CASE("--backend: auto is nccl only for cuda tensors in a build with NCCL; nccl needs both") {
+TEST_CASE("--backend: auto is nccl only for cuda tensors, NCCL in the build and a GPU per rank; sim emulates it") {
   Backend b = Backend::nccl;
   // mpi: always, whatever the device
   for (Device d : {Device::cpu, Device::sim, Device::cuda}) {
     b = Backend::nccl;
-    CHECK(resolve_backend("mpi", d, true, &b) == "");
+    CHECK(resolve_backend("mpi", d, true, true, &b) == "");
     CHECK(b == Backend::mpi);
   }
-  // auto
-  CHECK(resolve_backend("auto", Device::cuda, true, &b) == "");
+  // auto: nccl with all three, else mpi
+  CHECK(resolve_backend("auto", Device::cuda, true, true, &b) == "");
   CHECK(b == Backend::nccl);
-  for (auto [d, built] : {std::pair{Device::cuda, false}, {Device::cpu, true}, {Device::sim, true}}) {
+  struct Case { Device d; bool built, per_rank; };
+  for (Case c : {Case{Device::cuda, false, true}, Case{Device::cuda, true, false}, Case{Device::cpu, true, true},
+                 Case{Device::sim, true, true}}) {
     b = Backend::nccl;
-    CHECK(resolve_backend("auto", d, built, &b) == "");
+    CHECK(resolve_backend("auto", c.d, c.built, c.per_rank, &b) == "");
     CHECK(b == Backend::mpi);
   }
   // nccl: refused with one sentence saying what is needed, *out untouched
   b = Backend::mpi;
-  CHECK(resolve_backend("nccl", Device::cuda, true, &b) == "");
+  CHECK(resolve_backend("nccl", Device::cuda, true, true, &b) == "");
   CHECK(b == Backend::nccl);
   b = Backend::mpi;
-  std::string e = resolve_backend("nccl", Device::cpu, true, &b);
+  std::string e = resolve_backend("nccl", Device::cpu, true, true, &b);
   CHECK(e.find("needs --device cuda") != std::string::npos);
   CHECK(e.find("tensors are on cpu") != std::string::npos);
   CHECK(b == Backend::mpi);
-  e = resolve_backend("nccl", Device::sim, true, &b);
-  CHECK(e.find("tensors are on sim") != std::string::npos);
-  e = resolve_backend("nccl", Device::cuda, false, &b);
+  CHECK(e.find("or sim, where it is emulated") != std::string::npos);
+  // sim: the emulation, whatever the build and the GPUs (but never by auto)
+  for (bool built : {false, true})
+    for (bool per_rank : {false, true}) {
+      b = Backend::mpi;
+      CHECK(resolve_backend("nccl", Device::sim, built, per_rank, &b) == "");
+      CHECK(b == Backend::nccl);
+    }
+  b = Backend::mpi;
+  e = resolve_backend("nccl", Device::cuda, false, true, &b);
   CHECK(e.find("this build has no NCCL") != std::string::npos);
+  e = resolve_backend("nccl", Device::cuda, true, false, &b);
+  CHECK(e.find("one GPU per rank") != std::string::npos);
   CHECK(b == Backend::mpi);
-  CHECK(resolve_backend("gloo", Device::cpu, true, &b).find("expected mpi, nccl or auto") != std::string::npos);
+  CHECK(resolve_backend("gloo", Device::cpu, true, true, &b).find("expected mpi, nccl or auto") != std::string::npos);
   CHECK(std::string(backend_name(Backend::nccl)) == "nccl");
   CHECK(std::string(backend_name(Backend::mpi)) == "mpi");
 }
