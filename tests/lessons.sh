@@ -469,6 +469,8 @@ check "08 --device sim: the model's kernels under the emulator (tp2 + SP; cp2: t
            $MPIRUN -np 2 $L08 --device sim --tp 1 --cp 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
            $MPIRUN -np 2 $L08 --device sim --tp 1 --ep 2 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16 && \
            $MPIRUN -np 2 $L08 --device sim --tp 1 --pp 2 --schedule zb-h1 --train 2 --dim 32 --ffn 32 --batch 2 --seq 16"
+check "08 --device sim --sp off: the TP ranks' copies of the embedding and the norms stay equal bit for bit (deterministic index_add and norm dw)" 0 '^check: PASS' \
+  $MPIRUN -np 2 $L08 --device sim --tp 2 --sp off --train 2 --dim 32 --ffn 32 --batch 8 --seq 32
 if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi

@@ -11,11 +11,16 @@
 // Kernels:
 //   index_select_rows_kernel: one thread per element of out, grid-stride. Consecutive threads
 //     copy consecutive columns of a row, so both the read and the write are coalesced.
-//   index_add_rows_kernel: one thread per element of src, grid-stride, adding with atomicAdd:
-//     an index may repeat (the same token twice in a batch: embedding backward), and two
-//     threads adding to the same dst element at once would lose one of the additions. With
-//     repeated indices the float sum's order is whatever order the atomics land in, so the
-//     result may differ from the cpu kernel (and from run to run) by rounding.
+//   index_add_rows_kernel: one thread per COLUMN, grid-stride, adding the rows of src in order.
+//     An index may repeat (the same token twice in a batch: embedding backward), so two rows
+//     may add to one dst element. One thread per element of src with atomicAdd would be more
+//     parallel, but the float sum's order would be whatever order the atomics land in: the
+//     result would differ from run to run and from rank to rank by rounding, and two ranks
+//     that hold a replicated weight (lesson 08's embedding over TP without SP) and compute its
+//     gradient from the same tokens would drift apart. In row order the sum is the cpu
+//     kernel's, bit for bit, on every run. Parallel over C only: enough for the lessons'
+//     sizes (a large M would want the rows sorted by destination first, then a thread per
+//     destination row).
 //   topk_rows_kernel: ONE WARP PER ROW, blockDim (32, 4), grid-stride over rows; k rounds
 //     of a warp-wide argmax. The output order is a total order on (value, column) — larger
 //     value first, then lower column — so round q needs no list of what is taken: it picks
@@ -54,13 +59,11 @@ __global__ void index_select_rows_kernel(float* out, const float* src, const int
   }
 }
 
-// dst[idx[i], :] += src (M, C)[i, :]; atomic, since idx may repeat
+// dst[idx[i], :] += src (M, C)[i, :]; a thread per column, the rows in order (idx may repeat)
 __global__ void index_add_rows_kernel(float* dst, const float* src, const int64_t* idx,
                                       int64_t M, int64_t C) {
-  for (int64_t i = grid_index(); i < M * C; i += grid_stride()) {
-    const int64_t row = i / C, col = i - row * C;
-    atomicAdd(&dst[idx[row] * C + col], src[i]);
-  }
+  for (int64_t col = grid_index(); col < C; col += grid_stride())
+    for (int64_t row = 0; row < M; row++) dst[idx[row] * C + col] += src[row * C + col];
 }
 
 // ----------------------------------------------------------------------------
@@ -138,7 +141,7 @@ void index_select_rows(float* out, const float* src, const int64_t* idx, int64_t
 
 void index_add_rows(float* dst, const float* src, const int64_t* idx, int64_t M, int64_t C) {
   if (M * C == 0) return;
-  SIMT_LAUNCH(index_add_rows_kernel, elementwise_grid(M * C), dim3(kElementwiseBlock), 0, 0, dst,
+  SIMT_LAUNCH(index_add_rows_kernel, elementwise_grid(C), dim3(kElementwiseBlock), 0, 0, dst,
               src, idx, M, C);
   SIMT_CHECK_LAUNCH();
 }

@@ -30,11 +30,13 @@
 //     V = 50257 for GPT-2, need more than 32 threads each.)
 // Grid-stride over rows in both; consecutive threads read consecutive columns (coalesced).
 // The other two are not per row:
-//   dw, a reduction over ROWS: blockIdx.y takes a chunk of kDwRowsPerChunk rows, one thread
-//     per column sums dy * xhat down its chunk (neighbouring threads, neighbouring columns:
-//     coalesced), then atomicAdds the partial into dw, zeroed first. Chunks give the GPU
-//     parallelism when C is small and N large; the atomics make dw's float rounding depend
-//     on the order the chunks finish in (a few ulps, run to run).
+//   dw, a reduction over ROWS: one thread per column sums dy * xhat down all N rows, in order
+//     (neighbouring threads, neighbouring columns: coalesced), and writes dw. Chunks of rows
+//     in grid.y, their partials atomicAdded into dw, would give the GPU more parallelism when
+//     C is small and N large, but dw's rounding would then depend on the order the chunks
+//     finish in: it would differ from run to run and from rank to rank, and the TP ranks that
+//     hold a replicated norm weight (lesson 08 without SP) and compute its gradient from the
+//     same tokens would drift apart. One pass in row order gives the same bits every time.
 //   cross-entropy backward, elementwise: one thread per element of dlogits, grid-stride.
 // Sums accumulate in float (the cpu kernels in double; see the tests for the bounds).
 #include <cmath>
@@ -46,8 +48,6 @@
 
 namespace ff::SIMT_DEVICE_NS {
 
-constexpr int64_t kDwRowsPerChunk = 64;  // dw: rows summed by one thread before its atomicAdd
-constexpr int64_t kMaxGridY = 65535;     // gridDim.y limit
 
 // File-local (an anonymous namespace): other kernel files have helpers of the same names.
 namespace {
@@ -89,18 +89,14 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   }
 }
 
-// dw (C) += sum over the rows of chunk blockIdx.y of dy * xhat; dy, x (N, C), rstd (N).
-// One thread per column (grid-stride over columns); dw must be zeroed before.
+// dw (C) = sum over the rows of dy * xhat, in row order; dy, x (N, C), rstd (N).
+// One thread per column (grid-stride over columns).
 __global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dy, const float* x,
-                                           const float* rstd, int64_t N, int64_t C,
-                                           int64_t rows_per_chunk) {
-  const int64_t row_begin = (int64_t)blockIdx.y * rows_per_chunk;
-  const int64_t row_end = row_begin + rows_per_chunk < N ? row_begin + rows_per_chunk : N;
+                                           const float* rstd, int64_t N, int64_t C) {
   for (int64_t j = grid_index(); j < C; j += grid_stride()) {
-    float partial = 0.f;
-    for (int64_t row = row_begin; row < row_end; row++)
-      partial += dy[row * C + j] * (x[row * C + j] * rstd[row]);
-    atomicAdd(&dw[j], partial);  // other chunks add to the same column
+    float sum = 0.f;
+    for (int64_t row = 0; row < N; row++) sum += dy[row * C + j] * (x[row * C + j] * rstd[row]);
+    dw[j] = sum;
   }
 }
 
@@ -160,19 +156,16 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t N, int64_t C) {
   if (C == 0) return;
-  fill(dw, C, 0.f);  // the dw kernel accumulates; with N == 0, dw = 0 is the answer
-  if (N == 0) return;
+  if (N == 0) {  // no rows: dw = 0
+    fill(dw, C, 0.f);
+    return;
+  }
   RowLaunch L = row_launch(N, C);
   SIMT_LAUNCH(rmsnorm_backward_dx_kernel, L.grid, L.block, 0, 0, dx, dy, x, w, rstd, N, C);
   SIMT_CHECK_LAUNCH();
-  // dw: chunks of kDwRowsPerChunk rows in grid.y, more rows per chunk if N needs > 65535 chunks
-  int64_t rows_per_chunk = (N + kMaxGridY - 1) / kMaxGridY;
-  if (rows_per_chunk < kDwRowsPerChunk) rows_per_chunk = kDwRowsPerChunk;
-  const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
-  // columns in grid.x: one thread each, the elementwise grid over C (capped, grid-stride)
-  const dim3 grid(elementwise_grid(C).x, (unsigned)chunks);
-  SIMT_LAUNCH(rmsnorm_backward_dw_kernel, grid, dim3(kElementwiseBlock), 0, 0, dw, dy, x, rstd, N,
-              C, rows_per_chunk);
+  // dw: one thread per column, the elementwise grid over C (capped, grid-stride)
+  SIMT_LAUNCH(rmsnorm_backward_dw_kernel, elementwise_grid(C), dim3(kElementwiseBlock), 0, 0, dw, dy, x,
+              rstd, N, C);
   SIMT_CHECK_LAUNCH();
 }
 
