@@ -494,7 +494,8 @@ static void name_peer_and_tag(const Request& r, char (&peer)[32], char (&tag)[32
   else std::snprintf(tag, sizeof tag, "%d", r.tag);
 }
 
-[[noreturn]] void Comm::report_deadlock(const Request& r) const {
+// The watchdog's line, on MPI and on NCCL alike.
+void Comm::say_no_progress(const Request& r) const {
   char peer[32], tag[32];
   name_peer_and_tag(r, peer, tag);
   std::fprintf(stderr,
@@ -502,6 +503,10 @@ static void name_peer_and_tag(const Request& r, char (&peer)[32], char (&tag)[32
                "— likely deadlock\n",
                rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
   std::fflush(stderr);
+}
+
+[[noreturn]] void Comm::report_deadlock(const Request& r) const {
+  say_no_progress(r);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::exit(1);
 }
@@ -588,13 +593,7 @@ void Comm::report_nccl_failure(const Request& r, const std::string& error) const
 }
 
 void Comm::report_nccl_stall(const Request& r) const {
-  char peer[32], tag[32];
-  name_peer_and_tag(r, peer, tag);
-  std::fprintf(stderr,
-               "error: rank %d: no progress for %g s in %s with peer %s (tag %s, %zu bytes) "
-               "— likely deadlock\n",
-               rank_, timeout_s_, r.op.c_str(), peer, tag, r.bytes);
-  std::fflush(stderr);
+  say_no_progress(r);
   nccl_abort_and_exit(r);
 }
 

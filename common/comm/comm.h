@@ -297,6 +297,7 @@ class Comm {
   Request collective(const char* op, size_t bytes);  // counted, then posted by the caller
   std::string op_name(const char* op) const;          // op, after the label when there is one
   MPI_Status wait_one(Request& r);  // the watchdog loop: returns when r completes
+  void say_no_progress(const Request& r) const;  // the watchdog's one line
   [[noreturn]] void report_deadlock(const Request& r) const;
   [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
   void link_posted(Request& r);                             // count a send; model its sending
