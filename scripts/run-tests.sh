@@ -106,6 +106,9 @@ check "watchdog turns a two-rank Ssend deadlock into one error line" 1 \
 check "watchdog on NCCL (emulated on sim): two ranks that both receive first, one error line" 1 \
   'error: rank [01]: no progress for 3 s in recv with peer [01] \(tag 7, 16 bytes\) — likely deadlock' \
   timeout 8 $MPIRUN -np 2 $T/ssend_deadlock --nccl sim --timeout 3
+check "NCCL (emulated on sim): a receive of the wrong size is one error line naming both sizes" 1 \
+  '^error: rank 1: NCCL failed in recv with peer 0 \(16 bytes\): a receive of 16 bytes from rank 0 got a message of 12$' \
+  timeout 20 $MPIRUN -np 2 $T/ssend_deadlock --nccl sim --mismatch
 if $T/device_query | grep -q '^backends:.* nccl' && [ "$($T/device_query | sed -n 's/^gpus: //p')" -ge 2 ]; then
   check "watchdog on NCCL: two ranks that both receive first, one error line, the communicator aborted" 1 \
     'error: rank [01]: no progress for 3 s in recv with peer [01] \(tag 7, 16 bytes\) — likely deadlock' \

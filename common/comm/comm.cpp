@@ -391,6 +391,11 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
+void Comm::set_timeout(double seconds) {
+  timeout_s_ = seconds;
+  if (nccl_) nccl_->set_timeout(seconds);
+}
+
 void Comm::enable_nccl(Device device) {
   if (nccl_ || comm_ == MPI_COMM_NULL) return;
   FF_CHECK(device == Device::cuda || device == Device::sim,
@@ -454,6 +459,7 @@ class Backoff {
   // due_s: the earliest modelled completion among the wait's requests MPI has completed
   // (infinity: none); mpi_pending: whether MPI still has some of them pending.
   bool pause(double due_s = kNever, bool mpi_pending = true) {
+    nccl::progress_emulated();  // a GPU's streams run whatever this wait is for; sim's move here
     const double now = link_now_s(), waited = now - start_s_;
     if (waited > timeout_s_) return false;
     const double to_due = due_s - now, to_deadline = timeout_s_ - waited;
@@ -780,9 +786,16 @@ void Comm::wait_all(std::vector<Request>& rs) {
 // ----------------------------------------------------------------------------
 // point-to-point
 
+// A send on NCCL: to a rank of this communicator (no MPI_PROC_NULL), of a size MPI could send too.
+std::shared_ptr<NcclTicket> Comm::nccl_send(const void* buf, size_t bytes, int peer, const char* op) {
+  FF_CHECK(peer >= 0 && peer < size_, op << " on NCCL: peer " << peer << " is not a rank of this communicator of " << size_);
+  to_count(bytes, op);
+  return nccl_->send(buf, bytes, peer);
+}
+
 Request Comm::isend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, op_name("isend"), peer, tag, bytes, now_us()};
-  if (to_nccl(buf)) r.nccl = nccl_->send(buf, bytes, peer);  // queued; tags play no part
+  if (to_nccl(buf)) r.nccl = nccl_send(buf, bytes, peer, "isend");  // queued; tags play no part
   else mpiCheck(MPI_Isend(buf, to_count(bytes, "isend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
@@ -790,7 +803,7 @@ Request Comm::isend(const void* buf, size_t bytes, int peer, int tag) {
 
 Request Comm::issend(const void* buf, size_t bytes, int peer, int tag) {
   Request r{MPI_REQUEST_NULL, op_name("issend"), peer, tag, bytes, now_us()};
-  if (to_nccl(buf)) r.nccl = nccl_->send(buf, bytes, peer);  // NCCL has no synchronous mode
+  if (to_nccl(buf)) r.nccl = nccl_send(buf, bytes, peer, "issend");  // NCCL has no synchronous mode
   else mpiCheck(MPI_Issend(buf, to_count(bytes, "issend"), MPI_BYTE, peer, tag, comm_, &r.req));
   link_posted(r);
   return r;
@@ -801,6 +814,7 @@ Request Comm::irecv(void* buf, size_t bytes, int peer, int tag) {
   if (to_nccl(buf)) {
     FF_CHECK(peer >= 0 && peer < size_, "irecv on NCCL: peer " << peer << " is not a rank of this communicator of "
                                                                << size_ << " (no wildcard on NCCL)");
+    to_count(bytes, "irecv");
     r.nccl = nccl_->recv(buf, bytes, peer);
     return r;
   }
@@ -881,7 +895,11 @@ void Comm::allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op) {
   Request r = collective("allreduce", (size_t)count * (size_t)type_size);
   NcclComm::Type nt;
   NcclComm::Op no;
-  if (to_nccl(buf) && nccl_reduction(type, op, &nt, &no)) r.nccl = nccl_->allreduce(buf, (size_t)count, nt, no);
+  const bool on_device = to_nccl(buf);
+  FF_CHECK(!on_device || nccl_reduction(type, op, &nt, &no),
+           "allreduce: a device buffer with a datatype or operation NCCL does not have (a user-defined "
+           "MPI_Op, MINLOC, a derived type): copy it to the host first");
+  if (on_device) r.nccl = nccl_->allreduce(buf, (size_t)count, nt, no);
   else mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm_, &r.req));
   record_blocking(r, wait_one(r));  // one span, as a blocking point-to-point call
 }
@@ -936,6 +954,7 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
 
 void Comm::bcast(void* buf, size_t bytes, int root) {
   Request r = collective("bcast", bytes);
+  to_count(bytes, "bcast");
   if (to_nccl(buf)) r.nccl = nccl_->bcast(buf, bytes, root);
   else mpiCheck(MPI_Ibcast(buf, to_count(bytes, "bcast"), MPI_BYTE, root, comm_, &r.req));
   record_blocking(r, wait_one(r));

@@ -204,7 +204,7 @@ class Comm {
   MPI_Comm raw() const { return comm_; }
   // The world rank of this communicator's rank r (r itself for a default-constructed Comm).
   int world_rank(int r) const;
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  void set_timeout(double seconds);
   double timeout() const { return timeout_s_; }
 
   // ---- point-to-point on raw host bytes
@@ -304,6 +304,7 @@ class Comm {
   void link_arrived(Request& r, const MPI_Status& status);  // model a receive's arrival
   // Whether a call on these buffers goes to NCCL: enabled, and each non-null one on the device.
   bool to_nccl(const void* a, const void* b = nullptr) const;
+  std::shared_ptr<NcclTicket> nccl_send(const void* buf, size_t bytes, int peer, const char* op);
   bool nccl_test(Request& r);    // one poll of r's launch; the watchdog's lines on a failure
   void nccl_wait(Request& r);    // the watchdog loop for a request on NCCL
   [[noreturn]] void report_nccl_failure(const Request& r, const std::string& error) const;

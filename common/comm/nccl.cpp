@@ -27,6 +27,8 @@ const char* backend_name(Backend b) { return b == Backend::nccl ? "nccl" : "mpi"
 
 static int64_t g_launches = 0;
 int64_t nccl::launches() { return g_launches; }
+static void progress_emulated_streams();
+void nccl::progress_emulated() { progress_emulated_streams(); }
 
 std::string resolve_backend(const std::string& flag, Device device, bool nccl_built, bool gpu_per_rank,
                             Backend* out) {
@@ -105,6 +107,7 @@ struct NcclEngine {
   // null for a rank that is not a member
   virtual std::unique_ptr<NcclEngine> split(int color, int key, bool member) = 0;
   virtual void abort() = 0;
+  virtual void set_timeout(double seconds) = 0;
 };
 
 static size_t type_bytes(NcclComm::Type t) {
@@ -125,13 +128,31 @@ namespace {
 
 class SimEngine final : public NcclEngine {
  public:
-  explicit SimEngine(MPI_Comm comm) : comm_(comm) {
-    MPI_Comm_rank(comm, &rank_);
+  SimEngine(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become the ticket's, not an abort
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    // splits go over a communicator of their own: a blocking MPI_Comm_split must not come
+    // between the stream's non-blocking collectives, whose order every rank must keep
+    MPI_Comm_dup(comm_, &control_);
     all().insert(this);
   }
+  // What is in flight is finished first (NCCL's finalize does the same), within the timeout;
+  // a stream that does not drain keeps its buffers and communicators (leaked, not freed under
+  // MPI's feet).
   ~SimEngine() override {
+    const auto start = std::chrono::steady_clock::now();
+    while (!stream_.empty() && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < timeout_s_) {
+      progress();
+      if (!stream_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     all().erase(this);
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (!stream_.empty()) {
+      new std::deque<Launch>(std::move(stream_));  // given up
+      return;
+    }
+    MPI_Comm_free(&control_);
+    MPI_Comm_free(&comm_);
   }
   Device device() const override { return Device::sim; }
   bool takes(const void* p) const override {
@@ -141,12 +162,14 @@ class SimEngine final : public NcclEngine {
   }
   bool can_split() const override { return true; }
   std::unique_ptr<NcclEngine> split(int color, int key, bool member) override {
+    progress_all();
     MPI_Comm child = MPI_COMM_NULL;  // every rank of this one takes part, as in ncclCommSplit
-    MPI_Comm_split(comm_, member ? color : MPI_UNDEFINED, key, &child);
+    MPI_Comm_split(control_, member ? color : MPI_UNDEFINED, key, &child);
     if (!member) return nullptr;
-    return std::unique_ptr<NcclEngine>(new SimEngine(child));
+    return std::unique_ptr<NcclEngine>(new SimEngine(child, timeout_s_));
   }
   void abort() override {}
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
 
   void launch(const std::vector<NcclComm::Prim>& prims, const std::vector<NcclComm::Ticket>& tickets) override {
     Launch l;
@@ -155,21 +178,33 @@ class SimEngine final : public NcclEngine {
     for (const NcclComm::Ticket& t : tickets) {
       t->launched = true;
       t->seq = l.seq;
+      l.tickets.push_back(t);
     }
     stream_.push_back(std::move(l));
     progress();
   }
 
-  // A GPU runs every stream on its own; here they move when polled: any poll moves them all.
-  NcclState poll(NcclTicket& t, std::string*) override {
-    for (SimEngine* e : all()) e->progress();
+  NcclState poll(NcclTicket& t, std::string* error) override {
+    progress_all();
+    if (!t.error.empty()) {
+      *error = t.error;
+      return NcclState::failed;
+    }
     return t.seq <= finished_ ? NcclState::done : NcclState::pending;
+  }
+
+  // A GPU runs every stream on its own; here they move when polled: any poll, and every pause
+  // of Comm's waits (nccl::progress_emulated), moves them all.
+  static void progress_all() {
+    for (SimEngine* e : all()) e->progress();
   }
 
  private:
   // A launch: its primitives, the host copies they run on, and their MPI requests.
   struct Launch {
     std::vector<NcclComm::Prim> prims;
+    std::vector<std::weak_ptr<NcclTicket>> tickets;
+    std::string error;  // an MPI error, or a receive of the wrong size
     uint64_t seq = 0;
     bool started = false;
     std::vector<std::vector<char>> host;  // one per primitive
@@ -207,8 +242,7 @@ class SimEngine final : public NcclEngine {
   void start(Launch& l) {
     l.started = true;
     l.host.resize(l.prims.size());
-    int size = 1;
-    MPI_Comm_size(comm_, &size);
+    const int size = size_;
     for (size_t i = 0; i < l.prims.size(); i++) {
       const NcclComm::Prim& p = l.prims[i];
       std::vector<char>& h = l.host[i];
@@ -216,48 +250,56 @@ class SimEngine final : public NcclEngine {
       const int count = (int)p.count;
       const MPI_Datatype t = mpi_type(p.type);
       MPI_Request r = MPI_REQUEST_NULL;
+      int rc = MPI_SUCCESS;
       switch (p.kind) {
         case NcclComm::Prim::all_reduce:
           copy_out(h, p.in, n);
-          MPI_Iallreduce(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
+          rc = MPI_Iallreduce(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
           break;
         case NcclComm::Prim::all_gather: {
           std::vector<char> mine;
           copy_out(mine, p.in, n);
           h.resize(std::max<size_t>(n * (size_t)size, 1));
           std::memcpy(h.data() + n * (size_t)rank_, mine.data(), n);
-          MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h.data(), count, t, comm_, &r);
+          rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h.data(), count, t, comm_, &r);
           break;
         }
         case NcclComm::Prim::reduce_scatter:
           copy_out(h, p.in, n * (size_t)size);
-          MPI_Ireduce_scatter_block(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
+          rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
           break;
         case NcclComm::Prim::broadcast:
           copy_out(h, p.in, n);
-          MPI_Ibcast(h.data(), count, t, p.peer, comm_, &r);
+          rc = MPI_Ibcast(h.data(), count, t, p.peer, comm_, &r);
           break;
         case NcclComm::Prim::reduce:
           copy_out(h, p.in, n);
-          MPI_Ireduce(rank_ == p.peer ? MPI_IN_PLACE : h.data(), h.data(), count, t, mpi_op(p.op), p.peer, comm_, &r);
+          rc = MPI_Ireduce(rank_ == p.peer ? MPI_IN_PLACE : h.data(), h.data(), count, t, mpi_op(p.op), p.peer, comm_, &r);
           break;
         case NcclComm::Prim::send:
           copy_out(h, p.in, n);
-          MPI_Isend(h.data(), count, t, p.peer, kTag, comm_, &r);
+          rc = MPI_Isend(h.data(), count, t, p.peer, kTag, comm_, &r);
           break;
         case NcclComm::Prim::recv:
           h.resize(std::max<size_t>(n, 1));
-          MPI_Irecv(h.data(), count, t, p.peer, kTag, comm_, &r);
+          rc = MPI_Irecv(h.data(), count, t, p.peer, kTag, comm_, &r);
           break;
       }
+      if (rc != MPI_SUCCESS && l.error.empty()) l.error = "MPI: " + mpi_error(rc);
       l.reqs.push_back(r);
     }
   }
 
+  static std::string mpi_error(int rc) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return std::string(text, (size_t)len);
+  }
+
   // Its outputs into device memory, now that every request is complete.
   void finish(Launch& l) {
-    int size = 1;
-    MPI_Comm_size(comm_, &size);
+    const int size = size_;
     for (size_t i = 0; i < l.prims.size(); i++) {
       const NcclComm::Prim& p = l.prims[i];
       const size_t n = p.count * type_bytes(p.type);
@@ -267,15 +309,41 @@ class SimEngine final : public NcclEngine {
     }
   }
 
-  // One launch at a time, in order, as a stream runs them.
+  // One launch at a time, in order, as a stream runs them. A receive must get exactly its
+  // bytes (NCCL would hang or read past the message; here it is the ticket's error).
   void progress() {
     while (!stream_.empty()) {
       Launch& head = stream_.front();
       if (!head.started) start(head);
       int done = 0;
-      MPI_Testall((int)head.reqs.size(), head.reqs.data(), &done, MPI_STATUSES_IGNORE);
-      if (!done) return;
-      finish(head);
+      std::vector<MPI_Status> st(head.reqs.size());
+      if (head.error.empty()) {
+        const int rc = MPI_Testall((int)head.reqs.size(), head.reqs.data(), &done, st.data());
+        if (rc != MPI_SUCCESS) {
+          head.error = "MPI: " + mpi_error(rc);
+          for (const MPI_Status& x : st)
+            if (x.MPI_ERROR != MPI_SUCCESS && x.MPI_ERROR != MPI_ERR_PENDING) head.error = "MPI: " + mpi_error(x.MPI_ERROR);
+        }
+      }
+      if (head.error.empty() && !done) return;
+      for (size_t i = 0; head.error.empty() && i < head.prims.size(); i++) {
+        const NcclComm::Prim& p = head.prims[i];
+        if (p.kind != NcclComm::Prim::recv) continue;
+        int got = 0;
+        MPI_Get_count(&st[i], MPI_BYTE, &got);
+        const size_t want = p.count * type_bytes(p.type);
+        if ((size_t)got != want)
+          head.error = "a receive of " + std::to_string(want) + " bytes from rank " + std::to_string(p.peer) +
+                       " got a message of " + std::to_string(got);
+      }
+      if (head.error.empty()) finish(head);
+      for (const std::weak_ptr<NcclTicket>& w : head.tickets)
+        if (std::shared_ptr<NcclTicket> t = w.lock()) t->error = head.error;
+      if (!head.error.empty()) {  // the watchdog reports it and ends the job: the stream stops
+        new std::deque<Launch>(std::move(stream_));  // its requests may still be live: kept
+        stream_.clear();
+        return;
+      }
       finished_ = head.seq;
       stream_.pop_front();
     }
@@ -287,12 +355,16 @@ class SimEngine final : public NcclEngine {
   }
   static constexpr int kTag = 0;  // NCCL has no tags: messages between two ranks match in order
   MPI_Comm comm_;
-  int rank_ = 0;
+  MPI_Comm control_ = MPI_COMM_NULL;
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
   std::deque<Launch> stream_;
   uint64_t launched_ = 0, finished_ = 0;
 };
 
 }  // namespace
+
+static void progress_emulated_streams() { SimEngine::progress_all(); }
 
 // ----------------------------------------------------------------------------
 // the NCCL engine (device cuda)
@@ -474,6 +546,7 @@ class CudaEngine final : public NcclEngine {
     if (comm_ && !aborted_) ncclCommAbort(comm_);
     aborted_ = true;
   }
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
 
  private:
   // A non-blocking launch (init, split, a group, finalize) is settled when
@@ -500,6 +573,7 @@ class CudaEngine final : public NcclEngine {
   // A setup that failed: the communicator is aborted (not finalized) and the error thrown.
   [[noreturn]] void fail(const std::string& what, const std::string& err) {
     if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;  // gone: a later call is NCCL's invalid-argument error, not a use of freed memory
     aborted_ = true;
     FF_CHECK(false, "NCCL: " << what << ": "
                              << (err == "stalled" ? "no progress for " + std::to_string(timeout_s_) + " s" : err));
@@ -564,7 +638,7 @@ std::shared_ptr<NcclComm> NcclComm::emulate(MPI_Comm mpi, double timeout_s) {
   int rank = 0, size = 1;
   MPI_Comm_rank(dup, &rank);
   MPI_Comm_size(dup, &size);
-  return adopt(std::unique_ptr<NcclEngine>(new SimEngine(dup)), rank, size, timeout_s);
+  return adopt(std::unique_ptr<NcclEngine>(new SimEngine(dup, timeout_s)), rank, size, timeout_s);
 }
 
 Device NcclComm::device() const { return engine_->device(); }
@@ -670,7 +744,12 @@ void NcclComm::flush() {
     else g.push_back({Prim::recv, nullptr, m.buf, m.bytes, Type::u8, Op::sum, m.peer});
   }
   engine_->launch(g, tickets);
-  g_launches++;
+  if (!g.empty()) g_launches++;
+}
+
+void NcclComm::set_timeout(double seconds) {
+  timeout_s_ = seconds;
+  engine_->set_timeout(seconds);
 }
 
 void NcclComm::launch(const Ticket& t) {

@@ -66,6 +66,9 @@ bool built();
 std::string version();
 // Groups this process has launched on NCCL or its emulation (each operation is one).
 int64_t launches();
+// Moves the emulated streams (sim) of this process: Comm's waits call it at every pause, as a
+// GPU runs its streams whatever the host is waiting for. Nothing without emulated streams.
+void progress_emulated();
 }  // namespace nccl
 
 // The rule of --backend mpi|nccl|auto, as a pure function: auto is nccl when the tensors are on
@@ -114,6 +117,7 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
   int rank() const { return rank_; }
+  void set_timeout(double seconds);  // the deadline of launches and setup (Comm::set_timeout)
   int size() const { return size_; }
   Device device() const;  // cuda, or sim (emulated)
   // Whether p is memory this communicator moves: the current GPU's (cuda), the emulator's (sim).

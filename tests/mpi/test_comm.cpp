@@ -543,6 +543,32 @@ static void check_nccl_calls(Comm& c, Device dev) {
     if (r == 0) c.wait(q);
     for (float x : sum.to_vector()) CHECK(x == (float)P);
     if (r == 1) for (float x : got3.to_vector()) CHECK(x == 7.0f);
+    // two sends launched one behind the other on rank 0's stream while rank 0 sits in a host
+    // (MPI) receive that rank 1 answers only after both: a stream runs on while its host waits.
+    // The first is large (no eager send: it completes only once rank 1 receives, after "go").
+    const int64_t big = 1 << 18;
+    Tensor x1 = Tensor::full({big}, 1.0f, dev), x2 = Tensor::full({4}, 2.0f, dev);
+    Tensor y1 = Tensor::zeros({big}, dev), y2 = Tensor::zeros({4}, dev);
+    int token = 0, go = 1;
+    if (r == 0) {
+      Request a = c.isend(x1.raw(), x1.nbytes(), 1, 6);
+      c.test(a);  // launched: waits for rank 1
+      Request b = c.isend(x2.raw(), x2.nbytes(), 1, 6);
+      c.test(b);  // launched behind a
+      c.send(&go, sizeof go, 1, 6);          // host memory: MPI
+      c.recv(&token, sizeof token, 1, 6);    // rank 1 answers once it has both
+      c.wait(a);
+      c.wait(b);
+      CHECK(token == 42);
+    } else if (r == 1) {
+      c.recv(&go, sizeof go, 0, 6);
+      c.recv(y1, 0, 6);
+      c.recv(y2, 0, 6);
+      token = 42;
+      c.send(&token, sizeof token, 0, 6);
+      CHECK(y1.to_vector() == std::vector<float>((size_t)big, 1.0f));
+      for (float v : y2.to_vector()) CHECK(v == 2.0f);
+    }
   }
 
   // all-to-all(v): rank r sends q + 1 floats of value 100 r + q to rank q

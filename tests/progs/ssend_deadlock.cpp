@@ -15,6 +15,12 @@
 // send to make the point with. The watchdog polls the launch (its CUDA event on cuda), prints
 // the same line and aborts the NCCL communicator (ncclCommAbort):
 //   error: rank 0: no progress for 3 s in recv with peer 1 (tag 7, 16 bytes) — likely deadlock
+//
+//   mpirun -np 2 build/tests/ssend_deadlock --nccl sim --mismatch
+//
+// No deadlock: rank 0 sends 12 bytes where rank 1 receives 16. NCCL does not check sizes (on a
+// GPU this hangs or reads past the message); the emulation does:
+//   error: rank 1: NCCL failed in recv with peer 0 (16 bytes): a receive of 16 bytes from rank 0 got a message of 12
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,7 +43,7 @@ int main(int argc, char** argv) {
   };
 
   double timeout_s = 3;
-  bool on_nccl = false;
+  bool on_nccl = false, mismatch = false;
   Device dev = Device::cuda;
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--nccl") == 0 && i + 1 < argc) {
@@ -45,13 +51,15 @@ int main(int argc, char** argv) {
       const std::string d = argv[++i];
       if (d != "cuda" && d != "sim") usage_error("--nccl " + d + ": want cuda or sim");
       dev = d == "sim" ? Device::sim : Device::cuda;
+    } else if (std::strcmp(argv[i], "--mismatch") == 0) {
+      mismatch = true;
     } else if (std::strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
       char* end = nullptr;
       timeout_s = std::strtod(argv[++i], &end);
       if (*end != '\0' || !(timeout_s > 0 && timeout_s <= 3600))
         usage_error(std::string("--timeout ") + argv[i] + ": want seconds in (0, 3600]");
     } else {
-      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--nccl cuda|sim] [--timeout S], default 3)");
+      usage_error(std::string("unknown argument '") + argv[i] + "' (usage: ssend_deadlock [--nccl cuda|sim [--mismatch]] [--timeout S], default 3)");
     }
   }
   if (comm.size() != 2)
@@ -65,6 +73,13 @@ int main(int argc, char** argv) {
     if (dev == Device::cuda) device_select_gpu(rank);  // one machine: rank r takes GPU r
     comm.enable_nccl(dev);
     void* in = device_malloc(dev, 16);
+    if (mismatch) {
+      if (rank == 0) comm.send(in, 12, 1, /*tag=*/7);
+      else comm.recv(in, 16, 0, 7);  // the emulation's error line
+      comm.barrier();
+      std::printf("rank %d: the sizes were not checked?!\n", rank);
+      Comm::exit_all(0);
+    }
     if (rank == 0)
       std::printf("both ranks receive from each other on NCCL before sending: the watchdog should "
                   "report it within %g s\n", timeout_s);
