@@ -37,10 +37,13 @@
 //    split as NCCL splits) and a stream, a queue of launches run one after another: a launch
 //    starts (copies its inputs out of device memory, posts its primitives as non-blocking MPI
 //    calls) only once the one before it has finished, and finishes when they all have (then
-//    copies its outputs in). So what the stream order does on a GPU — a send that sits behind a
-//    collective its peer cannot reach, a receive posted alone before a send — deadlocks on sim
-//    too, and the watchdog reports it. It checks Comm's NCCL path without a GPU; NCCL's own
-//    algorithms, speed and connection setup it does not model.
+//    copies its outputs in). Streams move at every poll and at every pause of Comm's waits
+//    (nccl::progress_emulated), as a GPU runs them whatever its host waits for. So what the
+//    stream order does on a GPU — a send that sits behind a collective its peer cannot reach, a
+//    receive posted alone before a send — deadlocks on sim too, and the watchdog reports it;
+//    and a receive of the wrong size, which NCCL does not check, is an error there. It checks
+//    Comm's NCCL path without a GPU; NCCL's own algorithms, speed and connection setup it does
+//    not model.
 //  * Without NCCL in the build the real engine is absent (create() throws): the lessons refuse
 //    --backend nccl on cuda before that (one `error:` line, exit 2).
 #pragma once
