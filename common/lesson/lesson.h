@@ -72,7 +72,7 @@ class Lesson {
   int size() const { return comm.size(); }
 
   // Adds the shared flags, parses argv, checks the SIMT_*/FF_* environment and every output
-  // path, resolves --device and --backend (nccl: sets up NCCL on comm, and says so on rank 0)
+  // path, resolves --device and --backend (nccl: sets up NCCL on comm; finish() says how many launches went to it)
   // and sets the watchdog. Any bad input: exit 2 (see above).
   void parse();
   // A check after parsing that every rank evaluates the same way: throws UsageError.
