@@ -72,8 +72,8 @@ class Lesson {
   int size() const { return comm.size(); }
 
   // Adds the shared flags, parses argv, checks the SIMT_*/FF_* environment and every output
-  // path, resolves --device and --backend (nccl: sets up NCCL on comm; finish() says how many launches went to it)
-  // and sets the watchdog. Any bad input: exit 2 (see above).
+  // path, resolves --device and --backend (nccl: sets up NCCL on comm; finish() says how many
+  // launches went to it) and sets the watchdog. Any bad input: exit 2 (see above).
   void parse();
   // A check after parsing that every rank evaluates the same way: throws UsageError.
   void usage_error_if(bool bad, const std::string& message) const;
