@@ -1,12 +1,13 @@
 # fivefold — one entry point. `make help` lists the targets.
 #
-#   make            install missing dependencies, build everything into build/
+#   make            install missing dependencies, build everything into build/ (lessons, tests)
 #   make test       build and run the whole test suite (ends with "N passed, N failed")
-#   make lessons    run every lesson at its default rank count, with a summary table
-#   make run L=01 NP=4 ARGS="--rows 8"   run one lesson
+#   make lessons    build the lessons, run each at its default rank count, with a summary table
+#   make run L=01 NP=4 ARGS="--rows 8"   build and run one lesson
 #   make plots      regenerate the figures into plots/out/ from real runs
 #   make slides     the lesson decks (slides/*.md) -> build/slides/*.html, .pdf, index.html,
-#                   with code, outputs and figures from the tree and real runs
+#                   with code, outputs and figures from the tree and real runs (it draws the
+#                   figures plots/out/ lacks first)
 #   make lecture    make plots + make slides
 #   make reference  regenerate the PyTorch golden data in tests/reference/data/
 #   make sanitize   ASan/UBSan build of the unit tests and lessons, run clean
@@ -17,8 +18,10 @@
 #                   lesson with --device cuda, in one report (build/gpu-check.txt)
 #   make clean
 #
-# Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90",
-#          NO_NCCL=1 (build without NCCL even when found), NCCL_HOME=/path/to/nccl.
+# Options: NO_CUDA=1 (skip nvcc even when found), NVCC=/path/to/nvcc, CUDA_ARCH="80 90"
+#          (default: the GPUs here, else 80), NO_NCCL=1 (build without NCCL even when found),
+#          NCCL_HOME=/path/to/nccl, NO_CCACHE=1 (compile without ccache even when found),
+#          V=1 (print every command in full), -jN (default: every core).
 
 BUILD    ?= build
 CXX      := mpicxx
@@ -30,11 +33,28 @@ LDFLAGS  ?=
 LDLIBS   := -lboost_context
 # Debian's python, which has matplotlib, numpy and torch (not whatever python3 is first on PATH)
 PYTHON   ?= /usr/bin/python3
-# mpirun: oversubscribe small machines, allow root in containers, keep the output quiet, and
-# let a run that exits non-zero (bad input, a failed check) end at once: Open MPI 4 otherwise
-# waits odls_base_sigkill_timeout (1 s) twice before it reports the exit status.
-MPIRUN   ?= mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+# mpirun: oversubscribe small machines, allow root in containers, keep the output quiet, let a
+# run that exits non-zero (bad input, a failed check) end at once (Open MPI 4 otherwise waits
+# odls_base_sigkill_timeout, 1 s, twice before it reports the exit status), and take Open MPI's
+# own point-to-point layer over shared memory (pml ob1) instead of probing for UCX's network
+# fabrics first, which costs 0.2 s a start: a third of a small lesson's run, and of make test.
+MPIRUN   ?= mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 --mca pml ob1 $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 export MPIRUN BUILD PYTHON
+
+# ---- how the build talks and how wide it runs
+# One line per compiled or linked file; V=1 prints the commands in full.
+V ?= 0
+Q   := $(if $(filter 1,$(V)),,@)
+say  = $(if $(Q),@printf '  %-5s %s\n' '$(1)' '$(2)')
+# The targets below build through a second make: with -jN given, it takes the user's N (a
+# recipe's MAKEFLAGS holds it); without, every core. --output-sync keeps each file's compiler
+# messages together.
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
+SUBMAKE  = $(MAKE) --no-print-directory --output-sync=target $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+# ccache (Debian's ccache) when present: a rebuild after `make clean` or in a second clone costs
+# little. Never required; NO_CCACHE=1 leaves it out.
+NO_CCACHE ?= 0
+CCACHE    := $(if $(filter 1,$(NO_CCACHE)),,$(shell command -v ccache 2>/dev/null))
 
 # The emulator build rounds as nvcc's does: nvcc contracts a * b + c into one fused
 # multiply-add (its default --fmad=true), so the sim build does too where the CPU has FMA
@@ -68,8 +88,12 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bi
 ifeq ($(NO_CUDA),1)
 override NVCC :=
 endif
-# SASS for each architecture, plus PTX of the last one so newer GPUs can JIT it.
-CUDA_ARCH ?= 80 90
+# SASS for each architecture, plus PTX of the last one so newer GPUs can JIT it. Default: the
+# GPUs of this machine (nvidia-smi's compute capabilities), else 80 alone (Ampere: its SASS runs
+# on A100s, its PTX is JIT-compiled on Hopper and newer). Each architecture adds a device
+# compile of every .cu file; CUDA_ARCH="80 90" builds both.
+GPU_ARCH  := $(if $(NVCC),$(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | grep -x '[0-9][0-9]*' | sort -nu))
+CUDA_ARCH ?= $(or $(strip $(GPU_ARCH)),80)
 GENCODE   := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 # nvcc may be a wrapper script (e.g. /usr/local/bin/nvcc): ask nvcc itself where its toolkit is
@@ -124,17 +148,20 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build found deps test lessons run plots slides lecture reference sanitize bench gpu-check clean help
+.PHONY: all build build-lessons found deps deps-slides test lessons run plots slides lecture reference sanitize bench gpu-check clean help
 .DEFAULT_GOAL := all
 
 all: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 
+# What each target needs: the lessons alone for make lessons, run and plots; the tests too for
+# make test (and plain make).
 build: found $(LIB) $(LESSON_BINS) $(TEST_BINS)
+build-lessons: found $(LIB) $(LESSON_BINS)
 
 found:
 ifneq ($(NVCC),)
-	@echo "✓ nvcc found ($(NVCC)): kernels/cuda/*.cu build for devices sim and cuda (sm $(CUDA_ARCH))"
+	@echo "✓ nvcc found ($(NVCC)): kernels/cuda/*.cu build for devices sim and cuda (sm $(CUDA_ARCH) + PTX, $(if $(GPU_ARCH),the GPUs here,$(if $(filter command line environment,$(origin CUDA_ARCH)),CUDA_ARCH,no GPU here: CUDA_ARCH=\"80 90\" adds Hopper's SASS)))"
 else
 	@echo "✗ no cuda device ($(or $(NO_CUDA_WHY),$(if $(filter 1,$(NO_CUDA)),NO_CUDA=1,nvcc not found))): building devices cpu and sim only"
 endif
@@ -153,14 +180,25 @@ ifeq ($(SIM_FMA),1)
 else
 	@echo "✗ sim rounds a * b + c twice (no FMA on this CPU, or SIM_FMA=0); nvcc fuses it"
 endif
+ifneq ($(CCACHE),)
+	@echo "✓ ccache found ($(CCACHE)): compiles are cached across clean builds"
+endif
 
 deps:
 	@bash scripts/install-deps.sh
+# make test and make slides also build the decks, with Marp from the npm registry
+deps-slides:
+	@FIVEFOLD_WITH_SLIDES=1 bash scripts/install-deps.sh
 
 # ---- the core library
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) -c $< -o $@
+	$(call say,CXX,$<)
+	$(Q)$(CCACHE) $(CXX) $(FLAGS) -c $< -o $@
+
+# The course's files (data/) are found from the executable, or else from the tree it was built
+# from (common/lesson/files.h: course_file), so a lesson runs from any directory.
+$(BUILD)/obj/common/lesson/files.o: FLAGS += -DFF_SOURCE_DIR='"$(CURDIR)"'
 
 # -fno-trapping-math: nothing here reads the floating-point exception flags, and without it GCC
 # will not turn a ternary on doubles (exp_double's clamps, kernels/cpu/row_math.h) into a
@@ -176,16 +214,19 @@ $(BUILD)/obj/kernels/cpu/%.o: FLAGS += $(OMP_FLAGS) -fno-trapping-math -ffp-cont
 # the emulator build of a .cu file: ordinary C++ against kernels/simt.h
 $(BUILD)/obj/sim/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $(SIM_FLAGS) -x c++ -c $< -o $@
+	$(call say,SIM,$<)
+	$(Q)$(CCACHE) $(CXX) $(FLAGS) $(SIM_FLAGS) -x c++ -c $< -o $@
 
 # the nvcc build of a .cu file
 $(BUILD)/obj/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -std=c++17 -I. $(GENCODE) -MMD -MP -c $< -o $@
+	$(call say,NVCC,$<)
+	$(Q)$(CCACHE) $(NVCC) $(NVCCFLAGS) -std=c++17 -I. $(GENCODE) -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 # ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name, with the
 # lesson's own .cu kernels built for sim (and for cuda when nvcc exists)
@@ -197,7 +238,8 @@ lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) 
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 # ---- tests
 # the lessons' own CUDA kernels (lesson 01's), for their kernel tests
@@ -210,15 +252,18 @@ $(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
 UNIT_LESSON_OBJS := $(BUILD)/obj/lessons/08_mesh/estimate.o
 $(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LESSON_KERNEL_OBJS) $(UNIT_LESSON_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/progs/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
 # ---- make bench: kernel throughput per device (built on demand, not part of make test).
 # The cpu matmul is timed against OpenBLAS's cblas_sgemm (Debian's libopenblas-dev, installed
@@ -228,7 +273,8 @@ BENCH_OBJS := $(BUILD)/obj/tests/bench/bench_kernels.o \
 $(BUILD)/obj/tests/bench/bench_kernels.o: FLAGS += $(OMP_FLAGS)
 $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS) -lopenblas $(if $(NVCC),-lcublas)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS) -lopenblas $(if $(NVCC),-lcublas)
 
 # Debian's OpenBLAS 0.3.21 picks its kernels by CPU model and falls back to generic SSE3 ones
 # ("Prescott", ~5x slower) on models newer than it knows: the bench names the AVX-512 or AVX2
@@ -237,7 +283,7 @@ $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 OPENBLAS_CORETYPE ?= $(if $(findstring AVX-512,$(CPU_ISA)),SkylakeX,$(if $(findstring AVX2,$(CPU_ISA)),Haswell))
 bench: deps
 	@FIVEFOLD_WITH_OPENBLAS=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
-	@$(MAKE) --no-print-directory build $(BUILD)/tests/bench_kernels
+	@$(SUBMAKE) build-lessons $(BUILD)/tests/bench_kernels
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
@@ -251,34 +297,38 @@ bench: deps
 	@echo "lesson 08: dualpipev's F&B pairs overlapped at their all-to-alls vs one after the other, links modelled"
 	bash tests/bench/bench_08_overlap.sh $(BUILD)/bin/08_mesh 5
 
-test: deps
-	@$(MAKE) --no-print-directory build
+test: deps-slides
+	@$(SUBMAKE) build
 	@bash scripts/run-tests.sh
 
 # everything that needs a GPU, in one report (build/gpu-check.txt); without a GPU: says so, exit 0
 gpu-check: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build
 	@bash scripts/gpu-check.sh
 
 lessons: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build-lessons
 	@bash scripts/run-lessons.sh
 
+# make run builds the one lesson it runs (a lesson that does not exist: run-lesson.sh says so)
 L  ?= 01
 NP ?=
+RUN_BIN := $(addprefix $(BUILD)/bin/,$(notdir $(firstword $(wildcard lessons/$(L)_*))))
 run: deps
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) found $(RUN_BIN)
 	@bash scripts/run-lesson.sh "$(L)" "$(NP)" $(ARGS)
 
+# PLOTS="02 05" draws those lessons' figures only
 plots: deps
-	@$(MAKE) --no-print-directory build
-	@bash scripts/make-plots.sh
+	@$(SUBMAKE) build-lessons
+	@bash scripts/make-plots.sh $(PLOTS)
 
 # Needs Chromium (Debian's chromium, installed here when missing, as root) for PDF and PNG.
-# DECKS="02 05" builds those decks only.
-slides:
+# DECKS="02 05" builds those decks only; a figure they show that plots/out/ lacks is drawn
+# first (scripts/make-plots.sh for its lesson).
+slides: deps-slides
 	@FIVEFOLD_WITH_CHROMIUM=1 bash scripts/install-deps.sh
-	@$(MAKE) --no-print-directory build
+	@$(SUBMAKE) build-lessons
 	$(PYTHON) scripts/slides.py build $(DECKS)
 
 lecture: plots
@@ -296,7 +346,7 @@ reference:
 # The emulator tells ASan about its fiber switches, so the sim kernels run sanitized too. The
 # cuda device is left out (NO_CUDA=1): ASan's shadow memory and the CUDA driver do not mix.
 sanitize: deps
-	@$(MAKE) --no-print-directory build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
+	@$(SUBMAKE) build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
 	  SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 	@BUILD=build/sanitize SANITIZE=1 bash scripts/run-tests.sh
 
@@ -304,6 +354,6 @@ clean:
 	rm -rf $(BUILD) plots/out
 
 help:
-	@sed -n '2,20p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

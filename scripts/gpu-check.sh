@@ -10,7 +10,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
-MPIRUN=${MPIRUN:-mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )}
 devices=$("$BUILD/tests/device_query")
 nccl=$(sed -n 's/^backends:.* nccl //p' <<<"$devices")
 if ! grep -qw cuda <<<"$devices"; then

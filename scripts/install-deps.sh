@@ -13,9 +13,12 @@ if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
 if [ "${FIVEFOLD_WITH_CHROMIUM:-0}" = 1 ]; then packages+=(chromium); fi
 if [ "${FIVEFOLD_WITH_OPENBLAS:-0}" = 1 ]; then packages+=(libopenblas-dev); fi
 
+# one dpkg-query for all of them (a no-op make runs this)
+installed=" $(dpkg-query -W -f='${Package}:${Status}\n' "${packages[@]}" 2>/dev/null |
+              sed -n 's/^\([^:]*\):install ok installed$/\1/p' | tr '\n' ' ') "
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [[ $installed == *" $p "* ]] || missing+=("$p")
 done
 
 # Marp (slides/package.json, versions pinned by slides/package-lock.json) from the npm
@@ -33,7 +36,8 @@ slides_deps() {
   cp slides/package-lock.json "$stamp"
 }
 cd "$(dirname "$0")/.."
-slides_deps
+# the decks only (make test checks them, make slides builds them); make and make lessons need none
+if [ "${FIVEFOLD_WITH_SLIDES:-0}" = 1 ]; then slides_deps; fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 cmd="apt-get install -y --no-install-recommends ${missing[*]}"

@@ -19,10 +19,35 @@ fi
 
 elapsed() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN { printf "%6.1fs", (b - a) / 1e9 }'; }
 
-# doctest_step NAME CMD... — counts the binary's test cases
-doctest_step() {
-  local name=$1; shift; n=$((n + 1))
-  local log=$LOG/$n.log start; start=$(date +%s%N)
+# ---- the runner: the test files register their tests (check, usage_error, doctest_step,
+# section, inline); run_registered then runs them JOBS at a time (default: one per core;
+# FF_TEST_JOBS=N to choose) and prints each one's lines in the order they were registered, as
+# it finishes. A test job writes what it prints to $LOG/ID.txt and its counts ("passed failed")
+# to $LOG/ID.res, last; the parent adds them up. No test reads another's files.
+JOBS=${FF_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
+items=()        # "KIND CMD": KIND is job, text or inline; CMD a quoted command line
+early=()        # the ids of the jobs to start first (registered with `first`)
+register() { local kind=$1; shift; items+=("$kind $(printf '%q ' "$@")"); }
+# first check|doctest_step ...: a long job (tens of seconds), started before the others so that
+# it does not run alone at the end; it is still printed in its place
+first() { early+=(${#items[@]}); "$@"; }
+section() { register text "== $*"; }
+note() { register text "$*"; }   # a line printed as it is, in its place
+# inline FUNC: runs FUNC in this shell once every test before it has finished, alone (the
+# bad-input table, which times its usage errors against --help and runs its own jobs); it
+# prints its lines and adds to passed / failed itself
+inline() { register inline "$@"; }
+check() { register job run_check "$@"; }
+usage_error() { register job run_usage_error "$@"; }
+doctest_step() { register job run_doctest_step "$@"; }
+
+# result ID PASSED FAILED: the job's counts, written last (the parent waits for this file)
+result() { echo "$2 $3" > "$LOG/$1.res.tmp" && mv "$LOG/$1.res.tmp" "$LOG/$1.res"; }
+
+# run_doctest_step ID NAME CMD... — counts the binary's test cases
+run_doctest_step() {
+  local id=$1 name=$2; shift 2
+  local log=$LOG/$id.log start; start=$(date +%s%N)
   timeout 600 "$@" >"$log" 2>&1; local rc=$?
   local line; line=$(grep -a '\[doctest\] test cases:' "$log" | tail -n 1)
   local p f
@@ -30,60 +55,99 @@ doctest_step() {
   f=$(echo "$line" | sed -n 's/.*| *\([0-9]*\) failed.*/\1/p')
   if [ -z "$p" ]; then p=0; f=1; fi
   if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; fi
-  passed=$((passed + p)); failed=$((failed + f))
   if [ $rc -eq 0 ] && [ "$f" = 0 ]; then
     printf '  ok    %s  %-52s %s test cases\n' "$(elapsed $start)" "$name" "$p"
   else
     printf '  FAIL  %s  %-52s (exit %s)\n' "$(elapsed $start)" "$name" "$rc"; tail -n 60 "$log" | sed 's/^/        | /'
-  fi
+  fi > "$LOG/$id.txt"
+  result "$id" "$p" "$f"
 }
 
-# check NAME EXPECTED_RC PATTERN CMD... — one test: exit code and an extended regex the output must match
-check() {
-  local name=$1 want=$2 pattern=$3; shift 3; n=$((n + 1))
-  local log=$LOG/$n.log start; start=$(date +%s%N)
+# run_check ID NAME EXPECTED_RC PATTERN CMD... — one test: exit code and an extended regex the
+# output must match
+run_check() {
+  local id=$1 name=$2 want=$3 pattern=$4; shift 4
+  local log=$LOG/$id.log start; start=$(date +%s%N)
   timeout 300 "$@" >"$log" 2>&1; local rc=$?
   if [ "$rc" = "$want" ] && grep -Eq -- "$pattern" "$log"; then
-    passed=$((passed + 1)); printf '  ok    %s  %s\n' "$(elapsed $start)" "$name"
+    printf '  ok    %s  %s\n' "$(elapsed $start)" "$name" > "$LOG/$id.txt"; result "$id" 1 0
   else
-    failed=$((failed + 1))
-    printf '  FAIL  %s  %s (exit %s, want %s; output must match /%s/)\n' "$(elapsed $start)" "$name" "$rc" "$want" "$pattern"
-    tail -n 40 "$log" | sed 's/^/        | /'
+    { printf '  FAIL  %s  %s (exit %s, want %s; output must match /%s/)\n' "$(elapsed $start)" "$name" "$rc" "$want" "$pattern"
+      tail -n 40 "$log" | sed 's/^/        | /'; } > "$LOG/$id.txt"
+    result "$id" 0 1
   fi
 }
 
-# usage_error NAME CMD... — bad input: exit 2, exactly one line, starting "error:", nothing else
+# run_usage_error ID NAME CMD... — bad input: exit 2, exactly one line, starting "error:", nothing else
 # mpirun's own libevent sometimes warns as ranks exit ("[warn] Epoll MOD(1) on fd N failed ...:
 # Bad file descriptor", a race in Open MPI's event loop at shutdown: open-mpi/ompi#2004) on a
 # loaded machine. It is not the program's output; the error contract's count leaves it out.
 MPIRUN_NOISE='^\[warn\] Epoll [A-Z]+\([0-9]+\) on fd [0-9]+ failed'
-usage_error() {
-  local name=$1; shift; n=$((n + 1))
-  local log=$LOG/$n.log start; start=$(date +%s%N)
+run_usage_error() {
+  local id=$1 name=$2; shift 2
+  local log=$LOG/$id.log start; start=$(date +%s%N)
   timeout 60 "$@" >"$log" 2>&1; local rc=$?
   sed -Ei "/$MPIRUN_NOISE/d" "$log"
   local lines; lines=$(grep -c . "$log")
   if [ "$rc" = 2 ] && [ "$lines" = 1 ] && grep -q '^error: ' "$log"; then
-    passed=$((passed + 1)); printf '  ok    %s  %-52s %s\n' "$(elapsed $start)" "$name" "$(cat "$log")"
+    printf '  ok    %s  %-52s %s\n' "$(elapsed $start)" "$name" "$(cat "$log")" > "$LOG/$id.txt"; result "$id" 1 0
   else
+    { printf '  FAIL  %s  %s (exit %s, %s lines; want exit 2 and one error: line)\n' "$(elapsed $start)" "$name" "$rc" "$lines"
+      sed 's/^/        | /' "$log" | head -n 20; } > "$LOG/$id.txt"
+    result "$id" 0 1
+  fi
+}
+
+# prints the finished tests that are next in order, and counts them
+shown=0
+flush() {
+  while [ $shown -lt ${#items[@]} ] && [ -e "$LOG/$shown.res" ]; do
+    cat "$LOG/$shown.txt"
+    local p f; read -r p f < "$LOG/$shown.res"
+    passed=$((passed + p)); failed=$((failed + f)); shown=$((shown + 1))
+  done
+}
+# start_job ID: runs job ID in the background once fewer than JOBS jobs run
+start_job() {
+  local cmd=${items[$1]#* }
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; flush; done
+  eval "${cmd%% *} $1 ${cmd#* }" </dev/null >/dev/null 2>&1 &
+  n=$((n + 1))
+}
+run_registered() {
+  local _id _kind _cmd
+  for _id in "${early[@]}"; do start_job "$_id"; done
+  for _id in "${!items[@]}"; do
+    _kind=${items[$_id]%% *}; _cmd=${items[$_id]#* }
+    case $_kind in
+      text) eval "printf '%s\n' $_cmd" > "$LOG/$_id.txt"; result "$_id" 0 0 ;;
+      inline)
+        wait; flush
+        eval "$_cmd"; : > "$LOG/$_id.txt"; result "$_id" 0 0 ;;
+      job) [[ " ${early[*]} " == *" $_id "* ]] || start_job "$_id" ;;
+    esac
+    flush
+  done
+  wait; flush
+  # a test that never reported (its job died before writing its result) is a failure
+  if [ $shown -lt ${#items[@]} ]; then
+    echo "  FAIL  test $shown of ${#items[@]} never reported a result: ${items[$shown]}"
     failed=$((failed + 1))
-    printf '  FAIL  %s  %s (exit %s, %s lines; want exit 2 and one error: line)\n' "$(elapsed $start)" "$name" "$rc" "$lines"
-    sed 's/^/        | /' "$log" | head -n 20
   fi
 }
 
 B=$BUILD/bin; T=$BUILD/tests
-echo "== core (single process)"
+section "core (single process)"
 doctest_step "unit tests: tensor, RNG, ops, autograd, cli, npy, goldens" $T/unit_tests --test-suite-exclude=kernels
 
-echo "== kernels: every CUDA kernel against its cpu twin"
-doctest_step "kernel tests, sim vs cpu (SIMT emulator)" env FF_TEST_DEVICE=sim $T/unit_tests --test-suite=kernels
+section "kernels: every CUDA kernel against its cpu twin"
+first doctest_step "kernel tests, sim vs cpu (SIMT emulator)" env FF_TEST_DEVICE=sim $T/unit_tests --test-suite=kernels
 skipped=0
 if $T/device_query | grep -qw cuda; then
   doctest_step "kernel tests, cuda vs cpu (GPU)" env FF_TEST_DEVICE=cuda $T/unit_tests --test-suite=kernels
 else
   skipped=$($T/unit_tests --test-suite=kernels --count | sed -n 's/.*unskipped test cases passing the current filters: *\([0-9]*\).*/\1/p')
-  printf '  skip            %-52s %s test cases: %s\n' "kernel tests, cuda vs cpu" "${skipped:-?}" "no GPU here"
+  note "$(printf '  skip            %-52s %s test cases: %s' "kernel tests, cuda vs cpu" "${skipped:-?}" "no GPU here")"
 fi
 
 # Device memory of sim is kept from the host as a GPU's is (kernels/sim_memory.h).
@@ -96,7 +160,7 @@ check "sim: a kernel writing far beyond every allocation fails" 1 \
   "^error: a kernel or device copy on .sim. touched device memory at 0x[0-9a-f]+, outside every allocation" \
   $T/sim_host_access kernel-wild
 
-echo "== communication (mpirun, odd sizes included)"
+section "communication (mpirun, odd sizes included)"
 for np in 1 2 3 4; do
   doctest_step "comm tests, $np rank(s)" $MPIRUN -np $np $T/mpi_tests
 done
@@ -121,12 +185,15 @@ usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus
 source tests/lessons.sh
 source tests/bad_input.sh
 source tests/cluster.sh
-echo "== slides"
+section "slides"
 check "every deck builds to HTML; its code markers, figures and runs exist (bad ones are caught)" 0 '^slides ok: [0-9]+ decks build to HTML' \
   $PYTHON scripts/slides.py check
-echo "== READMEs"; check "every output a README shows equals a real run (and a changed line is caught)" 0 '^readme ok: [0-9]+ blocks' bash -c "$PYTHON tests/check_readme.py --self-test && $PYTHON tests/check_readme.py"
+section "READMEs"; first check "every output a README shows equals a real run (and a changed line is caught)" 0 '^readme ok: [0-9]+ blocks' bash -c "$PYTHON tests/check_readme.py --self-test && $PYTHON tests/check_readme.py"
 
+suite_start=$(date +%s%N)
+run_registered
 echo
+echo "($n steps, $JOBS at a time:$(elapsed $suite_start))"
 [ "$skipped" != 0 ] && echo "($skipped kernel test cases not run on cuda: no GPU; they ran on sim)"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

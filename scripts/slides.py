@@ -163,11 +163,29 @@ def run_output(deck, lineno, run, cache):
 
 # ---- figures ------------------------------------------------------------------------------
 def figures_written():
-    """Every NAME.png a plots/*.py script names (the figures make plots can produce)."""
-    names = set()
-    for script in (ROOT / "plots").glob("*.py"):
-        names.update(re.findall(r"([\w.-]+\.png)", script.read_text()))
+    """Every NAME.png a plots/*.py script names (the figures make plots can produce), mapped
+    to the lesson whose runs draw it (the script's NN_ prefix: scripts/make-plots.sh NN)."""
+    names = {}
+    for script in sorted((ROOT / "plots").glob("*.py")):
+        for name in re.findall(r"([\w.-]+\.png)", script.read_text()):
+            names[name] = script.name[:2]
     return names
+
+
+def draw_missing_figures(todo):
+    """make slides on a fresh tree: runs make-plots.sh for the lessons whose figures the decks
+    show and plots/out/ lacks. A failure is a DeckError naming the lessons."""
+    written, need = figures_written(), set()
+    for deck in todo:
+        for name in FIGURE.findall(deck.read_text()):
+            if name in written and not (ROOT / "plots" / "out" / name).is_file():
+                need.add(written[name])
+    if not need:
+        return
+    print(f"drawing the figures the decks lack: scripts/make-plots.sh {' '.join(sorted(need))}",
+          flush=True)
+    if subprocess.run(["bash", str(ROOT / "scripts" / "make-plots.sh"), *sorted(need)]).returncode:
+        raise DeckError(f"make-plots.sh {' '.join(sorted(need))} failed: the figures are missing")
 
 
 # ---- one deck -----------------------------------------------------------------------------
@@ -355,6 +373,12 @@ def main(argv):
             static_self_test(out)
         except DeckError as e:
             problems.append(str(e))
+    if mode == "build":
+        try:
+            draw_missing_figures(todo)
+        except DeckError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     built = []
     for deck in todo:
         try:

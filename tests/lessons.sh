@@ -4,7 +4,7 @@
 # must give one error line and exit 2 on every rank.
 
 L01=$B/01_online_softmax
-echo "== lesson 01: online softmax"
+section "lesson 01: online softmax"
 for np in 1 2 3 4; do
   check "01 default demo, $np rank(s)" 0 '^check: PASS' $MPIRUN -np $np $L01 --reps 3
 done
@@ -43,7 +43,7 @@ else
 fi
 
 L02=$B/02_ring_attention
-echo "== lesson 02: ring attention"
+section "lesson 02: ring attention"
 # every world size x mask x order, each layout in turn (one check line per combination)
 for np in 1 2 3 4; do
   for order in evenodd async; do
@@ -96,7 +96,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L03=$B/03_smoe
-echo "== lesson 03: sparse MoE"
+section "lesson 03: sparse MoE"
 for gate in softmax-topk topk-softmax; do
   check "03 $gate: default demo, loop == grouped, backward == autograd" 0 '^check: PASS' $MPIRUN -np 1 $L03 --gate $gate
   check "03 $gate: k = 1, k = N, one expert, odd sizes" 0 '^check: PASS' \
@@ -127,7 +127,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L04=$B/04_gshard
-echo "== lesson 04: GShard expert parallelism"
+section "lesson 04: GShard expert parallelism"
 for np in 1 2 3 4; do
   check "04 P=$np, N=12: ordered, async, library all PASS (exact dispatch/combine, grads == one process)" 0 '^check: PASS' \
     bash -c "for a in ordered async library; do $MPIRUN -np $np $L04 --experts 12 --a2a \$a || exit 1; done"
@@ -144,7 +144,8 @@ check "04 the three all-to-alls give bitwise-identical y, dx and gradients (P=3)
 check "04 --trace: the all-to-all's spans nest on every track (P=4, async)" 0 '^trace ok: 4 ranks, [0-9]+ spans, [1-9][0-9]* flights' \
   bash -c "$MPIRUN -np 4 $L04 --a2a async --trace $LOG/t04.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t04.json - 4"
 check "04 --dump: numpy recomputes the layer on all ranks' tokens (lesson 03's check)" 0 '^dump ok' \
-  $PYTHON tests/check_dump_03.py $LOG/d04async
+  bash -c "rm -rf $LOG/d04 && $MPIRUN -np 3 $L04 --experts 6 --starve 2 --a2a async --dump $LOG/d04 >/dev/null && \
+           $PYTHON tests/check_dump_03.py $LOG/d04"
 check "04 --bench: the three all-to-alls timed, as ratios to MPI_Alltoallv" 0 'ordered/lib' \
   $MPIRUN -np 3 $L04 --bench --reps 2
 usage_error "04 bad input: N not a multiple of P" $MPIRUN -np 4 $L04 --experts 6
@@ -157,7 +158,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L05=$B/05_deepseek_moe
-echo "== lesson 05: DeepSeek-V3 MoE"
+section "lesson 05: DeepSeek-V3 MoE"
 for np in 1 2 4 8; do
   check "05 P=$np: sigmoid gate, groups, shared expert, hierarchical and flat both PASS" 0 '^check: PASS' \
     bash -c "for a in hierarchical flat; do $MPIRUN -np $np $L05 --a2a \$a || exit 1; done"
@@ -210,7 +211,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L06=$B/06_overlap
-echo "== lesson 06: 1F1B compute/communication overlap"
+section "lesson 06: 1F1B compute/communication overlap"
 for np in 1 2 3 4; do
   check "06 P=$np: overlapped (W inline, W in waits) == sequential bit for bit, sequential == one process" 0 '^check: PASS' \
     $MPIRUN -np $np $L06 --reps 1 --experts $((2 * np))
@@ -252,7 +253,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L07=$B/07_dualpipe
-echo "== lesson 07: pipeline schedules"
+section "lesson 07: pipeline schedules"
 # every schedule at every world size, M = 2P (the default), P, 2P+2 and 7, where the schedule
 # allows them (the program's own --print-schedule says which, with its usage error). The runs
 # are counted, so a schedule skipped by mistake (or run where it should not) fails: the four
@@ -265,7 +266,7 @@ echo "== lesson 07: pipeline schedules"
 runs07=(- 19 21 19 20)
 for np in 1 2 3 4; do
   want07=${runs07[$np]}
-  check "07 P=$np: the $want07 runs of every schedule that allows P, M in {2P, P, 2P+2, 7}, loss and grads == one process" \
+  first check "07 P=$np: the $want07 runs of every schedule that allows P, M in {2P, P, 2P+2, 7}, loss and grads == one process" \
     0 "^ran $want07 of $want07 runs: check: PASS" \
     bash -c "n=0; for s in gpipe 1f1b zb-h1 zb-h2 dualpipe dualpipev; do for m in 0 $np $((2 * np + 2)) 7; do \
                $MPIRUN -np 1 $L07 --print-schedule --schedule \$s --stages $np --microbatches \$m >/dev/null 2>&1 || continue; \
@@ -323,7 +324,7 @@ if $T/device_query | grep -qw cuda; then
 fi
 
 L08=$B/08_mesh
-echo "== lesson 08: the 5D mesh (DP x PP x CP x TP x EP), ZeRO-1, sequence parallelism"
+section "lesson 08: the 5D mesh (DP x PP x CP x TP x EP), ZeRO-1, sequence parallelism"
 # every mesh: each step's loss and mean gradients == one process's within 4 n eps, AdamW bit for
 # bit, replicas equal, communication == its formula, memory == seed 001's fp32 formula
 check "08 one process (P=1: tp 1, dp 1)" 0 '^check: PASS' $MPIRUN -np 1 $L08 --train 6
@@ -475,7 +476,7 @@ if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi
 
-echo "== NCCL (--backend nccl): emulated on device sim; on cuda where there is a GPU per rank"
+section "NCCL (--backend nccl): emulated on device sim; on cuda where there is a GPU per rank"
 # nccl_run NAME ARGS...: the run PASSes on --backend nccl and NCCL ran at least one launch on every
 # rank (the tensors' collectives went to it, not to MPI)
 nccl_ran='NCCL (\(emulated\)|[0-9.]+) ran [1-9][0-9]* to [0-9]+ launches per rank'
@@ -507,3 +508,18 @@ if $T/device_query | grep -q '^backends:.* nccl' && [ "$($T/device_query | sed -
       bash -c "$MPIRUN -np 2 $B/$L --device cuda --backend nccl | tee /dev/stderr | grep -q '^check: PASS'"
   done
 fi
+
+section "every lesson from any directory: the course's data found from the executable"
+# Each lesson's default run (its NP file), started from / with the binary's full path: lessons
+# 05 (--train) and 08 read data/tinyshakespeare.txt by default, found from the executable's
+# directory upward (common/lesson/files.h: course_data_file)
+ABS_B=$(cd "$B" && pwd -P); ROOT=$(pwd -P)
+check "every lesson's default demo PASSes when started from / with the binary's full path (05 with --train 2)" 0 '^8 lessons PASS from /' \
+  bash -c "cd / && n=0; for d in $ROOT/lessons/[0-9][0-9]_*; do L=\$(basename \$d); a=; [ \$L = 05_deepseek_moe ] && a='--train 2'; \
+             $MPIRUN -np \$(cat \$d/NP) $ABS_B/\$L \$a | grep -q '^check: PASS' || { echo \"\$L failed\"; exit 1; }; n=\$((n + 1)); done; \
+           echo \"\$n lessons PASS from /\""
+# A binary copied out of the tree finds the data in the tree it was built from; --help names the file
+check "08 copied out of the tree, run from /tmp: the data of the tree it was built from; --help shows the path" 0 '^copied ok' \
+  bash -c "mkdir -p $LOG/elsewhere && cp $ABS_B/08_mesh $LOG/elsewhere/ && cd /tmp && \
+           $MPIRUN -np 1 $LOG/elsewhere/08_mesh --help | grep -F -- '(default: $ROOT/data/tinyshakespeare.txt)' && \
+           $MPIRUN -np 2 $LOG/elsewhere/08_mesh --train 2 | grep -q '^check: PASS' && echo 'copied ok'"

@@ -165,4 +165,25 @@ std::string check_output_path(const std::string& path, PathKind kind) {
   return probe_dir(parent, path);  // the file is written next to itself, then renamed
 }
 
+// FF_SOURCE_DIR: the tree this file was compiled in (the Makefile defines it for this object).
+#ifndef FF_SOURCE_DIR
+#define FF_SOURCE_DIR ""
+#endif
+
+std::string course_data_file(const std::string& name) {
+  const std::string rel = "data/" + name;
+  auto readable = [](const fs::path& p) { return ::access(p.c_str(), R_OK) == 0; };
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+      if (readable(dir / rel)) return (dir / rel).string();
+      if (dir == dir.root_path()) break;
+    }
+  }
+  const fs::path source = FF_SOURCE_DIR;
+  if (!source.empty() && readable(source / rel)) return (source / rel).string();
+  return rel;
+}
+
 }  // namespace ff

@@ -1,4 +1,5 @@
-// common/lesson/files.h — output files that are checked and appear whole or not at all.
+// common/lesson/files.h — output files that are checked and appear whole or not at all, and
+// the course's input files found from any working directory.
 //
 // Design rules:
 //  * Every write is checked (fwrite, fflush, fclose, rename). A failure throws ff::Error
@@ -50,5 +51,12 @@ void write_text_file(const std::string& path, const std::string& text);
 // sentence saying what is wrong, starting with PATH.
 enum class PathKind { file, dir };
 std::string check_output_path(const std::string& path, PathKind kind);
+
+// The course's data file NAME (data/NAME of the repository, e.g. "tinyshakespeare.txt") as a
+// path that works from any working directory: data/NAME under the nearest of the running
+// executable's directory and its parents that has it (build/bin/08_mesh finds its clone's),
+// else under the source tree the program was built from; "data/NAME" when neither has it,
+// so that the read that follows names the file it missed.
+std::string course_data_file(const std::string& name);
 
 }  // namespace ff

@@ -114,7 +114,8 @@ void Lesson::parse() {
   flags.add_to(cli);
   cli.epilog(cli.epilog() + (cli.epilog().empty() ? "" : "\n") +
              "make run adds what plain mpirun needs: mpirun --oversubscribe (more ranks than cores)\n"
-             "--allow-run-as-root (as root) --mca odls_base_sigkill_timeout 0 (a failing run ends at once)");
+             "--allow-run-as-root (as root) --mca odls_base_sigkill_timeout 0 (a failing run ends at once)\n"
+             "--mca pml ob1 (one machine's shared memory, without probing for network fabrics)");
   cli.parse(argc_, argv_, comm);  // --help and flag errors leave from here
   usage_error_if(!simt::environment_error().empty(), simt::environment_error());
   // Output paths, on rank 0 (it creates what is missing), before any work.

@@ -8,6 +8,7 @@
 
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/dsv3_moe.h"
+#include "common/lesson/files.h"
 #include "common/lesson/lesson.h"
 
 namespace ff {
@@ -28,7 +29,7 @@ struct TrainOptions {
   std::string balance = "bias";  // none | aux | bias
   std::string bug = "none";      // none | ema-zero-init | bias-peek
   double lr = 3e-3, gamma = 0.01, aux_alpha = 0.01, ema = 0.0;
-  std::string data = "data/tinyshakespeare.txt";
+  std::string data = course_data_file("tinyshakespeare.txt");  // found from the executable
 };
 int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                  const TrainOptions& o);

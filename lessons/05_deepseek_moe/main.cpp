@@ -198,7 +198,7 @@ static int deepseek_lesson(Lesson& lesson) {
   cli.flag("--bias-ema", &train.ema, "--train: steer the bias by a smoothed load (0: the "
            "step's own loads, as DeepSeek-V3)", 0.0, 0.999999);
   cli.flag("--log-every", &train.log_every, "--train: print every this many steps", 1, 1000000);
-  cli.flag("--data", &train.data, "--train: the text to train on");
+  cli.flag("--data", &train.data, "--train: the text to train on (the default is the course's data/tinyshakespeare.txt, found from the executable)");
   cli.choice("--bug", &bug, {"none", "bias-grad", "no-renorm", "no-shared-grad", "ema-zero-init",
                              "bias-peek"},
              "plant a bug: in the backward, the gate differentiated through s + b, the sigmoid "

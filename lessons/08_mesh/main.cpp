@@ -71,6 +71,7 @@
 #include "common/layers/tensor_parallel.h"
 #include "common/layers/zero.h"
 #include "common/lesson/corpus.h"
+#include "common/lesson/files.h"
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/estimate.h"
 
@@ -86,7 +87,7 @@ struct Options {
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
   int64_t sample = 0, val_batches = 8;
-  std::string prompt = "ROMEO:", data = "data/tinyshakespeare.txt", estimate = "none",
+  std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
               bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link;
 };
 
@@ -1033,7 +1034,7 @@ int mesh_lesson(Lesson& L) {
   cli.flag("--sample", &o.sample, "after training, generate this many bytes (rank 0)", 0, 4000);
   cli.flag("--temperature", &o.temperature, "sampling temperature", 0.01, 100.0);
   cli.flag("--prompt", &o.prompt, "the text sampling starts from", "TEXT");
-  cli.flag("--data", &o.data, "the training text (its distinct bytes are the vocabulary)");
+  cli.flag("--data", &o.data, "the training text (its distinct bytes are the vocabulary; the default is the course's data/tinyshakespeare.txt, found from the executable)");
   cli.choice("--bug", &o.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
               "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions",
