@@ -46,11 +46,15 @@ export MPIRUN BUILD PYTHON
 V ?= 0
 Q   := $(if $(filter 1,$(V)),,@)
 say  = $(if $(Q),@printf '  %-5s %s\n' '$(1)' '$(2)')
-# The targets below build through a second make: with -jN given, it takes the user's N (a
-# recipe's MAKEFLAGS holds it); without, every core. --output-sync keeps each file's compiler
-# messages together.
+# Every core unless make is given -jN (which wins over a -j set here). Not beside `clean` on one
+# command line (`make clean lessons` must clean first): the build then runs in a second make,
+# as the main targets' builds do, and takes -j there. --output-sync keeps each file's compiler
+# messages together; the second make's jobs share the first one's slots.
 NPROC   := $(shell nproc 2>/dev/null || echo 2)
-SUBMAKE  = $(MAKE) --no-print-directory --output-sync=target $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+ifeq ($(MAKELEVEL)$(filter clean,$(MAKECMDGOALS)),0)
+MAKEFLAGS += -j$(NPROC)
+endif
+SUBMAKE_FLAGS = --no-print-directory --output-sync=target $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 # ccache (Debian's ccache) when present: a rebuild after `make clean` or in a second clone costs
 # little. Never required; NO_CCACHE=1 leaves it out.
 NO_CCACHE ?= 0
@@ -148,11 +152,11 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build build-lessons found deps deps-slides test lessons run plots slides lecture reference sanitize bench gpu-check clean help
+.PHONY: all build build-lessons run-bin found deps deps-slides test lessons run plots slides lecture reference sanitize bench gpu-check clean help
 .DEFAULT_GOAL := all
 
 all: deps
-	@$(SUBMAKE) build
+	@$(MAKE) $(SUBMAKE_FLAGS) build
 
 # What each target needs: the lessons alone for make lessons, run and plots; the tests too for
 # make test (and plain make).
@@ -283,7 +287,7 @@ $(BUILD)/tests/bench_kernels: $(BENCH_OBJS) $(LIB)
 OPENBLAS_CORETYPE ?= $(if $(findstring AVX-512,$(CPU_ISA)),SkylakeX,$(if $(findstring AVX2,$(CPU_ISA)),Haswell))
 bench: deps
 	@FIVEFOLD_WITH_OPENBLAS=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
-	@$(SUBMAKE) build-lessons $(BUILD)/tests/bench_kernels
+	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons $(BUILD)/tests/bench_kernels
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
@@ -298,29 +302,31 @@ bench: deps
 	bash tests/bench/bench_08_overlap.sh $(BUILD)/bin/08_mesh 5
 
 test: deps-slides
-	@$(SUBMAKE) build
+	@$(MAKE) $(SUBMAKE_FLAGS) build
 	@bash scripts/run-tests.sh
 
 # everything that needs a GPU, in one report (build/gpu-check.txt); without a GPU: says so, exit 0
 gpu-check: deps
-	@$(SUBMAKE) build
+	@$(MAKE) $(SUBMAKE_FLAGS) build
 	@bash scripts/gpu-check.sh
 
 lessons: deps
-	@$(SUBMAKE) build-lessons
+	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
 	@bash scripts/run-lessons.sh
 
 # make run builds the one lesson it runs (a lesson that does not exist: run-lesson.sh says so)
 L  ?= 01
 NP ?=
 RUN_BIN := $(addprefix $(BUILD)/bin/,$(notdir $(firstword $(wildcard lessons/$(L)_*))))
+run-bin: $(RUN_BIN)
+	@:
 run: deps
-	@$(SUBMAKE) found $(RUN_BIN)
+	@$(MAKE) $(SUBMAKE_FLAGS) found run-bin
 	@bash scripts/run-lesson.sh "$(L)" "$(NP)" $(ARGS)
 
 # PLOTS="02 05" draws those lessons' figures only
 plots: deps
-	@$(SUBMAKE) build-lessons
+	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
 	@bash scripts/make-plots.sh $(PLOTS)
 
 # Needs Chromium (Debian's chromium, installed here when missing, as root) for PDF and PNG.
@@ -328,7 +334,7 @@ plots: deps
 # first (scripts/make-plots.sh for its lesson).
 slides: deps-slides
 	@FIVEFOLD_WITH_CHROMIUM=1 bash scripts/install-deps.sh
-	@$(SUBMAKE) build-lessons
+	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
 	$(PYTHON) scripts/slides.py build $(DECKS)
 
 lecture: plots
@@ -346,7 +352,7 @@ reference:
 # The emulator tells ASan about its fiber switches, so the sim kernels run sanitized too. The
 # cuda device is left out (NO_CUDA=1): ASan's shadow memory and the CUDA driver do not mix.
 sanitize: deps
-	@$(SUBMAKE) build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
+	@$(MAKE) $(SUBMAKE_FLAGS) build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
 	  SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 	@BUILD=build/sanitize SANITIZE=1 bash scripts/run-tests.sh
 
