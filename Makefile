@@ -46,12 +46,13 @@ export MPIRUN BUILD PYTHON
 V ?= 0
 Q   := $(if $(filter 1,$(V)),,@)
 say  = $(if $(Q),@printf '  %-5s %s\n' '$(1)' '$(2)')
-# Every core unless make is given -jN (which wins over a -j set here). Not beside `clean` on one
-# command line (`make clean lessons` must clean first): the build then runs in a second make,
-# as the main targets' builds do, and takes -j there. --output-sync keeps each file's compiler
-# messages together; the second make's jobs share the first one's slots.
+# Every core unless make is given -jN (which wins over a -j set here). With several goals on one
+# command line (`make clean lessons`, `make plots slides`) they run one after another, and each
+# one's build runs in a second make, as the main targets' builds do, which takes -j there.
+# --output-sync keeps each file's compiler messages together; the second make's jobs share the
+# first one's slots.
 NPROC   := $(shell nproc 2>/dev/null || echo 2)
-ifeq ($(MAKELEVEL)$(filter clean,$(MAKECMDGOALS)),0)
+ifeq ($(MAKELEVEL):$(filter-out 0 1,$(words $(MAKECMDGOALS))),0:)
 MAKEFLAGS += -j$(NPROC)
 endif
 SUBMAKE_FLAGS = --no-print-directory --output-sync=target $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))

@@ -13,8 +13,8 @@ if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
 if [ "${FIVEFOLD_WITH_CHROMIUM:-0}" = 1 ]; then packages+=(chromium); fi
 if [ "${FIVEFOLD_WITH_OPENBLAS:-0}" = 1 ]; then packages+=(libopenblas-dev); fi
 
-# one dpkg-query for all of them (a no-op make runs this)
-installed=" $(dpkg-query -W -f='${Package}:${Status}\n' "${packages[@]}" 2>/dev/null |
+# one dpkg-query for all of them (a no-op make runs this); it exits 1 when one was never installed
+installed=" $({ dpkg-query -W -f='${Package}:${Status}\n' "${packages[@]}" 2>/dev/null || true; } |
               sed -n 's/^\([^:]*\):install ok installed$/\1/p' | tr '\n' ' ') "
 missing=()
 for p in "${packages[@]}"; do
