@@ -137,6 +137,26 @@ run_registered() {
 }
 
 B=$BUILD/bin; T=$BUILD/tests
+section "the build (make -n: what each target would run)"
+# (env -u: a make of its own, not a part of the one that runs this suite)
+if [ "${SANITIZE:-0}" != 1 ]; then  # make sanitize builds with other flags than plain make's
+  check "after the build a second make has nothing to compile or link" 0 '^nothing to rebuild' \
+    bash -c "n=\$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory build 2>&1 | grep -Ec ' -c | -o ') || exit 1; \
+             [ \$n = 0 ] && echo 'nothing to rebuild' || { echo \"\$n commands\"; exit 1; }"
+fi
+check "make lessons on an empty build directory compiles the library and the lessons, and no test" 0 '^lessons build ok' \
+  bash -c "out=\$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory lessons BUILD=$LOG/empty-build V=1 2>&1) || exit 1; \
+           echo \"\$out\" | grep -q ' -c lessons/08_mesh/main.cpp' && echo \"\$out\" | grep -q ' -c common/core/tensor.cpp' || { echo \"\$out\" | tail; exit 1; }; \
+           echo \"\$out\" | grep -E ' -c tests/|FIVEFOLD_WITH_SLIDES' && exit 1; echo 'lessons build ok'"
+# install-deps.sh in a copy of the tree without slides/node_modules, with an npm that only says it
+# was called: make's and make lessons' call runs no npm, the slides' call (make test, make slides) does
+check "make lessons' dependencies fetch no npm package; the slides' do" 0 '^npm only for the slides' \
+  bash -c "d=$LOG/deps-tree; mkdir -p \$d/scripts \$d/slides \$d/bin && cp scripts/install-deps.sh \$d/scripts/ && \
+           cp slides/package.json slides/package-lock.json \$d/slides/ && \
+           printf '#!/bin/sh\necho npm \"\$*\" >> %s/npm-called; exit 1\n' \$d > \$d/bin/npm && chmod +x \$d/bin/npm && \
+           PATH=\$d/bin:\$PATH bash \$d/scripts/install-deps.sh && [ ! -e \$d/npm-called ] && \
+           ! PATH=\$d/bin:\$PATH FIVEFOLD_WITH_SLIDES=1 bash \$d/scripts/install-deps.sh 2>/dev/null && [ -e \$d/npm-called ] && \
+           echo 'npm only for the slides'"
 section "core (single process)"
 doctest_step "unit tests: tensor, RNG, ops, autograd, cli, npy, goldens" $T/unit_tests --test-suite-exclude=kernels
 
