@@ -141,8 +141,9 @@ section "the build (make -n: what each target would run)"
 # (env -u: a make of its own, not a part of the one that runs this suite)
 if [ "${SANITIZE:-0}" != 1 ]; then  # make sanitize builds with other flags than plain make's
   check "after the build a second make has nothing to compile or link" 0 '^nothing to rebuild' \
-    bash -c "n=\$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory build 2>&1 | grep -Ec ' -c | -o ') || exit 1; \
-             [ \$n = 0 ] && echo 'nothing to rebuild' || { echo \"\$n commands\"; exit 1; }"
+    bash -c "out=\$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory build V=1 2>&1) || { echo \"\$out\"; exit 1; }; \
+             n=\$(echo \"\$out\" | grep -Ec ' -c | -o '); \
+             [ \$n = 0 ] && echo 'nothing to rebuild' || { echo \"\$out\" | grep -E ' -c | -o ' | head; exit 1; }"
 fi
 check "make lessons on an empty build directory compiles the library and the lessons, and no test" 0 '^lessons build ok' \
   bash -c "out=\$(env -u MAKEFLAGS -u MAKELEVEL make -n --no-print-directory lessons BUILD=$LOG/empty-build V=1 2>&1) || exit 1; \
