@@ -215,9 +215,9 @@ void max_backward(float* dx, const float* x, const float* y, const float* dy, in
 
 namespace {
 
-// y = exp(x - m) / l, each exp computed once: softmax_row_stats's two passes, but the terms
-// e_j = exp(x_j - m) are also written to y, which a third pass scales by 1 / l (the row is still
-// in the cache). Rounding: e_j within 0.94 ulp (exp_float), l within 2.5 2^-23 of the exact sum
+// y = exp(x - m) / l, each exp computed once: three sweeps of the row, softmax_row_stats's two
+// (the max, then the sum of e_j = exp(x_j - m), each e_j also written to y) and a third that
+// scales y by 1 / l (the row is still in the cache). Rounding: e_j within 0.94 ulp (exp_float), l within 2.5 2^-23 of the exact sum
 // (relative), 1 / l rounded to float and the product: within 5 ulps of the exact softmax (the
 // kernel tests allow 124, the goldens 1e-5).
 FF_CPU_CLONES void softmax_rows(float* y, const float* x, int64_t rows, int64_t C) {

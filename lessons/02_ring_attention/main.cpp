@@ -116,7 +116,7 @@ static int64_t ring_work(const Config& c, int P, int r) {
 // step() is one step; the loops are below, in ring_attention_lesson). Rank r starts
 // with its own K/V block; at step s it holds the block of rank r - s (mod P), which arrived
 // from r-1, and folds it into its FlashAttention state (m, l, o) with flash_forward_block:
-// P steps, P-1 hops. Each hop's order is --order's (ring.cpp's Hop: start before the block's
+// P steps, P-1 hops. Each hop's order is --order's (ring_attention.cpp's Hop: start before the block's
 // compute, finish after it). The backward sends the blocks round again: dQ accumulates at home,
 // dK and dV travel WITH their block and arrive back at its owner after P hops, fully summed.
 

@@ -146,7 +146,8 @@ static int smoe_lesson(Lesson& lesson) {
   CheckReport check(comm);
   // Both sides compute each expert output with the same float32 dot products of length d
   // and f; they differ in the GEMM kernels' summation order and in how the k gated terms are
-  // added: n = d + f + k terms, each off by eps relative, bound |dy| by n * eps * max|y| * 4
+  // added: n = d + f + k terms, each off by eps relative, bound the difference of the two y's
+  // by n * eps * max|y| * 4
   // (the 4 for silu's exp and the products around it).
   const double eps = FLT_EPSILON;
   std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
