@@ -1,0 +1,233 @@
+// lessons/08_mesh/formulas.cpp — the bytes each mesh axis should move in one training step
+// (formulas.h), and Comm's counts of what it did move.
+#include "lessons/08_mesh/formulas.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace ff::mesh {
+
+// [slide:comm-formula]
+// The collectives one training step runs on each axis, as calls and payload bytes (Comm's
+// counters: an all-reduce's buffer, everything an all-gather receives, everything a
+// reduce-scatter reduces). Per micro-batch (M of them) n = this rank's Bm T tokens, lat =
+// r_q + r_kv + d_r per token; this rank's stages hold L blocks of which D dense (the whole
+// model without PP) and, on the last stage, the head; P = tp.
+//   TP     forward: g after W_o (L) and after W2 (D), n d each; the cross-entropy's all-gather
+//          of (m, l, z_target), 3 n per rank;
+//          backward: f's all-reduce of the latents (L, n lat), before W1/W3 (D, n d) and
+//          before the head (n d).
+//   TP+SP  the same bytes, each all-reduce now a reduce-scatter and an all-gather: gather_seq
+//          (L latents, D + 1 of n d; each first agrees on the token count: 8 P bytes) and its
+//          backward reduce-scatter; scatter_seq (L + D of n d) and its backward all-gather;
+//          once per step, one all-reduce of every replicated weight's gradient and one of the
+//          MoE loads.
+//   DP     (dp > 1) ZeRO-0 one all-reduce of the N local parameters' gradients; ZeRO-1 one
+//          reduce-scatter and one all-gather of dp * ceil(N / dp); one all-reduce of the MoE
+//          loads.
+CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st,
+                            int64_t n, int P, bool sp, int64_t replicated_numel) {
+  CollectiveCounts f;
+  if (P == 1) return f;
+  const int64_t L = st.L, D = st.D, h = st.head ? 1 : 0, M = st.M, d = c.dim,
+                lat = c.q_lora + c.kv_lora + c.d_rope;
+  const size_t fl = sizeof(float);
+  auto add = [&](const char* op, int64_t calls, int64_t numbers) {
+    f[op].calls += calls;
+    f[op].bytes += (size_t)numbers * fl;
+  };
+  add("allgather", h * M, h * M * 3 * n * P);  // the cross-entropy's (m, l, z_target)
+  if (!sp) {
+    add("allreduce", (L + D) * M, (L + D) * M * n * d);          // g, forward
+    add("allreduce", L * M, L * M * n * lat);                     // f on the latents, backward
+    add("allreduce", (D + h) * M, (D + h) * M * n * d);           // f before W1/W3 and the head
+  } else {
+    add("allgather", L * M, L * M * n * lat);                     // gather_seq of the latents
+    add("allgather", (D + h) * M, (D + h) * M * n * d);           // ... before W1/W3 and the head
+    f["allgather"].calls += (L + D + h) * M;                      // each gather_seq's token-count check
+    f["allgather"].bytes += (size_t)((L + D + h) * M) * sizeof(int64_t) * (size_t)P;
+    add("reduce_scatter", (L + D) * M, (L + D) * M * n * d);      // scatter_seq, forward
+    add("reduce_scatter", L * M, L * M * n * lat);                // gather_seq's backward
+    add("reduce_scatter", (D + h) * M, (D + h) * M * n * d);
+    add("allgather", (L + D) * M, (L + D) * M * n * d);           // scatter_seq's backward
+    add("allreduce", 1, replicated_numel);                        // replicated weights' gradients
+    if (st.moe > 0) add("allreduce", 1, (c.layers - c.dense_layers) * c.experts);  // the MoE loads
+  }
+  return f;
+}
+
+CollectiveCounts formula_dp(const model::Config& c, int64_t numel, int dp,
+                            int zero, bool loads) {
+  CollectiveCounts f;
+  const size_t fl = sizeof(float);
+  if (dp == 1) return f;  // a group of one moves nothing
+  if (zero == 0) {
+    f["allreduce"] = {1, (size_t)numel * fl};
+  } else {
+    const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
+    f["reduce_scatter"] = {1, padded * fl};
+    f["allgather"] = {1, padded * fl};
+  }
+  if (loads) {
+    f["allreduce"].calls += 1;
+    f["allreduce"].bytes += (size_t)((c.layers - c.dense_layers) * c.experts) * fl;
+  }
+  return f;
+}
+// [/slide]
+
+// [slide:cp-formula]
+// CP: the ring's point-to-point messages ("send"), per attention layer: the forward passes every
+// K/V block on, P - 1 hops; the backward passes them again (P - 1 hops) and dK/dV travel with
+// them back to their owner (P hops). Each message is a block of this rank's B sequences x n
+// tokens x its H / tp heads x (d_nope + d_rope) for K and the same for V (padded), or dK, dV.
+CollectiveCounts formula_cp(const model::Config& c, const StageCounts& st,
+                            int64_t B, int64_t n, int tp, int P) {
+  CollectiveCounts f;
+  if (P == 1) return f;
+  const int64_t hops = (int64_t)(P - 1) + (P - 1) + P, msgs = st.L * st.M * hops;
+  const size_t block = (size_t)(2 * B * (c.heads / tp) * n * (c.d_nope + c.d_rope)) * sizeof(float);
+  f["send"] = {msgs, (size_t)msgs * block};
+  return f;
+}
+
+// [slide:pp-formula]
+// PP: what this rank's program sends to the other pipeline ranks, read off the schedule: each
+// F whose next stage lives elsewhere sends the activation, each B or I whose previous stage
+// lives elsewhere sends its gradient; one message of rows x d floats plus the micro-batch's
+// index (a float) each. At the bottom of DualPipeV's V the next stage is on the same rank: no
+// message.
+CollectiveCounts formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t d) {
+  CollectiveCounts f;
+  const size_t msg = (size_t)(rows * d + 1) * sizeof(float);
+  for (const pp::Step& step : s.ranks[(size_t)me])
+    for (const pp::Op& op : step.paired ? std::vector<pp::Op>{step.op, step.with} : std::vector<pp::Op>{step.op}) {
+      const int stage = s.stage_of(me, op.dir);
+      const int to = op.kind == pp::Kind::F ? stage + 1 : op.kind == pp::Kind::W ? -1 : stage - 1;
+      if (to < 0 || to >= s.num_stages() || s.rank_of(s.flow_of(op.dir), to) == me) continue;
+      f["send"].calls += 1, f["send"].bytes += msg;
+    }
+  return f;
+}
+// [/slide]
+
+// [slide:ep-formula]
+// EP: per MoE layer, the routing map's all-gathers (every rank's affinities T N floats, choices
+// T K and kept groups T M int64; flat also the per-expert counts, N int64; the model has no
+// balance loss, so no all-reduce of it); then the rows, counted from the routing map. Flat (lesson 04):
+// one row of d floats per routing slot whose expert lives on another rank, each way, in the
+// forward (dispatch x, combine E(x)) and again in the backward (dy out, dx back).
+// Hierarchical (lesson 05): per hop (rail: one row per token and remote node; fan: one per row
+// and rank of the node that needs it) the same four messages, [x | g] (d + K wide) out and d
+// back in the forward, d out and d + K back in the backward. Messages to oneself are copies.
+CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps,
+                            int me, int R, dsv3::Scheme scheme, int64_t d,
+                            int64_t groups_kept) {
+  CollectiveCounts f;
+  const size_t fl = sizeof(float), ix = sizeof(int64_t);
+  // rows sent to and received from every peer of one hop, messages and bytes both ways
+  auto messages = [&](const std::vector<int64_t>& to, const std::vector<int64_t>& from, int self,
+                      int64_t width_sum) {
+    for (size_t q = 0; q < to.size(); q++) {
+      if ((int)q == self) continue;
+      for (int64_t rows : {to[q], from[q]})
+        if (rows > 0) f["send"].calls += 2, f["send"].bytes += (size_t)(rows * width_sum) * fl;
+    }
+  };
+  for (const dsv3::RoutingMap& m : maps) {
+    const bool flat = scheme == dsv3::Scheme::flat;
+    f["allgather"].calls += flat ? 4 : 3;
+    f["allgather"].bytes += (size_t)m.P * ((size_t)(m.T * m.N) * fl + (size_t)(m.T * (m.K + groups_kept)) * ix +
+                                           (flat ? (size_t)m.N * ix : 0));
+    if (flat) {
+      std::vector<int64_t> to((size_t)m.P, 0), from((size_t)m.P, 0);
+      for (int p = 0; p < m.P; p++)
+        for (int64_t t = 0; t < m.T; t++)
+          for (int64_t j = 0; j < m.K; j++) {
+            const int64_t e = m.expert(p, t, j);
+            if (e < 0) continue;
+            if (p == me) to[(size_t)(e / m.E)]++;
+            if (e / m.E == me) from[(size_t)p]++;
+          }
+      messages(to, from, me, 2 * d);
+      continue;
+    }
+    const int nodes = m.P / R, node = me / R, local = me % R;
+    auto node_needs = [&](int p, int64_t t, int n) {
+      for (int q = n * R; q < (n + 1) * R; q++)
+        if (m.needs(p, t, q)) return true;
+      return false;
+    };
+    std::vector<int64_t> rail_to((size_t)nodes, 0), rail_from((size_t)nodes, 0), fan_to((size_t)R, 0),
+        fan_from((size_t)R, 0);
+    for (int n = 0; n < nodes; n++)
+      for (int64_t t = 0; t < m.T; t++) {
+        rail_to[(size_t)n] += node_needs(me, t, n);
+        const int src = n * R + local;  // rows of my rail peer on node n, forwarded by me
+        if (!node_needs(src, t, node)) continue;
+        rail_from[(size_t)n]++;
+        for (int l = 0; l < R; l++) fan_to[(size_t)l] += m.needs(src, t, node * R + l);
+      }
+    for (int p = 0; p < m.P; p++)
+      for (int64_t t = 0; t < m.T; t++) fan_from[(size_t)(p % R)] += m.needs(p, t, me);
+    messages(rail_to, rail_from, node, 2 * d + m.K);
+    messages(fan_to, fan_from, local, 2 * d + m.K);
+  }
+  return f;
+}
+// [/slide]
+
+std::string human_bytes(double b) {
+  char s[32];
+  if (b >= 1 << 20)
+    std::snprintf(s, sizeof s, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1 << 10)
+    std::snprintf(s, sizeof s, "%.1f KiB", b / (1 << 10));
+  else
+    std::snprintf(s, sizeof s, "%.0f B", b);
+  return s;
+}
+
+std::string counts_text(const CollectiveCounts& m) {
+  std::ostringstream o;
+  bool first = true;
+  for (const auto& [op, cc] : m) {
+    o << (first ? "" : ", ") << op << " " << cc.calls << " x, " << human_bytes((double)cc.bytes);
+    first = false;
+  }
+  return first ? "none" : o.str();
+}
+
+size_t sum_bytes(const CollectiveCounts& m) {
+  size_t b = 0;
+  for (const auto& [op, cc] : m) b += cc.bytes;
+  return b;
+}
+
+CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms) {
+  CollectiveCounts out;
+  for (const Comm* cm : comms)
+    for (const auto& [op, cc] : cm->collective_counts()) {
+      out[op].calls += cc.calls;
+      out[op].bytes += cc.bytes;
+    }
+  return out;
+}
+
+bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b) {
+  auto nonzero = [](const CollectiveCounts& m) {
+    CollectiveCounts out;
+    for (const auto& [op, cc] : m)
+      if (cc.calls) out[op] = cc;
+    return out;
+  };
+  const CollectiveCounts x = nonzero(a), y = nonzero(b);
+  if (x.size() != y.size()) return false;
+  for (const auto& [op, cc] : x) {
+    auto it = y.find(op);
+    if (it == y.end() || it->second.calls != cc.calls || it->second.bytes != cc.bytes) return false;
+  }
+  return true;
+}
+
+}  // namespace ff::mesh

@@ -1,0 +1,59 @@
+// lessons/08_mesh/formulas.h — what one training step should move on each axis of the mesh,
+// by formula, and Comm's counts of what it did move.
+//
+// Every step, lesson 08 compares the calls and payload bytes Comm counted on each axis's
+// communicator (tp, cp, ep, dp x cp, expert-DP, pp) with these formulas, and prints both
+// (`tp: allreduce 12 x, 48.0 KiB` / `formula: ...`). The formulas are written from the model's
+// sizes, the mesh and the schedule alone, never from a run; formulas.cpp says what each counts.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "common/comm/comm.h"
+#include "common/layers/dsv3_ep.h"
+#include "common/layers/model.h"
+#include "common/layers/schedule.h"
+
+namespace ff::mesh {
+
+// What this rank's pipeline stages hold, for the formulas.
+struct StageCounts {
+  int64_t L = 0, D = 0, moe = 0, M = 1;  // blocks, dense ones, MoE ones; micro-batches
+  bool head = true;
+};
+
+// TP (tp = P ranks; sp: sequence parallelism), per step: n = this rank's tokens per
+// micro-batch, replicated_numel the weights every TP rank holds whole (their gradients'
+// all-reduce under SP).
+CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st, int64_t n, int P,
+                            bool sp, int64_t replicated_numel);
+// DP (or dp x cp, or expert-DP): the gradient all-reduce of ZeRO-0, or ZeRO-1's reduce-scatter
+// and all-gather of `numel` weights over `dp` ranks; loads: the MoE loads' all-reduce too.
+CollectiveCounts formula_dp(const model::Config& c, int64_t numel, int dp, int zero, bool loads);
+// CP: the ring attention's messages, B sequences of n tokens per rank, over P = cp ranks.
+CollectiveCounts formula_cp(const model::Config& c, const StageCounts& st, int64_t B, int64_t n,
+                            int tp, int P);
+// PP: the activations and gradients rank `me` sends under schedule s, rows x d floats each.
+CollectiveCounts formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t d);
+// EP: the routing maps' all-gathers and the rows the all-to-alls move, from every MoE layer's
+// routing map (R ranks per node for the hierarchical scheme).
+CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps, int me, int R,
+                            dsv3::Scheme scheme, int64_t d, int64_t groups_kept);
+
+// ---- the counts, compared and printed
+// "1.50 KiB", "2.00 MiB", "12 B"
+std::string human_bytes(double b);
+// "allreduce 3 x, 1.5 KiB, send 8 x, 4.0 KiB" (or "none")
+std::string counts_text(const CollectiveCounts& m);
+// The payload bytes of every operation counted.
+size_t sum_bytes(const CollectiveCounts& m);
+// Several communicators' counts as one (lesson 05's hierarchical all-to-all runs on the EP
+// group's node and rail communicators).
+CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms);
+// The same calls and bytes for every operation that ran (operations counted 0 times aside).
+bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b);
+
+}  // namespace ff::mesh

@@ -1,0 +1,58 @@
+// lessons/08_mesh/options.h — lesson 08's flags, what they and the world size decide, and every
+// check of them, before any work (the lesson contract: bad input is one error: line, exit 2).
+//
+//   Options o;
+//   const std::optional<Setup> setup = parse_options(L, o);
+//   if (!setup) return L.finish(0);   // --print-mesh or --estimate deepseek-v3 printed
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/comm/mesh.h"
+#include "common/layers/model.h"
+#include "common/lesson/corpus.h"
+#include "common/lesson/files.h"
+#include "common/lesson/lesson.h"
+
+namespace ff::mesh {
+
+// The flags, as given (0 for an axis, --layers or --microbatches: decided from the world)
+struct Options {
+  int64_t tp = 0, dp = 0, cp = 0, ep = 0, pp = 0, zero = 1, ranks_per_node = 0, microbatches = 0;
+  bool sp = true, print_mesh = false;
+  int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
+  int64_t dim = 64, layers = 0, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
+  int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
+  double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
+  int64_t sample = 0, val_batches = 8;
+  std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
+              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link;
+};
+
+// What the flags and the world size decide, every check passed.
+struct Setup {
+  MeshSizes sizes;                   // dp x pp x cp x tp (ep folded onto them)
+  int64_t B = 0;                     // sequences of a DP rank per step (--batch / dp)
+  int64_t T = 0;                     // tokens per sequence (--seq)
+  int64_t Tc = 0;                    // tokens of each sequence on one CP rank (T / cp)
+  int64_t M = 1;                     // micro-batches per step
+  int64_t Bm = 0;                    // sequences per micro-batch (B / M)
+  int S = 1;                         // pipeline stages (2 pp under dualpipev)
+  bool sched_pairs = false;          // the schedule pairs a forward and a backward in one step
+  std::vector<int64_t> stage_begin;  // stage s holds blocks [stage_begin[s], stage_begin[s + 1])
+  LinkModel link;                    // --link (and the nodes, for the hierarchical all-to-all)
+  bool real_nodes = false;           // --ranks-per-node from the job's real nodes
+  CharCorpus corpus;                 // --data
+  model::Config c;                   // the model
+  int64_t full_numel = 0;            // its parameters
+  bool bug_kpe = false;              // --bug kpe-per-head
+};
+
+// Declares the flags on L.cli, parses them, fills in the defaults and checks everything against
+// the world size, the data and the memory (L.usage_error_if: one error: line, exit 2 on every
+// rank). --print-mesh and --estimate deepseek-v3 print what they show and return nothing.
+std::optional<Setup> parse_options(Lesson& L, Options& o);
+
+}  // namespace ff::mesh
