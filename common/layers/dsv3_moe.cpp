@@ -480,4 +480,24 @@ double memory_bytes(const Config& c, int64_t T) {
                 4.0 * (double)T * (2.0 * d + 3.0 * Sf) + 8.0 * (double)T * N);
 }
 
+Tensor BiasUpdater::updated(const Tensor& bias, const std::vector<double>& load, double slots) {
+  const int64_t N = (int64_t)load.size();
+  FF_CHECK(bias.numel() == N, "BiasUpdater: " << N << " loads for a bias of " << bias.numel());
+  std::vector<float> b = bias.to_vector();
+  // [slide:bias-update]
+  double total = 0;
+  for (double l : load) total += l;
+  const double mean = total / (double)N;  // exact when the loads balance (whole counts)
+  for (int64_t i = 0; i < N; i++) {
+    double err = mean - load[(size_t)i];
+    if (beta > 0) {
+      est[(size_t)i] = beta * est[(size_t)i] + (1 - beta) * load[(size_t)i] / slots;
+      err = 1.0 / (double)N - est[(size_t)i];
+    }
+    b[(size_t)i] += (float)(gamma * (err > 0 ? 1.0 : err < 0 ? -1.0 : 0.0));
+  }
+  // [/slide]
+  return Tensor::from_vector(b, {N}, bias.device());
+}
+
 }  // namespace ff::dsv3

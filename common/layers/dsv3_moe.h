@@ -212,6 +212,19 @@ struct Reference {
 Reference autograd_reference(const Config& c, const Params& p, const Tensor& x, const Tensor& dy,
                              const Assignment& assign);
 
+// ---- auxiliary-loss-free balancing (DeepSeek-V3, §2.1.2), lessons 05 and 08
+// After each step every expert's bias moves by gamma towards balance: up when its load is below
+// the mean load, down when above, not at all when equal. With beta > 0 the load is first
+// smoothed, as a fraction of the routing slots (lesson 05's --ema). Every rank applies the same
+// update to the same summed loads, so the bias stays one tensor.
+struct BiasUpdater {
+  double gamma = 0, beta = 0;
+  std::vector<double> est;  // the smoothed load fractions, one per expert (beta > 0)
+  // The bias after one step whose tokens chose the experts `load` times (N numbers; slots: the
+  // routing slots of the step, for the smoothed fraction).
+  Tensor updated(const Tensor& bias, const std::vector<double>& load, double slots);
+};
+
 // ---- dumps: the names tests/check_dump_05.py reads
 std::vector<moe::NamedTensor> named_parameters(const Params& p);
 std::vector<moe::NamedTensor> named_grads(const Grads& g);

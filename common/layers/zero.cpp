@@ -195,4 +195,49 @@ Memory Zero1Adam::memory(const std::vector<Tensor*>& params) const {
   return m;
 }
 
+GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug) {
+  if (zero_stage == 0)
+    z0_ = std::make_unique<DataParallelAdam>(group, config);
+  else
+    z1_ = std::make_unique<Zero1Adam>(group, config, bug);
+}
+
+void GroupAdam::step() {
+  if (params.empty()) return;
+  z0_ ? z0_->step(params) : z1_->step(params);
+}
+
+std::vector<Tensor> GroupAdam::mean_grads(Comm& check) const {
+  std::vector<Tensor> out;
+  if (z0_ || params.empty()) {
+    for (Tensor* p : params) out.push_back(p->grad());
+    return out;
+  }
+  std::vector<float> flat((size_t)(z1_->shard_size() * check.size()));
+  check.allgather(z1_->grad_shard().to_vector().data(), (size_t)z1_->shard_size() * sizeof(float),
+                  flat.data());
+  size_t at = 0;
+  for (Tensor* p : params) {
+    const size_t n = (size_t)p->numel();
+    out.push_back(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
+                                                         flat.begin() + (long)(at + n)),
+                                      p->shape()));
+    at += n;
+  }
+  return out;
+}
+
+void sum_grads(const std::vector<Tensor*>& params, Comm& comm) {
+  for (Tensor* p : params)
+    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+  std::vector<float> flat((size_t)total_numel(params, "sum_grads"));
+  flatten_grads(params, flat.data());
+  comm.allreduce_sum(flat.data(), flat.size());
+  const float* src = flat.data();
+  for (Tensor* p : params) {
+    device_memcpy(p->grad().raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
+    src += p->numel();
+  }
+}
+
 }  // namespace ff::zero

@@ -45,6 +45,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/comm/comm.h"
@@ -128,5 +129,34 @@ class Zero1Adam {
   Tensor grad_shard_;   // (shard): this rank's block of the mean gradient
   Tensor param_shard_;  // (shard): this rank's block of the parameters, the tensor AdamW updates
 };
+
+// AdamW over one group of ranks that hold the same weights, ZeRO-0 or ZeRO-1 (lesson 08: the
+// dense weights over DP x CP, and under EP the experts over expert-DP).
+class GroupAdam {
+ public:
+  GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug = Bug::none);
+  // A weight of the group, and the caller's number for it (lesson 08: its place among the
+  // model's named parameters).
+  void add(Tensor* p, size_t key) { params.push_back(p), keys.push_back(key), numel += p->numel(); }
+  void divide_by(int n) { z0_ ? z0_->divide_by(n) : z1_->divide_by(n); }
+  void step();  // nothing for a group with no weight
+  Memory memory() const { return z0_ ? z0_->memory(params) : z1_->memory(params); }
+  // The mean gradient the last step used, per weight (ZeRO-1: every rank's shard, gathered
+  // over `check`, a copy of the group's communicator that keeps the check's traffic apart).
+  std::vector<Tensor> mean_grads(Comm& check) const;
+
+  std::vector<Tensor*> params;  // the group's weights
+  std::vector<size_t> keys;     // the caller's number for each
+  int64_t numel = 0;            // their numbers, all together
+
+ private:
+  std::unique_ptr<DataParallelAdam> z0_;
+  std::unique_ptr<Zero1Adam> z1_;
+};
+
+// Every gradient of params summed over comm, in one flat buffer (a missing gradient counts as
+// zeros and is created): weights held whole by several ranks that each saw part of the tokens
+// (lesson 08's replicated weights under SP, DualPipe's two copies of a stage).
+void sum_grads(const std::vector<Tensor*>& params, Comm& comm);
 
 }  // namespace ff::zero

@@ -75,29 +75,6 @@ struct StepResult {
   int64_t dropped = 0;
 };
 
-// The load-based bias update (b is shared by every rank: the same loads, the same update).
-struct BiasUpdater {
-  double gamma = 0, beta = 0;
-  std::vector<double> est;  // smoothed load fraction (beta > 0)
-  void update(Tensor& bias, const std::vector<double>& load, double slots) {
-    const int64_t N = (int64_t)load.size();
-    std::vector<float> b = bias.to_vector();
-    // [slide:bias-update]
-    double mean = 0;
-    for (double l : load) mean += l / (double)N;
-    for (int64_t i = 0; i < N; i++) {
-      double err = mean - load[(size_t)i];
-      if (beta > 0) {
-        est[(size_t)i] = beta * est[(size_t)i] + (1 - beta) * load[(size_t)i] / slots;
-        err = 1.0 / (double)N - est[(size_t)i];
-      }
-      b[(size_t)i] += (float)(gamma * (err > 0 ? 1.0 : err < 0 ? -1.0 : 0.0));
-    }
-    // [/slide]
-    bias = Tensor::from_vector(b, {N}, bias.device());
-  }
-};
-
 // The router's choices on x, counted per expert over every rank (one all-reduce).
 std::vector<double> router_loads(Comm& comm, const dsv3::Config& c, const dsv3::Params& p,
                                  const Tensor& x) {
@@ -201,13 +178,13 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
   struct Run {
     Model model;
     Adam adam;
-    BiasUpdater bias;
+    dsv3::BiasUpdater bias;  // the load-based bias update (common/layers/dsv3_moe.h)
     std::vector<double> losses;
   };
   auto make_run = [&](int r, int p) {
     AdamConfig ac;
     ac.lr = o.lr;
-    Run run{init_model(c, V, seed, r, p, dev), Adam(ac), BiasUpdater{}, {}};
+    Run run{init_model(c, V, seed, r, p, dev), Adam(ac), dsv3::BiasUpdater{}, {}};
     run.bias.gamma = o.balance == "bias" ? o.gamma : 0.0;
     run.bias.beta = ema_bug && o.ema == 0 ? 0.99 : o.ema;
     run.bias.est.assign((size_t)c.experts, ema_bug ? 0.0 : 1.0 / (double)c.experts);
@@ -226,13 +203,14 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
     // [slide:step-order]
     if (peek && run.bias.gamma > 0) {  // the planted order: this batch's loads steer its routing
       Tensor u = rmsnorm(embedding(run.model.emb, reshape(ids, {ids.numel()})), run.model.norm_w);
-      run.bias.update(run.model.moe.bias, router_loads(cm, c, run.model.moe, u.detach()),
-                      (double)(T_all * c.topk));
+      run.model.moe.bias = run.bias.updated(run.model.moe.bias,
+                                            router_loads(cm, c, run.model.moe, u.detach()),
+                                            (double)(T_all * c.topk));
     }
     StepResult r = train_step(cm, topo, scheme, c, run.model, run.adam, ids, targets, T_all,
                               distributed);
     if (!peek && run.bias.gamma > 0)  // DeepSeek-V3: at the end of the step, for the next one
-      run.bias.update(run.model.moe.bias, r.load, (double)(T_all * c.topk));
+      run.model.moe.bias = run.bias.updated(run.model.moe.bias, r.load, (double)(T_all * c.topk));
     // [/slide]
     run.model.mine.bias = run.model.moe.bias;
     run.losses.push_back(r.ce + r.balance);

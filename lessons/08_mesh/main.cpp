@@ -476,23 +476,6 @@ struct MeshStages : pp::StageModel {
   Device device() const override { return mm->device; }
 };
 
-// The gradients of ps summed over comm in one flat buffer (a missing gradient counts as 0).
-void sum_grads(const std::vector<Tensor*>& ps, Comm& comm) {
-  std::vector<float> flat;
-  for (Tensor* p : ps) {
-    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
-    const std::vector<float> v = p->grad().to_vector();
-    flat.insert(flat.end(), v.begin(), v.end());
-  }
-  comm.allreduce_sum(flat.data(), flat.size());
-  size_t at = 0;
-  for (Tensor* p : ps) {
-    const size_t n = (size_t)p->numel();
-    p->grad().copy_from(Tensor::from_vector(
-        std::vector<float>(flat.begin() + (long)at, flat.begin() + (long)(at + n)), p->shape(), p->device()));
-    at += n;
-  }
-}
 
 // ----------------------------------------------------------------------------
 // The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
@@ -506,22 +489,18 @@ std::vector<float> expert_loads(const std::vector<Route>& routes, const model::C
   return load;  // exact: counts far below 2^24
 }
 
+// The balancing bias of every MoE layer this rank holds, from every layer's loads (load: N per
+// MoE layer, summed over every rank that routed), by lesson 05's rule.
 void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, double gamma) {
+  dsv3::BiasUpdater rule;  // lesson 05's rule, once per MoE layer
+  rule.gamma = gamma;
   size_t l = 0;
   for (model::Block& b : p.layers) {
     if (!b.moe) continue;
-    if (!b.experts.bias.defined()) {  // a layer of another pipeline stage
-      l++;
-      continue;
+    if (b.experts.bias.defined()) {  // (undefined: a layer of another pipeline stage)
+      const auto first = load.begin() + (long)(l * (size_t)N);
+      b.experts.bias.copy_from(rule.updated(b.experts.bias, std::vector<double>(first, first + N), 0));
     }
-    double total = 0;
-    for (int64_t i = 0; i < N; i++) total += load[l * (size_t)N + (size_t)i];
-    std::vector<float> bias = b.experts.bias.to_vector();
-    for (int64_t i = 0; i < N; i++) {
-      const double err = total / (double)N - load[l * (size_t)N + (size_t)i];
-      bias[(size_t)i] += (float)(gamma * (err > 0 ? 1.0 : err < 0 ? -1.0 : 0.0));
-    }
-    b.experts.bias.copy_from(Tensor::from_vector(bias, {N}, b.experts.bias.device()));
     l++;
   }
 }
@@ -629,50 +608,6 @@ double error_ratio(const Tensor& got, const Tensor& want, double n) {
   return diff / bound;
 }
 
-// AdamW over one group of ranks that hold the same weights (ZeRO-0 or ZeRO-1): the dense
-// weights over DP x CP, and under EP the experts over expert-DP.
-struct GroupAdam {
-  std::unique_ptr<zero::DataParallelAdam> z0;
-  std::unique_ptr<zero::Zero1Adam> z1;
-  std::vector<Tensor*> params;  // its weights
-  std::vector<size_t> index;    // their positions among the model's named parameters
-  int64_t numel = 0;
-
-  GroupAdam(Comm& group, const AdamConfig& ac, int zero_stage, zero::Bug bug) {
-    if (zero_stage == 0)
-      z0 = std::make_unique<zero::DataParallelAdam>(group, ac);
-    else
-      z1 = std::make_unique<zero::Zero1Adam>(group, ac, bug);
-  }
-  void add(Tensor* p, size_t k) { params.push_back(p), index.push_back(k), numel += p->numel(); }
-  void divide_by(int n) { z0 ? z0->divide_by(n) : z1->divide_by(n); }
-  void step() {
-    if (params.empty()) return;
-    z0 ? z0->step(params) : z1->step(params);
-  }
-  zero::Memory memory() const { return z0 ? z0->memory(params) : z1->memory(params); }
-  // The mean gradient the last step used, per weight (ZeRO-1: every rank's shard, gathered
-  // over `check`, the group's own copy for the check's traffic).
-  std::vector<Tensor> mean_grads(Comm& check) const {
-    std::vector<Tensor> out;
-    if (z0 || params.empty()) {
-      for (Tensor* p : params) out.push_back(p->grad());
-      return out;
-    }
-    std::vector<float> flat((size_t)(z1->shard_size() * check.size()));
-    check.allgather(z1->grad_shard().to_vector().data(), (size_t)z1->shard_size() * sizeof(float),
-                    flat.data());
-    size_t at = 0;
-    for (Tensor* p : params) {
-      const size_t n = (size_t)p->numel();
-      out.push_back(Tensor::from_vector(std::vector<float>(flat.begin() + (long)at,
-                                                           flat.begin() + (long)(at + n)),
-                                        p->shape()));
-      at += n;
-    }
-    return out;
-  }
-};
 
 zero::Memory operator+(zero::Memory a, const zero::Memory& b) {
   a.params += b.params, a.grads += b.grads, a.optimizer += b.optimizer, a.buffers += b.buffers;
@@ -816,7 +751,7 @@ int mesh_lesson(Lesson& L) {
   // one EP group), so the mean over the global batch divides it by W, not by edp (the planted
   // bug ep-grad-mean divides by edp: tp / ep too small or too big).
   Comm& edp = mesh.edp();
-  GroupAdam dense_opt(data, ac, (int)o.zero, zbug), expert_opt(edp, ac, (int)o.zero, zero::Bug::none);
+  zero::GroupAdam dense_opt(data, ac, (int)o.zero, zbug), expert_opt(edp, ac, (int)o.zero, zero::Bug::none);
   for (size_t k = 0; k < names.size(); k++)
     if (params[k]) (split_of(names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(params[k], k);
   if (o.bug != "ep-grad-mean") expert_opt.divide_by(W);
@@ -962,7 +897,7 @@ int mesh_lesson(Lesson& L) {
         if (params[k] && split_of(names[k], sizes.ep) == Split::replicated &&
             !(o.bug == "sp-norm-grad" && is_norm_weight(names[k])))
           reps.push_back(params[k]);
-      sum_grads(reps, mesh.tp());
+      zero::sum_grads(reps, mesh.tp());
       // [/slide:sp-grads]
       if (held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
     }
@@ -974,7 +909,7 @@ int mesh_lesson(Lesson& L) {
       std::vector<Tensor*> held;
       for (Tensor* p : params)
         if (p) held.push_back(p);
-      sum_grads(held, pair);
+      zero::sum_grads(held, pair);
       if (held_moe > 0) pair.allreduce_sum(load.data(), load.size());
     }
     // [/slide]
@@ -1021,9 +956,9 @@ int mesh_lesson(Lesson& L) {
     loss_mesh /= (double)(W * sizes.tp);
     // the mean gradient each rank's optimizer used, and the weights after its step
     std::vector<Tensor> mean_grads(params.size());
-    for (const GroupAdam* g : {&dense_opt, &expert_opt}) {
+    for (const zero::GroupAdam* g : {&dense_opt, &expert_opt}) {
       const std::vector<Tensor> mg = g->mean_grads(g == &dense_opt ? check_dp : check_edp);
-      for (size_t i = 0; i < mg.size(); i++) mean_grads[g->index[i]] = mg[i];
+      for (size_t i = 0; i < mg.size(); i++) mean_grads[g->keys[i]] = mg[i];
     }
     std::vector<Tensor> now, held_grads;
     for (size_t k = 0; k < names.size(); k++)
