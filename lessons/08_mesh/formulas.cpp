@@ -230,4 +230,30 @@ bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b) {
   return true;
 }
 
+std::string first_difference(const AxisCounts& got, const AxisCounts& want) {
+  const struct {
+    const char* axis;
+    const CollectiveCounts &got, &want;
+  } axes[] = {{"tp", got.tp, want.tp}, {"dp", got.dp, want.dp},    {"cp", got.cp, want.cp},
+              {"ep", got.ep, want.ep}, {"edp", got.edp, want.edp}, {"pp", got.pp, want.pp}};
+  for (const auto& a : axes)
+    if (!same_counts(a.got, a.want))
+      return std::string(a.axis) + " " + counts_text(a.got) + ", formula " + counts_text(a.want);
+  return "";
+}
+
+std::string communication_text(const AxisCounts& got, const AxisCounts& want, const MeshSizes& sizes) {
+  std::string out;
+  auto axis = [&](bool shown, const char* name, const CollectiveCounts& g, const CollectiveCounts& w) {
+    if (shown) out += "  " + std::string(name) + ": " + counts_text(g) + "\n      formula: " + counts_text(w) + "\n";
+  };
+  axis(true, "tp", got.tp, want.tp);
+  axis(sizes.cp > 1, "cp", got.cp, want.cp);
+  axis(sizes.ep > 1, "ep", got.ep, want.ep);
+  axis(true, sizes.cp > 1 ? "dp x cp" : "dp", got.dp, want.dp);
+  axis(sizes.ep > 1, "edp", got.edp, want.edp);
+  axis(sizes.pp > 1, "pp", got.pp, want.pp);
+  return out;
+}
+
 }  // namespace ff::mesh

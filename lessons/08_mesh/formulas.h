@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/comm/comm.h"
+#include "common/comm/mesh.h"
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
 #include "common/layers/schedule.h"
@@ -44,6 +45,18 @@ CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps, int me, i
                             dsv3::Scheme scheme, int64_t d, int64_t groups_kept);
 
 // ---- the counts, compared and printed
+// One step's counts on every axis, or the formulas' (ep: the EP group's communicator and the
+// hierarchical all-to-all's node and rail ones; pp: the pipeline's and DualPipe's pair's).
+struct AxisCounts {
+  CollectiveCounts tp, dp, cp, ep, edp, pp;
+};
+// The first axis whose counts are not the formula's, "tp allreduce 3 x, 1.5 KiB, formula
+// allreduce 2 x, 1.0 KiB"; "" when every axis agrees.
+std::string first_difference(const AxisCounts& got, const AxisCounts& want);
+// Two lines per axis of this mesh, "  tp: <counts>" and "      formula: <counts>" (dp named
+// "dp x cp" under CP; cp, ep, edp and pp only where the mesh has them).
+std::string communication_text(const AxisCounts& got, const AxisCounts& want, const MeshSizes& sizes);
+
 // "1.50 KiB", "2.00 MiB", "12 B"
 std::string human_bytes(double b);
 // "allreduce 3 x, 1.5 KiB, send 8 x, 4.0 KiB" (or "none")

@@ -48,6 +48,10 @@
 //       make run L=08 NP=4 ARGS="--tp 1 --zero 0"       (plain data parallelism)
 //       make run L=08 NP=4 ARGS="--cp 2"                (CP 2 x TP 2: the ring inside TP)
 //       make run L=08 NP=1 ARGS="--estimate deepseek-v3" (the memory model of the real thing)
+// This file is the story (set up the mesh and the model, train and check every step, report);
+// beside it: options.h (the flags and their checks), sharding.h (who holds what),
+// mesh_model.h (the model on the mesh and its pipeline stages), reference_check.h (the mesh
+// gathered for the check), formulas.h (the bytes each axis should move), estimate.h (--estimate).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -75,539 +79,15 @@
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/estimate.h"
 #include "lessons/08_mesh/formulas.h"
+#include "lessons/08_mesh/mesh_model.h"
 #include "lessons/08_mesh/options.h"
+#include "lessons/08_mesh/reference_check.h"
+#include "lessons/08_mesh/sharding.h"
 
 using namespace ff;
 using namespace ff::mesh;
 
 namespace {
-
-// How a weight is laid over the ranks: over TP (columns or rows), or, under EP, its experts
-// (dim 0) over the EP ranks.
-enum class Split { replicated, column, row, expert };
-
-Split split_of(const std::string& name, int ep) {
-  auto ends = [&](const char* t) {
-    const size_t n = std::strlen(t);
-    return name.size() >= n && name.compare(name.size() - n, n, t) == 0;
-  };
-  if (ep > 1 && (ends("moe.experts_w1") || ends("moe.experts_w3") || ends("moe.experts_w2")))
-    return Split::expert;
-  if (ends("attn.w_uq") || ends("attn.w_uk") || ends("attn.w_uv") || ends("ffn.w1") ||
-      ends("ffn.w3") || name == "head")
-    return Split::column;
-  if (ends("attn.w_o") || ends("ffn.w2")) return Split::row;
-  return Split::replicated;
-}
-
-bool is_norm_weight(const std::string& name) {
-  return name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0;
-}
-
-// The part of a full weight of shape `full` that the rank at `co` holds.
-Shape local_shape(const Shape& full, Split s, const MeshCoords& co, const MeshSizes& sizes) {
-  Shape out = full;
-  if (s == Split::replicated) return out;
-  if (s == Split::expert) {
-    out[0] = full[0] / sizes.ep;
-    return out;
-  }
-  const int64_t dim = s == Split::column ? 1 : 0;
-  int64_t b, e;
-  split_range(full[(size_t)dim], sizes.tp, co.tp, &b, &e);
-  out[(size_t)dim] = e - b;
-  return out;
-}
-
-Tensor leaf(const Tensor& t) {
-  Tensor out = t.detach().clone();
-  out.requires_grad_();
-  return out;
-}
-
-// [slide:shard]
-// This rank's weights, cut from the full model (the same seed everywhere): heads, dense FFN, LM
-// head by the TP split rule; under EP each MoE layer's experts [e N/ep, (e+1) N/ep); the rest whole.
-model::Params shard_model(const model::Config& c, const model::Params& full, const MeshCoords& co,
-                          const MeshSizes& sizes, bool kpe_per_head) {
-  model::Params p = full;
-  const int t = co.tp, tp = sizes.tp;
-  auto col = [&](Tensor& w) { w = leaf(tp::column_shard(w, t, tp)); };
-  auto row = [&](Tensor& w) { w = leaf(tp::row_shard(w, t, tp)); };
-  const int64_t E = c.experts / sizes.ep;  // experts per EP rank
-  auto experts = [&](Tensor& w) { w = leaf(slice(w, 0, co.ep * E, (co.ep + 1) * E)); };
-  for (model::Block& b : p.layers) {
-    col(b.attn.w_uq), col(b.attn.w_uk), col(b.attn.w_uv), row(b.attn.w_o);
-    if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
-    if (b.moe && sizes.ep > 1) experts(b.experts.w1), experts(b.experts.w3), experts(b.experts.w2);
-    if (kpe_per_head) {  // the planted bug: W_kr (d, d_r) becomes H copies side by side
-      NoGradGuard ng;
-      b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
-    }
-  }
-  col(p.head);
-  return p;
-}
-// [/slide]
-
-// ----------------------------------------------------------------------------
-// [slide:vocab-ce]
-// Cross-entropy over a vocabulary split across the TP ranks. Rank r holds the logits of its
-// columns [v0, v0 + V_r), (n, V_r). Per token it computes lesson 01's partial state over its
-// columns, m_r = max z and l_r = sum exp(z - m_r), plus z[target] when it owns the target; one
-// all-gather of those 3 numbers per token, and every rank merges them in rank order:
-//     m = max_r m_r,   l = sum_r l_r exp(m_r - m),   loss_i = m + log l - z[target_i]
-// Backward (by hand): dz = (exp(z - m) / l - onehot(target)) / n on the rank's own columns, no
-// communication. local_softmax (a planted bug) normalises by the rank's own m_r, l_r instead.
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int64_t>& targets,
-                                    int64_t v0, Comm& tp, bool local_softmax) {
-  const int64_t n = logits.size(0), V = logits.size(1);
-  const std::vector<float> z = logits.to_vector();
-  std::vector<float> mine((size_t)(3 * n));
-  for (int64_t i = 0; i < n; i++) {
-    const float* zi = z.data() + i * V;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < V; j++) m = std::max(m, zi[j]);
-    double l = 0;
-    for (int64_t j = 0; j < V; j++) l += std::exp((double)zi[j] - m);
-    const int64_t t = targets[(size_t)i] - v0;
-    mine[(size_t)(3 * i)] = m;
-    mine[(size_t)(3 * i + 1)] = (float)l;
-    mine[(size_t)(3 * i + 2)] = t >= 0 && t < V ? zi[t] : 0.f;
-  }
-  const int P = tp.size();
-  std::vector<float> all(mine.size() * (size_t)P);
-  if (P > 1)
-    tp.allgather(mine.data(), mine.size() * sizeof(float), all.data());
-  else
-    all = mine;
-  // [slide:ce-merge]
-  std::vector<float> m((size_t)n), l((size_t)n);
-  double loss = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float mm = -std::numeric_limits<float>::infinity();
-    for (int r = 0; r < P; r++) mm = std::max(mm, all[(size_t)(r * 3 * n + 3 * i)]);
-    double ll = 0, zt = 0;
-    for (int r = 0; r < P; r++) {
-      const float* s = all.data() + r * 3 * n + 3 * i;
-      ll += (double)s[1] * std::exp((double)s[0] - mm);
-      zt += s[2];  // one rank owns the target, the others add 0
-    }
-    m[(size_t)i] = mm, l[(size_t)i] = (float)ll;
-    loss += mm + std::log(ll) - zt;
-    if (local_softmax) m[(size_t)i] = mine[(size_t)(3 * i)], l[(size_t)i] = mine[(size_t)(3 * i + 1)];
-  }
-  // [/slide:ce-merge]
-  Tensor out = Tensor::from_vector({(float)(loss / (double)n)}, {}, logits.device());
-  const Device dev = logits.device();
-  return record(out, "vocab_parallel_cross_entropy", {logits},
-                [z, m, l, targets, v0, n, V, dev](const Tensor& dy) -> std::vector<Tensor> {
-                  const double scale = (double)dy.to_vector()[0] / (double)n;
-                  std::vector<float> dz(z.size());
-                  for (int64_t i = 0; i < n; i++) {
-                    const int64_t t = targets[(size_t)i] - v0;
-                    for (int64_t j = 0; j < V; j++) {
-                      double p = std::exp((double)z[(size_t)(i * V + j)] - m[(size_t)i]) / l[(size_t)i];
-                      if (j == t) p -= 1.0;
-                      dz[(size_t)(i * V + j)] = (float)(p * scale);
-                    }
-                  }
-                  return {Tensor::from_vector(dz, {n, V}, dev)};
-                });
-}
-// [/slide]
-
-// ----------------------------------------------------------------------------
-// The model on the mesh: this rank's forward of its DP slice, under TP (and SP).
-// Rows [r0, r1) of an int64 tensor (token ids, positions), on its device.
-Tensor index_rows(const Tensor& t, int64_t r0, int64_t r1) {
-  const std::vector<int64_t> all = t.to_index_vector();
-  const int64_t w = t.numel() / t.size(0);
-  Shape s = t.shape();
-  s[0] = r1 - r0;
-  return Tensor::from_indices(std::vector<int64_t>(all.begin() + r0 * w, all.begin() + r1 * w), s, t.device());
-}
-
-// One MoE layer's routing of some token rows: its index among the MoE layers, the experts.
-struct Route {
-  int64_t moe_layer = 0;
-  Tensor idx;  // (rows, K)
-};
-
-struct MeshModel {
-  model::Config c;
-  Device device = Device::cpu;
-  model::Params p;  // this TP rank's weights (shard_model)
-  Comm* tp = nullptr;
-  bool sp = false, ce_local_softmax = false;
-  int64_t v0 = 0;   // this rank's first vocabulary column
-  // CP: the ring over the cp group, and every CP rank's token positions within a sequence
-  // (zigzag: rank r holds chunks r and 2cp-1-r of the 2cp chunks). Planted bugs: the causal
-  // mask or RoPE from the rank-local indices 0..n-1 instead of the global positions.
-  Comm* cp = nullptr;
-  std::vector<std::vector<int64_t>> cp_positions;
-  bool local_mask = false, local_rope = false;
-  // EP: the MoE layers over the ep group (lesson 05's layer, common/layers/dsv3_ep.h), this
-  // rank holding N / ep of each layer's experts; maps gets every MoE layer's routing map.
-  Comm* ep = nullptr;
-  dsv3::Topology* topo = nullptr;
-  dsv3::Scheme scheme = dsv3::Scheme::flat;
-  std::vector<dsv3::RoutingMap>* maps = nullptr;
-
-  // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
-  // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
-  Tensor enter(const Tensor& x) { return sp ? tp::gather_seq(x, *tp) : tp::f(x, *tp); }
-  // Out of it: g (all-reduce of the partial sums), or under SP scatter_seq (reduce-scatter).
-  Tensor leave(const Tensor& y) { return sp ? tp::scatter_seq(y, *tp) : tp::g(y, *tp); }
-
-  // [slide:cp-attention]
-  // MLA's heads over the CP ring: this rank's queries against every CP rank's keys and values
-  // (lesson 02's ring, common/layers/ring_attention.h). Per head q = [q_nope | q_pe] and
-  // k = [k_nope | k_pe] (k_pe, one per token, repeated for every head), so the two inner
-  // products are one of width d_nope + d_rope, the scale 1/sqrt(d_nope + d_rope) as MLA's; v is
-  // padded with zeros to that width. The blocks are (B, H, n, D): the ring's mask compares the
-  // global positions of every CP rank's tokens.
-  Tensor attention_cp(const model::Attention& a, const model::Latents& l, int64_t H, int64_t B,
-                      const Tensor& rope_pos) {
-    const int64_t n = l.c_q.size(0) / B, dn = c.d_nope, dr = c.d_rope, D = dn + dr;
-    // [slide:cp-ring]
-    Tensor q = reshape(matmul(l.c_q, a.w_uq), {B * n, H, D});
-    q = concat({slice(q, 2, 0, dn), rope(slice(q, 2, dn, D), rope_pos, c.rope_theta)}, 2);
-    Tensor k_pe = l.k_pe.size(1) == dr ? concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {B * n, 1, dr})), 1)
-                                       : reshape(l.k_pe, {B * n, H, dr});  // --bug kpe-per-head
-    Tensor k = concat({reshape(matmul(l.c_kv, a.w_uk), {B * n, H, dn}), k_pe}, 2);
-    Tensor v = reshape(matmul(l.c_kv, a.w_uv), {B * n, H, c.d_v});
-    if (c.d_v < D) v = concat({v, Tensor::zeros({B * n, H, D - c.d_v}, v.device())}, 2);
-    auto blocks = [&](const Tensor& t) { return transpose(reshape(t, {B, n, H, D}), 1, 2); };
-    ring::Config rc;
-    rc.B = B, rc.H = H, rc.D = D, rc.causal = true, rc.order = ring::Order::async;
-    rc.dev = q.device();
-    rc.positions = cp_positions;
-    if (local_mask)  // the silent bug: every rank's mask as if its block started the sequence
-      for (std::vector<int64_t>& pos : rc.positions)
-        for (size_t i = 0; i < pos.size(); i++) pos[i] = (int64_t)i;
-    Tensor o = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));       // (B, H, n, D)
-    // [/slide:cp-ring]
-    o = reshape(transpose(slice(o, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
-    return matmul(o, a.w_o);
-  }
-  // [/slide]
-
-  // Where this rank's tokens sit: under CP each sequence's T tokens are the zigzag chunks of
-  // this CP rank (global positions, for the mask and RoPE); under SP this TP rank keeps rows
-  // [r0, r0 + rows) of the B T token rows outside the TP regions.
-  struct Tokens {
-    int64_t B = 0, T = 0, r0 = 0, rows = 0;
-    Tensor pos_all;  // (B T) global positions of every token row
-    Tensor pos;      // (rows) those of this rank's rows
-  };
-  Tokens tokens(int64_t B, int64_t T) const {
-    Tokens k;
-    k.B = B, k.T = T, k.rows = B * T;
-    const Device dev = device;
-    std::vector<int64_t> seq_pos = cp_positions[(size_t)cp->rank()];  // global, for RoPE
-    if (local_rope)
-      for (size_t i = 0; i < seq_pos.size(); i++) seq_pos[i] = (int64_t)i;
-    k.pos_all = model::tile_positions(Tensor::from_indices(seq_pos, {T}, dev), B);  // (B T)
-    k.pos = k.pos_all;
-    if (sp) {  // this rank's slice of the B T token rows
-      k.rows = B * T / tp->size(), k.r0 = tp->rank() * k.rows;
-      k.pos = index_rows(k.pos_all, k.r0, k.r0 + k.rows);
-    }
-    return k;
-  }
-
-  // The first stage: this rank's token rows, embedded (rows, d).
-  Tensor embed(const Tensor& inputs, const Tokens& k) const {
-    const std::vector<int64_t> ids = inputs.to_index_vector();
-    return embedding(p.embed, Tensor::from_indices(
-                                  std::vector<int64_t>(ids.begin() + k.r0, ids.begin() + k.r0 + k.rows),
-                                  {k.rows}, device));
-  }
-
-  // [slide:mesh-forward]
-  // Blocks [l0, l1) on this rank's token rows x (rows, d). routes gets each MoE layer's chosen
-  // experts for these rows (its MoE index: the layer's place among the MoE layers).
-  Tensor blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& k, std::vector<Route>* routes) {
-    const int64_t H = c.heads / tp->size();  // this rank's heads
-    dsv3::Config mc = c.moe_config();
-    mc.seq_len = k.T;
-    for (int64_t l = l0; l < l1; l++) {
-      const model::Block& b = p.layers[(size_t)l];
-      // [slide:mla-f]
-      // attention: the latents from the replicated down-projections (each rank's own tokens
-      // under SP), into the TP region as one tensor, this rank's heads, out through W_o's rows
-      Tensor u = rmsnorm(x, b.attn_norm, c.norm_eps);
-      model::Latents lat = model::attention_latents(c, b.attn, u, k.pos);
-      const int64_t rq = c.q_lora, rkv = c.kv_lora, rk = lat.k_pe.size(1);
-      Tensor joined = enter(concat({lat.c_q, lat.c_kv, lat.k_pe}, 1));
-      lat = {slice(joined, 1, 0, rq), slice(joined, 1, rq, rq + rkv),
-             slice(joined, 1, rq + rkv, rq + rkv + rk)};
-      x = add(x, leave(cp->size() == 1 ? model::attention_heads(c, H, b.attn, lat, k.B, k.pos_all)
-                                        : attention_cp(b.attn, lat, H, k.B, k.pos_all)));
-      // [/slide:mla-f]
-      // FFN: dense SwiGLU column- then row-parallel; the MoE on this rank's tokens, its
-      // experts replicated or (EP) spread over the ep group, the tokens sent to them
-      u = rmsnorm(x, b.ffn_norm, c.norm_eps);
-      if (!b.moe) {
-        x = add(x, leave(model::dense_ffn(b.ffn, enter(u))));
-      } else {
-        Tensor route;
-        if (ep->size() == 1) {
-          x = add(x, model::moe_ffn(mc, b.experts, u, &route));
-        } else {
-          dsv3::RoutingMap map;
-          x = add(x, dsv3::ep_layer(*ep, *topo, scheme, mc, b.experts, u, &route, &map));
-          if (maps) maps->push_back(std::move(map));
-        }
-        routes->push_back({l - c.dense_layers, route});
-      }
-    }
-    return x;
-  }
-  // [/slide]
-
-  // The last stage: the LM head split over the vocabulary, every token's logits of this
-  // rank's columns, and the mean loss over the B T tokens (the same on every TP rank).
-  Tensor head_loss(const Tensor& x, const Tensor& targets) {
-    Tensor logits = matmul(enter(rmsnorm(x, p.norm, c.norm_eps)), p.head);   // (B T, V_r)
-    return vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
-                                        ce_local_softmax);
-  }
-
-};
-
-// ----------------------------------------------------------------------------
-// Which stage each weight belongs to, and which stages a pipeline rank holds.
-struct StagePlan {
-  std::vector<int64_t> begin;  // S + 1 layer indices
-  pp::Schedule sched;
-  int stages() const { return (int)begin.size() - 1; }
-  int stage_of_layer(int64_t l) const {
-    int st = 0;
-    while (begin[(size_t)st + 1] <= l) st++;
-    return st;
-  }
-  // the embedding on the first stage, block l's weights on its stage, the rest on the last
-  int stage_of(const std::string& name) const {
-    if (name == "embed") return 0;
-    if (name.rfind("layers.", 0) == 0) return stage_of_layer(std::stol(name.substr(7)));
-    return stages() - 1;
-  }
-  bool holds_stage(int stage, int pp_rank) const {
-    for (int d = 0; d < (sched.layout == pp::Layout::line ? 1 : 2); d++)
-      if (sched.stage_of(pp_rank, d) == stage) return true;
-    return false;
-  }
-  bool holds(const std::string& name, int pp_rank) const { return holds_stage(stage_of(name), pp_rank); }
-  int rank_of(const std::string& name) const { return sched.rank_of(0, stage_of(name)); }
-};
-
-// The weights of the stages this pipeline rank does not hold, released (a block keeps only
-// whether it is a MoE block, for the order of the balancing biases).
-void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank) {
-  if (!plan.holds("embed", pp_rank)) p->embed = Tensor();
-  if (!plan.holds("head", pp_rank)) p->norm = Tensor(), p->head = Tensor();
-  for (size_t l = 0; l < p->layers.size(); l++)
-    if (!plan.holds_stage(plan.stage_of_layer((int64_t)l), pp_rank)) {
-      model::Block empty;
-      empty.moe = p->layers[l].moe;
-      p->layers[l] = empty;
-    }
-}
-
-// PP: the model cut into S stages, stage s holding blocks [begin[s], begin[s+1]), the
-// embedding on the first stage and the final norm, LM head and loss on the last. Lesson 07's
-// executor (common/layers/pipeline.h) walks this rank's schedule and calls forward() for each
-// F; what crosses a stage boundary is the residual stream of this rank's token rows of one
-// micro-batch, (rows, d): under SP each TP rank sends its slice to the same TP rank of the
-// next stage, under CP its zigzag chunks.
-struct MeshStages : pp::StageModel {
-  MeshModel* mm = nullptr;
-  std::vector<int64_t> begin;  // S + 1 layer indices
-  int64_t M = 1, Bm = 1, T = 1;  // micro-batches, sequences in each, tokens of each (this rank)
-  bool mb_sum = false;
-  Tensor inputs, targets;        // this step's (M Bm, T) sequences of this rank
-  std::vector<Route> routes;     // every MoE layer's routing of every micro-batch this step
-
-  int stages() const { return (int)begin.size() - 1; }
-  // [slide:pp-stages]
-  // micro-batch gm through stage `stage`: lesson 07's executor calls it for each F
-  Tensor forward(int stage, int gm, const Tensor& x) override {
-    const MeshModel::Tokens k = mm->tokens(Bm, T);
-    Tensor in = index_rows(inputs, gm * Bm, (gm + 1) * Bm);
-    Tensor y = stage == 0 ? mm->embed(in, k) : x;
-    y = mm->blocks(y, begin[(size_t)stage], begin[(size_t)stage + 1], k, &routes);
-    if (stage + 1 < stages()) return y;
-    Tensor loss = mm->head_loss(y, index_rows(targets, gm * Bm, (gm + 1) * Bm));
-    // its share of the batch's mean (the planted bug pp-mb-sum: the micro-batches' losses summed)
-    return M == 1 || mb_sum ? loss : scale(loss, 1.f / (float)M);
-  }
-  // [/slide]
-  Shape boundary_shape(int, int) const override { return {mm->tokens(Bm, T).rows, mm->c.dim}; }
-
-  // The loss of this rank's (B, T) sequences through the pipeline, forward only, as one batch
-  // (validation): each stage receives the previous stage's output, computes, sends it on.
-  // Returns the loss on the ranks of the last stage, 0 elsewhere.
-  double forward_only(Comm& pipe, const pp::Schedule& s, const Tensor& in, const Tensor& tg) {
-    NoGradGuard ng;
-    const MeshModel::Tokens k = mm->tokens(in.size(0), in.size(1));
-    const int me = pipe.rank();
-    std::vector<Route> unused;
-    Tensor x;
-    double loss = 0;
-    for (int st = 0; st < stages(); st++) {
-      if (s.rank_of(0, st) != me) continue;
-      if (st > 0 && s.rank_of(0, st - 1) != me) {
-        std::vector<float> buf((size_t)(k.rows * mm->c.dim));
-        pipe.recv(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st - 1), 3);
-        x = Tensor::from_vector(buf, {k.rows, mm->c.dim}, mm->device);
-      }
-      x = mm->blocks(st == 0 ? mm->embed(in, k) : x, begin[(size_t)st], begin[(size_t)st + 1], k, &unused);
-      if (st + 1 == stages()) {
-        loss = mm->head_loss(x, tg).to_vector()[0];
-      } else if (s.rank_of(0, st + 1) != me) {
-        const std::vector<float> buf = x.to_vector();
-        pipe.send(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st + 1), 3);
-      }
-    }
-    return loss;
-  }
-  Device device() const override { return mm->device; }
-};
-
-
-// ----------------------------------------------------------------------------
-// The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
-// b_i += gamma * sign(mean load - load_i), the loads counted over the whole global batch.
-// The loads of every MoE layer of the model ((L - D) N counts), from the routes this rank saw.
-std::vector<float> expert_loads(const std::vector<Route>& routes, const model::Config& c) {
-  const int64_t N = c.experts;
-  std::vector<float> load((size_t)((c.layers - c.dense_layers) * N), 0.f);
-  for (const Route& r : routes)
-    for (int64_t e : r.idx.to_index_vector()) load[(size_t)(r.moe_layer * N + e)] += 1.f;
-  return load;  // exact: counts far below 2^24
-}
-
-// The balancing bias of every MoE layer this rank holds, from every layer's loads (load: N per
-// MoE layer, summed over every rank that routed), by lesson 05's rule.
-void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, double gamma) {
-  dsv3::BiasUpdater rule;  // lesson 05's rule, once per MoE layer
-  rule.gamma = gamma;
-  size_t l = 0;
-  for (model::Block& b : p.layers) {
-    if (!b.moe) continue;
-    if (b.experts.bias.defined()) {  // (undefined: a layer of another pipeline stage)
-      const auto first = load.begin() + (long)(l * (size_t)N);
-      b.experts.bias.copy_from(rule.updated(b.experts.bias, std::vector<double>(first, first + N), 0));
-    }
-    l++;
-  }
-}
-
-// ----------------------------------------------------------------------------
-// The check's view of the mesh: every rank's local tensors, gathered (one all-gather on a
-// communicator of the check's own, so that the training's counters stay the training's), and
-// rebuilt on every rank as the full weights one process would hold.
-struct Gathered {
-  std::vector<Tensor> full;     // one per named parameter, on the cpu
-  std::string disagree;         // the first replicated weight whose copies differ ("" if none)
-};
-
-// The same bits (sizes included; an empty vector may have no storage to compare).
-bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-// local: this rank's tensors of the names its pipeline stages hold, in names' order.
-Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
-                     const std::vector<Tensor>& local, const MeshSizes& sizes, const StagePlan& plan,
-                     Comm& world) {
-  std::vector<float> mine;
-  for (const Tensor& t : local) {
-    const std::vector<float> v = t.to_vector();
-    mine.insert(mine.end(), v.begin(), v.end());
-  }
-  const int W = world.size();
-  std::vector<int64_t> counts((size_t)W);
-  int64_t n = (int64_t)mine.size();
-  world.allgather(&n, sizeof n, counts.data());
-  std::vector<size_t> bytes((size_t)W);
-  std::vector<size_t> offset((size_t)W + 1, 0);
-  for (int r = 0; r < W; r++) {
-    bytes[(size_t)r] = (size_t)counts[(size_t)r] * sizeof(float);
-    offset[(size_t)r + 1] = offset[(size_t)r] + (size_t)counts[(size_t)r];
-  }
-  std::vector<float> all(offset[(size_t)W]);
-  world.allgatherv(mine.data(), mine.size() * sizeof(float), all.data(), bytes);
-
-  // Walk every rank's buffer with that rank's local shapes (empty: a name it does not hold).
-  std::vector<std::vector<Tensor>> pieces((size_t)W);
-  for (int r = 0; r < W; r++) {
-    const MeshCoords co = mesh_coords(sizes, r);
-    size_t at = offset[(size_t)r];
-    for (size_t k = 0; k < names.size(); k++) {
-      if (!plan.holds(names[k], co.pp)) {
-        pieces[(size_t)r].push_back(Tensor());
-        continue;
-      }
-      const Shape s = local_shape(full_shapes[k], split_of(names[k], sizes.ep), co, sizes);
-      int64_t numel = 1;
-      for (int64_t d : s) numel *= d;
-      pieces[(size_t)r].push_back(Tensor::from_vector(
-          std::vector<float>(all.begin() + (long)at, all.begin() + (long)(at + (size_t)numel)), s));
-      at += (size_t)numel;
-    }
-  }
-  Gathered g;
-  const int stage_ranks = sizes.dp * sizes.cp * sizes.tp;
-  for (size_t k = 0; k < names.size(); k++) {
-    const Split s = split_of(names[k], sizes.ep);
-    const int q = plan.rank_of(names[k]);  // the pipeline rank holding its stage
-    // the parts to join, from the first block of ranks of that pipeline rank: TP rank t's shard
-    // from (tp t, all else 0); EP rank e's experts from the block's rank e
-    std::vector<Tensor> parts;
-    if (s == Split::expert)
-      for (int e = 0; e < sizes.ep; e++) parts.push_back(pieces[(size_t)(q * stage_ranks + e)][k]);
-    else
-      for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, q, 0})][k]);
-    // every copy equals its reference copy: DP replicas the TP shard of dp 0, expert-DP
-    // replicas the experts of EP rank e, and a replicated weight the one of rank 0
-    for (int r = 0; r < W && g.disagree.empty(); r++) {
-      const MeshCoords co = mesh_coords(sizes, r);
-      if (!plan.holds(names[k], co.pp)) continue;
-      const int t = s == Split::replicated ? 0 : s == Split::expert ? co.ep : co.tp;
-      const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
-      if (!same_floats(a, b))
-        g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
-    }
-    NoGradGuard ng;
-    g.full.push_back(s == Split::replicated ? parts[0]
-                                            : concat(parts, s == Split::column ? 1 : 0));
-  }
-  return g;
-}
-
-// The tolerance rule of lessons 04 and 05, K n eps max|want| with K = kLossBound: n float32
-// terms summed in two orders differ by at most about 2 n eps of their magnitude, and a factor 2
-// covers the few roundings of each term. n is the longest sum, a weight gradient's over every
-// token of the global batch (B T).
-constexpr double kLossBound = 4.0;
-
-// max |got - want| as a fraction of the bound kLossBound n eps max|want| (above): 1 fails.
-double error_ratio(const Tensor& got, const Tensor& want, double n) {
-  const std::vector<float> a = got.to_vector(), b = want.to_vector();
-  double diff = 0, big = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
-    if (std::isnan(a[i]) || std::isnan(b[i])) diff = INFINITY;
-    big = std::max(big, (double)std::fabs(b[i]));
-  }
-  const double bound = kLossBound * n * std::numeric_limits<float>::epsilon() * std::max(big, 1e-30);
-  return diff / bound;
-}
-
 
 zero::Memory operator+(zero::Memory a, const zero::Memory& b) {
   a.params += b.params, a.grads += b.grads, a.optimizer += b.optimizer, a.buffers += b.buffers;
@@ -760,19 +240,9 @@ int mesh_lesson(Lesson& L) {
   if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
 
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
-  model::Params ref;
-  std::vector<model::NamedTensor> ref_named;
-  std::vector<Tensor*> ref_params;
-  // AdamW runs where the mesh's does: ZeRO-1 on the host (its shard lives there), ZeRO-0 on the
-  // device; then the two apply the same elementwise float operations and agree bit for bit.
-  const Device adam_dev = o.zero == 1 ? Device::cpu : L.device;
-  Adam ref_adam(ac);
-  std::vector<Tensor> ref_adam_params;  // the reference's weights where its AdamW runs
-  if (L.rank() == 0) {
-    ref = model::init_params(c, (uint64_t)L.flags.seed, L.device);
-    ref_named = ref.named_parameters();
-    for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
-  }
+  const double n_terms = (double)(o.batch * T);  // the longest sum: a weight gradient's, over tokens
+  const double eps = std::numeric_limits<float>::epsilon();
+  OneProcess one_process(L, c, ac, (int)o.zero, o.bias_rate, bug_kpe, names, n_terms, corpus, o.batch);
 
   if (L.rank() == 0) {
     std::printf("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
@@ -815,18 +285,9 @@ int mesh_lesson(Lesson& L) {
   }
 
   // ---- training
-  const double eps = std::numeric_limits<float>::epsilon();
-  const double n_terms = (double)(o.batch * T);  // the longest sum: a weight gradient's, over tokens
-  struct Worst {
-    double ratio = 0;
-    std::string what = "-";
-    int64_t step = -1;
-  } worst_loss, worst_grad;
-  bool adam_equal = true, bias_equal = true, comm_equal = true, kpe_copies_equal = true;
-  std::string disagree, comm_detail, adam_detail = "-";
-  int64_t checked_steps = 0;
-  double first_loss_ratio = 0;  // step 0: both from the initial weights
-  CollectiveCounts last_tp, last_dp, last_cp, last_ep, last_edp, last_pp;
+  bool comm_equal = true;
+  std::string disagree, comm_detail;
+  AxisCounts last;  // what each axis moved in the last step (Comm's counters)
   // what each axis should move in one step (EP's depends on the step's routing: below)
   StageCounts st;
   st.M = M, st.head = plan.holds("head", mesh.coords().pp);
@@ -834,19 +295,19 @@ int mesh_lesson(Lesson& L) {
   for (int64_t l = 0; l < c.layers; l++)
     if (plan.holds_stage(plan.stage_of_layer(l), mesh.coords().pp))
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
-  const CollectiveCounts want_tp = formula_tp(c, st, Bm * Tc, sizes.tp, o.sp, replicated_numel),
-                         want_dp = formula_dp(c, dense_opt.numel, W, (int)o.zero, held_moe > 0),
-                         want_cp = formula_cp(c, st, Bm, Tc, sizes.tp, sizes.cp),
-                         want_edp = sizes.ep > 1 && expert_opt.numel > 0 ? formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false)
-                                                 : CollectiveCounts{};
-  CollectiveCounts want_pp = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
+  AxisCounts want;  // ... and by the formulas (EP's from each step's routing maps: in the loop)
+  want.tp = formula_tp(c, st, Bm * Tc, sizes.tp, o.sp, replicated_numel);
+  want.dp = formula_dp(c, dense_opt.numel, W, (int)o.zero, held_moe > 0);
+  want.cp = formula_cp(c, st, Bm, Tc, sizes.tp, sizes.cp);
+  if (sizes.ep > 1 && expert_opt.numel > 0) want.edp = formula_dp(c, expert_opt.numel, edp.size(), (int)o.zero, false);
+  want.pp = formula_pp(sched, mesh.coords().pp, stages.boundary_shape(0, 0)[0], c.dim);
   // DualPipe's pair (rank q and P-1-q of the pipeline, holding the same two stages)
   const bool dual = sched.layout == pp::Layout::dual;
   Comm pair = mesh.pp().split(std::min(mesh.coords().pp, (int)o.pp - 1 - mesh.coords().pp), mesh.coords().pp);
   pair.set_label("pp");
   if (dual) {
-    want_pp["allreduce"].calls += 1 + (held_moe > 0 ? 1 : 0);
-    want_pp["allreduce"].bytes += (size_t)local_numel * sizeof(float) +
+    want.pp["allreduce"].calls += 1 + (held_moe > 0 ? 1 : 0);
+    want.pp["allreduce"].bytes += (size_t)local_numel * sizeof(float) +
                                   (held_moe > 0 ? (size_t)((c.layers - c.dense_layers) * c.experts) * sizeof(float) : 0);
   }
   std::ostringstream csv;
@@ -922,30 +383,18 @@ int mesh_lesson(Lesson& L) {
     // [/slide]
     train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_span.reset();
-    last_tp = mesh.tp().collective_counts();
-    last_dp = data.collective_counts();
-    last_cp = mesh.cp().collective_counts();
-    last_ep = merged_counts({&mesh.ep(), &topo.node_comm, &topo.rail_comm});
-    last_edp = edp.collective_counts();
-    last_pp = merged_counts({&mesh.pp(), &pair});
-    const struct {
-      const char* axis;
-      const CollectiveCounts& got;
-      CollectiveCounts want;
-    } axes[] = {
-        {"tp", last_tp, want_tp},
-        {"dp", last_dp, want_dp},
-        {"cp", last_cp, want_cp},
-        {"ep", last_ep, formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)},
-        {"edp", last_edp, want_edp},
-        {"pp", last_pp, want_pp},
-    };
-    for (const auto& a : axes)
-      if (!same_counts(a.got, a.want) && comm_equal) {
-        comm_equal = false;
-        comm_detail = "step " + std::to_string(step) + ": " + a.axis + " " + counts_text(a.got) +
-                      ", formula " + counts_text(a.want);
-      }
+    last.tp = mesh.tp().collective_counts();
+    last.dp = data.collective_counts();
+    last.cp = mesh.cp().collective_counts();
+    last.ep = merged_counts({&mesh.ep(), &topo.node_comm, &topo.rail_comm});
+    last.edp = edp.collective_counts();
+    last.pp = merged_counts({&mesh.pp(), &pair});
+    want.ep = formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1);
+    const std::string differs = first_difference(last, want);
+    if (!differs.empty() && comm_equal) {
+      comm_equal = false;
+      comm_detail = "step " + std::to_string(step) + ": " + differs;
+    }
 
     // ---- the check (its traffic on check_world / check_dp, not counted above)
     Trace::Category check_traffic(trace(), "check");
@@ -976,101 +425,13 @@ int mesh_lesson(Lesson& L) {
       my_bias.insert(my_bias.end(), v.begin(), v.end());
     }
 
-    double loss_ref = NAN, grad_ratio = 0;
-    std::string step_adam = "=";
-    if (L.rank() == 0) {
-      // the reference gradient from the same weights and the whole global batch
-      std::vector<float> ref_load;
-      if (checking) {
-        checked_steps++;
-        CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::train, step, o.batch, T, 0, o.batch,
-                                            (uint64_t)L.flags.seed);
-        for (Tensor* p : ref_params) p->zero_grad();
-        model::Output out = model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
-                                           model::positions(T, L.device));
-        out.loss.backward();
-        loss_ref = out.loss.to_vector()[0];
-        if (L.dumping() && step + 1 == o.steps) {
-          // the last step as the mesh ran it: the weights before it, the global batch, the
-          // mesh's loss and its mean gradient of every weight (gathered over TP, DP and CP)
-          for (size_t k = 0; k < names.size(); k++) {
-            L.dump("last_step." + names[k], *ref_params[k]);
-            L.dump("last_step.grad." + names[k], g_grad.full[k]);
-          }
-          for (const model::NamedTensor& n : ref.named_buffers()) L.dump("last_step." + n.name, n.t);
-          L.dump("last_step.inputs", gb.inputs);
-          L.dump("last_step.targets", gb.targets);
-          L.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
-        }
-        double lr_ratio = std::fabs(loss_mesh - loss_ref) /
-                          (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
-        if (std::isnan(lr_ratio)) lr_ratio = INFINITY;
-        if (lr_ratio > worst_loss.ratio || worst_loss.step < 0) worst_loss = {lr_ratio, "loss", step};
-        if (step == 0) first_loss_ratio = lr_ratio;
-        for (size_t k = 0; k < names.size(); k++) {
-          Tensor want = ref_params[k]->grad().defined() ? ref_params[k]->grad()
-                                                        : Tensor::zeros(ref_params[k]->shape());
-          Tensor got = g_grad.full[k];
-          if (bug_kpe && got.shape() != want.shape()) got = slice(got, 1, 0, c.d_rope);
-          double r = error_ratio(got, want, n_terms);
-          if (std::isnan(r)) r = INFINITY;
-          grad_ratio = std::max(grad_ratio, r);
-          if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
-        }
-        std::vector<Route> ref_routes;
-        for (size_t l = 0; l < out.routes.size(); l++) ref_routes.push_back({(int64_t)l, out.routes[l]});
-        ref_load = expert_loads(ref_routes, c);
-      }
-      // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
-      if (ref_adam_params.empty())
-        for (Tensor* p : ref_params) ref_adam_params.push_back(p->detach().to(adam_dev).clone());
-      std::vector<Tensor> grads;
-      std::vector<Tensor*> ps;
-      for (size_t k = 0; k < names.size(); k++) {
-        Tensor gk = g_grad.full[k];
-        if (bug_kpe && gk.shape() != ref_adam_params[k].shape()) gk = slice(gk, 1, 0, c.d_rope).clone();
-        grads.push_back(gk.to(adam_dev));
-        ps.push_back(&ref_adam_params[k]);
-      }
-      ref_adam.step(ps, grads);
-      for (size_t k = 0; k < names.size(); k++) {
-        Tensor mesh_w = g_par.full[k];
-        if (bug_kpe && mesh_w.shape() != ref_adam_params[k].shape()) {
-          // every head's copy of W_kr: one shared key means they stay equal
-          for (int64_t h = 1; h < c.heads && kpe_copies_equal; h++)
-            if (!bitwise_equal(slice(mesh_w, 1, 0, c.d_rope), slice(mesh_w, 1, h * c.d_rope, (h + 1) * c.d_rope)))
-              kpe_copies_equal = false;
-          mesh_w = slice(mesh_w, 1, 0, c.d_rope).clone();
-        }
-        if (!bitwise_equal(mesh_w, ref_adam_params[k])) {
-          step_adam = "differ";
-          if (adam_equal) adam_detail = names[k] + ", step " + std::to_string(step);
-          adam_equal = false;
-        }
-        // resynchronise: the next step starts from the mesh's weights
-        ref_adam_params[k].copy_from(mesh_w.to(adam_dev));
-        ref_params[k]->detach().copy_from(mesh_w.to(L.device));
-      }
-      std::vector<model::NamedTensor> rb = ref.named_buffers();
-      if (checking) {  // the reference's own bias update from its own routes
-        update_biases(ref, ref_load, c.experts, o.bias_rate);
-        std::vector<float> ref_bias;
-        for (const model::NamedTensor& b : rb) {
-          const std::vector<float> v = b.t.to_vector();
-          ref_bias.insert(ref_bias.end(), v.begin(), v.end());
-        }
-        if (!same_floats(ref_bias, my_bias))
-          bias_equal = false;
-      }
-      size_t at = 0;
-      for (const model::NamedTensor& b : rb) {
-        const size_t n = (size_t)b.t.numel();
-        b.t.copy_from(Tensor::from_vector(std::vector<float>(my_bias.begin() + (long)at,
-                                                             my_bias.begin() + (long)(at + n)),
-                                          b.t.shape(), b.t.device()));
-        at += n;
-      }
-    }
+    // rank 0: one process from the same weights on the whole global batch, and AdamW on the
+    // mesh's own mean gradient (reference_check.h)
+    OneProcess::Step ref_step;
+    if (L.rank() == 0)
+      ref_step = one_process.step(L, step, checking, step + 1 == o.steps, loss_mesh, g_grad, g_par, my_bias);
+    const double loss_ref = ref_step.loss, grad_ratio = ref_step.grad_ratio;
+    const std::string& step_adam = ref_step.adam;
     if (L.rank() == 0) {
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref));
       if (logging) {
@@ -1078,24 +439,24 @@ int mesh_lesson(Lesson& L) {
           const std::string b = human_bytes((double)sum_bytes(m));
           return shown ? "  " + std::string(10 - std::min<size_t>(10, b.size()), ' ') + b : std::string();
         };
-        const std::string cp_col = column(sizes.cp > 1, last_cp) + column(sizes.ep > 1, last_ep) +
-                                   column(sizes.ep > 1, last_edp) + column(sizes.pp > 1, last_pp);
+        const std::string cp_col = column(sizes.cp > 1, last.cp) + column(sizes.ep > 1, last.ep) +
+                                   column(sizes.ep > 1, last.edp) + column(sizes.pp > 1, last.pp);
         if (checking)
           std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s%s\n", (long long)step,
                       loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, grad_ratio,
-                      step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
-                      human_bytes((double)sum_bytes(last_dp)).c_str(), cp_col.c_str());
+                      step_adam.c_str(), human_bytes((double)sum_bytes(last.tp)).c_str(),
+                      human_bytes((double)sum_bytes(last.dp)).c_str(), cp_col.c_str());
         else
           std::printf("%5lld  %11.6f  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", (long long)step, loss_mesh,
-                      "-", "-", "-", "-", step_adam.c_str(), human_bytes((double)sum_bytes(last_tp)).c_str(),
-                      human_bytes((double)sum_bytes(last_dp)).c_str(), cp_col.c_str());
+                      "-", "-", "-", "-", step_adam.c_str(), human_bytes((double)sum_bytes(last.tp)).c_str(),
+                      human_bytes((double)sum_bytes(last.dp)).c_str(), cp_col.c_str());
       }
       char row[320];
       std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu,%d,%d,%zu,%zu,%zu,0\n",
                     sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh,
-                    loss_ref, grad_ratio, sum_bytes(last_tp), sum_bytes(last_dp), sizes.cp,
-                    sum_bytes(last_cp), sizes.pp, sizes.ep, sum_bytes(last_ep), sum_bytes(last_edp),
-                    sum_bytes(last_pp));
+                    loss_ref, grad_ratio, sum_bytes(last.tp), sum_bytes(last.dp), sizes.cp,
+                    sum_bytes(last.cp), sizes.pp, sizes.ep, sum_bytes(last.ep), sum_bytes(last.edp),
+                    sum_bytes(last.pp));
       csv << row;
     }
   }
@@ -1104,25 +465,11 @@ int mesh_lesson(Lesson& L) {
   // ---- memory, communication per axis, the estimate
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
   const zero::Memory mem = dense_opt.memory() + expert_opt.memory();
-  const zero::Memory want = zero::formula(dense_opt.numel, W, (int)o.zero) +
+  const zero::Memory mem_formula = zero::formula(dense_opt.numel, W, (int)o.zero) +
                             (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)o.zero) : zero::Memory{});
   if (L.rank() == 0) {
     std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
-    std::printf("  tp: %s\n      formula: %s\n", counts_text(last_tp).c_str(),
-                counts_text(want_tp).c_str());
-    if (sizes.cp > 1)
-      std::printf("  cp: %s\n      formula: %s\n", counts_text(last_cp).c_str(),
-                  counts_text(want_cp).c_str());
-    if (sizes.ep > 1)
-      std::printf("  ep: %s\n      formula: %s\n", counts_text(last_ep).c_str(),
-                  counts_text(formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1)).c_str());
-    std::printf("  %s: %s\n      formula: %s\n", sizes.cp > 1 ? "dp x cp" : "dp", counts_text(last_dp).c_str(),
-                counts_text(want_dp).c_str());
-    if (sizes.ep > 1)
-      std::printf("  edp: %s\n      formula: %s\n", counts_text(last_edp).c_str(),
-                  counts_text(want_edp).c_str());
-    if (sizes.pp > 1)
-      std::printf("  pp: %s\n      formula: %s\n", counts_text(last_pp).c_str(), counts_text(want_pp).c_str());
+    std::printf("%s", communication_text(last, want, sizes).c_str());
     if (sched_pairs && o.overlap == "on")
       std::printf("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
                   "over the whole run\n", overlap::switches());
@@ -1134,11 +481,11 @@ int mesh_lesson(Lesson& L) {
                   "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, W,
                   (long long)expert_opt.numel, edp.size());
     std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)mem.params).c_str(),
-                human_bytes((double)want.params).c_str());
+                human_bytes((double)mem_formula.params).c_str());
     std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)mem.grads).c_str(),
-                human_bytes((double)want.grads).c_str());
+                human_bytes((double)mem_formula.grads).c_str());
     std::printf("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)mem.optimizer).c_str(),
-                o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)want.optimizer).c_str());
+                o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)mem_formula.optimizer).c_str());
     std::printf("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
                 human_bytes((double)mem.buffers).c_str());
     std::printf("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
@@ -1150,7 +497,7 @@ int mesh_lesson(Lesson& L) {
     char row[320];
     std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
                   sizes.tp, (long long)o.zero, (int)o.sp, mem.params, mem.grads, mem.optimizer,
-                  mem.buffers, want.params + want.grads + want.optimizer, sizes.cp, sizes.pp, sizes.ep);
+                  mem.buffers, mem_formula.params + mem_formula.grads + mem_formula.optimizer, sizes.cp, sizes.pp, sizes.ep);
     csv << row;
   }
   if (o.estimate == "run" && L.rank() == 0) {
@@ -1163,9 +510,8 @@ int mesh_lesson(Lesson& L) {
   // every rank's bytes per axis in the last step, measured and by the formula (a row each)
   if (!L.flags.csv.empty()) {
     Trace::Category check_traffic(trace(), "check");
-    const CollectiveCounts last_ep_want = formula_ep(maps, mesh.coords().ep, topo.R, mm.scheme, c.dim, 1);
-    const CollectiveCounts* mine[12] = {&last_tp, &last_dp, &last_cp, &last_ep, &last_edp, &last_pp,
-                                        &want_tp, &want_dp, &want_cp, &last_ep_want, &want_edp, &want_pp};
+    const CollectiveCounts* mine[12] = {&last.tp, &last.dp, &last.cp, &last.ep, &last.edp, &last.pp,
+                                        &want.tp, &want.dp, &want.cp, &want.ep, &want.edp, &want.pp};
     std::vector<uint64_t> b(12), all(12 * (size_t)L.size());
     for (size_t i = 0; i < 12; i++) b[i] = sum_bytes(*mine[i]);
     check_world.allgather(b.data(), b.size() * sizeof(uint64_t), all.data());
@@ -1209,7 +555,7 @@ int mesh_lesson(Lesson& L) {
       if (L.rank() == 0) {
         CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::val, k, o.batch, T, 0, o.batch,
                                             (uint64_t)L.flags.seed);
-        val_ref += model::forward(c, ref, gb.inputs.to(L.device), gb.targets.to(L.device),
+        val_ref += model::forward(c, one_process.model(), gb.inputs.to(L.device), gb.targets.to(L.device),
                                   model::positions(T, L.device)).loss.to_vector()[0] /
                    (double)o.val_batches;
       }
@@ -1221,8 +567,8 @@ int mesh_lesson(Lesson& L) {
       CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::val, 0, o.batch, T, 0, o.batch,
                                           (uint64_t)L.flags.seed);
       if (L.dumping()) {
-        for (const model::NamedTensor& n : ref.named_parameters()) L.dump(n.name, n.t);
-        for (const model::NamedTensor& n : ref.named_buffers()) L.dump(n.name, n.t);
+        for (const model::NamedTensor& n : one_process.model().named_parameters()) L.dump(n.name, n.t);
+        for (const model::NamedTensor& n : one_process.model().named_buffers()) L.dump(n.name, n.t);
         L.dump("val_inputs", gb.inputs);
         L.dump("val_targets", gb.targets);
         L.dump("val_loss", Tensor::from_vector({(float)val0_mesh}, {}));  // of batch 0
@@ -1241,27 +587,13 @@ int mesh_lesson(Lesson& L) {
   if (o.sample > 0 && L.rank() == 0)
     std::printf("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)o.sample,
                 o.temperature, (long long)L.flags.seed,
-                sample_text(c, ref, corpus, o.prompt, o.sample, o.temperature, (uint64_t)L.flags.seed).c_str());
+                sample_text(c, one_process.model(), corpus, o.prompt, o.sample, o.temperature, (uint64_t)L.flags.seed).c_str());
 
   // ---- the verdict
   CheckReport check(L.comm);
   const bool root = L.rank() == 0;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss| "
-                "(n = B T = %.0f): worst %.3f of the bound",
-                (long long)checked_steps, n_terms, worst_loss.ratio);
-  check.holds(line, !root || worst_loss.ratio <= 1.0);
-  std::snprintf(line, sizeof line,
-                "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
-                "worst %.3f of the bound (%s, step %lld)",
-                worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
-  check.holds(line, !root || worst_grad.ratio <= 1.0);
-  std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
-                "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());
-  check.holds(line, !root || adam_equal);
-  check.holds("balancing bias = one process's update from its own routes, bit for bit",
-              !root || bias_equal);
+  one_process.verdict(check, root);  // the loss, the gradients, AdamW and the bias
   std::snprintf(line, sizeof line, "every copy of a replicated weight (over TP and DP%s) and of the "
                 "bias holds the same bits%s%s", dual ? ", and DualPipe's two of every stage" : "",
                 disagree.empty() ? "" : ": not ", disagree.c_str());
@@ -1276,15 +608,9 @@ int mesh_lesson(Lesson& L) {
     if (p && p->grad().defined()) grads_held += p->nbytes();
   std::snprintf(line, sizeof line, "memory: parameters 4N, gradients 4N (those held), AdamW's m and "
                 "v %s, measured", o.zero ? "8 ceil(N/dp)" : "8N");
-  check.holds(line, mem.params == want.params && mem.grads == grads_held &&
-                        grads_held <= want.grads && mem.optimizer == want.optimizer);
-  if (bug_kpe) {
-    std::snprintf(line, sizeof line, "k_pe: the forward is unchanged, the loss of step 0 = one "
-                  "process's (%.3f of the bound)", first_loss_ratio);
-    check.holds(line, !root || first_loss_ratio <= 1.0);
-    check.holds("k_pe: every head's copy of W_kr stays equal (one key shared by the heads)",
-                !root || kpe_copies_equal);
-  }
+  check.holds(line, mem.params == mem_formula.params && mem.grads == grads_held &&
+                        grads_held <= mem_formula.grads && mem.optimizer == mem_formula.optimizer);
+  one_process.kpe_verdict(check, root);
   // the tolerance from one process's loss (a non-finite mesh loss must not widen it)
   double val_want = root ? val_ref : val_mesh;
   Trace::Category check_traffic(trace(), "check");

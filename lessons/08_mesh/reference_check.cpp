@@ -1,0 +1,249 @@
+// lessons/08_mesh/reference_check.cpp — gathering the mesh for the check (reference_check.h).
+#include "lessons/08_mesh/reference_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "lessons/08_mesh/mesh_model.h"
+
+#include "common/core/autograd.h"
+#include "common/core/ops.h"
+
+namespace ff::mesh {
+
+// The same bits (sizes included; an empty vector may have no storage to compare).
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// local: this rank's tensors of the names its pipeline stages hold, in names' order.
+Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
+                     const std::vector<Tensor>& local, const MeshSizes& sizes, const StagePlan& plan,
+                     Comm& world) {
+  std::vector<float> mine;
+  for (const Tensor& t : local) {
+    const std::vector<float> v = t.to_vector();
+    mine.insert(mine.end(), v.begin(), v.end());
+  }
+  const int W = world.size();
+  std::vector<int64_t> counts((size_t)W);
+  int64_t n = (int64_t)mine.size();
+  world.allgather(&n, sizeof n, counts.data());
+  std::vector<size_t> bytes((size_t)W);
+  std::vector<size_t> offset((size_t)W + 1, 0);
+  for (int r = 0; r < W; r++) {
+    bytes[(size_t)r] = (size_t)counts[(size_t)r] * sizeof(float);
+    offset[(size_t)r + 1] = offset[(size_t)r] + (size_t)counts[(size_t)r];
+  }
+  std::vector<float> all(offset[(size_t)W]);
+  world.allgatherv(mine.data(), mine.size() * sizeof(float), all.data(), bytes);
+
+  // Walk every rank's buffer with that rank's local shapes (empty: a name it does not hold).
+  std::vector<std::vector<Tensor>> pieces((size_t)W);
+  for (int r = 0; r < W; r++) {
+    const MeshCoords co = mesh_coords(sizes, r);
+    size_t at = offset[(size_t)r];
+    for (size_t k = 0; k < names.size(); k++) {
+      if (!plan.holds(names[k], co.pp)) {
+        pieces[(size_t)r].push_back(Tensor());
+        continue;
+      }
+      const Shape s = local_shape(full_shapes[k], split_of(names[k], sizes.ep), co, sizes);
+      int64_t numel = 1;
+      for (int64_t d : s) numel *= d;
+      pieces[(size_t)r].push_back(Tensor::from_vector(
+          std::vector<float>(all.begin() + (long)at, all.begin() + (long)(at + (size_t)numel)), s));
+      at += (size_t)numel;
+    }
+  }
+  Gathered g;
+  const int stage_ranks = sizes.dp * sizes.cp * sizes.tp;
+  for (size_t k = 0; k < names.size(); k++) {
+    const Split s = split_of(names[k], sizes.ep);
+    const int q = plan.rank_of(names[k]);  // the pipeline rank holding its stage
+    // the parts to join, from the first block of ranks of that pipeline rank: TP rank t's shard
+    // from (tp t, all else 0); EP rank e's experts from the block's rank e
+    std::vector<Tensor> parts;
+    if (s == Split::expert)
+      for (int e = 0; e < sizes.ep; e++) parts.push_back(pieces[(size_t)(q * stage_ranks + e)][k]);
+    else
+      for (int t = 0; t < sizes.tp; t++) parts.push_back(pieces[(size_t)mesh_rank(sizes, {t, 0, 0, 0, q, 0})][k]);
+    // every copy equals its reference copy: DP replicas the TP shard of dp 0, expert-DP
+    // replicas the experts of EP rank e, and a replicated weight the one of rank 0
+    for (int r = 0; r < W && g.disagree.empty(); r++) {
+      const MeshCoords co = mesh_coords(sizes, r);
+      if (!plan.holds(names[k], co.pp)) continue;
+      const int t = s == Split::replicated ? 0 : s == Split::expert ? co.ep : co.tp;
+      const std::vector<float> a = pieces[(size_t)r][k].to_vector(), b = parts[(size_t)t].to_vector();
+      if (!same_floats(a, b))
+        g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
+    }
+    NoGradGuard ng;
+    g.full.push_back(s == Split::replicated ? parts[0]
+                                            : concat(parts, s == Split::column ? 1 : 0));
+  }
+  return g;
+}
+
+
+// max |got - want| as a fraction of the bound kLossBound n eps max|want| (above): 1 fails.
+double error_ratio(const Tensor& got, const Tensor& want, double n) {
+  const std::vector<float> a = got.to_vector(), b = want.to_vector();
+  double diff = 0, big = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+    if (std::isnan(a[i]) || std::isnan(b[i])) diff = INFINITY;
+    big = std::max(big, (double)std::fabs(b[i]));
+  }
+  const double bound = kLossBound * n * std::numeric_limits<float>::epsilon() * std::max(big, 1e-30);
+  return diff / bound;
+}
+
+OneProcess::OneProcess(const Lesson& L, const model::Config& c, const AdamConfig& ac,
+                       int zero_stage, double bias_rate, bool bug_kpe,
+                       std::vector<std::string> names, double n_terms, const CharCorpus& corpus,
+                       int64_t batch)
+    : c(c), bias_rate(bias_rate), bug_kpe(bug_kpe), names(std::move(names)), n_terms(n_terms),
+      corpus(corpus), batch(batch), T(c.seq_len), seed((uint64_t)L.flags.seed), device(L.device),
+      adam_dev(zero_stage == 1 ? Device::cpu : L.device), ref_adam(ac) {
+  if (L.rank() != 0) return;
+  ref = model::init_params(c, seed, device);
+  ref_named = ref.named_parameters();
+  for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
+}
+
+OneProcess::Step OneProcess::step(Lesson& L, int64_t step, bool checking, bool last, double loss_mesh,
+                                  const Gathered& g_grad, const Gathered& g_par,
+                                  const std::vector<float>& my_bias) {
+  double loss_ref = NAN, grad_ratio = 0;
+  std::string step_adam = "=";
+  // the reference gradient from the same weights and the whole global batch
+  std::vector<float> ref_load;
+  if (checking) {
+    checked_steps++;
+    CharCorpus::Batch gb = corpus.batch(CharCorpus::Split::train, step, batch, T, 0, batch,
+                                        seed);
+    for (Tensor* p : ref_params) p->zero_grad();
+    model::Output out = model::forward(c, ref, gb.inputs.to(device), gb.targets.to(device),
+                                       model::positions(T, device));
+    out.loss.backward();
+    loss_ref = out.loss.to_vector()[0];
+    if (L.dumping() && last) {
+      // the last step as the mesh ran it: the weights before it, the global batch, the
+      // mesh's loss and its mean gradient of every weight (gathered over TP, DP and CP)
+      for (size_t k = 0; k < names.size(); k++) {
+        L.dump("last_step." + names[k], *ref_params[k]);
+        L.dump("last_step.grad." + names[k], g_grad.full[k]);
+      }
+      for (const model::NamedTensor& n : ref.named_buffers()) L.dump("last_step." + n.name, n.t);
+      L.dump("last_step.inputs", gb.inputs);
+      L.dump("last_step.targets", gb.targets);
+      L.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
+    }
+    double lr_ratio = std::fabs(loss_mesh - loss_ref) /
+                      (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
+    if (std::isnan(lr_ratio)) lr_ratio = INFINITY;
+    if (lr_ratio > worst_loss.ratio || worst_loss.step < 0) worst_loss = {lr_ratio, "loss", step};
+    if (step == 0) first_loss_ratio = lr_ratio;
+    for (size_t k = 0; k < names.size(); k++) {
+      Tensor want = ref_params[k]->grad().defined() ? ref_params[k]->grad()
+                                                    : Tensor::zeros(ref_params[k]->shape());
+      Tensor got = g_grad.full[k];
+      if (bug_kpe && got.shape() != want.shape()) got = slice(got, 1, 0, c.d_rope);
+      double r = error_ratio(got, want, n_terms);
+      if (std::isnan(r)) r = INFINITY;
+      grad_ratio = std::max(grad_ratio, r);
+      if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
+    }
+    std::vector<Route> ref_routes;
+    for (size_t l = 0; l < out.routes.size(); l++) ref_routes.push_back({(int64_t)l, out.routes[l]});
+    ref_load = expert_loads(ref_routes, c);
+  }
+  // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
+  if (ref_adam_params.empty())
+    for (Tensor* p : ref_params) ref_adam_params.push_back(p->detach().to(adam_dev).clone());
+  std::vector<Tensor> grads;
+  std::vector<Tensor*> ps;
+  for (size_t k = 0; k < names.size(); k++) {
+    Tensor gk = g_grad.full[k];
+    if (bug_kpe && gk.shape() != ref_adam_params[k].shape()) gk = slice(gk, 1, 0, c.d_rope).clone();
+    grads.push_back(gk.to(adam_dev));
+    ps.push_back(&ref_adam_params[k]);
+  }
+  ref_adam.step(ps, grads);
+  for (size_t k = 0; k < names.size(); k++) {
+    Tensor mesh_w = g_par.full[k];
+    if (bug_kpe && mesh_w.shape() != ref_adam_params[k].shape()) {
+      // every head's copy of W_kr: one shared key means they stay equal
+      for (int64_t h = 1; h < c.heads && kpe_copies_equal; h++)
+        if (!bitwise_equal(slice(mesh_w, 1, 0, c.d_rope), slice(mesh_w, 1, h * c.d_rope, (h + 1) * c.d_rope)))
+          kpe_copies_equal = false;
+      mesh_w = slice(mesh_w, 1, 0, c.d_rope).clone();
+    }
+    if (!bitwise_equal(mesh_w, ref_adam_params[k])) {
+      step_adam = "differ";
+      if (adam_equal) adam_detail = names[k] + ", step " + std::to_string(step);
+      adam_equal = false;
+    }
+    // resynchronise: the next step starts from the mesh's weights
+    ref_adam_params[k].copy_from(mesh_w.to(adam_dev));
+    ref_params[k]->detach().copy_from(mesh_w.to(device));
+  }
+  std::vector<model::NamedTensor> rb = ref.named_buffers();
+  if (checking) {  // the reference's own bias update from its own routes
+    update_biases(ref, ref_load, c.experts, bias_rate);
+    std::vector<float> ref_bias;
+    for (const model::NamedTensor& b : rb) {
+      const std::vector<float> v = b.t.to_vector();
+      ref_bias.insert(ref_bias.end(), v.begin(), v.end());
+    }
+    if (!same_floats(ref_bias, my_bias))
+      bias_equal = false;
+  }
+  size_t at = 0;
+  for (const model::NamedTensor& b : rb) {
+    const size_t n = (size_t)b.t.numel();
+    b.t.copy_from(Tensor::from_vector(std::vector<float>(my_bias.begin() + (long)at,
+                                                         my_bias.begin() + (long)(at + n)),
+                                      b.t.shape(), b.t.device()));
+    at += n;
+  }
+  return {loss_ref, grad_ratio, step_adam};
+}
+
+void OneProcess::verdict(CheckReport& check, bool root) const {
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss| "
+                "(n = B T = %.0f): worst %.3f of the bound",
+                (long long)checked_steps, n_terms, worst_loss.ratio);
+  check.holds(line, !root || worst_loss.ratio <= 1.0);
+  std::snprintf(line, sizeof line,
+                "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
+                "worst %.3f of the bound (%s, step %lld)",
+                worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
+  check.holds(line, !root || worst_grad.ratio <= 1.0);
+  std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
+                "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());
+  check.holds(line, !root || adam_equal);
+  check.holds("balancing bias = one process's update from its own routes, bit for bit",
+              !root || bias_equal);
+}
+
+void OneProcess::kpe_verdict(CheckReport& check, bool root) const {
+  char line[512];
+  if (bug_kpe) {
+    std::snprintf(line, sizeof line, "k_pe: the forward is unchanged, the loss of step 0 = one "
+                  "process's (%.3f of the bound)", first_loss_ratio);
+    check.holds(line, !root || first_loss_ratio <= 1.0);
+    check.holds("k_pe: every head's copy of W_kr stays equal (one key shared by the heads)",
+                !root || kpe_copies_equal);
+  }
+}
+
+}  // namespace ff::mesh

@@ -1,0 +1,110 @@
+// lessons/08_mesh/reference_check.h — the check's view of the mesh: every rank's tensors
+// gathered and rebuilt as the full weights one process would hold, the replicas compared bit for
+// bit, the tolerance a gradient is held to, and the one-process twin it is held against.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/comm/comm.h"
+#include "common/comm/mesh.h"
+#include "common/core/check.h"
+#include "common/core/optim.h"
+#include "common/core/tensor.h"
+#include "common/layers/model.h"
+#include "common/lesson/corpus.h"
+#include "common/lesson/lesson.h"
+#include "lessons/08_mesh/sharding.h"
+
+namespace ff::mesh {
+
+// The check's view of the mesh: every rank's local tensors, gathered (one all-gather on a
+// communicator of the check's own, so that the training's counters stay the training's), and
+// rebuilt on every rank as the full weights one process would hold.
+struct Gathered {
+  std::vector<Tensor> full;     // one per named parameter, on the cpu
+  std::string disagree;         // the first replicated weight whose copies differ ("" if none)
+};
+
+// The same bits (sizes included; an empty vector may have no storage to compare).
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b);
+// Every rank's local tensors (local: this rank's tensors of the names its pipeline stages hold,
+// in names' order), gathered over `world` (the check's own communicator) and joined into the
+// full ones; a replica that differs from its reference copy is named in `disagree`.
+Gathered gather_full(const std::vector<std::string>& names, const std::vector<Shape>& full_shapes,
+                     const std::vector<Tensor>& local, const MeshSizes& sizes, const StagePlan& plan,
+                     Comm& world);
+
+// The tolerance rule of lessons 04 and 05, K n eps max|want| with K = kLossBound: n float32
+// terms summed in two orders differ by at most about 2 n eps of their magnitude, and a factor 2
+// covers the few roundings of each term. n is the longest sum, a weight gradient's over every
+// token of the global batch (B T).
+constexpr double kLossBound = 4.0;
+// max |got - want| as a fraction of the bound kLossBound n eps max|want| (above): 1 fails.
+double error_ratio(const Tensor& got, const Tensor& want, double n);
+
+// The worst ratio to its bound seen so far, and where.
+struct Worst {
+  double ratio = 0;
+  std::string what = "-";
+  int64_t step = -1;
+};
+
+// The one-process twin rank 0 checks the mesh against (constructed on every rank, used on rank
+// 0): the full model from the same seed, resynchronised to the mesh's weights after every step.
+// At a checked step it computes the loss and every gradient on the whole global batch from the
+// same weights (the mesh's loss and gathered mean gradients must be within the bound), and every
+// step it runs AdamW on the mesh's own mean gradients (the mesh's new weights must be the same
+// bits) and its own bias update from its own routes (the same bits again).
+class OneProcess {
+ public:
+  OneProcess(const Lesson& L, const model::Config& c, const AdamConfig& ac, int zero_stage,
+             double bias_rate, bool bug_kpe, std::vector<std::string> names, double n_terms,
+             const CharCorpus& corpus, int64_t batch);
+  struct Step {
+    double loss = NAN;        // one process's loss (NAN: not a checked step)
+    double grad_ratio = 0;    // the worst gradient's error over its bound
+    std::string adam = "=";   // "=": AdamW the same bits, "differ"
+  };
+  // Rank 0, after the mesh's step `step` (last: the last one, whose inputs and gradients --dump
+  // keeps): loss_mesh its loss, grads and params its mean gradients and new weights gathered
+  // (gather_full), mesh_bias its balancing biases.
+  Step step(Lesson& L, int64_t step, bool checking, bool last, double loss_mesh, const Gathered& grads,
+            const Gathered& params, const std::vector<float>& mesh_bias);
+  model::Params& model() { return ref; }
+  // The twin's lines of the check (on rank 0; the other ranks pass): the loss and every mean
+  // gradient within the bound, AdamW and the bias bit for bit; and, under --bug kpe-per-head
+  // only, the unchanged forward and the copies of W_kr.
+  void verdict(CheckReport& check, bool root) const;
+  void kpe_verdict(CheckReport& check, bool root) const;
+
+  // the verdicts, over every step
+  Worst worst_loss, worst_grad;
+  double first_loss_ratio = 0;  // step 0: both from the initial weights
+  int64_t checked_steps = 0;
+  bool adam_equal = true, bias_equal = true, kpe_copies_equal = true;
+  std::string adam_detail = "-";
+
+ private:
+  const model::Config c;
+  const double bias_rate;
+  const bool bug_kpe;
+  const std::vector<std::string> names;
+  const double n_terms, eps = std::numeric_limits<float>::epsilon();
+  const CharCorpus& corpus;
+  const int64_t batch, T;
+  const uint64_t seed;
+  const Device device;
+  model::Params ref;
+  std::vector<model::NamedTensor> ref_named;
+  std::vector<Tensor*> ref_params;
+  // AdamW runs where the mesh's does: ZeRO-1 on the host (its shard lives there), ZeRO-0 on the
+  // device; then the two apply the same elementwise float operations and agree bit for bit.
+  const Device adam_dev;
+  Adam ref_adam;
+  std::vector<Tensor> ref_adam_params;  // the reference's weights where its AdamW runs
+};
+
+}  // namespace ff::mesh
