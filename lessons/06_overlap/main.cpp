@@ -24,6 +24,9 @@
 //       make run L=06 ARGS="--prefill"                 (inference: two forwards interleaved)
 // Expect: the timelines of rank 0, the hidden fraction per rank, DualPipe's bubble from the
 //   measured costs, overlapped == sequential bit for bit, both == one process, check: PASS.
+// This file is the lesson (the micro-batch, the six phases, the 1F1B loop with the overlapped
+// step, the checks); beside it: progress.h (MPI progress), block.h (the block and its weights),
+// reference.h (one process), timeline.h (what a run records and prints).
 #include <mpi.h>
 
 #include <algorithm>
@@ -42,106 +45,13 @@
 #include "common/layers/expert_parallel.h"
 #include "common/layers/schedule.h"
 #include "common/lesson/lesson.h"
+#include "lessons/06_overlap/block.h"
+#include "lessons/06_overlap/progress.h"
+#include "lessons/06_overlap/reference.h"
+#include "lessons/06_overlap/timeline.h"
 
 using namespace ff;
-
-// ----------------------------------------------------------------------------
-// MPI progress. Open MPI moves a large message between processes of one node (shared memory,
-// rendezvous protocol) only while one of the two is inside an MPI call: a message posted with
-// isend and then left alone while both sides compute has not moved when the wait begins.
-//   none    start, compute, wait: the data moves in the wait
-//   test    MPI_Test on the flights in the air between compute tiles (each op of the
-//           attention, each expert), so the data moves while the rank computes
-//   thread  a second thread polls them every few tens of microseconds; MPI calls from two
-//           threads need MPI_THREAD_SERIALIZED at least (one at a time: a mutex here, which
-//           also guards the link model's state), or MPI_THREAD_MULTIPLE without the mutex.
-enum class ProgressMode { none, test, thread };
-
-class Progress {
- public:
-  Progress(Comm& comm, ProgressMode mode) : comm_(comm), mode_(mode) {
-    if (mode_ == ProgressMode::thread) thread_ = std::thread([this] { loop(); });
-  }
-  ~Progress() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  // Every MPI call of the main thread holds this lock while a progress thread runs.
-  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mu_); }
-  void add(ep::RowFlight* f) {
-    auto l = lock();
-    live_.push_back(f);
-  }
-  // Waits for f (the watchdog's wait) and takes it off the list.
-  Tensor finish(ep::RowFlight* f) {
-    auto l = lock();
-    live_.erase(std::remove(live_.begin(), live_.end(), f), live_.end());
-    return ep::exchange_rows_finish(comm_, *f);
-  }
-  // [slide:tick]
-  // Between compute tiles: with --progress test, one MPI_Test of every flight in the air.
-  void tick() {
-    if (mode_ != ProgressMode::test) return;
-    for (ep::RowFlight* f : live_) ep::exchange_rows_test(comm_, *f);
-  }
-  // [/slide]
-  // Whether f has arrived (polls it): lets a wait run deferred work first.
-  bool arrived(ep::RowFlight* f) {
-    auto l = lock();
-    return ep::exchange_rows_test(comm_, *f);
-  }
-
- private:
-  void loop() {
-    while (!stop_) {
-      {
-        auto l = lock();
-        for (ep::RowFlight* f : live_) ep::exchange_rows_test(comm_, *f);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(30));
-    }
-  }
-  Comm& comm_;
-  ProgressMode mode_;
-  std::vector<ep::RowFlight*> live_;
-  std::mutex mu_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-};
-
-// ----------------------------------------------------------------------------
-// What a run records: compute phases, waits and message flights of this rank, for the printed
-// timeline, the compute / communication split and the costs fed to lesson 07's simulator.
-struct Event {
-  char kind;  // 'F' forward compute, 'B' backward compute, 'W' weight gradients, '.' waiting
-  double t0, t1;
-};
-struct Timeline {
-  double start = 0, end = 0;
-  std::vector<Event> events;
-  std::vector<std::pair<double, double>> flights;  // all-to-alls: posted .. seen complete
-  double total(char kind) const {
-    double s = 0;
-    for (const Event& e : events)
-      if (e.kind == kind) s += e.t1 - e.t0;
-    return s;
-  }
-  double compute() const { return total('F') + total('B') + total('W'); }
-  double waiting() const { return total('.'); }
-  double wall() const { return end - start; }
-};
-
-// ----------------------------------------------------------------------------
-// The block's weights. Attention and norms are replicated (every rank the same, from the
-// seed), the routed experts spread over the ranks as in lessons 04 and 05.
-struct Weights {
-  Tensor g1, wq, wk, wv, wo, g2;  // autograd leaves
-  dsv3::Params full, mine;        // the MoE: every expert (router, shared) and this rank's
-};
-
-struct Grads {  // summed over micro-batches, in micro-batch order
-  Tensor router_w, w1, w2, w3, sw1, sw2, sw3;
-};
+using namespace ff::f1b;
 
 // One micro-batch in flight: what its forward keeps for its backward, and its messages.
 struct MicroBatch {
@@ -162,51 +72,6 @@ struct MicroBatch {
   ep::RowFlight flight;  // the all-to-all in the air (one per micro-batch at a time)
   double posted = 0;     // when it was posted
 };
-
-struct Setup {
-  dsv3::Config c;
-  int64_t T = 64, H = 4, M = 8;
-  ProgressMode progress = ProgressMode::test;
-  bool defer_w = true;
-  bool early_read = false;  // --bug early-read
-  bool modelled_compute = true;  // --compute modelled: phases last FLOPs / flops_per_s
-  double flops_per_s = 1e9;
-  Device dev = Device::cpu;
-  uint64_t seed = 0;
-};
-
-// The attention half, on the tape: h = x + softmax(causal(q k^T / sqrt(dh))) v Wo, with
-// q, k, v from rmsnorm(x). tick() runs between its ops (the compute tiles of --progress test).
-static Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tensor& mask,
-                              const std::function<void()>& tick = [] {}) {
-  const int64_t T = x.size(0), d = x.size(1), dh = d / H;
-  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {T, H, dh}), 0, 1); };
-  Tensor a = rmsnorm(x, w.g1);
-  tick();
-  Tensor q = heads(matmul(a, w.wq));
-  tick();
-  Tensor k = heads(matmul(a, w.wk));
-  tick();
-  Tensor v = heads(matmul(a, w.wv));
-  tick();
-  Tensor sc = scale(matmul(q, transpose(k, 1, 2)), 1.0f / std::sqrt((float)dh));
-  tick();
-  Tensor p = softmax(masked_fill(sc, mask, -INFINITY));
-  tick();
-  Tensor o = reshape(transpose(matmul(p, v), 0, 1), {T, d});
-  tick();
-  Tensor h = add(x, matmul(o, w.wo));
-  tick();
-  return h;
-}
-
-// The causal mask: 1 above the diagonal (a token sees itself and the tokens before it).
-static Tensor causal_mask(int64_t T, Device dev) {
-  std::vector<float> m((size_t)(T * T), 0.f);
-  for (int64_t i = 0; i < T; i++)
-    for (int64_t j = i + 1; j < T; j++) m[(size_t)(i * T + j)] = 1.f;
-  return Tensor::from_vector(m, {T, T}, dev);
-}
 
 // The runner: one rank's block, its micro-batches, its messages and its clock.
 class Runner {
@@ -543,34 +408,6 @@ class Runner {
   double trace_to_wtime_ = 0;
 };
 
-// Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
-// seed (counter-based: rows [rank T, (rank + 1) T) of one global tensor per micro-batch).
-static void draw(const Setup& s, int rank, int P, int m, Tensor* x, Tensor* dy) {
-  const int64_t T = s.T, d = s.c.dim;
-  *x = randn_slice({P * T, d}, 0, rank * T, (rank + 1) * T, s.seed + 100 + (uint64_t)m).to(s.dev);
-  *dy = randn_slice({P * T, d}, 0, rank * T, (rank + 1) * T, s.seed + 500 + (uint64_t)m).to(s.dev);
-}
-
-static Weights make_weights(const Setup& s, int rank, int P) {
-  const int64_t d = s.c.dim, E = s.c.experts / P;
-  Weights w;
-  auto leaf = [&](Tensor t) { return t.requires_grad_(true); };
-  const float sd = 1.0f / std::sqrt((float)d);
-  w.g1 = leaf(add_scalar(scale(randn({d}, s.seed + 1, s.dev), 0.1f), 1.0f));
-  w.g2 = leaf(add_scalar(scale(randn({d}, s.seed + 2, s.dev), 0.1f), 1.0f));
-  w.wq = leaf(scale(randn({d, d}, s.seed + 3, s.dev), sd));
-  w.wk = leaf(scale(randn({d, d}, s.seed + 4, s.dev), sd));
-  w.wv = leaf(scale(randn({d, d}, s.seed + 5, s.dev), sd));
-  w.wo = leaf(scale(randn({d, d}, s.seed + 6, s.dev), sd));
-  w.full = dsv3::init_params(s.c, s.seed + 7, /*bias_spread=*/0.05, s.dev);
-  w.mine = dsv3::slice_experts(w.full, rank * E, (rank + 1) * E);
-  return w;
-}
-static std::vector<Tensor*> attention_leaves(Weights& w) {
-  return {&w.g1, &w.wq, &w.wk, &w.wv, &w.wo, &w.g2};
-}
-static const char* const kAttentionNames[] = {"g1", "wq", "wk", "wv", "wo", "g2"};
-
 // ----------------------------------------------------------------------------
 // The schedules on this stage.
 enum class Mode { sequential, overlapped };
@@ -688,114 +525,6 @@ static std::vector<NamedGrad> named_grads(const RunResult& r) {
   for (const auto& [name, t] : moe_grads)
     if (t->defined()) out.push_back({name, *t});
   return out;
-}
-
-// ----------------------------------------------------------------------------
-// The reference: one process, every expert, the same micro-batches — dsv3's single-process
-// layer (lesson 05's reference) and the same attention. Each rank computes it for its own
-// tokens (the block is per token after the attention, and the attention is per rank), and the
-// parameter gradients are summed over ranks, as the distributed ones are.
-struct Reference {
-  std::vector<Tensor> y, dx, attn_grads;
-  dsv3::Grads g;
-};
-
-static Reference reference(Comm& comm, const Setup& s, const Weights& w0, bool prefill) {
-  Weights w = w0;  // its own leaves: the gradients must not mix with the runs'
-  for (Tensor* t : attention_leaves(w)) *t = t->detach().clone().requires_grad_(true);
-  const Tensor mask = causal_mask(s.T, s.dev);
-  dsv3::Config c = s.c;
-  c.seq_len = s.T;
-  Reference ref;
-  auto acc = [](Tensor& sum, const Tensor& t) { sum = sum.defined() ? add(sum, t) : t; };
-  for (int m = 0; m < (int)s.M; m++) {
-    Tensor x, dy;
-    draw(s, comm.rank(), comm.size(), m, &x, &dy);
-    if (prefill) {
-      NoGradGuard no_grad;
-      Tensor h = attention_block(w, x, s.H, mask);
-      ref.y.push_back(add(h, dsv3::forward(c, w.full, rmsnorm(h, w.g2)).y));
-      continue;
-    }
-    x.requires_grad_(true);
-    Tensor h = attention_block(w, x, s.H, mask);
-    Tensor hn = h.detach();
-    hn.requires_grad_(true);
-    Tensor u_tape = rmsnorm(hn, w.g2);
-    Tensor u = u_tape.detach();
-    NoGradGuard no_grad;
-    dsv3::Forward f = dsv3::forward(c, w.full, u);
-    ref.y.push_back(add(h.detach(), f.y));
-    dsv3::Grads g = dsv3::backward(c, w.full, u, f, dy);
-    run_backward(u_tape, g.dx);
-    run_backward(h, add(dy, hn.grad()));
-    ref.dx.push_back(x.grad());
-    acc(ref.g.router_w, g.router_w), acc(ref.g.w1, g.w1), acc(ref.g.w2, g.w2), acc(ref.g.w3, g.w3);
-    if (c.shared > 0) acc(ref.g.sw1, g.sw1), acc(ref.g.sw2, g.sw2), acc(ref.g.sw3, g.sw3);
-  }
-  if (prefill) return ref;
-  for (Tensor* t : attention_leaves(w)) {
-    Tensor g = t->grad().clone();
-    comm.allreduce_sum(g);
-    ref.attn_grads.push_back(g);
-  }
-  for (Tensor* t : {&ref.g.router_w, &ref.g.w1, &ref.g.w2, &ref.g.w3, &ref.g.sw1, &ref.g.sw2,
-                    &ref.g.sw3})
-    if (t->defined()) comm.allreduce_sum(*t);
-  return ref;
-}
-
-// ----------------------------------------------------------------------------
-// What the runs print.
-
-// One timeline row of `width` characters over [t0, t0 + span): each column shows what covered
-// most of its time ('F', 'B', 'W', '.', or ' ' for nothing recorded).
-static std::string timeline_row(const std::vector<Event>& events, double t0, double span,
-                                int width) {
-  std::string row((size_t)width, ' ');
-  const double col = span / width;
-  for (int i = 0; i < width; i++) {
-    const double a = t0 + i * col, b = a + col;
-    double best = 0;
-    for (const Event& e : events) {
-      const double cover = std::min(b, e.t1) - std::max(a, e.t0);
-      if (cover > best) best = cover, row[(size_t)i] = e.kind;
-    }
-  }
-  return row;
-}
-static std::string flights_row(const Timeline& tl, double span, int width) {
-  std::vector<Event> fl;
-  for (auto& f : tl.flights) fl.push_back({'~', f.first, f.second});
-  return timeline_row(fl, tl.start, span, width);
-}
-
-// Per rank: wall, compute and waiting seconds of a run, gathered to every rank.
-struct RankTimes {
-  std::vector<double> wall, compute, wait;
-};
-static RankTimes gather_times(Comm& comm, const Timeline& tl) {
-  const double mine[3] = {tl.wall(), tl.compute(), tl.waiting()};
-  std::vector<double> all((size_t)comm.size() * 3);
-  comm.allgather(mine, sizeof mine, all.data());
-  RankTimes t;
-  for (int r = 0; r < comm.size(); r++) {
-    t.wall.push_back(all[(size_t)r * 3]);
-    t.compute.push_back(all[(size_t)r * 3 + 1]);
-    t.wait.push_back(all[(size_t)r * 3 + 2]);
-  }
-  return t;
-}
-static double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / (double)v.size();
-}
-
-static std::string fmt_num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
 }
 
 static int overlap_lesson(Lesson& lesson) {
