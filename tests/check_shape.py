@@ -1,0 +1,141 @@
+"""The shape of the lessons: each lesson's main.cpp reads in one sitting, so no lessons/*/main.cpp
+is longer than MAX_MAIN lines and no function in lessons/ longer than MAX_FUNCTION lines.
+
+A function is found as C++ is written here: a definition at column 0 (or a member defined in its
+class, indented two spaces) whose line or the lines after it end in `{`, running to the `}` at
+its own indentation. Lambdas count as part of the function around them; a class is not a
+function, its members are.
+
+CEILINGS holds the files and functions still being cut down to size (DESIGN.md: a main.cpp of
+about 550 lines): each may not grow past the length it has, so the shape only gets better;
+an entry whose file or function has shrunk under the limit, or is gone, is itself an error, so
+the table shrinks with them.
+
+  check_shape.py              check the tree
+  check_shape.py --self-test  show that an oversized main and function are caught
+"""
+import os
+import re
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_MAIN = 550
+MAX_FUNCTION = 200
+# file or file:function -> the most lines it may have until it is cut down
+CEILINGS = {
+    "lessons/01_online_softmax/main.cpp:online_softmax_lesson": 282,
+    "lessons/05_deepseek_moe/main.cpp:deepseek_lesson": 348,
+    "lessons/06_overlap/main.cpp": 865,
+    "lessons/06_overlap/main.cpp:overlap_lesson": 331,
+    "lessons/07_dualpipe/main.cpp:dualpipe_lesson": 253,
+    "lessons/08_mesh/main.cpp": 626,
+    "lessons/08_mesh/main.cpp:mesh_lesson": 485,
+    "lessons/08_mesh/options.cpp:parse_options": 278,
+}
+
+START = re.compile(r"^( {0,2})(?!//|#|return\b|if\b|for\b|while\b|switch\b|else\b)"
+                   r"[A-Za-z_][\w:<>,*&\s]*?\b([A-Za-z_~][\w]*)\s*\(")
+CLASS = re.compile(r"^(class|struct)\s+([A-Za-z_]\w*)[^;]*$")
+
+
+def functions(lines):
+    """(name, first line, length) of every function and class body in a C++ file."""
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        m = CLASS.match(line) or START.match(line)
+        if not m:
+            i += 1
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        name = m.group(2)
+        # the opening brace: on this line or within the next few (a long signature)
+        j = i
+        while j < len(lines) and j < i + 8 and not lines[j].rstrip().endswith("{"):
+            if lines[j].rstrip().endswith(";"):
+                break
+            j += 1
+        if j >= len(lines) or not lines[j].rstrip().endswith("{"):
+            i += 1
+            continue
+        end = j + 1
+        close = re.compile(r"^" + " " * indent + r"\}")
+        while end < len(lines) and not close.match(lines[end]):
+            end += 1
+        if CLASS.match(line):
+            i = j + 1  # on into its members
+            continue
+        out.append((name, i + 1, end - i + 1))
+        i = end + 1
+    return out
+
+
+def problems_in(root, ceilings):
+    problems, seen = [], set()
+    for dirpath, _, files in os.walk(os.path.join(root, "lessons")):
+        for f in sorted(files):
+            if not f.endswith((".cpp", ".h", ".cu")):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)
+            lines = open(path, encoding="utf-8").read().split("\n")
+            n = len(lines) - (1 if lines and lines[-1] == "" else 0)
+            if f == "main.cpp":
+                limit = ceilings.get(rel, MAX_MAIN)
+                if rel in ceilings:
+                    seen.add(rel)
+                    if n <= MAX_MAIN:
+                        problems.append(f"{rel}: {n} lines, within {MAX_MAIN}: take it out of CEILINGS")
+                if n > limit:
+                    problems.append(f"{rel}: {n} lines, more than {limit}"
+                                    + (" (its ceiling until it is cut down)" if rel in ceilings else ""))
+            for name, first, length in functions(lines):
+                key = f"{rel}:{name}"
+                limit = ceilings.get(key, MAX_FUNCTION)
+                if key in ceilings:
+                    seen.add(key)
+                    if length <= MAX_FUNCTION:
+                        problems.append(f"{key}: {length} lines, within {MAX_FUNCTION}: take it out of CEILINGS")
+                if length > limit:
+                    problems.append(f"{rel}:{first}: {name} is {length} lines, more than {limit}")
+    for key in sorted(set(ceilings) - seen):
+        problems.append(f"{key}: in CEILINGS but not found (gone or renamed): take it out")
+    return problems
+
+
+def self_test():
+    """A main.cpp of 600 lines and a function of 250 are caught; the tree's own code is not."""
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "lessons", "99_x"))
+        body = ["int helper() {"] + ["  x++;"] * 250 + ["}"]
+        filler = ["// line"] * (600 - len(body))
+        with open(os.path.join(d, "lessons", "99_x", "main.cpp"), "w") as f:
+            f.write("\n".join(filler + body) + "\n")
+        got = problems_in(d, {})
+        want_main = any("main.cpp: 600 lines, more than 550" in p for p in got)
+        want_fn = any("helper is 252 lines, more than 200" in p for p in got)
+        stale = problems_in(d, {"lessons/99_x/main.cpp:gone": 300})
+        want_stale = any("not found" in p for p in stale)
+        if not (want_main and want_fn and want_stale):
+            print("self-test failed: " + "; ".join(got + stale), file=sys.stderr)
+            return 1
+    print("self-test: an oversized main.cpp, an oversized function and a stale ceiling are caught")
+    return 0
+
+
+def main(argv):
+    if argv and argv[0] == "--self-test":
+        return self_test()
+    problems = problems_in(ROOT, CEILINGS)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"shape ok: every lessons/*/main.cpp within {MAX_MAIN} lines and every function within "
+          f"{MAX_FUNCTION}, but {len(CEILINGS)} still being cut down (tests/check_shape.py: CEILINGS)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
