@@ -31,7 +31,6 @@ CEILINGS = {
     "lessons/07_dualpipe/main.cpp:dualpipe_lesson": 253,
     "lessons/08_mesh/main.cpp": 626,
     "lessons/08_mesh/main.cpp:mesh_lesson": 485,
-    "lessons/08_mesh/options.cpp:parse_options": 278,
 }
 
 START = re.compile(r"^( {0,2})(?!//|#|return\b|if\b|for\b|while\b|switch\b|else\b)"

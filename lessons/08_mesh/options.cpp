@@ -11,8 +11,8 @@
 
 namespace ff::mesh {
 
-std::optional<Setup> parse_options(Lesson& L, Options& o) {
-  Cli& cli = L.cli;
+// Every flag of the lesson, on cli (sp: --sp's auto | on | off, decided after the parse).
+static void declare_flags(Cli& cli, Options& o, std::string* sp) {
   cli.summary(
       "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x PP x CP x "
       "TP x EP mesh (ZeRO-1, sequence parallelism, ring attention, lesson 05's expert-parallel MoE, "
@@ -47,8 +47,7 @@ std::optional<Setup> parse_options(Lesson& L, Options& o) {
   cli.flag("--layers-per-stage", &o.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
            "an even split, the first stages taking the remainder)", "LIST");
   cli.flag("--zero", &o.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
-  std::string sp = "auto";
-  cli.choice("--sp", &sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
+  cli.choice("--sp", sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
   cli.toggle("--print-mesh", &o.print_mesh, "print every group of every axis and exit");
   cli.choice("--estimate", &o.estimate, {"none", "run", "deepseek-v3"},
              "memory and communication model: run (this model and mesh, after training, next to "
@@ -96,6 +95,12 @@ std::optional<Setup> parse_options(Lesson& L, Options& o) {
       "  make run L=08 NP=1 ARGS=\"--train 2000 --check-every 500 --log-every 250 --sample 300\"\n"
       "  make run L=08 NP=1 ARGS=\"--estimate deepseek-v3\"\n"
       "Expect: per step the loss of the mesh next to one process's; check: PASS.");
+}
+
+std::optional<Setup> parse_options(Lesson& L, Options& o) {
+  Cli& cli = L.cli;
+  std::string sp = "auto";
+  declare_flags(cli, o, &sp);
   L.parse();
   const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&
                        !cli.given("--pp") && !cli.given("--ep");
