@@ -28,7 +28,6 @@ CEILINGS = {
     "lessons/05_deepseek_moe/main.cpp:deepseek_lesson": 348,
     "lessons/06_overlap/main.cpp": 865,
     "lessons/06_overlap/main.cpp:overlap_lesson": 331,
-    "lessons/07_dualpipe/main.cpp:dualpipe_lesson": 253,
     "lessons/08_mesh/main.cpp": 626,
     "lessons/08_mesh/main.cpp:mesh_lesson": 485,
 }

@@ -204,6 +204,85 @@ static std::string simulation_csv(const pp::Costs& c) {
   return text;
 }
 
+// The bubble of every rank: busy and idle time (in cost units with --compute sleep, else ms:
+// unit_us microseconds each), the idle fraction measured, simulated and by Table 2's formula,
+// and the peak of live activations (the simulator's in brackets). Every rank's numbers, on rank 0.
+static void print_bubble_table(const pp::Formula& formula, const pp::Simulation& sim,
+                               const std::vector<double>& all_busy, const std::vector<double>& all_peak,
+                               const std::vector<double>& all_over, double makespan_us, double unit_us,
+                               bool sleep) {
+  const int P = (int)all_busy.size();
+  std::printf("bubble per rank (%s): idle = makespan - busy; simulator at --cost; formula %s\n",
+              sleep ? "in cost units" : "in ms", formula.has ? formula.text.c_str() : "-");
+  std::printf("  rank   busy    idle  measured  simulated  formula   peak live (sim)\n");
+  for (int r = 0; r < P; r++) {
+    double idle = (makespan_us - all_busy[(size_t)r]) / unit_us;
+    char fr[16] = "     -";
+    if (formula.has)
+      std::snprintf(fr, sizeof fr, "%5.1f%%", 100 * formula.bubble / (formula.bubble + sim.busy[(size_t)r]));
+    std::printf("  %4d %6.1f %7.1f %8.1f%% %9.1f%% %8s %7d (%d)\n", r, all_busy[(size_t)r] / unit_us,
+                idle, 100 * idle * unit_us / makespan_us, 100 * sim.idle[(size_t)r] / sim.makespan, fr,
+                (int)all_peak[(size_t)r], sim.peak_live[(size_t)r]);
+  }
+  std::printf("  makespan %.1f (simulated %g)\n", makespan_us / unit_us, sim.makespan);
+  int over = 0;
+  for (double o : all_over) over += (int)o;
+  if (sleep && over > 0)
+    std::printf("  note: %d ops took longer than their cost (the machine is busy); raise --unit-ms\n", over);
+}
+
+// --dump: per stage, the parameters and the pipeline's gradients (DualPipe: summed copies, from
+// the direction-0 copy); rank 0 adds the inputs, targets, the loss and the run's sizes.
+static void dump_run(Lesson& lesson, const Stages& model, const std::vector<std::vector<Tensor>>& grads,
+                     const Schedule& s, const std::string& schedule, const ModelConfig& mc, int M,
+                     double loss) {
+  const int64_t per_stage = mc.layers / s.num_stages();
+  const auto& ch = model.chunks();
+  for (size_t c = 0; c < ch.size(); c++) {
+    if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
+    for (int64_t i = 0; i < per_stage; i++) {
+      int64_t l = ch[c].stage * per_stage + i;
+      const Layer& L = ch[c].layers[(size_t)i];
+      std::string p = "layer" + std::to_string(l) + "_";
+      lesson.dump(p + "g", L.g.detach().to(Device::cpu));
+      lesson.dump(p + "w1", L.w1.detach().to(Device::cpu));
+      lesson.dump(p + "w2", L.w2.detach().to(Device::cpu));
+      lesson.dump(p + "dg", grads[c][(size_t)(3 * i)]);
+      lesson.dump(p + "dw1", grads[c][(size_t)(3 * i + 1)]);
+      lesson.dump(p + "dw2", grads[c][(size_t)(3 * i + 2)]);
+    }
+  }
+  if (lesson.rank() == 0) {
+    lesson.dump("x", randn({M * mc.rows, mc.dim}, mc.seed + 1));
+    lesson.dump("target", randn({M * mc.rows, mc.dim}, mc.seed + 2));
+    lesson.dump("loss", Tensor::from_vector({(float)loss}, {}));
+    char meta[256];
+    std::snprintf(meta, sizeof meta,
+                  "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"layers\": %lld, \"dim\": %lld, "
+                  "\"rows\": %lld, \"eps\": 1e-5}\n", schedule.c_str(), s.P, M, (long long)mc.layers,
+                  (long long)mc.dim, (long long)mc.rows);
+    lesson.dump_text("meta.json", meta);
+  }
+}
+
+// What runs: the schedule and the model, each rank's program (the first 8), and the timing.
+static void print_header(const Schedule& s, const std::string& schedule, const ModelConfig& mc,
+                         const Options& opt, double unit_ms) {
+  std::printf("== 07 pipeline: %s, P=%d ranks, %d stages, M=%d micro-batches, %lld blocks of "
+              "width %lld (%lld rows per micro-batch), device %s\n",
+              schedule.c_str(), s.P, s.num_stages(), s.M, (long long)mc.layers, (long long)mc.dim,
+              (long long)mc.rows, device_name(mc.dev));
+  for (int r = 0; r < std::min(s.P, 8); r++) {
+    std::string line = pp::format_rank(s, r);
+    std::printf("  %s\n", line.size() > 150 ? (line.substr(0, 147) + "...").c_str() : line.c_str());
+  }
+  if (opt.sleep)
+    std::printf("timing: --compute sleep, each op lasts its cost x %g ms (%s)\n", unit_ms,
+                pp::to_string(opt.costs).c_str());
+  else
+    std::printf("timing: --compute real, each op lasts what its kernels take\n");
+}
+
 // ----------------------------------------------------------------------------
 
 static int dualpipe_lesson(Lesson& lesson) {
@@ -285,21 +364,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   opt.bug = bug == "drop-w" ? Bug::drop_w : bug == "no-copy-sum" ? Bug::no_copy_sum : Bug::none;
 
   const pp::Simulation sim = pp::simulate(s, opt.costs);
-  if (rank == 0) {
-    std::printf("== 07 pipeline: %s, P=%d ranks, %d stages, M=%d micro-batches, %lld blocks of "
-                "width %lld (%lld rows per micro-batch), device %s\n",
-                schedule.c_str(), P, s.num_stages(), M, (long long)mc.layers, (long long)mc.dim,
-                (long long)mc.rows, device_name(mc.dev));
-    for (int r = 0; r < std::min(P, 8); r++) {
-      std::string line = pp::format_rank(s, r);
-      std::printf("  %s\n", line.size() > 150 ? (line.substr(0, 147) + "...").c_str() : line.c_str());
-    }
-    if (opt.sleep)
-      std::printf("timing: --compute sleep, each op lasts its cost x %g ms (%s)\n", unit_ms,
-                  pp::to_string(opt.costs).c_str());
-    else
-      std::printf("timing: --compute real, each op lasts what its kernels take\n");
-  }
+  if (rank == 0) print_header(s, schedule, mc, opt, unit_ms);
 
   // ---- the pipeline
   Stages model(rank, s, mc);
@@ -365,26 +430,9 @@ static int dualpipe_lesson(Lesson& lesson) {
   comm.allgather(&mine_peak, sizeof(double), all_peak.data());
   comm.allgather(&mine_over, sizeof(double), all_over.data());
   const pp::Formula formula = pp::formula_bubble(schedule, P, opt.costs);
-  if (rank == 0) {
-    const double unit_us = opt.sleep ? unit_ms * 1e3 : 1e3;
-    std::printf("bubble per rank (%s): idle = makespan - busy; simulator at --cost; formula %s\n",
-                opt.sleep ? "in cost units" : "in ms", formula.has ? formula.text.c_str() : "-");
-    std::printf("  rank   busy    idle  measured  simulated  formula   peak live (sim)\n");
-    for (int r = 0; r < P; r++) {
-      double idle = (makespan_us - all_busy[(size_t)r]) / unit_us;
-      char fr[16] = "     -";
-      if (formula.has)
-        std::snprintf(fr, sizeof fr, "%5.1f%%", 100 * formula.bubble / (formula.bubble + sim.busy[(size_t)r]));
-      std::printf("  %4d %6.1f %7.1f %8.1f%% %9.1f%% %8s %7d (%d)\n", r, all_busy[(size_t)r] / unit_us,
-                  idle, 100 * idle * unit_us / makespan_us, 100 * sim.idle[(size_t)r] / sim.makespan, fr,
-                  (int)all_peak[(size_t)r], sim.peak_live[(size_t)r]);
-    }
-    std::printf("  makespan %.1f (simulated %g)\n", makespan_us / unit_us, sim.makespan);
-    int over = 0;
-    for (double o : all_over) over += (int)o;
-    if (opt.sleep && over > 0)
-      std::printf("  note: %d ops took longer than their cost (the machine is busy); raise --unit-ms\n", over);
-  }
+  if (rank == 0)
+    print_bubble_table(formula, sim, all_busy, all_peak, all_over, makespan_us,
+                       opt.sleep ? unit_ms * 1e3 : 1e3, opt.sleep);
 
   // ---- the reference: the same model and micro-batches in one process
   std::vector<Layer> all;
@@ -427,36 +475,7 @@ static int dualpipe_lesson(Lesson& lesson) {
 
   // --csv: every span of the run (the trace JSON is written by finish)
   lesson.csv_with([&](const std::string& path) { trace().write_csv(comm, path); });
-  if (lesson.dumping()) {
-    // Per stage: the parameters and the pipeline's gradients (DualPipe: summed copies, from
-    // the direction-0 copy); rank 0 adds the inputs, targets and the loss.
-    const auto& ch = model.chunks();
-    for (size_t c = 0; c < ch.size(); c++) {
-      if (s.layout == pp::Layout::dual && c == 1) continue;  // the other copy of a stage
-      for (int64_t i = 0; i < per_stage; i++) {
-        int64_t l = ch[c].stage * per_stage + i;
-        const Layer& L = ch[c].layers[(size_t)i];
-        std::string p = "layer" + std::to_string(l) + "_";
-        lesson.dump(p + "g", L.g.detach().to(Device::cpu));
-        lesson.dump(p + "w1", L.w1.detach().to(Device::cpu));
-        lesson.dump(p + "w2", L.w2.detach().to(Device::cpu));
-        lesson.dump(p + "dg", grads[c][(size_t)(3 * i)]);
-        lesson.dump(p + "dw1", grads[c][(size_t)(3 * i + 1)]);
-        lesson.dump(p + "dw2", grads[c][(size_t)(3 * i + 2)]);
-      }
-    }
-    if (rank == 0) {
-      lesson.dump("x", randn({M * mc.rows, mc.dim}, mc.seed + 1));
-      lesson.dump("target", randn({M * mc.rows, mc.dim}, mc.seed + 2));
-      lesson.dump("loss", Tensor::from_vector({(float)loss}, {}));
-      char meta[256];
-      std::snprintf(meta, sizeof meta,
-                    "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"layers\": %lld, \"dim\": %lld, "
-                    "\"rows\": %lld, \"eps\": 1e-5}\n", schedule.c_str(), P, M, (long long)mc.layers,
-                    (long long)mc.dim, (long long)mc.rows);
-      lesson.dump_text("meta.json", meta);
-    }
-  }
+  if (lesson.dumping()) dump_run(lesson, model, grads, s, schedule, mc, M, loss);
   return lesson.finish(check);
 }
 
