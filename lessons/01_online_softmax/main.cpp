@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "common/lesson/lesson.h"
-#include "lessons/01_online_softmax/online_softmax.h"
+#include "lessons/01_online_softmax/lesson_kernels.h"
 
 using namespace ff;
 
@@ -110,27 +110,8 @@ static void two_pass_softmax(float* y, const float* x, int64_t n) {
 // [/slide]
 
 // ----------------------------------------------------------------------------
-// The same algorithm as CUDA kernels (online_softmax.cu), for --device sim or cuda.
-
-struct LessonKernels {
-  decltype(&lesson01::sim::row_states) row_states;
-  decltype(&lesson01::sim::normalise) normalise;
-  decltype(&lesson01::sim::decode_partial) decode_partial;
-  decltype(&lesson01::sim::merge_states) merge_states;
-};
-
-static LessonKernels lesson_kernels(Device d) {
-#if FF_HAVE_CUDA
-  if (d == Device::cuda)
-    return {lesson01::cuda::row_states, lesson01::cuda::normalise, lesson01::cuda::decode_partial,
-            lesson01::cuda::merge_states};
-#endif
-  FF_CHECK(d == Device::sim, "no lesson kernels for device " << device_name(d));
-  return {lesson01::sim::row_states, lesson01::sim::normalise, lesson01::sim::decode_partial,
-          lesson01::sim::merge_states};
-}
-
-// The (m, l) of every row of x (rows, n), by the row_states kernel on x's device.
+// The same algorithm as CUDA kernels (online_softmax.cu, lesson_kernels.h), for --device sim or
+// cuda. The (m, l) of every row of x (rows, n), by the row_states kernel on x's device.
 static std::vector<SoftmaxState> device_row_states(const Tensor& x) {
   const int64_t rows = x.size(0), n = x.size(1);
   Tensor state = Tensor::empty({rows, 2}, x.device());
@@ -239,6 +220,148 @@ static void merge_mlo_op(void* in, void* inout, int* len, MPI_Datatype* type) {
 
 // The lesson: its flags, [1]-[3], the check and the outputs. The skeleton (run_lesson,
 // common/lesson/lesson.h) owns MPI, the shared flags, bad input and the writes.
+// This rank's flash-decoding state for every query: the scores s = k.q * scale over its keys,
+// (m, l) over them and o = sum exp(s - m) v, one (2 + dv) row per query: by the CUDA kernels of
+// online_softmax.cu on sim or cuda, else by the online recurrence on the host.
+static std::vector<float> local_decode_state(const Tensor& q, const Tensor& k_local,
+                                             const Tensor& v_local, int64_t block, Device dev) {
+  const int64_t nq = q.size(0), d = q.size(1), dv = v_local.size(1), nk = k_local.size(0);
+  const float scale = 1.f / std::sqrt((float)d);
+  const int64_t width = 2 + dv;
+  std::vector<float> mlo((size_t)(nq * width));
+  if (dev != Device::cpu) {
+    // On the device: scores with the library's matmul kernel, then flash-decoding's two
+    // kernels: each chunk of ~kKeysPerChunk keys folded into (m, l, o) by its own block,
+    // then the chunks merged. The rank's state goes to the host for MPI.
+    Trace::Scope span(trace(), "local attention on device", "compute");
+    constexpr int64_t kKeysPerChunk = 128;
+    const int64_t splits = std::max<int64_t>(1, (nk + kKeysPerChunk - 1) / kKeysPerChunk);
+    Tensor s = scale * matmul(q.to(dev), transpose(k_local.to(dev), 0, 1));  // (nq, nk)
+    Tensor vd = v_local.to(dev);
+    Tensor partial = Tensor::empty({nq, splits, width}, dev), state = Tensor::empty({nq, width}, dev);
+    const LessonKernels kern = lesson_kernels(dev);
+    kern.decode_partial(partial.data(), s.data(), vd.data(), nq, nk, dv, splits);
+    kern.merge_states(state.data(), partial.data(), nq, dv, splits);
+    mlo = state.to_vector();
+  } else {
+    Trace::Scope span(trace(), "local attention", "compute");
+    for (int64_t i = 0; i < nq; i++) {
+      float* st = &mlo[(size_t)(i * width)];
+      std::vector<float> s((size_t)(nk));
+      for (int64_t t = 0; t < nk; t++) {
+        float acc = 0.f;
+        for (int64_t c = 0; c < d; c++) acc += q.data()[i * d + c] * k_local.data()[t * d + c];
+        s[(size_t)t] = acc * scale;
+      }
+      SoftmaxState ml = fold_row(s.data(), (int64_t)s.size(), block);
+      st[0] = ml.m;
+      st[1] = ml.l;
+      for (int64_t c = 0; c < dv; c++) st[2 + c] = 0.f;
+      for (int64_t t = 0; t < nk; t++) {
+        float p = rescale(s[(size_t)t], ml.m);
+        for (int64_t c = 0; c < dv; c++) st[2 + c] += p * v_local.data()[t * dv + c];
+      }
+    }
+  }
+  return mlo;
+}
+
+// Long format, appended (make plots runs the lesson at several P into one file):
+//   series chain_us / allreduce_us: x = P, y = median merge time (min and max beside it)
+//   series chain_steps / allreduce_steps: x = P, y = sequential merge steps (exact)
+//   series fold_m / fold_l: x = columns folded so far, y = m / l of row 0, block by block
+static std::string csv_rows(int P, const Tensor& x, int64_t block, const RepTimes& chain_us,
+                            const RepTimes& allreduce_us, int log2P) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  std::string csv;
+  auto row = [&](const char* series, double xv, double yv, double lo, double hi) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%d,%lld,%lld,%lld,%s,%g,%.9g,%.9g,%.9g\n", P, (long long)rows,
+                  (long long)cols, (long long)block, series, xv, yv, lo, hi);
+    csv += line;
+  };
+  row("chain_us", P, chain_us.median, chain_us.min, chain_us.max);
+  row("allreduce_us", P, allreduce_us.median, allreduce_us.min, allreduce_us.max);
+  row("chain_steps", P, P - 1 + log2P, P - 1 + log2P, P - 1 + log2P);
+  row("allreduce_steps", P, log2P, log2P, log2P);
+  SoftmaxState s;
+  for (int64_t j = 0; j < cols; j += block) {
+    s = fold_block(s, x.data() + j, std::min(block, cols - j));
+    row("fold_m", (double)std::min(j + block, cols), s.m, s.m, s.m);
+    row("fold_l", (double)std::min(j + block, cols), s.l, s.l, s.l);
+  }
+  return csv;
+}
+
+// What runs: the sizes and the device.
+static void print_intro(const Tensor& x, int P, int64_t block, Device dev) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const bool on_device = dev != Device::cpu;
+  std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
+              P, (long long)rows, (long long)cols, (long long)block);
+  if (on_device)
+    std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
+                device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
+}
+
+// --dump: every rank's (m, l) per row; rank 0 adds x, its softmax (probabilities), and q, K, V
+// and the attention.
+static void dump_outputs(Lesson& lesson, const std::vector<SoftmaxState>& local, const Tensor& x,
+                         const Tensor& probabilities, const Tensor& q, const Tensor& K, const Tensor& V,
+                         const Tensor& attention) {
+  const int64_t rows = x.size(0);
+  Tensor ml = Tensor::empty({rows, 2});
+  for (int64_t r = 0; r < rows; r++) {
+    ml.data()[2 * r] = local[(size_t)r].m;
+    ml.data()[2 * r + 1] = local[(size_t)r].l;
+  }
+  lesson.dump("ml_rank" + std::to_string(lesson.rank()), ml);
+  if (lesson.rank() == 0) {
+    lesson.dump("x", x);
+    lesson.dump("softmax", probabilities);
+    lesson.dump("q", q);
+    lesson.dump("k", K);
+    lesson.dump("v", V);
+    lesson.dump("attention", attention);
+  }
+}
+
+// [1]'s checks: the two-pass softmax written out, and the online recurrence at block sizes 1,
+// --block and the whole row, against the library's softmax; on sim or cuda also the kernels of
+// online_softmax.cu and the library's own softmax kernel.
+static void single_process_checks(CheckReport& check, const Tensor& x, const Tensor& reference,
+                                  int64_t block, Device dev, double atol_x, double rtol_x) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  {
+    Trace::Scope span(trace(), "single-process", "compute");
+    Tensor two_pass = Tensor::empty({rows, cols});
+    for (int64_t r = 0; r < rows; r++)
+      two_pass_softmax(two_pass.data() + r * cols, x.data() + r * cols, cols);
+    check.close("two-pass (written out) vs library softmax", two_pass, reference, atol_x, rtol_x);
+    for (int64_t b : {int64_t(1), block, cols}) {
+      Tensor online = Tensor::empty({rows, cols});
+      for (int64_t r = 0; r < rows; r++) {
+        SoftmaxState s = fold_row(x.data() + r * cols, cols, b);
+        normalise(online.data() + r * cols, x.data() + r * cols, cols, s);
+      }
+      std::string what = "online, block " + std::to_string(b) +
+                         (cols % b ? " (ragged last)" : "") + " vs library";
+      check.close(what.c_str(), online, reference, atol_x, rtol_x);
+    }
+  }
+  if (dev != Device::cpu) {
+    // The kernels: (m, l) per row from 32 lanes merged by shuffles, then y = exp(x - m) / l.
+    // And the library's own softmax kernel on the device (kernels/cuda/softmax.cu).
+    Trace::Scope span(trace(), "single-process on device", "compute");
+    Tensor xd = x.to(dev);
+    Tensor y_kernel = device_normalise(xd, device_row_states(xd));
+    std::string what = std::string("row_states kernel (") + device_name(dev) + ") vs library";
+    check.close(what.c_str(), y_kernel, reference, atol_x, rtol_x);
+    what = std::string("library softmax on ") + device_name(dev) + " vs cpu";
+    check.close(what.c_str(), softmax(xd).to(Device::cpu), reference, atol_x, rtol_x);
+  }
+}
+
 static int online_softmax_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
@@ -281,11 +404,7 @@ static int online_softmax_lesson(Lesson& lesson) {
   Tensor x = make_x(rows, cols, 0, cols, block, (uint64_t)lesson.flags.seed);
   Tensor reference = softmax(x);  // the library's safe softmax (kernels/cpu/reduce.cpp)
   if (rank == 0) {
-    std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
-                P, (long long)rows, (long long)cols, (long long)block);
-    if (on_device)
-      std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
-                  device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
+    print_intro(x, P, block, dev);
     std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
     if (rows > 1) {
       double naive_l = 0;
@@ -297,34 +416,7 @@ static int online_softmax_lesson(Lesson& lesson) {
       std::printf("    row 2 starts with %lld columns of -inf (a masked prefix)\n",
                   (long long)block);
   }
-  {
-    Trace::Scope span(trace(), "single-process", "compute");
-    Tensor two_pass = Tensor::empty({rows, cols});
-    for (int64_t r = 0; r < rows; r++)
-      two_pass_softmax(two_pass.data() + r * cols, x.data() + r * cols, cols);
-    check.close("two-pass (written out) vs library softmax", two_pass, reference, atol_x, rtol_x);
-    for (int64_t b : {int64_t(1), block, cols}) {
-      Tensor online = Tensor::empty({rows, cols});
-      for (int64_t r = 0; r < rows; r++) {
-        SoftmaxState s = fold_row(x.data() + r * cols, cols, b);
-        normalise(online.data() + r * cols, x.data() + r * cols, cols, s);
-      }
-      std::string what = "online, block " + std::to_string(b) +
-                         (cols % b ? " (ragged last)" : "") + " vs library";
-      check.close(what.c_str(), online, reference, atol_x, rtol_x);
-    }
-  }
-  if (on_device) {
-    // The kernels: (m, l) per row from 32 lanes merged by shuffles, then y = exp(x - m) / l.
-    // And the library's own softmax kernel on the device (kernels/cuda/softmax.cu).
-    Trace::Scope span(trace(), "single-process on device", "compute");
-    Tensor xd = x.to(dev);
-    Tensor y_kernel = device_normalise(xd, device_row_states(xd));
-    std::string what = std::string("row_states kernel (") + device_name(dev) + ") vs library";
-    check.close(what.c_str(), y_kernel, reference, atol_x, rtol_x);
-    what = std::string("library softmax on ") + device_name(dev) + " vs cpu";
-    check.close(what.c_str(), softmax(xd).to(Device::cpu), reference, atol_x, rtol_x);
-  }
+  single_process_checks(check, x, reference, block, dev, atol_x, rtol_x);
 
   // ---------------- [2] distributed over columns
   int64_t c0, c1;
@@ -416,41 +508,7 @@ static int online_softmax_lesson(Lesson& lesson) {
   Tensor v_local = randn_slice({keys, dv}, 0, k0, k1, seed + 3);
   // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
   const int64_t width = 2 + dv;
-  std::vector<float> mlo((size_t)(nq * width));
-  if (on_device) {
-    // On the device: scores with the library's matmul kernel, then flash-decoding's two
-    // kernels: each chunk of ~kKeysPerChunk keys folded into (m, l, o) by its own block,
-    // then the chunks merged. The rank's state goes to the host for MPI.
-    Trace::Scope span(trace(), "local attention on device", "compute");
-    constexpr int64_t kKeysPerChunk = 128;
-    const int64_t nk = k1 - k0, splits = std::max<int64_t>(1, (nk + kKeysPerChunk - 1) / kKeysPerChunk);
-    Tensor s = scale * matmul(q.to(dev), transpose(k_local.to(dev), 0, 1));  // (nq, nk)
-    Tensor vd = v_local.to(dev);
-    Tensor partial = Tensor::empty({nq, splits, width}, dev), state = Tensor::empty({nq, width}, dev);
-    const LessonKernels kern = lesson_kernels(dev);
-    kern.decode_partial(partial.data(), s.data(), vd.data(), nq, nk, dv, splits);
-    kern.merge_states(state.data(), partial.data(), nq, dv, splits);
-    mlo = state.to_vector();
-  } else {
-    Trace::Scope span(trace(), "local attention", "compute");
-    for (int64_t i = 0; i < nq; i++) {
-      float* st = &mlo[(size_t)(i * width)];
-      std::vector<float> s((size_t)(k1 - k0));
-      for (int64_t t = 0; t < k1 - k0; t++) {
-        float acc = 0.f;
-        for (int64_t c = 0; c < d; c++) acc += q.data()[i * d + c] * k_local.data()[t * d + c];
-        s[(size_t)t] = acc * scale;
-      }
-      SoftmaxState ml = fold_row(s.data(), (int64_t)s.size(), block);
-      st[0] = ml.m;
-      st[1] = ml.l;
-      for (int64_t c = 0; c < dv; c++) st[2 + c] = 0.f;
-      for (int64_t t = 0; t < k1 - k0; t++) {
-        float p = rescale(s[(size_t)t], ml.m);
-        for (int64_t c = 0; c < dv; c++) st[2 + c] += p * v_local.data()[t * dv + c];
-      }
-    }
-  }
+  std::vector<float> mlo = local_decode_state(q, k_local, v_local, block, dev);
   // [slide:mlo-allreduce]
   MPI_Datatype mlo_type;
   mpiCheck(MPI_Type_contiguous((int)width, MPI_FLOAT, &mlo_type));
@@ -476,44 +534,9 @@ static int online_softmax_lesson(Lesson& lesson) {
   check.close("split-K attention vs single-process", out, attn_ref, atol_o, rtol_o);
 
   // ---------------- outputs: dump, csv (the trace is written by finish)
-  if (lesson.dumping()) {
-    Tensor ml = Tensor::empty({rows, 2});
-    for (int64_t r = 0; r < rows; r++) {
-      ml.data()[2 * r] = local[(size_t)r].m;
-      ml.data()[2 * r + 1] = local[(size_t)r].l;
-    }
-    lesson.dump("ml_rank" + std::to_string(rank), ml);
-    if (rank == 0) {
-      lesson.dump("x", x);
-      lesson.dump("softmax", y_allreduce);
-      lesson.dump("q", q);
-      lesson.dump("k", K);
-      lesson.dump("v", V);
-      lesson.dump("attention", out);
-    }
-  }
-  // Long format, appended (make plots runs the lesson at several P into one file):
-  //   series chain_us / allreduce_us: x = P, y = median merge time (min and max beside it)
-  //   series chain_steps / allreduce_steps: x = P, y = sequential merge steps (exact)
-  //   series fold_m / fold_l: x = columns folded so far, y = m / l of row 0, block by block
-  std::string csv;
-  auto row = [&](const char* series, double xv, double yv, double lo, double hi) {
-    char line[160];
-    std::snprintf(line, sizeof line, "%d,%lld,%lld,%lld,%s,%g,%.9g,%.9g,%.9g\n", P, (long long)rows,
-                  (long long)cols, (long long)block, series, xv, yv, lo, hi);
-    csv += line;
-  };
-  row("chain_us", P, chain_us.median, chain_us.min, chain_us.max);
-  row("allreduce_us", P, allreduce_us.median, allreduce_us.min, allreduce_us.max);
-  row("chain_steps", P, P - 1 + log2P, P - 1 + log2P, P - 1 + log2P);
-  row("allreduce_steps", P, log2P, log2P, log2P);
-  SoftmaxState s;
-  for (int64_t j = 0; j < cols; j += block) {
-    s = fold_block(s, x.data() + j, std::min(block, cols - j));
-    row("fold_m", (double)std::min(j + block, cols), s.m, s.m, s.m);
-    row("fold_l", (double)std::min(j + block, cols), s.l, s.l, s.l);
-  }
-  lesson.csv_append("P,rows,cols,block,series,x,y,y_min,y_max", csv);
+  if (lesson.dumping()) dump_outputs(lesson, local, x, y_allreduce, q, K, V, out);
+  lesson.csv_append("P,rows,cols,block,series,x,y,y_min,y_max",
+                    csv_rows(P, x, block, chain_us, allreduce_us, log2P));
 
   MPI_Op_free(&state_op);
   MPI_Op_free(&mlo_op);
