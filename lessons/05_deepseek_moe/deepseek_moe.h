@@ -1,6 +1,6 @@
-// lessons/05_deepseek_moe/deepseek_moe.h — what the lesson's two files share: the
-// expert-parallel layer (common/layers/dsv3_ep.h) that the check (main.cpp) and the training
-// demo (train.cpp) run.
+// lessons/05_deepseek_moe/deepseek_moe.h — what the lesson's files share: the expert-parallel
+// layer (common/layers/dsv3_ep.h) that the check (main.cpp) and the training demo (train.cpp)
+// run, and the flags (options.cpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,5 +33,22 @@ struct TrainOptions {
 };
 int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                  const TrainOptions& o);
+
+// Lesson 05's flags, their defaults and where they land.
+struct Flags {
+  dsv3::Config c = default_config();
+  int64_t batch = 2, R = 2, reps = 5;
+  double bias_init = 0.05;
+  std::string gate = "sigmoid", a2a = "hierarchical", overflow = "drop", bug = "none", link_spec;
+  TrainOptions train;
+  static dsv3::Config default_config() {
+    dsv3::Config c;
+    c.experts = 16, c.topk = 4, c.shared = 1, c.groups = 0, c.topk_groups = 2;
+    c.route_scale = 2.5, c.alpha = 0.01;
+    return c;
+  }
+};
+// Declares every flag on cli, writing into f (options.cpp).
+void declare_flags(Cli& cli, Flags* f);
 
 }  // namespace ff

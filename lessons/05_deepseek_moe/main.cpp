@@ -143,69 +143,167 @@ using namespace ff;
 
 // ----------------------------------------------------------------------------
 
+// The tokens whose experts the balancing bias changed (selection on s + b), and the first of
+// them: its top-K by s and by s + b, and its gates, from s of the experts chosen.
+static void print_selection_vs_gating(const dsv3::Config& c, const dsv3::Params& full,
+                                      const Tensor& s_all, double bias_init) {
+  const int64_t T_all = s_all.size(0), N = c.experts, K = c.topk;
+  const Device dev = s_all.device();
+  dsv3::Selection unbiased = dsv3::select(c, s_all, Tensor::zeros({N}, dev));
+  const std::vector<int64_t> iu = unbiased.idx.to_index_vector();
+  const std::vector<int64_t> ib_all = dsv3::select(c, s_all, full.bias).idx.to_index_vector();
+  int64_t changed = 0, first = -1;
+  for (int64_t t = 0; t < T_all; t++) {
+    std::set<int64_t> a(iu.begin() + t * K, iu.begin() + (t + 1) * K),
+        b(ib_all.begin() + t * K, ib_all.begin() + (t + 1) * K);
+    if (a != b) changed++, first = first < 0 ? t : first;
+  }
+  std::printf("selection vs gating: the bias b (std %.3g) changes the experts of %lld of %lld "
+              "tokens\n", bias_init, (long long)changed, (long long)T_all);
+  if (first >= 0) {
+    const std::vector<float> sv = s_all.to_vector(), bv = full.bias.to_vector();
+    Tensor g1 = dsv3::gates(c, slice(s_all, 0, first, first + 1),
+                            Tensor::from_indices(std::vector<int64_t>(ib_all.begin() + first * K,
+                                                                      ib_all.begin() + (first + 1) * K),
+                                                 {1, K}, dev));
+    const std::vector<float> gv = g1.to_vector();
+    std::printf("    token %lld: top-%lld by s: {", (long long)first, (long long)K);
+    for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)iu[(size_t)(first * K + j)]);
+    std::printf("}, by s + b: {");
+    for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)ib_all[(size_t)(first * K + j)]);
+    std::printf("}\n    its gates come from s of the experts chosen:");
+    for (int64_t j = 0; j < K; j++) {
+      const int64_t e = ib_all[(size_t)(first * K + j)];
+      std::printf(" e%lld s=%.4f b=%+.4f g=%.4f%s", (long long)e, sv[(size_t)(first * N + e)],
+                  bv[(size_t)e], gv[(size_t)j], j + 1 < K ? ";" : "\n");
+    }
+  }
+}
+
+// The group score: DeepSeek-V3's top-2 sum against seed 001's sum of the whole group (how many
+// tokens the two send to different nodes).
+static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, const Tensor& s_all) {
+  const int64_t T_all = s_all.size(0), N = c.experts;
+  if (c.groups > 1 && c.topk_groups < c.groups) {
+    const std::vector<int64_t> a = dsv3::select(c, s_all, full.bias).kept_groups.to_index_vector(),
+                               b = dsv3::kept_groups_sum_all(c, s_all, full.bias).to_index_vector();
+    int64_t differ = 0;
+    const int64_t M = c.topk_groups;
+    for (int64_t t = 0; t < T_all; t++)
+      differ += std::set<int64_t>(a.begin() + t * M, a.begin() + (t + 1) * M) !=
+                std::set<int64_t>(b.begin() + t * M, b.begin() + (t + 1) * M);
+    std::printf("group score: top-%lld sum (DeepSeek-V3's code) and sum of all %lld (seed 001) "
+                "pick different nodes for %lld of %lld tokens\n", (long long)c.group_score_k(),
+                (long long)(N / c.groups), (long long)differ, (long long)T_all);
+  }
+}
+
+// Capacity: each expert's slots, demand, overflow, and what was dropped or moved (--overflow).
+static void print_capacity(const RoutingMap& m, const dsv3::Config& c, const std::string& overflow) {
+  const int64_t T_all = (int64_t)m.P * m.T, N = c.experts, K = c.topk;
+  std::printf("capacity %lld slots per expert (C = %g, %lld slots), overflow %s\n"
+              "    %6s %8s %6s %8s %8s %9s %8s %5s\n", (long long)m.assign.capacity,
+              c.capacity_factor, (long long)(T_all * K), overflow.c_str(), "expert",
+              "capacity", "demand", "overflow", "dropped", "moved out", "moved in", "load");
+  for (int64_t e = 0; e < N; e++) {
+    const dsv3::ExpertLoad& L = m.assign.experts[(size_t)e];
+    std::printf("    %6lld %8lld %6lld %8lld %8lld %9lld %8lld %5lld\n", (long long)e,
+                (long long)L.capacity, (long long)L.demand, (long long)L.overflow,
+                (long long)L.dropped, (long long)L.moved_out, (long long)L.moved_in,
+                (long long)L.load);
+  }
+}
+
+// --csv, long format: per expert its slots finally processed (series load), per count of nodes
+// the tokens whose kept slots reach that many (series nodes), the bytes per scheme and link class
+// (series bytes).
+static std::string routing_csv(const RoutingMap& m, const dsv3::Config& c, int R, int nodes,
+                               int64_t d) {
+  const int P = m.P;
+  const int64_t N = c.experts, E = m.E, T = m.T;
+  // series routing: a = expert, b = node, c = slots finally processed (the routing picture)
+  std::string rows;
+  for (int64_t e = 0; e < N; e++)
+    rows += "load," + std::to_string(P) + "," + std::to_string(e) + "," +
+            std::to_string((e / E) / R) + "," + std::to_string(m.assign.experts[(size_t)e].load) + "\n";
+  // series nodes: a = M, b = nodes a token's kept slots reach, c = tokens
+  std::vector<int64_t> reach((size_t)nodes + 1, 0);
+  for (int p = 0; p < P; p++)
+    for (int64_t t = 0; t < T; t++) {
+      std::set<int> ns;
+      for (int q = 0; q < P; q++)
+        if (m.needs(p, t, q)) ns.insert(q / (int)R);
+      reach[ns.size()]++;
+    }
+  for (size_t k = 0; k < reach.size(); k++)
+    rows += "nodes," + std::to_string(P) + "," + std::to_string(c.topk_groups) + "," +
+            std::to_string(k) + "," + std::to_string(reach[k]) + "\n";
+  for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
+    MapBytes b = count_bytes(m, (int)R, sc, d);
+    const char* name = sc == Scheme::flat ? "flat" : "hierarchical";
+    for (int inter = 0; inter < 2; inter++)  // series bytes: a = scheme, b = link class, c = bytes
+      rows += "bytes," + std::to_string(P) + "," + name + "," + (inter ? "inter" : "intra") +
+              "-M" + std::to_string(c.topk_groups) + "," +
+              std::to_string((long long)(inter ? b.inter : b.intra)) + "\n";
+  }
+  return rows;
+}
+
+// --dump: every rank's rows gathered (rank order), and on rank 0 the layer's inputs, outputs,
+// parameters, routing, gradients and sizes, as tests/check_dump_05.py reads them.
+static void dump_layer(Lesson& lesson, const dsv3::Config& c, const dsv3::Params& full,
+                       const EPForward& fw, const dsv3::Grads& g, const Tensor& x_all,
+                       const Tensor& dy_all, int64_t batch, const std::string& a2a, int R) {
+  Comm& comm = lesson.comm;
+  const int P = comm.size();
+  const RoutingMap& m = fw.map;
+  const int64_t d = c.dim, K = c.topk, T_all = x_all.size(0);
+  auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
+    std::vector<float> all = allgather_vec(comm, t.to_vector());
+    Shape s = t.shape();
+    s[0] *= P;
+    return Tensor::from_vector(all, s);
+  };
+  Tensor y_all = gather_rows(fw.y), dx_all = gather_rows(g.dx), gates_all = gather_rows(fw.gates);
+  Tensor w1_all = gather_rows(g.w1), w3_all = gather_rows(g.w3), w2_all = gather_rows(g.w2);
+  if (lesson.rank() == 0) {
+    const int64_t B_all = batch * P, L = c.seq_len;
+    auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
+      lesson.dump(name, t.to(Device::cpu).view(shape));
+    };
+    save("x", x_all, {B_all, L, d});
+    save("dy", dy_all, {B_all, L, d});
+    save("y", y_all, {B_all, L, d});
+    for (const moe::NamedTensor& nt : dsv3::named_parameters(full)) lesson.dump(nt.name, nt.t.to(Device::cpu));
+    lesson.dump("aux_loss", Tensor::from_vector({(float)fw.balance}, {}));
+    std::vector<int64_t> kept(m.assign.kept.begin(), m.assign.kept.end());
+    save("topk_idx", Tensor::from_indices(m.assign.idx, {T_all, K}), {B_all, L, K});
+    save("kept", Tensor::from_indices(kept, {T_all, K}), {B_all, L, K});
+    save("gates", gates_all, {B_all, L, K});
+    save("dx", dx_all, {B_all, L, d});
+    dsv3::Grads all = g;
+    all.dx = dx_all, all.w1 = w1_all, all.w3 = w3_all, all.w2 = w2_all;
+    for (const moe::NamedTensor& nt : dsv3::named_grads(all))
+      if (nt.name != "dx") lesson.dump(nt.name, nt.t.to(Device::cpu));
+    lesson.dump_text("meta.json", dsv3::meta_json(c, P, ", \"a2a\": \"" + a2a +
+                                                            "\", \"ranks_per_node\": " +
+                                                            std::to_string(R) +
+                                                            ", \"residual\": false"));
+  }
+}
+
 static int deepseek_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
-  dsv3::Config c;
-  c.experts = 16, c.topk = 4, c.shared = 1, c.groups = 0, c.topk_groups = 2;
-  c.route_scale = 2.5, c.alpha = 0.01;
-  int64_t batch = 2, R = 2;
-  double bias_init = 0.05;
-  std::string gate = "sigmoid", a2a = "hierarchical", overflow = "drop", bug = "none";
+  Flags flags;
   Cli& cli = lesson.cli;
-  cli.summary("DeepSeek-V3 MoE: sigmoid gate with a balancing bias for selection only, node-limited\n"
-              "routing, shared experts, capacity, and a hierarchical (rail, then node) all-to-all,\n"
-              "checked against the single-process layer on all ranks' tokens.");
-  cli.choice("--gate", &gate, {"sigmoid", "softmax"}, "affinity: sigmoid (DeepSeek-V3) or softmax");
-  cli.flag("--experts", &c.experts, "routed experts N (a multiple of the world size P)", 1, 4096);
-  cli.flag("--topk", &c.topk, "routed experts per token K", 1, 4096);
-  cli.flag("--shared", &c.shared, "shared experts S (every token, ungated)", 0, 64);
-  cli.flag("--groups", &c.groups, "expert groups G (0: one per virtual node)", 0, 4096);
-  cli.flag("--topk-groups", &c.topk_groups, "groups a token may use M (at most G; with one group, 1)", 1, 4096);
-  cli.flag("--group-score-topk", &c.group_score_topk,
-           "a group's score sums its top this-many biased affinities (capped at N/G)", 1, 4096);
-  cli.flag("--route-scale", &c.route_scale, "gates are scaled by this", 0.0, 1000.0);
-  cli.flag("--alpha", &c.alpha, "weight of the sequence-wise balance loss", 0.0, 100.0);
-  cli.flag("--batch", &batch, "sequences per rank", 1, 4096);
-  cli.flag("--tokens", &c.seq_len, "tokens per sequence L", 1, 1 << 16);
-  cli.flag("--dim", &c.dim, "model dimension d", 1, 4096);
-  cli.flag("--ffn", &c.ffn, "expert hidden dimension f", 1, 16384);
-  cli.flag("--bias-init", &bias_init, "std of the initial balancing bias b", 0.0, 10.0);
-  cli.flag("--ranks-per-node", &R, "ranks per node R (must divide P; default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even, of 1 when odd)", 1, 4096);
-  std::string link_spec;
-  int64_t reps = 5;
-  cli.flag("--link", &link_spec, "model the network: intra=BW,inter=BW,latency=T (e.g. "
-           "intra=160GB/s,inter=50GB/s,latency=3us; keys left out take those values) and time "
-           "flat against hierarchical under it", "SPEC");
-  cli.flag("--reps", &reps, "--link: timed repetitions of each all-to-all scheme", 1, 10000);
-  cli.choice("--a2a", &a2a, {"flat", "hierarchical"},
-             "lesson 04's all-to-all, or rail then node (DeepEP's normal kernels)");
-  cli.flag("--capacity-factor", &c.capacity_factor,
-           "C > 0: each expert takes ceil(C T K / N) slots of the T tokens of all ranks "
-           "(default: no limit)", 0.0, 1e6);
-  cli.choice("--overflow", &overflow, {"drop", "next-best"},
-             "slots beyond capacity: dropped, or moved to the token's next-best expert with room");
-  TrainOptions train;
-  cli.flag("--train", &train.steps, "train a tiny character model this many steps (0: check "
-           "the layer once)", 0, 1000000);
-  cli.choice("--balance", &train.balance, {"none", "aux", "bias"},
-             "--train: no balancing, softmax gate + balance loss, or sigmoid gate + the "
-             "loss-free bias update");
-  cli.flag("--lr", &train.lr, "--train: Adam learning rate", 0.0, 10.0);
-  cli.flag("--gamma", &train.gamma, "--train: bias update speed", 0.0, 10.0);
-  cli.flag("--aux-alpha", &train.aux_alpha, "--train: balance loss weight with --balance aux",
-           0.0, 100.0);
-  cli.flag("--bias-ema", &train.ema, "--train: steer the bias by a smoothed load (0: the "
-           "step's own loads, as DeepSeek-V3)", 0.0, 0.999999);
-  cli.flag("--log-every", &train.log_every, "--train: print every this many steps", 1, 1000000);
-  cli.flag("--data", &train.data, "--train: the text to train on (the default is the course's data/tinyshakespeare.txt, found from the executable)");
-  cli.choice("--bug", &bug, {"none", "bias-grad", "no-renorm", "no-shared-grad", "ema-zero-init",
-                             "bias-peek"},
-             "plant a bug: in the backward, the gate differentiated through s + b, the sigmoid "
-             "gate's normalisation forgotten, the shared experts' dx missing; in --train, the "
-             "smoothed load starting at 0, the bias updated from the batch it routes");
-  cli.epilog("run:  make run L=05 ARGS=\"--a2a flat\"\n"
-             "      make run L=05 ARGS=\"--capacity-factor 1 --overflow next-best\"");
+  declare_flags(cli, &flags);
+  dsv3::Config& c = flags.c;
+  int64_t &batch = flags.batch, &R = flags.R, &reps = flags.reps;
+  const double bias_init = flags.bias_init;
+  const std::string &gate = flags.gate, &a2a = flags.a2a, &overflow = flags.overflow, &bug = flags.bug,
+                    &link_spec = flags.link_spec;
+  TrainOptions& train = flags.train;
   lesson.parse();
   // default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even
   bool real_nodes = false;
@@ -308,62 +406,9 @@ static int deepseek_lesson(Lesson& lesson) {
   Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
   Tensor s_all = dsv3::affinities(c, full, x_all);
   if (rank == 0) {
-    // selection vs gating: the tokens whose experts the bias changed
-    dsv3::Selection unbiased = dsv3::select(c, s_all, Tensor::zeros({N}, dev));
-    const std::vector<int64_t> iu = unbiased.idx.to_index_vector(), ib = fw.sel.idx.to_index_vector();
-    const std::vector<int64_t> ib_all = dsv3::select(c, s_all, full.bias).idx.to_index_vector();
-    int64_t changed = 0, first = -1;
-    for (int64_t t = 0; t < T_all; t++) {
-      std::set<int64_t> a(iu.begin() + t * K, iu.begin() + (t + 1) * K),
-          b(ib_all.begin() + t * K, ib_all.begin() + (t + 1) * K);
-      if (a != b) changed++, first = first < 0 ? t : first;
-    }
-    std::printf("selection vs gating: the bias b (std %.3g) changes the experts of %lld of %lld "
-                "tokens\n", bias_init, (long long)changed, (long long)T_all);
-    if (first >= 0) {
-      const std::vector<float> sv = s_all.to_vector(), bv = full.bias.to_vector();
-      Tensor g1 = dsv3::gates(c, slice(s_all, 0, first, first + 1),
-                              Tensor::from_indices(std::vector<int64_t>(ib_all.begin() + first * K,
-                                                                        ib_all.begin() + (first + 1) * K),
-                                                   {1, K}, dev));
-      const std::vector<float> gv = g1.to_vector();
-      std::printf("    token %lld: top-%lld by s: {", (long long)first, (long long)K);
-      for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)iu[(size_t)(first * K + j)]);
-      std::printf("}, by s + b: {");
-      for (int64_t j = 0; j < K; j++) std::printf("%s%lld", j ? ", " : "", (long long)ib_all[(size_t)(first * K + j)]);
-      std::printf("}\n    its gates come from s of the experts chosen:");
-      for (int64_t j = 0; j < K; j++) {
-        const int64_t e = ib_all[(size_t)(first * K + j)];
-        std::printf(" e%lld s=%.4f b=%+.4f g=%.4f%s", (long long)e, sv[(size_t)(first * N + e)],
-                    bv[(size_t)e], gv[(size_t)j], j + 1 < K ? ";" : "\n");
-      }
-    }
-    // the group score: DeepSeek-V3's top-2 sum against seed 001's sum of the whole group
-    if (c.groups > 1 && c.topk_groups < c.groups) {
-      const std::vector<int64_t> a = dsv3::select(c, s_all, full.bias).kept_groups.to_index_vector(),
-                                 b = dsv3::kept_groups_sum_all(c, s_all, full.bias).to_index_vector();
-      int64_t differ = 0;
-      const int64_t M = c.topk_groups;
-      for (int64_t t = 0; t < T_all; t++)
-        differ += std::set<int64_t>(a.begin() + t * M, a.begin() + (t + 1) * M) !=
-                  std::set<int64_t>(b.begin() + t * M, b.begin() + (t + 1) * M);
-      std::printf("group score: top-%lld sum (DeepSeek-V3's code) and sum of all %lld (seed 001) "
-                  "pick different nodes for %lld of %lld tokens\n", (long long)c.group_score_k(),
-                  (long long)(N / c.groups), (long long)differ, (long long)T_all);
-    }
-    if (c.capacity_factor > 0) {
-      std::printf("capacity %lld slots per expert (C = %g, %lld slots), overflow %s\n"
-                  "    %6s %8s %6s %8s %8s %9s %8s %5s\n", (long long)m.assign.capacity,
-                  c.capacity_factor, (long long)(T_all * K), overflow.c_str(), "expert",
-                  "capacity", "demand", "overflow", "dropped", "moved out", "moved in", "load");
-      for (int64_t e = 0; e < N; e++) {
-        const dsv3::ExpertLoad& L = m.assign.experts[(size_t)e];
-        std::printf("    %6lld %8lld %6lld %8lld %8lld %9lld %8lld %5lld\n", (long long)e,
-                    (long long)L.capacity, (long long)L.demand, (long long)L.overflow,
-                    (long long)L.dropped, (long long)L.moved_out, (long long)L.moved_in,
-                    (long long)L.load);
-      }
-    }
+    print_selection_vs_gating(c, full, s_all, bias_init);
+    print_group_scores(c, full, s_all);
+    if (c.capacity_factor > 0) print_capacity(m, c, overflow);
     std::printf("bytes on the links, forward (dispatch + combine), all ranks; the backward moves the same:\n");
     for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
       MapBytes b = count_bytes(m, (int)R, sc, d);
@@ -429,66 +474,8 @@ static int deepseek_lesson(Lesson& lesson) {
   }
 
   // ---- outputs
-  auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
-    std::vector<float> all = allgather_vec(comm, t.to_vector());
-    Shape s = t.shape();
-    s[0] *= P;
-    return Tensor::from_vector(all, s);
-  };
-  if (lesson.dumping()) {
-    Tensor y_all = gather_rows(fw.y), dx_all = gather_rows(g.dx), gates_all = gather_rows(fw.gates);
-    Tensor w1_all = gather_rows(g.w1), w3_all = gather_rows(g.w3), w2_all = gather_rows(g.w2);
-    if (rank == 0) {
-      const int64_t B_all = batch * P, L = c.seq_len;
-      auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
-        lesson.dump(name, t.to(Device::cpu).view(shape));
-      };
-      save("x", x_all, {B_all, L, d});
-      save("dy", dy_all, {B_all, L, d});
-      save("y", y_all, {B_all, L, d});
-      for (const moe::NamedTensor& nt : dsv3::named_parameters(full)) lesson.dump(nt.name, nt.t.to(Device::cpu));
-      lesson.dump("aux_loss", Tensor::from_vector({(float)fw.balance}, {}));
-      std::vector<int64_t> kept(m.assign.kept.begin(), m.assign.kept.end());
-      save("topk_idx", Tensor::from_indices(m.assign.idx, {T_all, K}), {B_all, L, K});
-      save("kept", Tensor::from_indices(kept, {T_all, K}), {B_all, L, K});
-      save("gates", gates_all, {B_all, L, K});
-      save("dx", dx_all, {B_all, L, d});
-      dsv3::Grads all = g;
-      all.dx = dx_all, all.w1 = w1_all, all.w3 = w3_all, all.w2 = w2_all;
-      for (const moe::NamedTensor& nt : dsv3::named_grads(all))
-        if (nt.name != "dx") lesson.dump(nt.name, nt.t.to(Device::cpu));
-      lesson.dump_text("meta.json", dsv3::meta_json(c, P, ", \"a2a\": \"" + a2a +
-                                                              "\", \"ranks_per_node\": " +
-                                                              std::to_string(R) +
-                                                              ", \"residual\": false"));
-    }
-  }
-  // series routing: a = expert, b = node, c = slots finally processed (the routing picture)
-  std::string rows;
-  for (int64_t e = 0; e < N; e++)
-    rows += "load," + std::to_string(P) + "," + std::to_string(e) + "," +
-            std::to_string((e / E) / R) + "," + std::to_string(m.assign.experts[(size_t)e].load) + "\n";
-  // series nodes: a = M, b = nodes a token's kept slots reach, c = tokens
-  std::vector<int64_t> reach((size_t)nodes + 1, 0);
-  for (int p = 0; p < P; p++)
-    for (int64_t t = 0; t < T; t++) {
-      std::set<int> ns;
-      for (int q = 0; q < P; q++)
-        if (m.needs(p, t, q)) ns.insert(q / (int)R);
-      reach[ns.size()]++;
-    }
-  for (size_t k = 0; k < reach.size(); k++)
-    rows += "nodes," + std::to_string(P) + "," + std::to_string(c.topk_groups) + "," +
-            std::to_string(k) + "," + std::to_string(reach[k]) + "\n";
-  for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
-    MapBytes b = count_bytes(m, (int)R, sc, d);
-    const char* name = sc == Scheme::flat ? "flat" : "hierarchical";
-    for (int inter = 0; inter < 2; inter++)  // series bytes: a = scheme, b = link class, c = bytes
-      rows += "bytes," + std::to_string(P) + "," + name + "," + (inter ? "inter" : "intra") +
-              "-M" + std::to_string(c.topk_groups) + "," +
-              std::to_string((long long)(inter ? b.inter : b.intra)) + "\n";
-  }
-  lesson.csv_append("series,P,a,b,c", rows);
+  if (lesson.dumping()) dump_layer(lesson, c, full, fw, g, x_all, dy_all, batch, a2a, (int)R);
+  lesson.csv_append("series,P,a,b,c", routing_csv(m, c, (int)R, nodes, d));
   return lesson.finish(check);
 }
 
