@@ -69,6 +69,18 @@ def functions(lines):
 
 def problems_in(root, ceilings):
     problems, seen = [], set()
+
+    def judge(key, where, n, most):
+        """n lines at `where` against `most`, or against its ceiling while it has one."""
+        limit = ceilings.get(key, most)
+        if key in ceilings:
+            seen.add(key)
+            if n <= most:
+                problems.append(f"{key}: {n} lines, within {most}: take it out of CEILINGS")
+        if n > limit:
+            problems.append(f"{where} {n} lines, more than {limit}"
+                            + (" (its ceiling until it is cut down)" if key in ceilings else ""))
+
     for dirpath, _, files in os.walk(os.path.join(root, "lessons")):
         for f in sorted(files):
             if not f.endswith((".cpp", ".h", ".cu")):
@@ -76,25 +88,10 @@ def problems_in(root, ceilings):
             path = os.path.join(dirpath, f)
             rel = os.path.relpath(path, root)
             lines = open(path, encoding="utf-8").read().split("\n")
-            n = len(lines) - (1 if lines and lines[-1] == "" else 0)
             if f == "main.cpp":
-                limit = ceilings.get(rel, MAX_MAIN)
-                if rel in ceilings:
-                    seen.add(rel)
-                    if n <= MAX_MAIN:
-                        problems.append(f"{rel}: {n} lines, within {MAX_MAIN}: take it out of CEILINGS")
-                if n > limit:
-                    problems.append(f"{rel}: {n} lines, more than {limit}"
-                                    + (" (its ceiling until it is cut down)" if rel in ceilings else ""))
+                judge(rel, f"{rel}:", len(lines) - (1 if lines[-1] == "" else 0), MAX_MAIN)
             for name, first, length in functions(lines):
-                key = f"{rel}:{name}"
-                limit = ceilings.get(key, MAX_FUNCTION)
-                if key in ceilings:
-                    seen.add(key)
-                    if length <= MAX_FUNCTION:
-                        problems.append(f"{key}: {length} lines, within {MAX_FUNCTION}: take it out of CEILINGS")
-                if length > limit:
-                    problems.append(f"{rel}:{first}: {name} is {length} lines, more than {limit}")
+                judge(f"{rel}:{name}", f"{rel}:{first}: {name} is", length, MAX_FUNCTION)
     for key in sorted(set(ceilings) - seen):
         problems.append(f"{key}: in CEILINGS but not found (gone or renamed): take it out")
     return problems
