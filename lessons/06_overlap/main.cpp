@@ -603,52 +603,15 @@ static int overlap_lesson(Lesson& lesson) {
     std::printf("note: %.0f of %.0f compute phases took over 0.1 ms longer for real than modelled at %g GFLOP/s "
                 "(this machine, or its share of it, is slower): their timings are real ones; a "
                 "lower --gflops keeps every phase modelled\n", overrun[0], overrun[1], gflops);
-  // ---- the timelines of rank 0, on one time scale
-  double span = 0;
-  for (Variant& v : variants) span = std::max(span, v.best.tl.wall());
-  const int width = 72;
-  if (rank == 0) {
-    std::printf("\nrank 0, the fastest of %lld runs per mode (%d columns = %.1f ms; F forward, B backward,\n"
-                "W weight gradients, . waiting for a message; ~ a message in flight):\n",
-                (long long)reps, width, span * 1e3);
-    for (Variant& v : variants) {
-      const Timeline& tl = v.best.tl;
-      std::printf("  %-24s |%s| %6.1f ms\n", v.name.c_str(),
-                  timeline_row(tl.events, tl.start, span, width).c_str(), tl.wall() * 1e3);
-      std::printf("  %-24s |%s|\n", "", flights_row(tl, span, width).c_str());
-    }
-  }
-  // ---- compute, communication and the hidden fraction, per rank
+  // ---- the timelines of rank 0, on one time scale, and per rank the compute, the waiting and
+  // the hidden fraction
+  std::vector<std::string> names, keys;
+  std::vector<Timeline> best;
+  for (const Variant& v : variants) names.push_back(v.name), keys.push_back(v.key), best.push_back(v.best.tl);
+  if (rank == 0) std::printf("%s", timelines_text(names, best, reps).c_str());
   std::vector<RankTimes> times;
-  for (Variant& v : variants) times.push_back(gather_times(comm, v.best.tl));
-  double hidden_worst = 1e300;
-  if (run_seq && run_ovl) {
-    const RankTimes &sq = times.front(), &ov = times.back();
-    if (rank == 0) {
-      std::printf("\nper rank, ms: compute and waiting of the sequential run, the walls, and the hidden "
-                  "fraction\n(T_seq - T_ovl) / min(T_compute, T_comm): of the communication that "
-                  "compute could hide, how much was hidden\n");
-      std::printf("  rank  compute  comm   sequential  %s  hidden\n",
-                  variants.size() == 3 ? "W inline  W in waits" : "overlapped");
-    }
-    for (int r = 0; r < P; r++) {
-      // nothing to hide on one rank (no message leaves it): no fraction
-      const double hideable = P > 1 ? std::min(sq.compute[(size_t)r], sq.wait[(size_t)r]) : 0;
-      const double hidden = hideable > 0 ? (sq.wall[(size_t)r] - ov.wall[(size_t)r]) / hideable : 0;
-      hidden_worst = std::min(hidden_worst, hidden);
-      if (rank == 0) {
-        std::printf("  %4d  %7.2f  %5.2f  %10.2f", r, sq.compute[(size_t)r] * 1e3,
-                    sq.wait[(size_t)r] * 1e3, sq.wall[(size_t)r] * 1e3);
-        if (variants.size() == 3) std::printf("  %8.2f", times[1].wall[(size_t)r] * 1e3);
-        std::printf("  %10.2f  ", ov.wall[(size_t)r] * 1e3);
-        if (P > 1) std::printf("%5.0f%%\n", 100 * hidden);
-        else std::printf("  n/a (one rank: no messages)\n");
-      }
-    }
-    if (rank == 0 && P > 1)
-      std::printf("hidden fraction (the worst rank): %.0f%%  (modelled network; target >= 80%% at the "
-                  "default shape with --progress test)\n", 100 * hidden_worst);
-  }
+  for (const Timeline& tl : best) times.push_back(gather_times(comm, tl));
+  if (run_seq && run_ovl) print_hidden_fraction(times, rank == 0);
   // ---- the measured costs in lesson 07's simulator: why DualPipe pairs F with B
   if (run_seq && run_ovl && !prefill && M >= 2) {
     // F&B with the whole backward in it (W inline, when that variant ran): B = I + W, as in
@@ -670,18 +633,9 @@ static int overlap_lesson(Lesson& lesson) {
       }
     }
   }
-  if (!prefill && lesson.flags.csv.size()) {
-    std::string rows;
-    for (size_t i = 0; i < variants.size(); i++)
-      for (int r = 0; r < P; r++)
-        rows += variants[i].key + "," + std::to_string(r) + "," + progress + "," +
-                fmt_num(link.inter_bytes_per_s / 1e6) + "," +
-                fmt_num(link.intra_bytes_per_s / 1e6) + "," +
-                std::to_string(times[i].wall[(size_t)r] * 1e3) + "," +
-                std::to_string(times[i].compute[(size_t)r] * 1e3) + "," +
-                std::to_string(times[i].wait[(size_t)r] * 1e3) + "\n";
-    lesson.csv_append("mode,rank,progress,inter_MBps,intra_MBps,wall_ms,compute_ms,wait_ms", rows);
-  }
+  if (!prefill)
+    lesson.csv_append("mode,rank,progress,inter_MBps,intra_MBps,wall_ms,compute_ms,wait_ms",
+                      times_csv(keys, times, progress, link));
 
   // ---- the checks
   CheckReport check(comm);  // every rank compares its part; rank 0 prints the worst

@@ -52,4 +52,69 @@ std::string fmt_num(double x) {
   return buf;
 }
 
+std::string timelines_text(const std::vector<std::string>& names,
+                           const std::vector<Timeline>& timelines, int64_t reps) {
+  double span = 0;
+  for (const Timeline& tl : timelines) span = std::max(span, tl.wall());
+  const int width = 72;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "\nrank 0, the fastest of %lld runs per mode (%d columns = %.1f ms; F forward, B backward,\n"
+                "W weight gradients, . waiting for a message; ~ a message in flight):\n",
+                (long long)reps, width, span * 1e3);
+  std::string out = line;
+  for (size_t i = 0; i < timelines.size(); i++) {
+    const Timeline& tl = timelines[i];
+    std::snprintf(line, sizeof line, "  %-24s |%s| %6.1f ms\n", names[i].c_str(),
+                  timeline_row(tl.events, tl.start, span, width).c_str(), tl.wall() * 1e3);
+    out += line;
+    std::snprintf(line, sizeof line, "  %-24s |%s|\n", "", flights_row(tl, span, width).c_str());
+    out += line;
+  }
+  return out;
+}
+
+double print_hidden_fraction(const std::vector<RankTimes>& times, bool print) {
+  const int P = (int)times.front().wall.size();
+  double hidden_worst = 1e300;
+  const RankTimes &sq = times.front(), &ov = times.back();
+  if (print) {
+    std::printf("\nper rank, ms: compute and waiting of the sequential run, the walls, and the hidden "
+                "fraction\n(T_seq - T_ovl) / min(T_compute, T_comm): of the communication that "
+                "compute could hide, how much was hidden\n");
+    std::printf("  rank  compute  comm   sequential  %s  hidden\n",
+                times.size() == 3 ? "W inline  W in waits" : "overlapped");
+  }
+  for (int r = 0; r < P; r++) {
+    // nothing to hide on one rank (no message leaves it): no fraction
+    const double hideable = P > 1 ? std::min(sq.compute[(size_t)r], sq.wait[(size_t)r]) : 0;
+    const double hidden = hideable > 0 ? (sq.wall[(size_t)r] - ov.wall[(size_t)r]) / hideable : 0;
+    hidden_worst = std::min(hidden_worst, hidden);
+    if (print) {
+      std::printf("  %4d  %7.2f  %5.2f  %10.2f", r, sq.compute[(size_t)r] * 1e3,
+                  sq.wait[(size_t)r] * 1e3, sq.wall[(size_t)r] * 1e3);
+      if (times.size() == 3) std::printf("  %8.2f", times[1].wall[(size_t)r] * 1e3);
+      std::printf("  %10.2f  ", ov.wall[(size_t)r] * 1e3);
+      if (P > 1) std::printf("%5.0f%%\n", 100 * hidden);
+      else std::printf("  n/a (one rank: no messages)\n");
+    }
+  }
+  if (print && P > 1)
+    std::printf("hidden fraction (the worst rank): %.0f%%  (modelled network; target >= 80%% at the "
+                "default shape with --progress test)\n", 100 * hidden_worst);
+  return hidden_worst;
+}
+
+std::string times_csv(const std::vector<std::string>& keys, const std::vector<RankTimes>& times,
+                      const std::string& progress, const LinkModel& link) {
+  std::string rows;
+  for (size_t i = 0; i < keys.size(); i++)
+    for (size_t r = 0; r < times[i].wall.size(); r++)
+      rows += keys[i] + "," + std::to_string(r) + "," + progress + "," +
+              fmt_num(link.inter_bytes_per_s / 1e6) + "," + fmt_num(link.intra_bytes_per_s / 1e6) + "," +
+              std::to_string(times[i].wall[r] * 1e3) + "," + std::to_string(times[i].compute[r] * 1e3) +
+              "," + std::to_string(times[i].wait[r] * 1e3) + "\n";
+  return rows;
+}
+
 }  // namespace ff::f1b
