@@ -30,13 +30,11 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>

@@ -56,10 +56,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <map>
-#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
