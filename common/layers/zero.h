@@ -62,6 +62,11 @@ struct Memory {
   size_t buffers = 0;    // flat buffers for the collectives (not in seed 001's formula)
   size_t total() const { return params + grads + optimizer + buffers; }
 };
+// Two optimizers' memory together (lesson 08 under EP: the dense weights' and the experts').
+inline Memory operator+(Memory a, const Memory& b) {
+  a.params += b.params, a.grads += b.grads, a.optimizer += b.optimizer, a.buffers += b.buffers;
+  return a;
+}
 
 // Seed 001's formula for N parameters in float32 (the table above), for stage 0 or 1; buffers 0.
 Memory formula(int64_t n, int dp, int stage);

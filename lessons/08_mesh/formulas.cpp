@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "lessons/08_mesh/mesh_model.h"
+
 namespace ff::mesh {
 
 // [slide:comm-formula]
@@ -204,7 +206,7 @@ size_t sum_bytes(const CollectiveCounts& m) {
   return b;
 }
 
-CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms) {
+CollectiveCounts merged_counts(const std::vector<Comm*>& comms) {
   CollectiveCounts out;
   for (const Comm* cm : comms)
     for (const auto& [op, cc] : cm->collective_counts()) {
@@ -254,6 +256,45 @@ std::string communication_text(const AxisCounts& got, const AxisCounts& want, co
   axis(sizes.ep > 1, "edp", got.edp, want.edp);
   axis(sizes.pp > 1, "pp", got.pp, want.pp);
   return out;
+}
+
+void AxisComms::reset() const {
+  for (Comm* comm : {tp, dp, cp, edp}) comm->reset_collective_counts();
+  for (Comm* comm : ep) comm->reset_collective_counts();
+  for (Comm* comm : pp) comm->reset_collective_counts();
+}
+
+AxisCounts AxisComms::counts() const {
+  AxisCounts got;
+  got.tp = tp->collective_counts(), got.dp = dp->collective_counts(), got.cp = cp->collective_counts();
+  got.ep = merged_counts(ep), got.edp = edp->collective_counts(), got.pp = merged_counts(pp);
+  return got;
+}
+
+AxisCounts expected_counts(const RankModel& here, const Setup& s, const Options& o,
+                           int64_t dense_numel, int64_t expert_numel, int W, int edp,
+                           bool pair_sums) {
+  const model::Config& c = s.c;
+  const int pp_rank = here.pp_rank;
+  StageCounts st;
+  st.M = here.sched.layout == pp::Layout::dual ? s.M / 2 : s.M;  // a stage's copy sees one direction's
+  st.head = here.plan.holds("head", pp_rank);
+  for (int64_t l = 0; l < c.layers; l++)
+    if (here.plan.holds_stage(here.plan.stage_of_layer(l), pp_rank))
+      st.L++, (l < c.dense_layers ? st.D : st.moe)++;
+  AxisCounts want;
+  want.tp = formula_tp(c, st, s.Bm * s.Tc, s.sizes.tp, o.sp, here.table.replicated_numel);
+  want.dp = formula_dp(c, dense_numel, W, (int)o.zero, here.held_moe > 0);
+  want.cp = formula_cp(c, st, s.Bm, s.Tc, s.sizes.tp, s.sizes.cp);
+  if (s.sizes.ep > 1 && expert_numel > 0) want.edp = formula_dp(c, expert_numel, edp, (int)o.zero, false);
+  want.pp = formula_pp(here.sched, pp_rank, here.stages.boundary_shape(0, 0)[0], c.dim);
+  if (pair_sums) {
+    const bool loads = here.held_moe > 0;
+    want.pp["allreduce"].calls += 1 + (loads ? 1 : 0);
+    want.pp["allreduce"].bytes += (size_t)here.table.local_numel * sizeof(float) +
+                                  (loads ? (size_t)((c.layers - c.dense_layers) * c.experts) * sizeof(float) : 0);
+  }
+  return want;
 }
 
 }  // namespace ff::mesh

@@ -8,7 +8,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
 #include "common/layers/schedule.h"
+#include "lessons/08_mesh/options.h"
 
 namespace ff::mesh {
 
@@ -52,12 +52,30 @@ struct AxisCounts {
 };
 // The first axis whose counts are not the formula's, "tp allreduce 3 x, 1.5 KiB, formula
 // allreduce 2 x, 1.0 KiB"; "" when every axis agrees.
+// The communicators each axis's traffic runs on (EP's through the nodes and rails too, PP's
+// DualPipe pair too): their counters zeroed before a step and read after it.
+struct AxisComms {
+  Comm *tp, *dp, *cp, *edp;
+  std::vector<Comm*> ep, pp;
+  void reset() const;
+  AxisCounts counts() const;
+};
+
 std::string first_difference(const AxisCounts& got, const AxisCounts& want);
 // Two lines per axis of this mesh, "  tp: <counts>" and "      formula: <counts>" (dp named
 // "dp x cp" under CP; cp, ep, edp and pp only where the mesh has them).
 std::string communication_text(const AxisCounts& got, const AxisCounts& want, const MeshSizes& sizes);
 
 // "1.50 KiB", "2.00 MiB", "12 B"
+struct RankModel;
+// What each axis should move in one step of this rank, by the formulas above (EP's depends on
+// the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
+// the two optimizers (over dp x cp, W ranks, and over expert-DP, edp ranks); pair_sums: the
+// DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
+AxisCounts expected_counts(const RankModel& here, const Setup& s, const Options& o,
+                           int64_t dense_numel, int64_t expert_numel, int W, int edp,
+                           bool pair_sums);
+
 std::string human_bytes(double b);
 // "allreduce 3 x, 1.5 KiB, send 8 x, 4.0 KiB" (or "none")
 std::string counts_text(const CollectiveCounts& m);
@@ -65,7 +83,7 @@ std::string counts_text(const CollectiveCounts& m);
 size_t sum_bytes(const CollectiveCounts& m);
 // Several communicators' counts as one (lesson 05's hierarchical all-to-all runs on the EP
 // group's node and rail communicators).
-CollectiveCounts merged_counts(std::initializer_list<const Comm*> comms);
+CollectiveCounts merged_counts(const std::vector<Comm*>& comms);
 // The same calls and bytes for every operation that ran (operations counted 0 times aside).
 bool same_counts(const CollectiveCounts& a, const CollectiveCounts& b);
 

@@ -13,6 +13,7 @@
 #include "common/layers/ring_attention.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/lesson/lesson.h"
+#include "lessons/08_mesh/options.h"
 #include "lessons/08_mesh/sharding.h"
 
 namespace ff::mesh {
@@ -25,6 +26,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
 
 // Rows [r0, r1) of an int64 tensor (token ids, positions), on its device.
 Tensor index_rows(const Tensor& t, int64_t r0, int64_t r1);
+// The columns `cols` of an int64 (B, T) token batch: a CP rank's tokens of every sequence.
+Tensor take_columns(const Tensor& t, const std::vector<int64_t>& cols);
 
 // One MoE layer's routing of some token rows: its index among the MoE layers, the experts.
 struct Route {
@@ -233,6 +236,28 @@ struct MeshStages : pp::StageModel {
     return loss;
   }
   Device device() const override { return mm->device; }
+};
+
+// What this rank holds of the model on the mesh: the model (its shards of its pipeline stages'
+// weights, the TP, CP and EP groups it runs over), the EP group's topology and the step's
+// routing maps, the pipeline schedule and the stages the executor runs, and the table of its
+// weights by name. Built in place, once (the model points into it).
+struct RankModel {
+  RankModel(const Options& o, const Setup& s, Mesh& mesh, const model::Params& full, Device dev);
+  RankModel(const RankModel&) = delete;
+  RankModel& operator=(const RankModel&) = delete;
+
+  MeshModel mm;
+  dsv3::Topology topo;                  // the EP group's nodes (the hierarchical all-to-all)
+  std::vector<dsv3::RoutingMap> maps;   // this step's routing of every EP MoE layer
+  pp::Schedule sched;
+  StagePlan plan;
+  MeshStages stages;
+  ParamTable table;
+  int64_t held_moe = 0;                 // the MoE layers of this rank's stages
+  int pp_rank = 0;                      // this rank's place in the pipeline
+  // this CP rank's tokens of every sequence (the zigzag layout's positions)
+  const std::vector<int64_t>& my_columns() const { return mm.cp_positions[(size_t)mm.cp->rank()]; }
 };
 
 // The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,

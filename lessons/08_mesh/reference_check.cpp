@@ -246,4 +246,68 @@ void OneProcess::kpe_verdict(CheckReport& check, bool root) const {
   }
 }
 
+CheckedStep check_step(Lesson& L, OneProcess& twin, CheckComms& comms, const RankModel& here,
+                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
+                       const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
+                       bool last, std::string* disagree) {
+  Trace::Category check_traffic(trace(), "check");
+  const ParamTable& table = here.table;
+  CheckedStep out;
+  out.loss_mesh = local_loss;
+  comms.world.allreduce(&out.loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
+  out.loss_mesh /= (double)(comms.dp_cp.size() * sizes.tp);
+  // the mean gradient each rank's optimizer used, and the weights after its step
+  std::vector<Tensor> mean_grads(table.params.size());
+  for (const zero::GroupAdam* opt : {&dense_opt, &expert_opt}) {
+    const std::vector<Tensor> mg = opt->mean_grads(opt == &dense_opt ? comms.dp_cp : comms.edp);
+    for (size_t i = 0; i < mg.size(); i++) mean_grads[opt->keys[i]] = mg[i];
+  }
+  std::vector<Tensor> now, held_grads;
+  for (size_t k = 0; k < table.names.size(); k++)
+    if (table.params[k]) now.push_back(*table.params[k]), held_grads.push_back(mean_grads[k]);
+  for (const model::NamedTensor& b : here.mm.p.named_buffers())  // the biases, with the weights
+    if (b.t.defined()) now.push_back(b.t);
+  const Gathered grads = gather_full(table.names, table.full_shapes, held_grads, sizes, here.plan, comms.world);
+  const Gathered params = gather_full(table.all_names, table.all_shapes, now, sizes, here.plan, comms.world);
+  if (disagree->empty() && !params.disagree.empty()) *disagree = "weights " + params.disagree;
+  if (disagree->empty() && !grads.disagree.empty()) *disagree = "mean gradients " + grads.disagree;
+  // the balancing biases as gathered (every rank's copy the same bits: the replica check)
+  std::vector<float> mesh_bias;
+  for (size_t i = table.names.size(); i < table.all_names.size(); i++) {
+    const std::vector<float> v = params.full[i].to_vector();
+    mesh_bias.insert(mesh_bias.end(), v.begin(), v.end());
+  }
+  // rank 0: one process from the same weights on the whole global batch, and AdamW on the
+  // mesh's own mean gradient
+  if (L.rank() == 0) out.twin = twin.step(L, step, checking, last, out.loss_mesh, grads, params, mesh_bias);
+  return out;
+}
+
+Validation validate(Lesson& L, OneProcess& twin, CheckComms& comms, RankModel& here,
+                    const Setup& s, const Options& o, int dp_rank) {
+  Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
+  NoGradGuard no_grad;
+  here.mm.maps = nullptr;
+  Validation out;
+  const int64_t row0 = (int64_t)dp_rank * s.B;
+  for (int64_t k = 0; k < o.val_batches; k++) {
+    CharCorpus::Batch vb = s.corpus.batch(CharCorpus::Split::val, k, o.batch, s.T, row0, row0 + s.B,
+                                          (uint64_t)L.flags.seed);
+    vb = {take_columns(vb.inputs, here.my_columns()), take_columns(vb.targets, here.my_columns())};
+    double loss = here.stages.forward_only(comms.pp, here.sched, vb.inputs.to(L.device), vb.targets.to(L.device));
+    comms.world.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
+    loss /= (double)(comms.dp_cp.size() * s.sizes.tp);
+    if (k == 0) out.first_mesh = loss;
+    out.mesh += loss / (double)o.val_batches;
+    if (L.rank() == 0) {
+      CharCorpus::Batch gb = s.corpus.batch(CharCorpus::Split::val, k, o.batch, s.T, 0, o.batch,
+                                            (uint64_t)L.flags.seed);
+      out.one_process += model::forward(s.c, twin.model(), gb.inputs.to(L.device), gb.targets.to(L.device),
+                                        model::positions(s.T, L.device)).loss.to_vector()[0] /
+                         (double)o.val_batches;
+    }
+  }
+  return out;
+}
+
 }  // namespace ff::mesh

@@ -10,12 +10,14 @@
 
 #include "common/comm/comm.h"
 #include "common/comm/mesh.h"
+#include "common/layers/zero.h"
 #include "common/core/check.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
+#include "lessons/08_mesh/options.h"
 #include "lessons/08_mesh/sharding.h"
 
 namespace ff::mesh {
@@ -106,5 +108,39 @@ class OneProcess {
   Adam ref_adam;
   std::vector<Tensor> ref_adam_params;  // the reference's weights where its AdamW runs
 };
+
+// The check's own communicators, beside the training's: its traffic is counted apart (the
+// per-axis formulas see the training only) and the trace shows it apart.
+struct CheckComms {
+  CheckComms(Comm& world, Mesh& mesh)
+      : world(world.split(0, world.rank())),
+        dp_cp(mesh.dp_cp().split(0, mesh.dp_cp().rank())),
+        edp(mesh.edp().split(0, mesh.edp().rank())),
+        pp(mesh.pp().split(0, mesh.pp().rank())) {}
+  Comm world, dp_cp, edp, pp;
+};
+
+struct RankModel;
+// The check of one training step, on every rank: the mesh's loss (the last stage's ranks hold
+// it, each TP rank the same), the mean gradient each optimizer used and the weights after its
+// step, gathered into the full tensors (gather_full; a replica that differs is named in
+// *disagree, the first time), and on rank 0 the twin's step from them (OneProcess::step).
+struct CheckedStep {
+  double loss_mesh = 0;
+  OneProcess::Step twin;
+};
+CheckedStep check_step(Lesson& L, OneProcess& twin, CheckComms& comms, const RankModel& here,
+                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
+                       const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
+                       bool last, std::string* disagree);
+
+// The validation loss after training (the mean over --val-batches global batches of the
+// held-out text, forward only): the mesh's on every rank, one process's on rank 0.
+struct Validation {
+  double mesh = 0, one_process = 0;
+  double first_mesh = 0;  // the mesh's on batch 0 (the dump's)
+};
+Validation validate(Lesson& L, OneProcess& twin, CheckComms& comms, RankModel& here,
+                    const Setup& s, const Options& o, int dp_rank);
 
 }  // namespace ff::mesh

@@ -2,6 +2,7 @@
 #include "lessons/08_mesh/sharding.h"
 
 #include <cstring>
+#include <map>
 
 #include "common/core/autograd.h"
 #include "common/core/ops.h"
@@ -84,6 +85,33 @@ void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank) 
       empty.moe = p->layers[l].moe;
       p->layers[l] = empty;
     }
+}
+
+void fill_param_table(ParamTable* table, const model::Config& c, const model::Params& full,
+                      model::Params& held, const StagePlan& plan, int pp_rank, int ep,
+                      bool kpe_per_head) {
+  ParamTable& t = *table;
+  t.held = held.named_parameters();
+  std::map<std::string, Tensor*> by_name;
+  for (model::NamedTensor& n : t.held) by_name[n.name] = &n.t;
+  for (const model::NamedTensor& n : full.named_parameters()) {
+    t.names.push_back(n.name);
+    t.full_shapes.push_back(n.t.shape());
+    t.params.push_back(plan.holds(n.name, pp_rank) ? by_name.at(n.name) : nullptr);
+  }
+  if (kpe_per_head)  // the gathered W_kr is (d, H d_r): every head's copy
+    for (size_t k = 0; k < t.names.size(); k++)
+      if (t.names[k].size() > 9 && t.names[k].compare(t.names[k].size() - 9, 9, "attn.w_kr") == 0)
+        t.full_shapes[k] = {c.dim, c.heads * c.d_rope};
+  t.all_names = t.names;
+  t.all_shapes = t.full_shapes;
+  for (const model::NamedTensor& n : full.named_buffers())
+    t.all_names.push_back(n.name), t.all_shapes.push_back(n.t.shape());
+  for (size_t k = 0; k < t.names.size(); k++) {
+    if (!t.params[k]) continue;
+    t.local_numel += t.params[k]->numel();
+    if (split_of(t.names[k], ep) == Split::replicated) t.replicated_numel += t.params[k]->numel();
+  }
 }
 
 }  // namespace ff::mesh

@@ -62,4 +62,24 @@ struct StagePlan {
 // whether it is a MoE block, for the order of the balancing biases).
 void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank);
 
+// The model's weights by their stable names (model::Params::named_parameters), as the check and
+// the optimizers see them: each one's full shape, and this rank's tensor of it (nullptr for a
+// weight of another pipeline stage). The balancing biases (buffers, not parameters) follow the
+// weights in all_names, as the check gathers them.
+struct ParamTable {
+  std::vector<std::string> names;
+  std::vector<Shape> full_shapes;
+  std::vector<Tensor*> params;
+  std::vector<std::string> all_names;  // names, then the balancing biases'
+  std::vector<Shape> all_shapes;
+  int64_t local_numel = 0;       // the numbers this rank holds
+  int64_t replicated_numel = 0;  // ... of weights every TP rank holds whole
+  std::vector<model::NamedTensor> held;  // this rank's named tensors, which params point into
+};
+// `held` this rank's shard of `full` (shard_model, release_other_stages); under the planted bug
+// kpe-per-head the gathered W_kr has every head's copy.
+void fill_param_table(ParamTable* table, const model::Config& c, const model::Params& full,
+                      model::Params& held, const StagePlan& plan, int pp_rank, int ep,
+                      bool kpe_per_head);
+
 }  // namespace ff::mesh

@@ -1,0 +1,210 @@
+// lessons/08_mesh/report.cpp — what lesson 08 prints and writes (report.h).
+#include "lessons/08_mesh/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "common/comm/overlap.h"
+#include "common/core/autograd.h"
+#include "common/core/ops.h"
+#include "lessons/08_mesh/estimate.h"
+
+namespace ff::mesh {
+
+void print_header(const Options& o, const Setup& s, const RankModel& here, int edp) {
+  const MeshSizes& sizes = s.sizes;
+  const model::Config& c = s.c;
+  std::string ep_text;
+  if (sizes.ep > 1) {
+    ep_text = ", ep " + std::to_string(sizes.ep) + " folded on them (expert-DP " + std::to_string(edp) +
+              ", " + o.a2a + " all-to-all";
+    if (o.a2a == "hierarchical")
+      ep_text += ", " + std::to_string(here.topo.R) + (s.real_nodes ? " ranks per node" : " ranks per virtual node");
+    ep_text += ")";
+  }
+  std::printf("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+              sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
+              sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "", sizes.tp,
+              sizes.world(), ep_text.c_str(), (long long)o.zero, o.sp ? "on" : "off",
+              o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
+  std::printf("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
+              "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
+              (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
+              (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
+              (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
+              (long long)s.full_numel, (long long)here.table.local_numel);
+  if (sizes.pp > 1 || s.M > 1) {
+    std::string cut;
+    for (int stage = 0; stage < s.S; stage++)
+      cut += (stage ? ", " : "") + std::to_string(s.stage_begin[(size_t)stage + 1] - s.stage_begin[(size_t)stage]);
+    std::printf("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
+                "last), %lld micro-batches of %lld sequences per DP rank%s\n",
+                o.schedule.c_str(), s.S, cut.c_str(), (long long)s.M, (long long)s.Bm,
+                !s.sched_pairs ? ""
+                : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
+                                    : "; F&B pairs one after the other");
+  }
+  if (s.link.enabled)
+    std::printf("%s (point-to-point messages; the collectives as MPI runs them)\n", describe(s.link).c_str());
+  std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
+              (long long)o.batch, (long long)s.T, (long long)s.B,
+              sizes.cp > 1 ? (", " + std::to_string(s.Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
+              o.lr);
+  std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
+              "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
+              (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
+               (sizes.pp > 1 ? "    PP bytes" : "")).c_str());
+}
+
+void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
+                bool logging, const CheckedStep& checked, double bound, const AxisCounts& last,
+                std::ostringstream& csv) {
+  const double loss_mesh = checked.loss_mesh, loss_ref = checked.twin.loss;
+  const std::string& adam = checked.twin.adam;
+  if (logging) {
+    auto column = [&](bool shown, const CollectiveCounts& counts) {
+      const std::string b = human_bytes((double)sum_bytes(counts));
+      return shown ? "  " + std::string(10 - std::min<size_t>(10, b.size()), ' ') + b : std::string();
+    };
+    const std::string more_columns = column(sizes.cp > 1, last.cp) + column(sizes.ep > 1, last.ep) +
+                                     column(sizes.ep > 1, last.edp) + column(sizes.pp > 1, last.pp);
+    const std::string tp_bytes = human_bytes((double)sum_bytes(last.tp));
+    const std::string dp_bytes = human_bytes((double)sum_bytes(last.dp));
+    if (checking)
+      std::printf("%5lld  %11.6f  %13.6f  %9.2e  %9.2e  %8.3f  %6s  %10s  %10s%s\n", (long long)step,
+                  loss_mesh, loss_ref, std::fabs(loss_mesh - loss_ref), bound, checked.twin.grad_ratio,
+                  adam.c_str(), tp_bytes.c_str(), dp_bytes.c_str(), more_columns.c_str());
+    else
+      std::printf("%5lld  %11.6f  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", (long long)step, loss_mesh,
+                  "-", "-", "-", "-", adam.c_str(), tp_bytes.c_str(), dp_bytes.c_str(), more_columns.c_str());
+  }
+  char row[320];
+  std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu,%d,%d,%zu,%zu,%zu,0\n",
+                sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh, loss_ref,
+                checked.twin.grad_ratio, sum_bytes(last.tp), sum_bytes(last.dp), sizes.cp,
+                sum_bytes(last.cp), sizes.pp, sizes.ep, sum_bytes(last.ep), sum_bytes(last.edp),
+                sum_bytes(last.pp));
+  csv << row;
+}
+
+void print_report(const Options& o, const Setup& s, const AxisCounts& last, const AxisCounts& want,
+                  const MemoryUse& mem, const zero::GroupAdam& dense_opt,
+                  const zero::GroupAdam& expert_opt, int64_t local_numel, int W, int edp,
+                  double train_s, std::ostringstream& csv) {
+  const MeshSizes& sizes = s.sizes;
+  const zero::Memory& got = mem.measured;
+  const zero::Memory& formula = mem.formula;
+  std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
+  std::printf("%s", communication_text(last, want, sizes).c_str());
+  if (s.sched_pairs && o.overlap == "on")
+    std::printf("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
+                "over the whole run\n", overlap::switches());
+  std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
+              "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
+              sizes.cp > 1 ? "dp x cp" : "dp", W);
+  if (sizes.ep > 1)
+    std::printf("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
+                "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, W,
+                (long long)expert_opt.numel, edp);
+  std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)got.params).c_str(),
+              human_bytes((double)formula.params).c_str());
+  std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)got.grads).c_str(),
+              human_bytes((double)formula.grads).c_str());
+  std::printf("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
+              o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
+  std::printf("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
+              human_bytes((double)got.buffers).c_str());
+  std::printf("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
+              human_bytes(zero::mixed_precision_bytes(local_numel, W, 0)).c_str(),
+              human_bytes(zero::mixed_precision_bytes(local_numel, W, 1)).c_str());
+  const double step_s = train_s / (double)std::max<int64_t>(o.steps, 1);
+  std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
+              step_s * 1e3, s.link.enabled ? "; links modelled" : "", (double)(o.batch * s.T) / step_s);
+  char row[320];
+  std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
+                sizes.tp, (long long)o.zero, (int)o.sp, got.params, got.grads, got.optimizer, got.buffers,
+                formula.params + formula.grads + formula.optimizer, sizes.cp, sizes.pp, sizes.ep);
+  csv << row;
+}
+
+void print_estimate(const Setup& s, const Options& o, const MemoryUse& mem, int64_t local_numel) {
+  estimate::Parallel par;
+  par.tp = s.sizes.tp, par.dp = s.sizes.dp, par.cp = s.sizes.cp, par.ep = s.sizes.ep, par.zero = (int)o.zero;
+  par.sp = o.sp;
+  const estimate::Measured measured{local_numel, (double)mem.measured.params, (double)mem.measured.grads,
+                                    (double)mem.measured.optimizer};
+  std::printf("\n%s", estimate::report(estimate::tiny(s.c, s.B), par, measured).c_str());
+}
+
+void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,
+               const AxisCounts& last, const AxisCounts& want, std::ostringstream& csv) {
+  Trace::Category check_traffic(trace(), "check");
+  const CollectiveCounts* mine[12] = {&last.tp, &last.dp, &last.cp, &last.ep, &last.edp, &last.pp,
+                                      &want.tp, &want.dp, &want.cp, &want.ep, &want.edp, &want.pp};
+  std::vector<uint64_t> bytes(12), all(12 * (size_t)L.size());
+  for (size_t i = 0; i < 12; i++) bytes[i] = sum_bytes(*mine[i]);
+  world.allgather(bytes.data(), bytes.size() * sizeof(uint64_t), all.data());
+  for (int r = 0; L.rank() == 0 && r < L.size(); r++)
+    for (int formula = 0; formula < 2; formula++) {
+      const uint64_t* x = &all[12 * (size_t)r + 6 * (size_t)formula];
+      char row[320];
+      std::snprintf(row, sizeof row, "%s,%d,%d,%lld,%d,%lld,,,,%llu,%llu,,,,,,%d,%llu,%d,%d,%llu,%llu,%llu,%d\n",
+                    formula ? "rank_formula" : "rank", sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp,
+                    (long long)(o.steps - 1), (unsigned long long)x[0], (unsigned long long)x[1],
+                    sizes.cp, (unsigned long long)x[2], sizes.pp, sizes.ep, (unsigned long long)x[3],
+                    (unsigned long long)x[4], (unsigned long long)x[5], r);
+      csv << row;
+    }
+}
+
+void dump_trained(Lesson& L, const Setup& s, int64_t batch, const model::Params& trained,
+                  double val_loss0) {
+  const model::Config& c = s.c;
+  const CharCorpus::Batch batch0 = s.corpus.batch(CharCorpus::Split::val, 0, batch, s.T, 0, batch,
+                                                  (uint64_t)L.flags.seed);
+  for (const model::NamedTensor& n : trained.named_parameters()) L.dump(n.name, n.t);
+  for (const model::NamedTensor& n : trained.named_buffers()) L.dump(n.name, n.t);
+  L.dump("val_inputs", batch0.inputs);
+  L.dump("val_targets", batch0.targets);
+  L.dump("val_loss", Tensor::from_vector({(float)val_loss0}, {}));  // of batch 0
+  std::ostringstream meta;
+  meta << "{\"vocab\": " << c.vocab << ", \"dim\": " << c.dim << ", \"layers\": " << c.layers
+       << ", \"dense_layers\": " << c.dense_layers << ", \"heads\": " << c.heads
+       << ", \"d_nope\": " << c.d_nope << ", \"d_rope\": " << c.d_rope << ", \"d_v\": " << c.d_v
+       << ", \"q_lora\": " << c.q_lora << ", \"kv_lora\": " << c.kv_lora << ", \"ffn\": " << c.ffn
+       << ", \"experts\": " << c.experts << ", \"topk\": " << c.topk << ", \"shared\": " << c.shared
+       << ", \"moe_ffn\": " << c.moe_ffn << ", \"seq\": " << s.T << ", \"rope_theta\": " << c.rope_theta
+       << ", \"norm_eps\": " << c.norm_eps << ", \"mesh\": \"" << mesh_name(s.sizes, 0) << "\"}\n";
+  L.dump_text("meta.json", meta.str());
+}
+
+std::string sample_text(const model::Config& c, const model::Params& p, const CharCorpus& corpus,
+                        const std::string& prompt, int64_t count, double temperature,
+                        uint64_t seed) {
+  std::vector<int64_t> ids = corpus.encode(prompt);
+  std::mt19937_64 gen(seed);
+  NoGradGuard no_grad;
+  const Device dev = p.embed.device();
+  for (int64_t k = 0; k < count; k++) {
+    const int64_t T = std::min<int64_t>((int64_t)ids.size(), c.seq_len);
+    std::vector<int64_t> context(ids.end() - T, ids.end());
+    Tensor in = Tensor::from_indices(context, {1, T}, dev);
+    model::Output out = model::forward(c, p, in, in, model::positions(T, dev));
+    const std::vector<float> z = slice(out.logits, 0, T - 1, T).to_vector();
+    const float zmax = *std::max_element(z.begin(), z.end());
+    std::vector<double> weights(z.size());
+    double sum = 0;
+    for (size_t j = 0; j < z.size(); j++) sum += weights[j] = std::exp(((double)z[j] - zmax) / temperature);
+    const double u = (double)(gen() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
+    size_t j = 0;
+    for (double acc = weights[0]; acc <= u && j + 1 < weights.size(); acc += weights[++j]) {
+    }
+    ids.push_back((int64_t)j);
+  }
+  return corpus.decode(ids);
+}
+
+}  // namespace ff::mesh

@@ -1,0 +1,60 @@
+// lessons/08_mesh/report.h — what lesson 08 prints and writes: the run's header, a row per
+// step, the communication and memory after training, the CSV rows the figures read, the dump
+// of the trained model and a sample of its text. Rank 0 prints; the CSV's per-rank rows are
+// gathered from every rank.
+#pragma once
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "common/layers/model.h"
+#include "common/layers/zero.h"
+#include "common/lesson/corpus.h"
+#include "common/lesson/lesson.h"
+#include "lessons/08_mesh/formulas.h"
+#include "lessons/08_mesh/mesh_model.h"
+#include "lessons/08_mesh/options.h"
+#include "lessons/08_mesh/reference_check.h"
+
+namespace ff::mesh {
+
+// Rank 0: the mesh, the model, the pipeline, the links and the batch, then the step table's
+// header. edp: the expert-DP size.
+void print_header(const Options& o, const Setup& s, const RankModel& here, int edp);
+
+// Rank 0: the step's row of the table (the mesh's loss, one process's and their difference
+// against the bound on a checked step, the bytes of each axis), and its CSV row into csv.
+void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
+                bool logging, const CheckedStep& checked, double bound, const AxisCounts& last,
+                std::ostringstream& csv);
+
+// The memory one rank holds, measured (its optimizers') and by seed 001's formula.
+struct MemoryUse {
+  zero::Memory measured, formula;
+};
+
+// Rank 0, after training: the communication of the last step per axis against the formulas,
+// the memory against its formula, the time per step; the memory's CSV row into csv.
+void print_report(const Options& o, const Setup& s, const AxisCounts& last, const AxisCounts& want,
+                  const MemoryUse& mem, const zero::GroupAdam& dense_opt,
+                  const zero::GroupAdam& expert_opt, int64_t local_numel, int W, int edp,
+                  double train_s, std::ostringstream& csv);
+// Rank 0, under --estimate run: the memory model of this run's model and mesh against it.
+void print_estimate(const Setup& s, const Options& o, const MemoryUse& mem, int64_t local_numel);
+// Every rank's bytes per axis in the last step, measured and by the formula: two CSV rows per
+// rank, gathered over `world` into rank 0's csv.
+void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,
+               const AxisCounts& last, const AxisCounts& want, std::ostringstream& csv);
+
+// Rank 0, under --dump: the trained model (one process's, the same weights as the mesh's), the
+// validation batch 0 and its loss on the mesh, and meta.json with the model's configuration.
+void dump_trained(Lesson& L, const Setup& s, int64_t batch, const model::Params& trained,
+                  double val_loss0);
+
+// Text from the trained model (one process's forward on the gathered weights): each next byte
+// drawn from softmax(logits / temperature) with a generator seeded by `seed`.
+std::string sample_text(const model::Config& c, const model::Params& p, const CharCorpus& corpus,
+                        const std::string& prompt, int64_t count, double temperature,
+                        uint64_t seed);
+
+}  // namespace ff::mesh
