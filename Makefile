@@ -202,8 +202,8 @@ $(BUILD)/obj/%.o: %.cpp
 	$(Q)$(CCACHE) $(CXX) $(FLAGS) -c $< -o $@
 
 # The course's files (data/) are found from the executable, or else from the tree it was built
-# from (common/lesson/files.h: course_data_file), so a lesson runs from any directory.
-$(BUILD)/obj/common/lesson/files.o: FLAGS += -DFF_SOURCE_DIR='"$(CURDIR)"'
+# from (common/util/files.h: course_data_file), so a lesson runs from any directory.
+$(BUILD)/obj/common/util/files.o: FLAGS += -DFF_SOURCE_DIR='"$(CURDIR)"'
 
 # -fno-trapping-math: nothing here reads the floating-point exception flags, and without it GCC
 # will not turn a ternary on doubles (exp_double's clamps, kernels/cpu/row_math.h) into a

@@ -512,7 +512,7 @@ fi
 section "every lesson from any directory: the course's data found from the executable"
 # Each lesson's default run (its NP file), started from / with the binary's full path: lessons
 # 05 (--train) and 08 read data/tinyshakespeare.txt by default, found from the executable's
-# directory upward (common/lesson/files.h: course_data_file)
+# directory upward (common/util/files.h: course_data_file)
 ABS_B=$(cd "$B" && pwd -P); ROOT=$(pwd -P)
 check "every lesson's default demo PASSes when started from / with the binary's full path (05 with --train 2)" 0 '^8 lessons PASS from /' \
   bash -c "cd / && n=0; for d in $ROOT/lessons/[0-9][0-9]_*; do L=\$(basename \$d); a=; [ \$L = 05_deepseek_moe ] && a='--train 2'; \

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/comm/overlap.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 namespace ff {
 

@@ -37,23 +37,12 @@
 
 #include "common/core/check.h"
 #include "common/core/tensor.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 namespace ff {
 
 // ----------------------------------------------------------------------------
 // errors
-
-void mpi_check(int code, const char* file, int line) {
-  if (code == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "code %d", code);
-  std::fprintf(stderr, "error: MPI: %s (%s:%d)\n", msg, file, line);
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);  // MPI_Abort does not return; keep the compiler and the reader sure of it
-}
 
 // MPI counts are int: larger messages are refused (fivefold only moves small ones).
 static int to_count(size_t bytes, const char* op) {

@@ -66,6 +66,7 @@
 #include <string>
 #include <vector>
 
+#include "common/util/error.h"
 #include "kernels/device.h"
 
 namespace ff {
@@ -123,9 +124,6 @@ struct LinkBytes {
   size_t intra = 0, inter = 0, self = 0;
 };
 
-// mpiCheck(call): on an MPI error, prints "error: MPI: <MPI_Error_string> (file:line)" and aborts.
-void mpi_check(int code, const char* file, int line);
-#define mpiCheck(call) ::ff::mpi_check((call), __FILE__, __LINE__)
 
 // A pending non-blocking operation, with what the watchdog needs to name it.
 struct Request {

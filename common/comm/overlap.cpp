@@ -10,7 +10,7 @@
 
 #include "common/core/autograd.h"
 #include "common/core/check.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>

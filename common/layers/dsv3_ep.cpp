@@ -8,7 +8,7 @@
 #include "common/comm/alltoall.h"
 #include "common/core/autograd.h"
 #include "common/core/ops.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 namespace ff::dsv3 {
 

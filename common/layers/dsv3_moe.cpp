@@ -457,20 +457,6 @@ std::vector<moe::NamedTensor> named_grads(const Grads& g) {
   return v;
 }
 
-std::string meta_json(const Config& c, int P, const std::string& extra_fields) {
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "{\"gate\": \"%s\", \"N\": %lld, \"K\": %lld, \"S\": %lld, \"G\": %lld, "
-                "\"M\": %lld, \"group_score_topk\": %lld, \"route_scale\": %.9g, \"alpha\": %.9g, "
-                "\"capacity_factor\": %.9g, \"overflow\": \"%s\", \"seq_len\": %lld, "
-                "\"d\": %lld, \"f\": %lld, \"P\": %d",
-                gate_name(c.gate), (long long)c.experts, (long long)c.topk, (long long)c.shared,
-                (long long)c.groups, (long long)c.topk_groups, (long long)c.group_score_k(),
-                c.route_scale, c.alpha, c.capacity_factor, overflow_name(c.overflow),
-                (long long)c.seq_len, (long long)c.dim, (long long)c.ffn, P);
-  return buf + extra_fields + "}\n";
-}
-
 double memory_bytes(const Config& c, int64_t T) {
   const double N = (double)c.experts, d = (double)c.dim, f = (double)c.ffn,
                Sf = (double)(c.shared * c.ffn);

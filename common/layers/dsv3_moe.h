@@ -228,7 +228,6 @@ struct BiasUpdater {
 // ---- dumps: the names tests/check_dump_05.py reads
 std::vector<moe::NamedTensor> named_parameters(const Params& p);
 std::vector<moe::NamedTensor> named_grads(const Grads& g);
-std::string meta_json(const Config& c, int P, const std::string& extra_fields);
 // Bytes one process needs for the layer on T tokens with every expert, the reference beside it.
 double memory_bytes(const Config& c, int64_t T);
 

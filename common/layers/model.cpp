@@ -11,8 +11,8 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
-#include "common/lesson/npy.h"
-#include "common/lesson/trace.h"
+#include "common/core/npy.h"
+#include "common/util/trace.h"
 
 namespace ff::model {
 

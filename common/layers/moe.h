@@ -20,7 +20,6 @@
 #include "common/core/tensor.h"
 
 namespace ff {
-class Cli;
 class Comm;
 }  // namespace ff
 
@@ -43,16 +42,6 @@ struct Config {
   double alpha = 0.01;  // weight of the load-balance loss
 };
 
-// The layer's flags, the same in lessons 03 and 04: --batch --tokens --dim --ffn --experts
-// --topk --gate --alpha --starve. check_flags() runs after parsing: it sets c->gate and
-// rejects k > N and a --starve that leaves fewer than k experts (usage errors on every rank).
-struct Flags {
-  int64_t batch = 2, tokens = 16, starve = 0;
-  std::string gate = "softmax-topk";
-};
-void add_flags(Cli& cli, Config* c, Flags* f, const std::string& batch_help,
-               const std::string& experts_help);
-void check_flags(const Comm& comm, Config* c, const Flags& f);
 // Bytes a process needs to run the layer forward and backward on T tokens with every
 // expert's parameters, plus the autograd reference beside it (for a lesson's memory check):
 // parameters and two sets of gradients, and per routing slot the permuted rows, hidden
@@ -68,9 +57,6 @@ struct NamedTensor {
 std::vector<NamedTensor> named_parameters(const Tensor& router_w, const Tensor& router_b,
                                           const Tensor& w1, const Tensor& w3, const Tensor& w2,
                                           const std::string& prefix = "");
-// The dump's meta.json (read by tests/check_dump_03.py): the layer's settings, the world size,
-// and extra_fields (e.g. `, "a2a": "async"`) before the closing brace.
-std::string meta_json(const Config& c, int P, const std::string& extra_fields);
 
 struct Params {
   Tensor router_w;  // (d, N)

@@ -5,7 +5,7 @@
 
 #include "common/comm/overlap.h"
 #include "common/core/check.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 namespace ff::pp {
 

@@ -8,7 +8,7 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 #include "kernels/kernels.h"
 
 namespace ff::ring {

@@ -11,9 +11,9 @@
 #include <sstream>
 
 #include "common/core/tensor.h"
-#include "common/lesson/files.h"
-#include "common/lesson/npy.h"
-#include "common/lesson/trace.h"
+#include "common/util/files.h"
+#include "common/core/npy.h"
+#include "common/util/trace.h"
 #include "kernels/simt_emulator.h"
 
 namespace ff {
@@ -216,14 +216,14 @@ void Lesson::csv_with(const std::function<void(const std::string& path)>& write)
 }
 
 void Lesson::start_trace() {
-  if (!flags.trace.empty()) trace().enable(comm);
+  if (!flags.trace.empty()) trace().enable(comm.raw());
 }
 
 int Lesson::finish(int code) {
   finished_ = true;
   if (!flags.trace.empty() && trace().enabled())
     output(rank() == 0 ? "trace " + flags.trace + " (open in https://ui.perfetto.dev)" : "",
-           [&] { trace().write_chrome_json(comm, flags.trace); });
+           [&] { trace().write_chrome_json(comm.raw(), flags.trace); });
   // Agree: the lowest rank with a failed write says which, and every rank exits 1.
   int first_bad = write_error_.empty() ? size() : rank();
   comm.allreduce(&first_bad, 1, MPI_INT, MPI_MIN);

@@ -21,7 +21,7 @@
 //    exit 2 on every rank, through MPI_Finalize (fast: no abort, no watchdog).
 //  * Output paths (--dump DIR, --trace FILE, --csv FILE) are checked on rank 0 by parse():
 //    missing parent directories are created, a FILE is not a directory, the place takes a
-//    file. Writes are checked and atomic (common/lesson/files.h); a failed write does not
+//    file. Writes are checked and atomic (common/util/files.h); a failed write does not
 //    stop the run at once (other ranks may be inside a collective), it is remembered, and
 //    finish() agrees on it: one `error: cannot write FILE: reason` line, exit 1 everywhere.
 //  * Any other exception (a bug, a broken invariant) prints `error: rank R: what` and aborts
@@ -38,10 +38,11 @@
 #include "common/comm/nccl.h"
 #include "common/core/autograd.h"
 #include "common/core/check.h"
+#include "common/lesson/check_report.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/lesson/cli.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 namespace ff {
 

@@ -33,6 +33,7 @@
 
 #include "common/layers/moe.h"
 #include "common/lesson/lesson.h"
+#include "common/lesson/moe_flags.h"
 
 using namespace ff;
 

@@ -40,6 +40,7 @@
 #include "common/layers/expert_parallel.h"
 #include "common/layers/moe.h"
 #include "common/lesson/lesson.h"
+#include "common/lesson/moe_flags.h"
 #include "kernels/kernels.h"
 
 using namespace ff;

@@ -8,7 +8,7 @@
 
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/dsv3_moe.h"
-#include "common/lesson/files.h"
+#include "common/util/files.h"
 #include "common/lesson/lesson.h"
 
 namespace ff {

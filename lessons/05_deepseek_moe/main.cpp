@@ -249,6 +249,22 @@ static std::string routing_csv(const RoutingMap& m, const dsv3::Config& c, int R
   return rows;
 }
 
+// The dump's meta.json (read by tests/check_dump_05.py): the layer's settings, the world
+// size, and extra_fields before the closing brace.
+static std::string meta_json(const dsv3::Config& c, int P, const std::string& extra_fields) {
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "{\"gate\": \"%s\", \"N\": %lld, \"K\": %lld, \"S\": %lld, \"G\": %lld, "
+                "\"M\": %lld, \"group_score_topk\": %lld, \"route_scale\": %.9g, \"alpha\": %.9g, "
+                "\"capacity_factor\": %.9g, \"overflow\": \"%s\", \"seq_len\": %lld, "
+                "\"d\": %lld, \"f\": %lld, \"P\": %d",
+                dsv3::gate_name(c.gate), (long long)c.experts, (long long)c.topk, (long long)c.shared,
+                (long long)c.groups, (long long)c.topk_groups, (long long)c.group_score_k(),
+                c.route_scale, c.alpha, c.capacity_factor, dsv3::overflow_name(c.overflow),
+                (long long)c.seq_len, (long long)c.dim, (long long)c.ffn, P);
+  return buf + extra_fields + "}\n";
+}
+
 // --dump: every rank's rows gathered (rank order), and on rank 0 the layer's inputs, outputs,
 // parameters, routing, gradients and sizes, as tests/check_dump_05.py reads them.
 static void dump_layer(Lesson& lesson, const dsv3::Config& c, const dsv3::Params& full,
@@ -285,7 +301,7 @@ static void dump_layer(Lesson& lesson, const dsv3::Config& c, const dsv3::Params
     all.dx = dx_all, all.w1 = w1_all, all.w3 = w3_all, all.w2 = w2_all;
     for (const moe::NamedTensor& nt : dsv3::named_grads(all))
       if (nt.name != "dx") lesson.dump(nt.name, nt.t.to(Device::cpu));
-    lesson.dump_text("meta.json", dsv3::meta_json(c, P, ", \"a2a\": \"" + a2a +
+    lesson.dump_text("meta.json", meta_json(c, P, ", \"a2a\": \"" + a2a +
                                                             "\", \"ranks_per_node\": " +
                                                             std::to_string(R) +
                                                             ", \"residual\": false"));

@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/lesson/files.h"
+#include "common/util/files.h"
 #include "common/lesson/lesson.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/schedule.h"
@@ -378,7 +378,7 @@ static int dualpipe_lesson(Lesson& lesson) {
       else overran++;
     };
   pp::Executor ex(comm, s, model, eo);
-  trace().enable(comm);  // always: the executor's spans give the measured bubble and --csv
+  trace().enable(comm.raw());  // always: the executor's spans give the measured bubble and --csv
   ex.run();
 
   // DualPipe: stage s has two copies (rank s for direction 0, rank P-1-s for direction 1);
@@ -474,7 +474,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   }
 
   // --csv: every span of the run (the trace JSON is written by finish)
-  lesson.csv_with([&](const std::string& path) { trace().write_csv(comm, path); });
+  lesson.csv_with([&](const std::string& path) { trace().write_csv(comm.raw(), path); });
   if (lesson.dumping()) dump_run(lesson, model, grads, s, schedule, mc, M, loss);
   return lesson.finish(check);
 }

@@ -13,7 +13,7 @@
 #include "common/comm/mesh.h"
 #include "common/layers/model.h"
 #include "common/lesson/corpus.h"
-#include "common/lesson/files.h"
+#include "common/util/files.h"
 #include "common/lesson/lesson.h"
 
 namespace ff::mesh {

@@ -30,8 +30,8 @@
 #include "common/comm/nccl.h"
 #include "kernels/device.h"
 #include "common/core/tensor.h"
-#include "common/lesson/files.h"
-#include "common/lesson/trace.h"
+#include "common/util/files.h"
+#include "common/util/trace.h"
 
 using namespace ff;
 
@@ -709,7 +709,7 @@ TEST_CASE("trace: blocking calls are spans; requests are flights plus the span o
   Comm c = test_comm();
   const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
 
   float out[4] = {1, 2, 3, 4}, in[4];
@@ -781,7 +781,7 @@ TEST_CASE("trace: blocking calls are spans; requests are flights plus the span o
   CHECK(count_spans(spans, "barrier") == 1);
 
   // gather: 8 records from every rank, in rank order, on rank 0 only, fields intact
-  std::vector<std::pair<int, Span>> all = tr.gather(c);
+  std::vector<std::pair<int, Span>> all = tr.gather(c.raw());
   if (r == 0) {
     REQUIRE(all.size() == (size_t)(8 * P));
     for (int q = 0; q < P; q++) {
@@ -804,7 +804,7 @@ TEST_CASE("trace: wait_all — concurrent flights, one blocked span, each flight
   Comm c = test_comm();
   const int r = c.rank(), P = c.size();
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
   // Every rank to every rank; rank 0's messages leave 30 ms late, so flights from rank 0 end
   // ~30 ms after the others on every rank that is not rank 0.
@@ -848,7 +848,7 @@ TEST_CASE("trace: wait_all — concurrent flights, one blocked span, each flight
 TEST_CASE("trace: Trace::Category puts every record on its own track, and nests") {
   Comm c = test_comm();
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
   CHECK(tr.category().empty());
   int v = 1;
@@ -928,7 +928,7 @@ TEST_CASE("trace: JSON and CSV as written, and check-trace.py accepts them") {
   const int r = c.rank(), P = c.size(), right = (r + 1) % P, left = (r + P - 1) % P;
   const std::string base = shared_temp_base(c, "trace");  // (before tracing: a bcast)
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
 
   // hand-made records with exact times, then real concurrent requests and a check section
@@ -957,8 +957,8 @@ TEST_CASE("trace: JSON and CSV as written, and check-trace.py accepts them") {
     int v = 1;
     c.allreduce(&v, 1, MPI_INT, MPI_SUM);
   }
-  tr.write_chrome_json(c, base + ".json");
-  tr.write_csv(c, base + ".csv");
+  tr.write_chrome_json(c.raw(), base + ".json");
+  tr.write_csv(c.raw(), base + ".csv");
   if (r == 0) {
     const std::string json = slurp(base + ".json"), csv = slurp(base + ".csv");
     for (int q = 0; q < P; q++)
@@ -1032,7 +1032,7 @@ TEST_CASE("trace files: checked writes, renamed into place whole; devices writte
   Comm c = test_comm();
   const int r = c.rank();
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
   tr.add("x", "compute", 0, 1);
   const std::string base = shared_temp_base(c, "writes");
@@ -1040,17 +1040,17 @@ TEST_CASE("trace files: checked writes, renamed into place whole; devices writte
   // rank 0 cannot write: it throws, naming the file; the others return normally
   const std::string bad = "/nonexistent-fivefold-dir/trace.json";
   if (r == 0)
-    CHECK_THROWS_WITH_AS(tr.write_chrome_json(c, bad),
+    CHECK_THROWS_WITH_AS(tr.write_chrome_json(c.raw(), bad),
                          ("cannot write " + bad + ": No such file or directory").c_str(), Error);
   else
-    CHECK_NOTHROW(tr.write_chrome_json(c, bad));
+    CHECK_NOTHROW(tr.write_chrome_json(c.raw(), bad));
 
   // a full device: the error says so (written in place: a device is never renamed over)
   if (r == 0)
-    CHECK_THROWS_WITH_AS(tr.write_csv(c, "/dev/full"), "cannot write /dev/full: No space left on device",
+    CHECK_THROWS_WITH_AS(tr.write_csv(c.raw(), "/dev/full"), "cannot write /dev/full: No space left on device",
                          Error);
   else
-    CHECK_NOTHROW(tr.write_csv(c, "/dev/full"));
+    CHECK_NOTHROW(tr.write_csv(c.raw(), "/dev/full"));
   struct stat st;
   CHECK((stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode)));
 
@@ -1060,7 +1060,7 @@ TEST_CASE("trace files: checked writes, renamed into place whole; devices writte
     REQUIRE(mkdir(dir.c_str(), 0755) == 0);
     write_text_file(dir + "/t.csv", "old contents\n");
   }
-  tr.write_csv(c, dir + "/t.csv");
+  tr.write_csv(c.raw(), dir + "/t.csv");
   c.barrier();
   if (r == 0) {
     CHECK(slurp(dir + "/t.csv").rfind("rank,name,stream,start_us,end_us,bytes,kind,peer,tag,from\n0,x,compute,", 0) == 0);
@@ -1434,7 +1434,7 @@ TEST_CASE("link model: a message completes no earlier than modelled, on both sid
   // The flight of a modelled isend, in the trace, lasts its modelled time (the trace's clock
   // is MPI_Wtime, not the model's: 1% slack).
   Trace& tr = trace();
-  tr.enable(c);
+  tr.enable(c.raw());
   tr.clear();
   if (r == 0) {
     Request sr = c.isend(out.data(), kBytes, 1, 63);
@@ -1631,7 +1631,7 @@ TEST_CASE("a communicator's label prefixes its operations in the trace; split() 
   w.set_label("tp");
   CHECK(w.label() == "tp");
   CHECK(w.split(0, 0).label().empty());
-  trace().enable(w);
+  trace().enable(w.raw());
   trace().clear();
   std::vector<float> x(4, 1.f);
   w.allreduce_sum(x.data(), x.size());

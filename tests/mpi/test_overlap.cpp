@@ -13,7 +13,7 @@
 #include "common/core/autograd.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 using namespace ff;
 

@@ -21,7 +21,7 @@
 
 #include "common/core/check.h"
 #include "common/comm/comm.h"
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 using namespace ff;
 
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   }
   comm.set_timeout(30);
   try {
-    trace().enable(comm);
+    trace().enable(comm.raw());
     const size_t n = 1024, bytes = n * sizeof(float);
     std::vector<float> block(n, (float)rank), from_left(n), from_right(n);
     {
@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
       FF_CHECK(err == 0, err << " elements differ");
     }
 
-    trace().write_chrome_json(comm, argv[1]);
-    trace().write_csv(comm, argv[2]);
+    trace().write_chrome_json(comm.raw(), argv[1]);
+    trace().write_csv(comm.raw(), argv[2]);
     if (rank == 0)
       std::printf("wrote %s and %s (%d ranks, %zu records on rank 0)\n", argv[1], argv[2], P,
                   trace().spans().size());

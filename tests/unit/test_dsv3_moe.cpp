@@ -49,7 +49,7 @@
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/layers/dsv3_moe.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 
 using namespace ff;
 

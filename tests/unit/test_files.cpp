@@ -1,4 +1,4 @@
-// Output files (common/lesson/files.h): checked writes that appear whole or not at all, and
+// Output files (common/util/files.h): checked writes that appear whole or not at all, and
 // the path checks a lesson runs before any work.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "common/core/check.h"
-#include "common/lesson/files.h"
+#include "common/util/files.h"
 
 using namespace ff;
 namespace fs = std::filesystem;

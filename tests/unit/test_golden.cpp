@@ -17,7 +17,7 @@
 
 #include "common/core/autograd.h"
 #include "common/core/check.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 

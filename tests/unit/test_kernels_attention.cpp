@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 #include "common/core/ops.h"
 #include "tests/unit/kernel_check.h"
 

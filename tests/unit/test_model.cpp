@@ -36,7 +36,7 @@
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
 #include "common/lesson/corpus.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 
 using namespace ff;
 using ff::testing::Bug;

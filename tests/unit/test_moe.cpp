@@ -26,7 +26,7 @@
 
 #include "common/core/check.h"
 #include "common/layers/moe.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 

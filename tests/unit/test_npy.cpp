@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/core/check.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 
 using namespace ff;
 

@@ -14,7 +14,7 @@
 #include "common/core/check.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 
 using namespace ff;
 

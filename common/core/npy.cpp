@@ -1,8 +1,8 @@
-// common/lesson/npy.cpp — .npy version 1.0: the header dict parser, the reader that checks every
+// common/core/npy.cpp — .npy version 1.0: the header dict parser, the reader that checks every
 // size before it allocates, and a writer that produces the same bytes as numpy's np.save.
-#include "common/lesson/npy.h"
+#include "common/core/npy.h"
 
-#include "common/lesson/files.h"
+#include "common/util/files.h"
 
 #include <sys/stat.h>
 
@@ -309,7 +309,7 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
   std::string header = header_bytes(descr, shape);
   NPY_CHECK(header.size() - kPreludeLen <= 0xffff, "header too long for .npy version 1.0");
 
-  // Checked and atomic: a reader never sees a truncated .npy (common/lesson/files.h).
+  // Checked and atomic: a reader never sees a truncated .npy (common/util/files.h).
   OutputFile f(path);
   f.write(header);
   f.write(data.data(), data.size());

@@ -1,4 +1,4 @@
-// common/lesson/files.h — output files that are checked and appear whole or not at all, and
+// common/util/files.h — output files that are checked and appear whole or not at all, and
 // the course's input files found from any working directory.
 //
 // Design rules:

@@ -1,4 +1,4 @@
-// common/lesson/trace.h — per-rank time spans, gathered into one Chrome-trace JSON (opens in
+// common/util/trace.h — per-rank time spans, gathered into one Chrome-trace JSON (opens in
 // Perfetto and chrome://tracing) and a CSV for plots.
 //
 // Design rules:
@@ -29,8 +29,10 @@
 //    tag a number or empty; from is a sendrecv's source (its peer is the destination), else
 //    empty. Readers should look columns up by name (csv.DictReader): new ones go at the end.
 //  * Writing is collective (every rank calls, rank 0 writes), checked and atomic
-//    (common/lesson/files.h): a failure throws ff::Error "cannot write PATH: <strerror>".
+//    (common/util/files.h): a failure throws ff::Error "cannot write PATH: <strerror>".
 #pragma once
+#include <mpi.h>
+
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -39,7 +41,6 @@
 
 namespace ff {
 
-class Comm;
 
 enum class SpanKind { span, flight };
 const char* span_kind_name(SpanKind k);  // "span", "flight"
@@ -63,7 +64,7 @@ struct Span {
 class Trace {
  public:
   // Starts recording; the epoch is taken after a barrier on comm.
-  void enable(const Comm& comm);
+  void enable(MPI_Comm comm);
   bool enabled() const { return enabled_; }
   void disable() { enabled_ = false; }  // stops recording (the spans so far are kept)
   double now_us() const;  // since the epoch
@@ -83,10 +84,10 @@ class Trace {
 
   // Collective: every rank calls them; rank 0 writes the file. Throws ff::Error if the
   // file cannot be written (on rank 0).
-  void write_chrome_json(const Comm& comm, const std::string& path) const;
-  void write_csv(const Comm& comm, const std::string& path) const;
+  void write_chrome_json(MPI_Comm comm, const std::string& path) const;
+  void write_csv(MPI_Comm comm, const std::string& path) const;
   // All ranks' records on rank 0 (empty elsewhere), with the rank of each.
-  std::vector<std::pair<int, Span>> gather(const Comm& comm) const;
+  std::vector<std::pair<int, Span>> gather(MPI_Comm comm) const;
 
   // RAII span: records [construction, destruction) when tracing is enabled, on the track of
   // the Category current at construction.

@@ -1,8 +1,8 @@
-// common/lesson/trace.cpp — per-rank spans and flights, gathered to rank 0 and written as
+// common/util/trace.cpp — per-rank spans and flights, gathered to rank 0 and written as
 // Chrome-trace JSON (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU,
 // the "Trace Event Format": complete events ph "X" for spans, nestable async events ph "b"/"e"
 // for flights, metadata events ph "M" for track names) and as CSV.
-#include "common/lesson/trace.h"
+#include "common/util/trace.h"
 
 #include <mpi.h>
 
@@ -14,11 +14,21 @@
 #include <map>
 #include <set>
 
-#include "common/core/check.h"
-#include "common/comm/comm.h"
-#include "common/lesson/files.h"
+#include "common/util/error.h"
+#include "common/util/files.h"
 
 namespace ff {
+
+static int rank_of(MPI_Comm comm) {
+  int r = 0;
+  mpiCheck(MPI_Comm_rank(comm, &r));
+  return r;
+}
+static int size_of(MPI_Comm comm) {
+  int n = 0;
+  mpiCheck(MPI_Comm_size(comm, &n));
+  return n;
+}
 
 Trace& trace() {
   static Trace t;
@@ -30,11 +40,11 @@ Trace& trace() {
 
 const char* span_kind_name(SpanKind k) { return k == SpanKind::flight ? "flight" : "span"; }
 
-void Trace::enable(const Comm& comm) {
-  // A raw barrier: the Comm one would try to record a span into a trace half enabled.
-  mpiCheck(MPI_Barrier(comm.raw()));
+void Trace::enable(MPI_Comm comm) {
+  // A raw barrier: Comm's would try to record a span into a trace half enabled.
+  mpiCheck(MPI_Barrier(comm));
   epoch_s_ = MPI_Wtime();
-  next_id_ = (uint64_t)comm.rank() << 32;  // flight ids unique across ranks, never 0
+  next_id_ = (uint64_t)rank_of(comm) << 32;  // flight ids unique across ranks, never 0
   enabled_ = true;
 }
 
@@ -111,7 +121,7 @@ struct Reader {
   }
 };
 
-std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
+std::vector<std::pair<int, Span>> Trace::gather(MPI_Comm comm) const {
   std::vector<char> mine;
   for (const Span& s : spans_) {
     put_string(mine, s.name);
@@ -126,10 +136,10 @@ std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
     put_bytes(mine, &s.id, sizeof s.id);
   }
   // Every rank learns every size, so all of them agree on refusing an oversized gather.
-  const int P = comm.size(), rank = comm.rank();
+  const int P = size_of(comm), rank = rank_of(comm);
   int64_t my_size = (int64_t)mine.size();
   std::vector<int64_t> sizes(P);
-  mpiCheck(MPI_Allgather(&my_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm.raw()));
+  mpiCheck(MPI_Allgather(&my_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm));
   std::vector<int> counts(P), displs(P);
   int64_t total = 0;
   for (int r = 0; r < P; r++) {
@@ -140,7 +150,7 @@ std::vector<std::pair<int, Span>> Trace::gather(const Comm& comm) const {
   }
   std::vector<char> all(rank == 0 ? (size_t)total : 0);
   mpiCheck(MPI_Gatherv(mine.data(), (int)my_size, MPI_BYTE, all.data(), counts.data(), displs.data(),
-                       MPI_BYTE, 0, comm.raw()));
+                       MPI_BYTE, 0, comm));
 
   std::vector<std::pair<int, Span>> out;
   if (rank != 0) return out;
@@ -220,9 +230,9 @@ static std::string json_args(const Span& s) {
 // epoch are clipped to it.
 static double round_us(double t) { return std::round(t * 1000.0) / 1000.0; }
 
-void Trace::write_chrome_json(const Comm& comm, const std::string& path) const {
+void Trace::write_chrome_json(MPI_Comm comm, const std::string& path) const {
   std::vector<std::pair<int, Span>> all = gather(comm);
-  if (comm.rank() != 0) return;
+  if (rank_of(comm) != 0) return;
 
   // One thread track per stream, the same tid on every rank: compute first, comm second,
   // any other stream (a category such as "check") after them in order of first appearance.
@@ -237,7 +247,7 @@ void Trace::write_chrome_json(const Comm& comm, const std::string& path) const {
   OutputFile f(path);
   f.printf("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
   const char* sep = "";
-  for (int r = 0; r < comm.size(); r++) {
+  for (int r = 0; r < size_of(comm); r++) {
     f.printf("%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
              "\"args\": {\"name\": \"rank %d\"}}", sep, r, r);
     sep = ",\n";
@@ -273,9 +283,9 @@ void Trace::write_chrome_json(const Comm& comm, const std::string& path) const {
   f.commit();
 }
 
-void Trace::write_csv(const Comm& comm, const std::string& path) const {
+void Trace::write_csv(MPI_Comm comm, const std::string& path) const {
   std::vector<std::pair<int, Span>> all = gather(comm);
-  if (comm.rank() != 0) return;
+  if (rank_of(comm) != 0) return;
   OutputFile f(path);
   f.printf("rank,name,stream,start_us,end_us,bytes,kind,peer,tag,from\n");
   for (const auto& [r, s] : all)

@@ -1,4 +1,4 @@
-// common/lesson/npy.h — numpy's .npy file format (version 1.0), for --dump and the golden data.
+// common/core/npy.h — numpy's .npy file format (version 1.0), for --dump and the golden data.
 //
 // Design rules:
 //  * One format, read and written exactly as numpy does: the magic "\x93NUMPY", version

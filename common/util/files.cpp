@@ -1,5 +1,5 @@
-// common/lesson/files.cpp — checked, atomic output files (see files.h).
-#include "common/lesson/files.h"
+// common/util/files.cpp — checked, atomic output files (see files.h).
+#include "common/util/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <system_error>
 #include <vector>
 
-#include "common/core/check.h"
+#include "common/util/error.h"
 
 namespace ff {
 
