@@ -11,7 +11,7 @@
 //  * A wait costs what the message costs where it can: with a core per rank it polls in a
 //    tight loop first, and sleeps between polls only when this node has more ranks than
 //    cores (or the wait is long). FF_WAIT=spin|sleep|auto (default auto) overrides; see
-//    WaitPolicy and "the watchdog" in comm.cpp.
+//    WaitPolicy, and the watchdog in watchdog.cpp.
 //  * Buffers are host memory on MPI. With NCCL enabled (enable_nccl(); common/comm/nccl.h), a
 //    call whose buffers are device memory goes to NCCL instead, under the same watchdog, trace
 //    spans and counts. Tensor overloads stage sim/cuda tensors through the host, except cuda
@@ -191,6 +191,7 @@ class Comm {
   static Comm world(int* argc, char*** argv, int thread_level = MPI_THREAD_SINGLE);
   static int thread_level_provided();
   static const WaitPolicy& wait_policy();
+  static bool wait_policy_decided();  // Comm::world decides it once
   // This job's real nodes (collective over MPI_COMM_WORLD).
   static NodeLayout node_layout();
   // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.

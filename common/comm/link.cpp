@@ -1,6 +1,7 @@
-// common/comm/link.cpp — the link model's flag: parse_link ("intra=BW,inter=BW,latency=T")
-// and describe (one line for a lesson's output). The model itself, the link state and the
-// waits it delays are in comm.cpp.
+// common/comm/link.cpp — the link model: its flag, parse_link ("intra=BW,inter=BW,latency=T"),
+// describe (one line for a lesson's output), and at run time the state of this rank's links,
+// each message's modelled completion (link_posted, link_arrived) and when it is due. The waits
+// it delays are in watchdog.cpp.
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,10 @@
 #include <vector>
 
 #include "common/comm/comm.h"
+#include "common/comm/comm_detail.h"
+
+#include <algorithm>
+#include <chrono>
 
 namespace ff {
 
@@ -139,5 +144,104 @@ std::string describe(const LinkModel& m) {
          bandwidth_text(m.inter_bytes_per_s) + ", latency " + time_text(m.latency_s) + ", " +
          per_node;
 }
+
+using namespace detail;
+
+// ----------------------------------------------------------------------------
+// the link model (see comm.h): process-wide, like the links it stands for
+
+namespace {
+struct LinkState {
+  LinkModel model;
+  // when each link of this rank is next free, on link_now_s()'s clock: [0] intra, [1] inter
+  double out_free_s[2] = {0, 0}, in_free_s[2] = {0, 0};
+  LinkBytes sent;
+};
+LinkState g_link;
+}  // namespace
+
+// The model's clock: seconds on steady_clock since the first call (the Backoff's clock too).
+double detail::link_now_s() {
+  using clock = std::chrono::steady_clock;
+  static const clock::time_point epoch = clock::now();
+  return std::chrono::duration<double>(clock::now() - epoch).count();
+}
+
+void Comm::set_link(const LinkModel& m) {
+  FF_CHECK(std::isfinite(m.intra_bytes_per_s) && m.intra_bytes_per_s > 0 &&
+               std::isfinite(m.inter_bytes_per_s) && m.inter_bytes_per_s > 0,
+           "link model: bandwidths must be positive and finite, got intra "
+               << m.intra_bytes_per_s << " and inter " << m.inter_bytes_per_s << " bytes/s");
+  FF_CHECK(std::isfinite(m.latency_s) && m.latency_s >= 0,
+           "link model: latency must be non-negative and finite, got " << m.latency_s << " s");
+  FF_CHECK(m.ranks_per_node >= 1, "link model: ranks_per_node must be at least 1, got " << m.ranks_per_node);
+  LinkState fresh;
+  fresh.model = m;
+  fresh.sent = g_link.sent;  // the counters run on; reset_bytes_sent() clears them
+  g_link = fresh;
+}
+
+const LinkModel& Comm::link() { return g_link.model; }
+LinkBytes Comm::bytes_sent() { return g_link.sent; }
+void Comm::reset_bytes_sent() { g_link.sent = LinkBytes{}; }
+
+int Comm::world_rank(int r) const {
+  FF_CHECK(r >= 0 && r < size_, "world_rank: rank " << r << " is not in this communicator of " << size_);
+  return world_ranks_ ? (*world_ranks_)[(size_t)r] : r;
+}
+
+LinkClass Comm::link_class(int peer) const {
+  FF_CHECK(peer >= 0 && peer < size_,
+           "link_class: peer " << peer << " is not a rank of this communicator of " << size_);
+  if (peer == rank_) return LinkClass::self;
+  const LinkModel& m = g_link.model;
+  return m.node_of(world_rank(peer)) == m.node_of(world_rank(rank_)) ? LinkClass::intra
+                                                                      : LinkClass::inter;
+}
+
+// The message of `bytes` on the link of class c whose next free time is *free_s, from t:
+// it starts when both it and the link are ready, holds the link bytes / bandwidth, and is
+// complete one latency later. Returns that completion.
+static double charge_link(double* free_s, LinkClass c, size_t bytes, double t) {
+  const LinkModel& m = g_link.model;
+  const double bandwidth = c == LinkClass::intra ? m.intra_bytes_per_s : m.inter_bytes_per_s;
+  const double start = std::max(t, *free_s);
+  *free_s = start + (double)bytes / bandwidth;
+  return *free_s + m.latency_s;
+}
+static int link_index(LinkClass c) { return c == LinkClass::intra ? 0 : 1; }
+
+// A send just posted: its bytes counted by class; with the model on, its modelled completion.
+void Comm::link_posted(Request& r) {
+  if (r.peer < 0 || r.peer >= size_) return;  // MPI_PROC_NULL: nothing is sent
+  CollectiveCount& sent = (*counts_)["send"];  // point-to-point, next to the collectives
+  sent.calls++;
+  sent.bytes += r.bytes;
+  const LinkClass c = link_class(r.peer);
+  (c == LinkClass::self ? g_link.sent.self : c == LinkClass::intra ? g_link.sent.intra
+                                                                   : g_link.sent.inter) += r.bytes;
+  if (!g_link.model.enabled || c == LinkClass::self || r.nccl) return;  // NCCL's are not modelled
+  r.modelled = true;
+  r.link_done_s = charge_link(&g_link.out_free_s[link_index(c)], c, r.bytes, link_now_s());
+}
+
+// A modelled receive a wait has just seen complete in MPI: its incoming link is charged from
+// now (the source, for a wildcard receive, as the status says).
+void Comm::link_arrived(Request& r, const MPI_Status& status) {
+  if (!r.modelled || !r.is_recv || r.link_done_s >= 0) return;
+  const int src = r.peer == MPI_ANY_SOURCE ? status.MPI_SOURCE : r.peer;
+  if (!g_link.model.enabled || src < 0 || src >= size_ || src == rank_) {
+    r.modelled = false;
+    return;
+  }
+  const LinkClass c = link_class(src);
+  r.link_done_s = charge_link(&g_link.in_free_s[link_index(c)], c, r.bytes, link_now_s());
+}
+
+// Whether r is done as far as the model goes (a receive not yet seen in MPI is not).
+bool detail::link_due(const Request& r, double now_s) {
+  return !r.modelled || (r.link_done_s >= 0 && now_s >= r.link_done_s);
+}
+
 
 }  // namespace ff
