@@ -4,6 +4,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,13 +23,17 @@ namespace ff {
 // ----------------------------------------------------------------------------
 // timing
 
+double Stopwatch::now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 RepTimes time_reps(Comm& comm, int64_t reps, const std::function<void()>& fn) {
   std::vector<double> t;
   for (int64_t i = 0; i < reps; i++) {
     comm.barrier();
-    double t0 = MPI_Wtime();
+    const Stopwatch watch;
     fn();
-    double dt = (MPI_Wtime() - t0) * 1e6;
+    double dt = watch.us();
     comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
     t.push_back(dt);
   }
@@ -159,6 +165,27 @@ int64_t Lesson::ranks_per_node(int64_t given, int64_t virtual_default, bool* rea
     return nodes.ranks_per_node;
   }
   return virtual_default;
+}
+
+Lesson::Network Lesson::network(int64_t given, int64_t virtual_default, const std::string* link_spec,
+                                const std::function<bool(int64_t)>& fits) const {
+  Network net;
+  net.ranks_per_node = ranks_per_node(given, virtual_default, &net.real_nodes, fits);
+  net.link.ranks_per_node = (int)net.ranks_per_node;
+  net.link.real_nodes = net.real_nodes;
+  if (link_spec) {
+    std::string why;
+    usage_error_if(!parse_link(*link_spec, &net.link, &why), why);
+  }
+  return net;
+}
+
+void Lesson::print(const char* format, ...) const {
+  if (rank() != 0) return;
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
 }
 
 void Lesson::require_memory(double bytes, const std::string& flags_to_lower) const {

@@ -53,6 +53,17 @@ struct UsageError : Error {
   using Error::Error;
 };
 
+// The lessons' one clock (steady_clock: monotonic, and safe to read from any thread, unlike
+// MPI_Wtime under MPI_THREAD_SINGLE):
+//     Stopwatch watch;  ...  double ms = watch.ms();
+struct Stopwatch {
+  static double now_s();  // seconds since an arbitrary start, the same for every Stopwatch
+  double start_s = now_s();
+  double seconds() const { return now_s() - start_s; }
+  double ms() const { return seconds() * 1e3; }
+  double us() const { return seconds() * 1e6; }
+};
+
 // Times of fn() over repetitions, in microseconds: each repetition starts after a barrier and
 // counts the slowest rank (MPI_MAX), so every rank returns the same figures.
 struct RepTimes {
@@ -89,6 +100,19 @@ class Lesson {
   // it, else virtual_default. *real says which was taken; collective.
   int64_t ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
                          const std::function<bool(int64_t)>& fits = nullptr) const;
+  // The network a lesson's messages cross (05, 06, 08): the ranks per node as above and, when
+  // link_spec is given (--link SPEC), the link model over those nodes (parse_link; a SPEC it
+  // refuses is a usage error on every rank). Collective.
+  struct Network {
+    int64_t ranks_per_node = 1;
+    bool real_nodes = false;  // the job's own nodes, else virtual ones of consecutive ranks
+    LinkModel link;           // enabled under --link
+  };
+  Network network(int64_t given, int64_t virtual_default, const std::string* link_spec,
+                  const std::function<bool(int64_t)>& fits = nullptr) const;
+
+  // printf on rank 0 only (the lessons' report: one copy, however many ranks).
+  void print(const char* format, ...) const __attribute__((format(printf, 2, 3)));
 
   // ---- outputs: each write is checked and atomic; a failure is remembered for finish()
   bool dumping() const { return !flags.dump.empty(); }

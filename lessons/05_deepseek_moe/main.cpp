@@ -322,8 +322,11 @@ static int deepseek_lesson(Lesson& lesson) {
   TrainOptions& train = flags.train;
   lesson.parse();
   // default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even
-  bool real_nodes = false;
-  R = lesson.ranks_per_node(cli.given("--ranks-per-node") ? R : 0, P % 2 == 0 ? 2 : 1, &real_nodes);
+  const Lesson::Network net = lesson.network(cli.given("--ranks-per-node") ? R : 0, P % 2 == 0 ? 2 : 1,
+                                             cli.given("--link") ? &link_spec : nullptr);
+  R = net.ranks_per_node;
+  const bool real_nodes = net.real_nodes;
+  const LinkModel& link = net.link;
   const int nodes = (int)(P / std::max<int64_t>(R, 1));
   lesson.usage_error_if(P % R != 0, "--ranks-per-node " + std::to_string(R) +
                                         " does not divide the " + std::to_string(P) + " ranks");
@@ -353,13 +356,6 @@ static int deepseek_lesson(Lesson& lesson) {
                         "out --train");
   lesson.usage_error_if(train_bug && train.balance != "bias", "--bug " + bug +
                         " is a bug of the bias update: it needs --balance bias");
-  LinkModel link;
-  link.ranks_per_node = (int)R;
-  link.real_nodes = real_nodes;
-  if (cli.given("--link")) {
-    std::string why;
-    lesson.usage_error_if(!parse_link(link_spec, &link, &why), why);
-  }
   lesson.usage_error_if(cli.given("--link") && train.steps > 0,
                         "--link times the layer's all-to-alls: leave out --train");
   c.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;

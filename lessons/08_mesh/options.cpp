@@ -167,16 +167,14 @@ std::optional<Setup> parse_options(Lesson& L, Options& o) {
                    "(or, --ranks-per-node, --link)");
   // Left out: the job's real nodes when it spans several (and, for --a2a hierarchical, they cut
   // the EP groups evenly), else virtual nodes of 2 when ep is even.
-  bool real_nodes = false;
-  o.ranks_per_node = L.ranks_per_node(o.ranks_per_node, o.ep % 2 == 0 ? 2 : 1, &real_nodes, [&](int64_t R) {
-    return o.a2a != "hierarchical" || o.ep % R == 0;
-  });
-  LinkModel link;
-  link.ranks_per_node = (int)o.ranks_per_node;
-  link.real_nodes = real_nodes;
+  const Lesson::Network net = L.network(o.ranks_per_node, o.ep % 2 == 0 ? 2 : 1,
+                                       cli.given("--link") ? &o.link : nullptr, [&](int64_t R) {
+                                         return o.a2a != "hierarchical" || o.ep % R == 0;
+                                       });
+  o.ranks_per_node = net.ranks_per_node;
+  const bool real_nodes = net.real_nodes;
+  const LinkModel& link = net.link;
   if (cli.given("--link")) {
-    std::string why;
-    L.usage_error_if(!parse_link(o.link, &link, &why), why);
     L.usage_error_if(L.size() % o.ranks_per_node != 0, "--link: --ranks-per-node " +
                      std::to_string(o.ranks_per_node) + " must divide the world of " +
                      std::to_string(L.size()) + " ranks (virtual nodes of consecutive ranks)");
