@@ -212,7 +212,8 @@ struct MeshStages : pp::StageModel {
   // (validation): each stage receives the previous stage's output, computes, sends it on.
   // Returns the loss on the ranks of the last stage, 0 elsewhere.
   double forward_only(Comm& pipe, const pp::Schedule& s, const Tensor& in, const Tensor& tg) {
-    NoGradGuard ng;
+    constexpr int kActivationTag = 3;  // a stage's output to the next stage (validation)
+    NoGradGuard no_grad;
     const MeshModel::Tokens k = mm->tokens(in.size(0), in.size(1));
     const int me = pipe.rank();
     std::vector<Route> unused;
@@ -222,7 +223,7 @@ struct MeshStages : pp::StageModel {
       if (s.rank_of(0, st) != me) continue;
       if (st > 0 && s.rank_of(0, st - 1) != me) {
         std::vector<float> buf((size_t)(k.rows * mm->c.dim));
-        pipe.recv(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st - 1), 3);
+        pipe.recv(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st - 1), kActivationTag);
         x = Tensor::from_vector(buf, {k.rows, mm->c.dim}, mm->device);
       }
       x = mm->blocks(st == 0 ? mm->embed(in, k) : x, begin[(size_t)st], begin[(size_t)st + 1], k, &unused);
@@ -230,7 +231,7 @@ struct MeshStages : pp::StageModel {
         loss = mm->head_loss(x, tg).to_vector()[0];
       } else if (s.rank_of(0, st + 1) != me) {
         const std::vector<float> buf = x.to_vector();
-        pipe.send(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st + 1), 3);
+        pipe.send(buf.data(), buf.size() * sizeof(float), s.rank_of(0, st + 1), kActivationTag);
       }
     }
     return loss;

@@ -83,7 +83,7 @@ Gathered gather_full(const std::vector<std::string>& names, const std::vector<Sh
       if (!same_floats(a, b))
         g.disagree = names[k] + " (rank " + std::to_string(r) + ")";
     }
-    NoGradGuard ng;
+    NoGradGuard no_grad;
     g.full.push_back(s == Split::replicated ? parts[0]
                                             : concat(parts, s == Split::column ? 1 : 0));
   }

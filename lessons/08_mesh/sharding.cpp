@@ -65,7 +65,7 @@ model::Params shard_model(const model::Config& c, const model::Params& full, con
     if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
     if (b.moe && sizes.ep > 1) experts(b.experts.w1), experts(b.experts.w3), experts(b.experts.w2);
     if (kpe_per_head) {  // the planted bug: W_kr (d, d_r) becomes H copies side by side
-      NoGradGuard ng;
+      NoGradGuard no_grad;
       b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
     }
   }
