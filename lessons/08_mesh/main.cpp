@@ -75,6 +75,7 @@
 #include "common/lesson/corpus.h"
 #include "common/lesson/files.h"
 #include "common/lesson/lesson.h"
+#include "lessons/07_dualpipe/schedules.h"
 #include "lessons/08_mesh/estimate.h"
 #include "lessons/08_mesh/formulas.h"
 #include "lessons/08_mesh/mesh_model.h"
