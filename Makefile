@@ -237,9 +237,10 @@ $(LIB): $(LIB_OBJS)
 # lesson's own .cu kernels built for sim (and for cuda when nvcc exists), and the files of
 # earlier lessons whose headers it includes (a later lesson may include an earlier lesson's
 # header, never the other way, never a main.cpp; lesson 06's last table is the one look ahead)
+RING_02      := $(BUILD)/obj/lessons/02_ring_attention/ring.o
 SCHEDULES_07 := $(BUILD)/obj/lessons/07_dualpipe/schedules.o
 uses_06_overlap := $(SCHEDULES_07)
-uses_08_mesh    := $(SCHEDULES_07)
+uses_08_mesh    := $(RING_02) $(SCHEDULES_07)
 lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) $(uses_$(1)) \
               $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
               $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))
