@@ -243,10 +243,11 @@ static void dual_program(DualProgram& chunk, int num_ranks, int rank, int num_ch
 // DualPipe: micro-batches enter at both ends, half of them at each; rank r holds stage r of
 // direction 0 and stage P-1-r of direction 1.
 static void dualpipe(Schedule& s) {
-  const int num_half_ranks = s.P / 2;
+  const int num_half_ranks = s.P / 2, half_num_chunks = s.M / 2;
   for (int r = 0; r < s.P; r++) {
+    const int half_rank = std::min(r, s.P - 1 - r);
     DualProgram program(s.ranks[(size_t)r], /*second_half=*/r >= num_half_ranks);
-    dual_program(program, num_half_ranks, /*half_rank=*/std::min(r, s.P - 1 - r), s.M / 2);
+    dual_program(program, num_half_ranks, half_rank, half_num_chunks);
   }
 }
 
@@ -279,7 +280,6 @@ Schedule make_schedule(const std::string& name, int P, int M) {
   if (name == "dualpipev") dualpipev(s);
   return s;
 }
-
 
 // ---------------------------------------------------------------------------
 // The bubble each schedule should have (schedules.h says where each formula comes from)
