@@ -234,8 +234,14 @@ $(LIB): $(LIB_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name, with the
-# lesson's own .cu kernels built for sim (and for cuda when nvcc exists)
-lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) \
+# lesson's own .cu kernels built for sim (and for cuda when nvcc exists), and the files of
+# earlier lessons whose headers it includes (a later lesson may include an earlier lesson's
+# header, never the other way, never a main.cpp; lesson 06's last table is the one look ahead)
+RING_02      := $(BUILD)/obj/lessons/02_ring_attention/ring.o
+SCHEDULES_07 := $(BUILD)/obj/lessons/07_dualpipe/schedules.o
+uses_06_overlap := $(SCHEDULES_07)
+uses_08_mesh    := $(RING_02) $(SCHEDULES_07)
+lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) $(uses_$(1)) \
               $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
               $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))
 # Keep every object (make would delete the lessons' and programs' as intermediates).
@@ -253,14 +259,16 @@ LESSON_KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/*/
 $(BUILD)/obj/tests/unit/test_cpu_exp.o: FLAGS += $(OMP_FLAGS)  # it includes kernels/cpu/row_math.h
 # its scalar reference loops must round as kernels/cpu does (no fused a * b + c): a bitwise test
 $(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
-# lesson code that unit tests cover directly (lesson 08's memory and communication model)
-UNIT_LESSON_OBJS := $(BUILD)/obj/lessons/08_mesh/estimate.o
+# lesson code that unit tests cover directly (lesson 07's schedules, lesson 08's memory and
+# communication model)
+UNIT_LESSON_OBJS := $(SCHEDULES_07) $(BUILD)/obj/lessons/08_mesh/estimate.o
 $(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LESSON_KERNEL_OBJS) $(UNIT_LESSON_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LIB)
+# (and the ones MPI tests cover: lesson 07's schedules, under the pipeline executor)
+$(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(SCHEDULES_07) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)

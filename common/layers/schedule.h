@@ -1,4 +1,6 @@
-// common/layers/schedule.h — pipeline-parallel schedules as data: generators, checks, a simulator.
+// common/layers/schedule.h — pipeline-parallel schedules as data: the types, the checks, a
+// simulator. Lesson 07 builds the schedules themselves (lessons/07_dualpipe/schedules.h: GPipe,
+// 1F1B, ZB-H1, ZB-H2, DualPipe, DualPipeV); the executor (pipeline.h) runs any of them.
 //
 // A schedule is, for each rank, the ordered list of what it computes. Notation (code,
 // printouts, tests):
@@ -63,13 +65,6 @@ struct Schedule {
   int global_mb(int dir, int mb) const { return flow_of(dir) * mbs_per_flow() + mb; }
 };
 
-// The names --schedule accepts, in the order they are taught.
-const std::vector<std::string>& schedule_names();
-// "" when the schedule can run with P ranks and M micro-batches, else why not (one line).
-std::string check_args(const std::string& name, int64_t P, int64_t M);
-// The generators; throw ff::Error with check_args' text on bad input.
-Schedule make_schedule(const std::string& name, int P, int M);
-
 std::string to_string(const Op& op);      // "F0(3)"
 std::string to_string(const Step& step);  // "F0(3)&B1(1)"
 std::string format_rank(const Schedule& s, int rank);  // "rank R: op op ..."
@@ -116,20 +111,5 @@ struct Simulation {
 // is free and its inputs have arrived (comm after the producing step ends, 0 on the same
 // rank). Ranks wait forever on a cyclic schedule: completed = false, and stuck says why.
 Simulation simulate(const Schedule& s, const Costs& c);
-
-// The bubble of the DeepSeek-V3 technical report's Table 2, where it has a row for the
-// schedule: 1F1B (P-1)(F+B), ZB1P (P-1)(F+B-2W), DualPipe (P/2-1)(F&B+B-3W); GPipe's is
-// 1F1B's. DualPipeV has no row; its formula, marked with a *, is DualPipe's for 2P stages.
-// ZB-H2 has none either; its formula, marked **, is the Zero Bubble paper's (Qi et al.,
-// Table 2: (p-1)(T_F+T_B-2T_W), their T_B being our I = B-W) and counts iterations run back
-// to back with nothing synchronising them: compare it with inner_bubble(). bubble() also
-// counts the idle time before a rank's first op and after its last, which one iteration on
-// its own keeps: the parallelogram's slant, (P-1)F at F = I = W.
-struct Formula {
-  bool has = false;
-  double bubble = 0;
-  std::string text;  // "(P-1)(F+B)"
-};
-Formula formula_bubble(const std::string& name, int P, const Costs& c);
 
 }  // namespace ff::pp

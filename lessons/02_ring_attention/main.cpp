@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "common/layers/ring_attention.h"
 #include "common/lesson/lesson.h"
 #include "kernels/kernels.h"
+#include "lessons/02_ring_attention/ring.h"
 
 using namespace ff;
 
@@ -56,7 +56,7 @@ struct Config {
 };
 
 // ----------------------------------------------------------------------------
-// Layouts (ring::layout_positions, common/layers/ring_attention.cpp): which global token
+// Layouts (ring::layout_positions, ring.cpp): which global token
 // positions rank r holds. contiguous: tokens [r*S/P, (r+1)*S/P); zigzag: the sequence cut into
 // 2P chunks, rank r holding chunks r and 2P-1-r, one early and one late, so every rank gets the
 // same share of the causal triangle; striped: token t on rank t mod P.
@@ -112,11 +112,10 @@ static int64_t ring_work(const Config& c, int P, int r) {
 }
 
 // ----------------------------------------------------------------------------
-// The ring (common/layers/ring_attention.cpp, ring::ForwardRing and ring::BackwardRing, whose
-// step() is one step; the loops are below, in ring_attention_lesson). Rank r starts
+// The ring (ring.cpp: ring::forward and ring::backward, each one loop of P steps). Rank r starts
 // with its own K/V block; at step s it holds the block of rank r - s (mod P), which arrived
 // from r-1, and folds it into its FlashAttention state (m, l, o) with flash_forward_block:
-// P steps, P-1 hops. Each hop's order is --order's (ring_attention.cpp's Hop: start before the block's
+// P steps, P-1 hops. Each hop's order is --order's (ring.cpp's Hop: start before the block's
 // compute, finish after it). The backward sends the blocks round again: dQ accumulates at home,
 // dK and dV travel WITH their block and arrive back at its owner after P hops, fully summed.
 
@@ -324,17 +323,11 @@ static int ring_attention_lesson(Lesson& lesson) {
   lesson.start_trace();  // the trace covers the ring only
   const double t0 = MPI_Wtime();
   const ring::Config rc = ring_config(c, P);
-  // [slide:ring-loop]
   // P steps: fold the K/V block in hand into (m, l, o), pass it to r+1, take r-1's
-  ring::ForwardRing fwd(comm, rc, me.q, me.k, me.v);
-  for (int s = 0; s < P; s++) fwd.step(s);
-  const ring::Forward fw = fwd.finish();
+  const ring::Forward fw = ring::forward(comm, rc, me.q, me.k, me.v);
   const double t1 = MPI_Wtime();
   // P steps again: dQ accumulates here, dK and dV travel with their block back to its owner
-  ring::BackwardRing bwd(comm, rc, me.q, me.k, me.v, me.dout, fw);
-  for (int s = 0; s < P; s++) bwd.step(s);
-  const ring::Backward bw = bwd.finish();
-  // [/slide]
+  const ring::Backward bw = ring::backward(comm, rc, me.q, me.k, me.v, me.dout, fw);
   const Tensor &o = fw.o, &lse = fw.lse, &dq = bw.dq, &dk = bw.dk, &dv = bw.dv;
   double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
   comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);

@@ -41,13 +41,13 @@
 
 #include "common/layers/dsv3_moe.h"
 #include "common/layers/expert_parallel.h"
-#include "common/layers/schedule.h"
 #include "common/lesson/lesson.h"
 #include "lessons/06_overlap/block.h"
 #include "lessons/06_overlap/options.h"
 #include "lessons/06_overlap/progress.h"
 #include "lessons/06_overlap/reference.h"
 #include "lessons/06_overlap/timeline.h"
+#include "lessons/07_dualpipe/schedules.h"  // the one look ahead: 07's schedules, simulated at our costs
 
 using namespace ff;
 using namespace ff::f1b;

@@ -5,7 +5,7 @@
 //   stages, one per rank (two per rank for DualPipe and DualPipeV). A batch is split into M
 //   micro-batches; a schedule says, for each rank, in which order it runs the forwards (F),
 //   backwards (B), input-only backwards (I) and deferred weight gradients (W) of each
-//   micro-batch. The schedules themselves are data, built in common/layers/schedule.cpp:
+//   micro-batch. The schedules themselves are data, built in schedules.cpp (this folder):
 //     gpipe      all forwards, then all backwards
 //     1f1b       warm-up forwards, then one forward / one backward, then the cool-down
 //     zb-h1      1F1B with B split into I and W, W's pushed into the cool-down bubble
@@ -41,7 +41,7 @@
 #include "common/util/files.h"
 #include "common/lesson/lesson.h"
 #include "common/layers/pipeline.h"
-#include "common/layers/schedule.h"
+#include "lessons/07_dualpipe/schedules.h"
 
 using namespace ff;
 

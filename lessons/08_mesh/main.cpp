@@ -23,7 +23,7 @@
 //         weight (the RMSNorm weights among them) are summed over TP, since each rank saw only
 //         its tokens.
 //     CP  (--cp) each sequence's tokens split over the CP ranks in the zigzag layout; attention
-//         runs lesson 02's ring (common/layers/ring_attention.h) over MLA's per-head keys and
+//         runs lesson 02's ring (lessons/02_ring_attention/ring.h) over MLA's per-head keys and
 //         values, the mask and RoPE from global positions; gradients averaged over DP x CP.
 //     EP  (--ep) each MoE layer's experts spread over an EP group of consecutive ranks of the
 //         stage (folded: ep divides dp cp tp); lesson 05's layer (common/layers/dsv3_ep.h)
@@ -66,6 +66,7 @@
 
 #include "common/comm/mesh.h"
 #include "common/layers/model.h"
+#include "common/layers/pipeline.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/layers/zero.h"
 #include "common/lesson/corpus.h"

@@ -10,9 +10,10 @@
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
-#include "common/layers/ring_attention.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/lesson/lesson.h"
+#include "lessons/02_ring_attention/ring.h"
+#include "lessons/07_dualpipe/schedules.h"
 #include "lessons/08_mesh/options.h"
 #include "lessons/08_mesh/sharding.h"
 
@@ -63,7 +64,7 @@ struct MeshModel {
 
   // [slide:cp-attention]
   // MLA's heads over the CP ring: this rank's queries against every CP rank's keys and values
-  // (lesson 02's ring, common/layers/ring_attention.h). Per head q = [q_nope | q_pe] and
+  // (lesson 02's ring, lessons/02_ring_attention/ring.h). Per head q = [q_nope | q_pe] and
   // k = [k_nope | k_pe] (k_pe, one per token, repeated for every head), so the two inner
   // products are one of width d_nope + d_rope, the scale 1/sqrt(d_nope + d_rope) as MLA's; v is
   // padded with zeros to that width. The blocks are (B, H, n, D): the ring's mask compares the

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "common/layers/schedule.h"
+#include "lessons/07_dualpipe/schedules.h"
 #include "lessons/08_mesh/estimate.h"
 
 namespace ff::mesh {

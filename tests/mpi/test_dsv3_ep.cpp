@@ -25,6 +25,7 @@
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/schedule.h"
+#include "lessons/07_dualpipe/schedules.h"
 
 using namespace ff;
 

@@ -1,4 +1,5 @@
-// Pipeline-parallel schedules as data (common/layers/schedule.h): for every generator and a grid of
+// Pipeline-parallel schedules as data (common/layers/schedule.h) and lesson 07's generators
+// (lessons/07_dualpipe/schedules.h): for every generator and a grid of
 // (P, M), the programs are valid, complete in the simulator and run the right number of each
 // op; small programs match ones traced by hand from the published algorithms; the peak
 // live activations and the warm-up forwards of every rank match the papers' tables and the
@@ -8,7 +9,7 @@
 // input.
 //
 // Every expected value below is derived from the algorithm (see the comments of
-// common/layers/schedule.cpp), never copied from a run.
+// lessons/07_dualpipe/schedules.cpp), never copied from a run.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "common/core/check.h"
 #include "common/layers/schedule.h"
+#include "lessons/07_dualpipe/schedules.h"
 
 using namespace ff;
 using namespace ff::pp;

@@ -1,5 +1,9 @@
-// common/layers/ring_attention.cpp — see ring_attention.h.
-#include "common/layers/ring_attention.h"
+// lessons/02_ring_attention/ring.cpp — ring attention, read top to bottom: which tokens each
+// rank holds, a block as one message, one hop in each send order (the naive one deadlocks,
+// even/odd does not, async overlaps), the forward ring (the online-softmax fold of each block
+// that passes) and the backward ring (dQ at home, dK/dV travelling with their block), and the
+// two as one autograd op for lesson 08. ring.h says what each function takes and returns.
+#include "lessons/02_ring_attention/ring.h"
 
 #include <cmath>
 #include <memory>
@@ -12,6 +16,9 @@
 #include "kernels/kernels.h"
 
 namespace ff::ring {
+
+// ----------------------------------------------------------------------------
+// Which tokens each rank holds: contiguous, zigzag or striped (ring.h says which tokens each holds).
 
 const char* layout_name(Layout l) {
   return l == Layout::contiguous ? "contiguous" : l == Layout::zigzag ? "zigzag" : "striped";
@@ -113,6 +120,13 @@ struct Hop {
   // [/slide]
 };
 
+// The message tags of the hops: one per step and kind, so that a message of one step can never
+// be taken for another step's (forward K/V: step s; backward K/V: 100 + s; their dK/dV: 200 + s).
+constexpr int kTagForwardKV = 0, kTagBackwardKV = 100, kTagBackwardGrads = 200;
+
+// ----------------------------------------------------------------------------
+// What a rank knows of every rank's block: its token count and positions.
+
 int64_t tokens_of(const Config& c, int owner) { return (int64_t)c.positions[(size_t)owner].size(); }
 
 Tensor positions_of(const Config& c, int owner) {
@@ -135,150 +149,128 @@ void check_inputs(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
 }  // namespace
 
 // ----------------------------------------------------------------------------
-// The ring, one step at a time. Rank r starts with its own block; at step s it holds the block
-// of rank r - s (mod P), which arrived from r-1.
+// The forward ring. Rank r starts with its own block; at step s it holds the block of rank
+// r - s (mod P), which arrived from r-1, and folds it into FlashAttention's running state of
+// its queries: the row max m, the normaliser l and the unnormalised output o (lesson 01's
+// merge, one block of keys at a time). P steps, P-1 hops.
 
-ForwardRing::ForwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
-                         const Tensor& v)
-    : comm_(comm), c_(c), q_(q), cur_k_(k), cur_v_(v), owner_(comm.rank()) {
+Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_inputs(comm, c, q, k, v);
-  const int64_t n = tokens_of(c, comm.rank());
-  o_ = Tensor::zeros(block_shape(c, n), c.dev);
-  m_ = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
-  l_ = Tensor::zeros({c.B, c.H, n}, c.dev);
-  qpos_ = positions_of(c, comm.rank());
-}
-
-void ForwardRing::step(int s) {
-  const Config& c = c_;
-  const int r = comm_.rank(), P = comm_.size();
-  FF_CHECK(s == steps_ && s < P, "ring: forward step " << s << " after " << steps_ << " of " << P);
-  steps_++;
-  const bool more = s < P - 1;
-  const int next_owner = (r - s - 1 + 2 * P) % P;
-  const int64_t n_next = tokens_of(c, next_owner);
-  // [slide:ring-fwd]
-  // the hop of this step: this block's K, V to r+1, the next block's from r-1
-  Hop kv{comm_, c.order, s};
-  if (more) {
-    kv.out = pack({cur_k_, cur_v_});
-    kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
-    kv.start();
+  const int rank = comm.rank(), P = comm.size();
+  const int64_t n = tokens_of(c, rank);
+  Tensor o = Tensor::zeros(block_shape(c, n), c.dev);
+  Tensor m = Tensor::full({c.B, c.H, n}, -INFINITY, c.dev);
+  Tensor l = Tensor::zeros({c.B, c.H, n}, c.dev);
+  const Tensor qpos = positions_of(c, rank);
+  Tensor k_block = k, v_block = v;  // the block in hand
+  int owner = rank;                 // whose block it is
+  for (int step = 0; step < P; step++) {
+    const bool more = step < P - 1;
+    const int next_owner = (rank - step - 1 + 2 * P) % P;
+    const int64_t n_next = tokens_of(c, next_owner);
+    // [slide:ring-fwd]
+    // the hop of this step: this block's K, V to r+1, the next block's from r-1
+    Hop kv{comm, c.order, kTagForwardKV + step};
+    if (more) {
+      kv.out = pack({k_block, v_block});
+      kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
+      kv.start();
+    }
+    {
+      Trace::Scope span(trace(), "fwd block of rank " + std::to_string(owner), "compute");
+      Tensor kpos = positions_of(c, owner);
+      kernels_for(c.dev).flash_forward_block(
+          o.data(), m.data(), l.data(), q.data(), k_block.data(), v_block.data(), qpos.index_data(),
+          kpos.index_data(), c.B * c.H, n, tokens_of(c, owner), c.D, 1.f / std::sqrt((float)c.D),
+          c.causal);
+    }
+    if (!more) break;
+    kv.finish();
+    // [/slide]
+    k_block = Tensor::empty(block_shape(c, n_next)), v_block = Tensor::empty(block_shape(c, n_next));
+    unpack(kv.in, {&k_block, &v_block}, c.dev);
+    owner = next_owner;
   }
-  {
-    Trace::Scope span(trace(), "fwd block of rank " + std::to_string(owner_), "compute");
-    Tensor kpos = positions_of(c, owner_);
-    kernels_for(c.dev).flash_forward_block(
-        o_.data(), m_.data(), l_.data(), q_.data(), cur_k_.data(), cur_v_.data(), qpos_.index_data(),
-        kpos.index_data(), c.B * c.H, tokens_of(c, r), tokens_of(c, owner_), c.D,
-        1.f / std::sqrt((float)c.D), c.causal);
-  }
-  if (!more) return;
-  kv.finish();
-  // [/slide]
-  cur_k_ = Tensor::empty(block_shape(c, n_next)), cur_v_ = Tensor::empty(block_shape(c, n_next));
-  unpack(kv.in, {&cur_k_, &cur_v_}, c.dev);
-  owner_ = next_owner;
-}
-
-Forward ForwardRing::finish() {
-  FF_CHECK(steps_ == comm_.size(), "ring: forward finished after " << steps_ << " of "
-                                                                    << comm_.size() << " steps");
   // The end of FlashAttention's forward: o /= l, and one number per row for the backward.
-  const int64_t n = tokens_of(c_, comm_.rank());
   Forward f;
-  f.o = div(o_, reshape(l_, {c_.B, c_.H, n, 1}));
-  f.lse = add(m_, log(l_));
-  f.m = m_;
+  f.o = div(o, reshape(l, {c.B, c.H, n, 1}));
+  f.lse = add(m, log(l));
+  f.m = m;
   return f;
 }
 
-BackwardRing::BackwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
-                           const Tensor& v, const Tensor& dout, const Forward& f)
-    : comm_(comm), c_(c), q_(q), dout_(dout), cur_k_(k), cur_v_(v), owner_(comm.rank()) {
-  check_inputs(comm, c, q, k, v);
-  const int64_t n = tokens_of(c, comm.rank());
-  // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
-  delta_ = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev) : sum(mul(dout, f.o), -1);
-  lse_ = c.bug == Bug::lse_no_log ? f.m : f.lse;
-  qpos_ = positions_of(c, comm.rank());
-  dq_ = Tensor::zeros(block_shape(c, n), c.dev);
-  // the planted bug's accumulators: whatever this rank computes, for any block, lands here
-  dk_here_ = Tensor::zeros(block_shape(c, n), c.dev), dv_here_ = dk_here_.clone();
-  dk_ = Tensor::zeros(block_shape(c, n), c.dev), dv_ = dk_.clone();  // travel with the block
-}
-
-void BackwardRing::step(int s) {
-  const Config& c = c_;
-  const int r = comm_.rank(), P = comm_.size();
-  FF_CHECK(s == steps_ && s < P, "ring: backward step " << s << " after " << steps_ << " of " << P);
-  steps_++;
-  const bool more = s < P - 1;
-  const int next_owner = (r - s - 1 + 2 * P) % P;
-  const int64_t n_cur = tokens_of(c, owner_), n_next = tokens_of(c, next_owner);
-  const int64_t blk = c.B * c.H * c.D;
-  // K, V are known before the compute: their hop starts now (async overlaps it)
-  Hop kv{comm_, c.order, 100 + s};
-  if (more) {
-    kv.out = pack({cur_k_, cur_v_});
-    kv.in.resize((size_t)(2 * blk * n_next));
-    kv.start();
-  }
-  {
-    Trace::Scope span(trace(), "bwd block of rank " + std::to_string(owner_), "compute");
-    Tensor kpos = positions_of(c, owner_);
-    // (the bug needs equal block sizes, n_cur == n: lesson 02 checks)
-    Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here_ : dk_;
-    Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here_ : dv_;
-    kernels_for(c.dev).flash_backward_block(
-        dq_.data(), dk_into.data(), dv_into.data(), q_.data(), cur_k_.data(), cur_v_.data(),
-        dout_.data(), lse_.data(), delta_.data(), qpos_.index_data(), kpos.index_data(), c.B * c.H,
-        tokens_of(c, r), n_cur, c.D, 1.f / std::sqrt((float)c.D), c.causal);
-  }
-  // [slide:ring-bwd-dkv]
-  if (P == 1) return;  // the only block is this rank's own: nothing travels, no self-send
-  // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
-  Hop dkv{comm_, c.order, 200 + s};
-  dkv.out = pack({dk_, dv_});
-  dkv.in.resize((size_t)(2 * blk * n_next));
-  dkv.start();
-  dkv.finish();
-  if (more) kv.finish();
-  if (more) {
-    cur_k_ = Tensor::empty(block_shape(c, n_next)), cur_v_ = Tensor::empty(block_shape(c, n_next));
-    unpack(kv.in, {&cur_k_, &cur_v_}, c.dev);
-  }
-  dk_ = Tensor::empty(block_shape(c, n_next)), dv_ = Tensor::empty(block_shape(c, n_next));
-  unpack(dkv.in, {&dk_, &dv_}, c.dev);
-  owner_ = next_owner;
-  // [/slide]
-}
-
-Backward BackwardRing::finish() {
-  FF_CHECK(steps_ == comm_.size(), "ring: backward finished after " << steps_ << " of "
-                                                                     << comm_.size() << " steps");
-  // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
-  FF_CHECK(owner_ == comm_.rank(), "ring bookkeeping: rank " << comm_.rank() << " ended with block "
-                                                              << owner_);
-  Backward b;
-  b.dq = dq_;
-  b.dk = c_.bug == Bug::dkv_local ? dk_here_ : dk_;
-  b.dv = c_.bug == Bug::dkv_local ? dv_here_ : dv_;
-  return b;
-}
-
-Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {
-  ForwardRing ring(comm, c, q, k, v);
-  for (int s = 0; s < comm.size(); s++) ring.step(s);
-  return ring.finish();
-}
+// ----------------------------------------------------------------------------
+// The backward ring. The blocks go round again. P_ij = exp(s_ij - lse_i) is recomputed from
+// the forward's lse; dQ of this rank's queries accumulates at home, while the dK, dV of the block
+// in hand get this rank's share and then travel on WITH the block: after P hops every block is
+// back at its owner, with every rank's share summed in.
 
 Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& dout, const Forward& f) {
-  BackwardRing ring(comm, c, q, k, v, dout, f);
-  for (int s = 0; s < comm.size(); s++) ring.step(s);
-  return ring.finish();
+  check_inputs(comm, c, q, k, v);
+  const int rank = comm.rank(), P = comm.size();
+  const int64_t n = tokens_of(c, rank), row = c.B * c.H * c.D;  // floats per token of a block
+  // delta_i = dO_i . o_i = sum_j P_ij dP_ij: the softmax Jacobian's row term, computed once
+  const Tensor delta = c.bug == Bug::no_delta ? Tensor::zeros({c.B, c.H, n}, c.dev) : sum(mul(dout, f.o), -1);
+  const Tensor lse = c.bug == Bug::lse_no_log ? f.m : f.lse;
+  const Tensor qpos = positions_of(c, rank);
+  Tensor dq = Tensor::zeros(block_shape(c, n), c.dev);
+  // the planted bug's accumulators: whatever this rank computes, for any block, lands here
+  Tensor dk_here = Tensor::zeros(block_shape(c, n), c.dev), dv_here = dk_here.clone();
+  Tensor dk = Tensor::zeros(block_shape(c, n), c.dev), dv = dk.clone();  // travel with the block
+  Tensor k_block = k, v_block = v;  // the block in hand
+  int owner = rank;                 // whose block it is
+  for (int step = 0; step < P; step++) {
+    const bool more = step < P - 1;
+    const int next_owner = (rank - step - 1 + 2 * P) % P;
+    const int64_t n_cur = tokens_of(c, owner), n_next = tokens_of(c, next_owner);
+    // K, V are known before the compute: their hop starts now (async overlaps it)
+    Hop kv{comm, c.order, kTagBackwardKV + step};
+    if (more) {
+      kv.out = pack({k_block, v_block});
+      kv.in.resize((size_t)(2 * row * n_next));
+      kv.start();
+    }
+    {
+      Trace::Scope span(trace(), "bwd block of rank " + std::to_string(owner), "compute");
+      Tensor kpos = positions_of(c, owner);
+      // (the bug needs equal block sizes, n_cur == n: lesson 02 checks)
+      Tensor& dk_into = c.bug == Bug::dkv_local ? dk_here : dk;
+      Tensor& dv_into = c.bug == Bug::dkv_local ? dv_here : dv;
+      kernels_for(c.dev).flash_backward_block(
+          dq.data(), dk_into.data(), dv_into.data(), q.data(), k_block.data(), v_block.data(),
+          dout.data(), lse.data(), delta.data(), qpos.index_data(), kpos.index_data(), c.B * c.H, n,
+          n_cur, c.D, 1.f / std::sqrt((float)c.D), c.causal);
+    }
+    // [slide:ring-bwd-dkv]
+    if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
+    // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
+    Hop dkv{comm, c.order, kTagBackwardGrads + step};
+    dkv.out = pack({dk, dv});
+    dkv.in.resize((size_t)(2 * row * n_next));
+    dkv.start();
+    dkv.finish();
+    if (more) kv.finish();
+    if (more) {
+      k_block = Tensor::empty(block_shape(c, n_next)), v_block = Tensor::empty(block_shape(c, n_next));
+      unpack(kv.in, {&k_block, &v_block}, c.dev);
+    }
+    dk = Tensor::empty(block_shape(c, n_next)), dv = Tensor::empty(block_shape(c, n_next));
+    unpack(dkv.in, {&dk, &dv}, c.dev);
+    owner = next_owner;
+    // [/slide]
+  }
+  // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
+  FF_CHECK(owner == rank, "ring bookkeeping: rank " << rank << " ended with block " << owner);
+  Backward b;
+  b.dq = dq;
+  b.dk = c.bug == Bug::dkv_local ? dk_here : dk;
+  b.dv = c.bug == Bug::dkv_local ? dv_here : dv;
+  return b;
 }
+
+// ----------------------------------------------------------------------------
+// The two rings as one autograd op (lesson 08's context-parallel attention).
 
 Tensor attention(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v) {
   const Tensor q0 = q.detach(), k0 = k.detach(), v0 = v.detach();

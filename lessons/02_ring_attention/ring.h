@@ -1,7 +1,8 @@
-// common/layers/ring_attention.h — ring attention: attention over a sequence split across the
+// lessons/02_ring_attention/ring.h — ring attention: attention over a sequence split across the
 // ranks of a communicator, the key/value blocks passed around a ring and folded into
-// FlashAttention's online-softmax state. Taught in lesson 02; lesson 08 runs it as the context-
-// parallel (CP) axis of its mesh.
+// FlashAttention's online-softmax state. Lesson 02 teaches it (ring.cpp holds the hop loops);
+// lesson 08 runs it as the context-parallel (CP) axis of its mesh, through this header (a later
+// lesson may include an earlier lesson's header, never the other way, never a main.cpp).
 //
 // Rank r holds the queries, keys and values of its tokens, (B, H, n, D) each. At step s it
 // holds the K/V block of rank r - s (mod P), which arrived from r - 1; P steps, P - 1 hops. The
@@ -57,57 +58,24 @@ struct Config {
   std::vector<std::vector<int64_t>> positions;
 };
 
-struct Forward;
-struct Backward;
-
-// The forward ring, one step at a time (lesson 02 runs the loop itself; forward() below is the
-// same loop): construct, step(s) for s = 0..P-1 (fold the block in hand into (m, l, o), pass it
-// on to r+1, take the next from r-1), finish(). Every rank of comm steps in lockstep.
-class ForwardRing {
- public:
-  ForwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v);
-  void step(int s);
-  Forward finish();
-
- private:
-  Comm& comm_;
-  Config c_;
-  Tensor q_, cur_k_, cur_v_, o_, m_, l_, qpos_;
-  int owner_;      // whose block is in hand
-  int steps_ = 0;
-};
-
 struct Forward {
   Tensor o;    // (B, H, n, D), normalised
   Tensor lse;  // (B, H, n): m + log l, what the backward recomputes P from
   Tensor m;    // (B, H, n): the running max (only lesson 02's lse-no-log bug reads it)
 };
-// q, k, v: this rank's (B, H, n, D) on c.dev. Every rank of comm calls it (a ring).
+// The forward ring: P steps, each folding the K/V block in hand into (m, l, o) while it passes
+// on to r+1 and the next block comes from r-1. q, k, v: this rank's (B, H, n, D) on c.dev.
+// Every rank of comm calls it (a ring).
 Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v);
 
 struct Backward {
   Tensor dq, dk, dv;  // (B, H, n, D): dK and dV of this rank's own block, summed over the ring
 };
+// The backward ring: P steps, each accumulating dQ at home and the dK, dV of the block in hand,
+// then passing the block and its dK, dV on; after P steps each block is back at its owner with
+// every rank's dK, dV summed in. f: this rank's forward().
 Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& dout, const Forward& f);
-
-// The backward ring, one step at a time: step(s) for s = 0..P-1 accumulates dQ at home and the
-// dK, dV of the block in hand, then passes the block (and its dK, dV) on; after P steps each
-// block is back at its owner with every rank's dK, dV summed in.
-class BackwardRing {
- public:
-  BackwardRing(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& dout, const Forward& f);
-  void step(int s);
-  Backward finish();
-
- private:
-  Comm& comm_;
-  Config c_;
-  Tensor q_, dout_, cur_k_, cur_v_, delta_, lse_, qpos_, dq_, dk_, dv_, dk_here_, dv_here_;
-  int owner_;
-  int steps_ = 0;
-};
 
 // The whole thing as one autograd op: o = attention of this rank's queries against every rank's
 // keys and values; its backward is backward() above (a second trip round the ring). Every rank
