@@ -33,14 +33,6 @@ Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tenso
   return h;
 }
 
-// The causal mask: 1 above the diagonal (a token sees itself and the tokens before it).
-Tensor causal_mask(int64_t T, Device dev) {
-  std::vector<float> m((size_t)(T * T), 0.f);
-  for (int64_t i = 0; i < T; i++)
-    for (int64_t j = i + 1; j < T; j++) m[(size_t)(i * T + j)] = 1.f;
-  return Tensor::from_vector(m, {T, T}, dev);
-}
-
 // Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
 // seed (counter-based: rows [rank T, (rank + 1) T) of one global tensor per micro-batch).
 void draw(const Setup& s, int rank, int P, int m, Tensor* x, Tensor* dy) {

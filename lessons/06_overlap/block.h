@@ -19,10 +19,6 @@ struct Weights {
   dsv3::Params full, mine;        // the MoE: every expert (router, shared) and this rank's
 };
 
-struct Grads {  // summed over micro-batches, in micro-batch order
-  Tensor router_w, w1, w2, w3, sw1, sw2, sw3;
-};
-
 struct Setup {
   dsv3::Config c;
   int64_t T = 64, H = 4, M = 8;
@@ -39,8 +35,6 @@ struct Setup {
 // q, k, v from rmsnorm(x). tick() runs between its ops (the compute tiles of --progress test).
 Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tensor& mask,
                        const std::function<void()>& tick = [] {});
-// The causal mask: 1 above the diagonal (a token sees itself and the tokens before it).
-Tensor causal_mask(int64_t T, Device dev);
 
 // Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
 // seed (counter-based: rows [rank T, (rank + 1) T) of one global tensor per micro-batch).

@@ -41,6 +41,7 @@
 
 #include "common/layers/dsv3_moe.h"
 #include "common/layers/expert_parallel.h"
+#include "common/layers/model.h"
 #include "common/layers/schedule.h"
 #include "common/lesson/lesson.h"
 #include "lessons/06_overlap/block.h"
@@ -76,7 +77,7 @@ struct MicroBatch {
 class Runner {
  public:
   Runner(Comm& comm, const Setup& s, Weights& w, Progress& progress)
-      : comm_(comm), s_(s), w_(w), progress_(progress), mask_(causal_mask(s.T, s.dev)),
+      : comm_(comm), s_(s), w_(w), progress_(progress), mask_(model::causal_mask(s.T, s.dev)),
         n_{(double)s.T, (double)s.c.dim, (double)s.c.ffn, (double)s.c.topk, (double)s.c.experts} {
     auto l = progress_.lock();
     trace_to_wtime_ = now() - trace().now_us() * 1e-6;
@@ -86,7 +87,7 @@ class Runner {
   DeferredGrads attn_w;  // the attention's matmul weight gradients, set aside (autograd's W)
   std::vector<std::pair<double, std::function<void()>>> moe_w;  // the MoE's: (FLOPs, work)
   size_t moe_w_next = 0;
-  Grads g;
+  dsv3::Grads g;
   int64_t overruns = 0;  // phases whose real compute outlasted their modelled time by a tile
 
   // ---- the forward, in three named parts with an all-to-all between each
@@ -414,7 +415,7 @@ enum class Mode { sequential, overlapped };
 struct RunResult {
   std::vector<Tensor> y, dx;        // per micro-batch
   std::vector<Tensor> attn_grads;   // kAttentionNames' order
-  Grads g;
+  dsv3::Grads g;
   Timeline tl;
   std::vector<double> f_s, b_s, fb_s;  // durations of lone F steps, lone B steps, F&B steps
   int64_t overruns = 0, phases = 0;    // compute phases that outlasted their modelled time, of all
@@ -689,7 +690,7 @@ static int overlap_lesson(Lesson& lesson) {
                   tol(ref.attn_grads[k]));
     }
     const int64_t E = c.experts / P;
-    Grads g = got.g;
+    dsv3::Grads g = got.g;
     for (Tensor* t : {&g.router_w, &g.sw1, &g.sw2, &g.sw3})
       if (t->defined()) *t = t->clone(), comm.allreduce_sum(*t);
     auto mine = [&](const Tensor& t) { return slice(t, 0, rank * E, (rank + 1) * E); };

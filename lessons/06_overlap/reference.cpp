@@ -3,13 +3,14 @@
 
 #include "common/core/autograd.h"
 #include "common/core/ops.h"
+#include "common/layers/model.h"
 
 namespace ff::f1b {
 
 Reference reference(Comm& comm, const Setup& s, const Weights& w0, bool prefill) {
   Weights w = w0;  // its own leaves: the gradients must not mix with the runs'
   for (Tensor* t : attention_leaves(w)) *t = t->detach().clone().requires_grad_(true);
-  const Tensor mask = causal_mask(s.T, s.dev);
+  const Tensor mask = model::causal_mask(s.T, s.dev);
   dsv3::Config c = s.c;
   c.seq_len = s.T;
   Reference ref;
