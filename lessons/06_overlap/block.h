@@ -20,8 +20,8 @@ struct Weights {
 };
 
 struct Setup {
-  dsv3::Config c;
-  int64_t T = 64, H = 4, M = 8;
+  dsv3::Config moe;  // the MoE layer (lesson 05's): d, f, N experts, top-K, S shared
+  int64_t tokens = 64, heads = 4, microbatches = 8;  // T per micro-batch per rank, H, M
   ProgressMode progress = ProgressMode::test;
   bool defer_w = true;
   bool early_read = false;  // --bug early-read
@@ -41,6 +41,8 @@ Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tenso
 void draw(const Setup& s, int rank, int P, int m, Tensor* x, Tensor* dy);
 // The block's weights, the same on every rank from the seed; this rank's experts of P ranks.
 Weights make_weights(const Setup& s, int rank, int P);
+// This rank's expert e (of w.mine), as moe's grouped GEMM wants one group.
+moe::Params local_expert(const Weights& w, size_t e);
 // The attention's and the norms' leaves, in kAttentionNames' order.
 std::vector<Tensor*> attention_leaves(Weights& w);
 inline const char* const kAttentionNames[] = {"g1", "wq", "wk", "wv", "wo", "g2"};
