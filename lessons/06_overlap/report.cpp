@@ -81,14 +81,9 @@ void report_runs(Lesson& lesson, const Setup& setup, const Options& opts,
 std::vector<moe::NamedTensor> named_grads(const RunResult& run) {
   std::vector<moe::NamedTensor> out;
   for (size_t k = 0; k < run.attn_grads.size(); k++)
-    out.push_back({std::string("d") + kAttentionNames[k], run.attn_grads[k]});
-  const dsv3::Grads& g = run.grads;
-  const std::pair<const char*, const Tensor*> moe_grads[] = {
-      {"d_router_w", &g.router_w}, {"d_w1", &g.w1},           {"d_w2", &g.w2},
-      {"d_w3", &g.w3},             {"d_shared_w1", &g.sw1}, {"d_shared_w2", &g.sw2},
-      {"d_shared_w3", &g.sw3}};
-  for (const auto& [name, t] : moe_grads)
-    if (t->defined()) out.push_back({name, *t});
+    out.push_back({std::string("d_") + kAttentionNames[k], run.attn_grads[k]});
+  for (const moe::NamedTensor& grad : dsv3::named_grads(run.grads))
+    if (grad.t.defined()) out.push_back(grad);  // not dx (per micro-batch), nor any in prefill
   return out;
 }
 

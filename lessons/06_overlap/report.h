@@ -20,10 +20,12 @@ void print_setup(const Setup& setup, const Options& opts, int ranks);
 // --csv rows. Collective: every rank calls it.
 void report_runs(Lesson& lesson, const Setup& setup, const Options& opts,
                  const std::vector<Variant>& variants, double overruns, double phases);
-// Every gradient a run computed on this rank (before any sum over ranks), named as the dumps.
+// Every gradient a run computed on this rank (before any sum over ranks), named as the dumps:
+// "d_" and the parameter's name, as lesson 05 names them (d_wq, d_router_w, d_experts_w1, ...).
 std::vector<moe::NamedTensor> named_grads(const RunResult& run);
 // --dump: what this rank computed (before any sum over ranks), for a byte-for-byte comparison
-// of two runs (tests/lessons.sh: sequential against overlapped).
+// of two runs (tests/lessons.sh: sequential against overlapped): y_rank<r>_mb<m>,
+// dx_rank<r>_mb<m> and each gradient as <name>_rank<r>.
 void dump_run(Lesson& lesson, const RunResult& run, int64_t microbatches, bool prefill);
 
 }  // namespace ff::f1b
