@@ -14,8 +14,8 @@
 namespace ff::f1b {
 
 Reference reference(Comm& comm, const Setup& setup, const Weights& weights, bool prefill) {
-  Weights w = weights;  // its own leaves: the gradients must not mix with the runs'
-  for (Tensor* t : attention_leaves(w)) *t = t->detach().clone().requires_grad_(true);
+  Weights ref_weights = weights;  // its own leaves: the gradients must not mix with the runs'
+  for (Tensor* t : attention_leaves(ref_weights)) *t = t->detach().clone().requires_grad_(true);
   const Tensor mask = model::causal_mask(setup.tokens, setup.dev);
   dsv3::Config moe = setup.moe;
   moe.seq_len = setup.tokens;
@@ -26,20 +26,20 @@ Reference reference(Comm& comm, const Setup& setup, const Weights& weights, bool
     draw(setup, comm.rank(), comm.size(), m, &x, &dy);
     if (prefill) {
       NoGradGuard no_grad;
-      Tensor h = attention_block(w, x, setup.heads, mask);
-      ref.y.push_back(add(h, dsv3::forward(moe, w.full, rmsnorm(h, w.g2)).y));
+      Tensor h = attention_block(ref_weights, x, setup.heads, mask);
+      ref.y.push_back(add(h, dsv3::forward(moe, ref_weights.full, rmsnorm(h, ref_weights.g2)).y));
       continue;
     }
     x.requires_grad_(true);
-    Tensor h = attention_block(w, x, setup.heads, mask);
+    Tensor h = attention_block(ref_weights, x, setup.heads, mask);
     Tensor h_leaf = h.detach();
     h_leaf.requires_grad_(true);
-    Tensor u_tape = rmsnorm(h_leaf, w.g2);
+    Tensor u_tape = rmsnorm(h_leaf, ref_weights.g2);
     Tensor u = u_tape.detach();
     NoGradGuard no_grad;
-    dsv3::Forward forward = dsv3::forward(moe, w.full, u);
+    dsv3::Forward forward = dsv3::forward(moe, ref_weights.full, u);
     ref.y.push_back(add(h.detach(), forward.y));
-    dsv3::Grads grads = dsv3::backward(moe, w.full, u, forward, dy);
+    dsv3::Grads grads = dsv3::backward(moe, ref_weights.full, u, forward, dy);
     run_backward(u_tape, grads.dx);
     run_backward(h, add(dy, h_leaf.grad()));
     ref.dx.push_back(x.grad());
@@ -49,7 +49,7 @@ Reference reference(Comm& comm, const Setup& setup, const Weights& weights, bool
       acc(ref.grads.sw1, grads.sw1), acc(ref.grads.sw2, grads.sw2), acc(ref.grads.sw3, grads.sw3);
   }
   if (prefill) return ref;
-  for (Tensor* t : attention_leaves(w)) {
+  for (Tensor* t : attention_leaves(ref_weights)) {
     Tensor grad = t->grad().clone();
     comm.allreduce_sum(grad);
     ref.attn_grads.push_back(grad);
