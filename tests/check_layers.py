@@ -27,7 +27,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 LESSON = re.compile(r"^lessons/(\d\d)_[^/]+/")
 # file -> the later lesson's header it may include: lesson 06's last table runs lesson 07's
 # schedules in the simulator on the costs it measured
-LOOK_AHEAD = {"lessons/06_overlap/main.cpp": "lessons/07_dualpipe/schedules.h"}
+LOOK_AHEAD = {"lessons/06_overlap/report.cpp": "lessons/07_dualpipe/schedules.h"}
 
 
 def floor_of(path):

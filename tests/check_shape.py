@@ -24,7 +24,6 @@ MAX_MAIN = 550
 MAX_FUNCTION = 200
 # file or file:function -> the most lines it may have until it is cut down
 CEILINGS = {
-    "lessons/06_overlap/main.cpp": 725,
 }
 
 START = re.compile(r"^( {0,2})(?!//|#|return\b|if\b|for\b|while\b|switch\b|else\b)"
@@ -122,8 +121,9 @@ def main(argv):
         print(f"error: {p}", file=sys.stderr)
     if problems:
         return 1
+    cut = f", but {len(CEILINGS)} still being cut down (tests/check_shape.py: CEILINGS)" if CEILINGS else ""
     print(f"shape ok: every lessons/*/main.cpp within {MAX_MAIN} lines and every function within "
-          f"{MAX_FUNCTION}, but {len(CEILINGS)} still being cut down (tests/check_shape.py: CEILINGS)")
+          f"{MAX_FUNCTION}{cut}")
     return 0
 
 

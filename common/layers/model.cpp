@@ -190,15 +190,14 @@ Tensor heads_first(const Tensor& t, int64_t B, int64_t T, int64_t H) {
   return reshape(transpose(reshape(t, {B, T, H, e}), 1, 2), {B * H, T, e});
 }
 
-// mask[i][j] = 1 where key j is after query i: those scores are -inf before the softmax.
+}  // namespace
+
 Tensor causal_mask(int64_t T, Device dev) {
   std::vector<float> m((size_t)(T * T), 0.f);
   for (int64_t i = 0; i < T; i++)
     for (int64_t j = i + 1; j < T; j++) m[(size_t)(i * T + j)] = 1.f;
   return Tensor::from_vector(m, {T, T}, dev);
 }
-
-}  // namespace
 
 Tensor tile_positions(const Tensor& positions, int64_t B) {
   const std::vector<int64_t> p = positions.to_index_vector();

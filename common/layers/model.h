@@ -133,6 +133,9 @@ Latents attention_latents(const Config& c, const Attention& a, const Tensor& u,
                           const Tensor& row_positions);
 Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Latents& l,
                        int64_t B, const Tensor& row_positions);
+// (T, T): mask[i][j] = 1 where key j is after query i, those scores -inf before the softmax (a
+// token sees itself and the tokens before it).
+Tensor causal_mask(int64_t T, Device dev);
 // positions (T) repeated for each of B sequences: (B T), one per row of the activations.
 Tensor tile_positions(const Tensor& positions, int64_t B);
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u);

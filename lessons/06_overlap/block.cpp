@@ -33,24 +33,16 @@ Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tenso
   return h;
 }
 
-// The causal mask: 1 above the diagonal (a token sees itself and the tokens before it).
-Tensor causal_mask(int64_t T, Device dev) {
-  std::vector<float> m((size_t)(T * T), 0.f);
-  for (int64_t i = 0; i < T; i++)
-    for (int64_t j = i + 1; j < T; j++) m[(size_t)(i * T + j)] = 1.f;
-  return Tensor::from_vector(m, {T, T}, dev);
-}
-
 // Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
 // seed (counter-based: rows [rank T, (rank + 1) T) of one global tensor per micro-batch).
 void draw(const Setup& s, int rank, int P, int m, Tensor* x, Tensor* dy) {
-  const int64_t T = s.T, d = s.c.dim;
+  const int64_t T = s.tokens, d = s.moe.dim;
   *x = randn_slice({P * T, d}, 0, rank * T, (rank + 1) * T, s.seed + 100 + (uint64_t)m).to(s.dev);
   *dy = randn_slice({P * T, d}, 0, rank * T, (rank + 1) * T, s.seed + 500 + (uint64_t)m).to(s.dev);
 }
 
 Weights make_weights(const Setup& s, int rank, int P) {
-  const int64_t d = s.c.dim, E = s.c.experts / P;
+  const int64_t d = s.moe.dim, E = s.moe.experts / P;
   Weights w;
   auto leaf = [&](Tensor t) { return t.requires_grad_(true); };
   const float sd = 1.0f / std::sqrt((float)d);
@@ -60,9 +52,17 @@ Weights make_weights(const Setup& s, int rank, int P) {
   w.wk = leaf(scale(randn({d, d}, s.seed + 4, s.dev), sd));
   w.wv = leaf(scale(randn({d, d}, s.seed + 5, s.dev), sd));
   w.wo = leaf(scale(randn({d, d}, s.seed + 6, s.dev), sd));
-  w.full = dsv3::init_params(s.c, s.seed + 7, /*bias_spread=*/0.05, s.dev);
+  w.full = dsv3::init_params(s.moe, s.seed + 7, /*bias_spread=*/0.05, s.dev);
   w.mine = dsv3::slice_experts(w.full, rank * E, (rank + 1) * E);
   return w;
+}
+moe::Params local_expert(const Weights& w, size_t e) {
+  moe::Params all = dsv3::routed(w.mine);
+  moe::Params one;
+  one.w1 = slice(all.w1, 0, (int64_t)e, (int64_t)e + 1);
+  one.w2 = slice(all.w2, 0, (int64_t)e, (int64_t)e + 1);
+  one.w3 = slice(all.w3, 0, (int64_t)e, (int64_t)e + 1);
+  return one;
 }
 std::vector<Tensor*> attention_leaves(Weights& w) {
   return {&w.g1, &w.wq, &w.wk, &w.wv, &w.wo, &w.g2};

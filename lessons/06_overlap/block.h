@@ -19,13 +19,9 @@ struct Weights {
   dsv3::Params full, mine;        // the MoE: every expert (router, shared) and this rank's
 };
 
-struct Grads {  // summed over micro-batches, in micro-batch order
-  Tensor router_w, w1, w2, w3, sw1, sw2, sw3;
-};
-
 struct Setup {
-  dsv3::Config c;
-  int64_t T = 64, H = 4, M = 8;
+  dsv3::Config moe;  // the MoE layer (lesson 05's): d, f, N experts, top-K, S shared
+  int64_t tokens = 64, heads = 4, microbatches = 8;  // T per micro-batch per rank, H, M
   ProgressMode progress = ProgressMode::test;
   bool defer_w = true;
   bool early_read = false;  // --bug early-read
@@ -39,14 +35,14 @@ struct Setup {
 // q, k, v from rmsnorm(x). tick() runs between its ops (the compute tiles of --progress test).
 Tensor attention_block(const Weights& w, const Tensor& x, int64_t H, const Tensor& mask,
                        const std::function<void()>& tick = [] {});
-// The causal mask: 1 above the diagonal (a token sees itself and the tokens before it).
-Tensor causal_mask(int64_t T, Device dev);
 
 // Micro-batch m of this rank: its tokens and the gradient its output receives, drawn from the
 // seed (counter-based: rows [rank T, (rank + 1) T) of one global tensor per micro-batch).
 void draw(const Setup& s, int rank, int P, int m, Tensor* x, Tensor* dy);
 // The block's weights, the same on every rank from the seed; this rank's experts of P ranks.
 Weights make_weights(const Setup& s, int rank, int P);
+// This rank's expert e (of w.mine), as moe's grouped GEMM wants one group.
+moe::Params local_expert(const Weights& w, size_t e);
 // The attention's and the norms' leaves, in kAttentionNames' order.
 std::vector<Tensor*> attention_leaves(Weights& w);
 inline const char* const kAttentionNames[] = {"g1", "wq", "wk", "wv", "wo", "g2"};

@@ -24,223 +24,232 @@
 //       make run L=06 ARGS="--prefill"                 (inference: two forwards interleaved)
 // Expect: the timelines of rank 0, the hidden fraction per rank, DualPipe's bubble from the
 //   measured costs, overlapped == sequential bit for bit, both == one process, check: PASS.
-// This file is the lesson (the micro-batch, the six phases, the 1F1B loop with the overlapped
-// step, the checks); beside it: options.h (the flags), progress.h (MPI progress), block.h (the
-// block and its weights), reference.h (one process), timeline.h (what a run records and prints).
+// This file is the lesson: the micro-batch, the six phases, the 1F1B loop with the overlapped
+// step, and the driver (run each variant, report, check). Beside it: options.h (the flags),
+// block.h (the block, its weights and micro-batches), progress.h (MPI progress), clock.h (the
+// modelled-compute clock and the FLOPs of each phase), weight_grads.h (W set aside and its
+// sums), timeline.h (what a run records and prints), run_result.h (what a run hands back),
+// report.h (the report and the dumps), reference.h (one process, and the check against it).
 #include <mpi.h>
 
 #include <algorithm>
-#include <cfloat>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/layers/dsv3_moe.h"
 #include "common/layers/expert_parallel.h"
+#include "common/layers/model.h"
 #include "common/lesson/lesson.h"
 #include "lessons/06_overlap/block.h"
+#include "lessons/06_overlap/clock.h"
 #include "lessons/06_overlap/options.h"
 #include "lessons/06_overlap/progress.h"
 #include "lessons/06_overlap/reference.h"
-#include "lessons/06_overlap/timeline.h"
-#include "lessons/07_dualpipe/schedules.h"  // the one look ahead: 07's schedules, simulated at our costs
+#include "lessons/06_overlap/report.h"
+#include "lessons/06_overlap/run_result.h"
+#include "lessons/06_overlap/weight_grads.h"
 
 using namespace ff;
 using namespace ff::f1b;
 
 // One micro-batch in flight: what its forward keeps for its backward, and its messages.
 struct MicroBatch {
-  int m = 0;
-  Tensor x, dy;             // input (a leaf: its .grad is dx) and the gradient of the output
-  Tensor h, hn, u_tape, u;  // h = x + attention(x); hn: h as a leaf; u = rmsnorm(hn)
-  Tensor s, idx, gates;     // routing
+  int index = 0;                // m
+  Tensor x, dy;                 // input (a leaf: its .grad is dx) and the gradient of the output
+  Tensor h, h_leaf, u_tape, u;  // h = x + attention(x); h_leaf: h as a leaf; u = rmsnorm(h_leaf)
+  Tensor affinity, idx, gates;  // routing: s (T, N), the chosen experts and their gates (T, K)
   moe::Plan plan;
   ep::Routes routes;
-  std::vector<int64_t> order;
-  Tensor xl, yl;  // rows at this rank's experts and their outputs
+  std::vector<int64_t> order;           // the arrived rows, grouped by this rank's experts
+  Tensor expert_x, expert_y;            // rows at this rank's experts and their outputs
   std::vector<moe::ExpertCache> cache;  // one per local expert (the experts are the tiles)
   moe::ExpertCache shared_cache;
-  Tensor shared_y, yp, y;
+  Tensor shared_y, y_rows, y;  // the shared experts' output; the experts' rows back home; y
   // backward
-  moe::CombineGrads cg;
-  Tensor dyl, dxl;
+  moe::CombineGrads combine_grads;
+  Tensor expert_dy, expert_dx;
   ep::RowFlight flight;  // the all-to-all in the air (one per micro-batch at a time)
   double posted = 0;     // when it was posted
 };
 
+// The MPI tags of a micro-batch's four all-to-alls: one per kind, so that an F message and a B
+// message between the same two ranks never match each other, plus the micro-batch's parity, so
+// that neither do two micro-batches' messages of one kind (at most two are in flight: F(i) and
+// B(i-1), or a prefill pair).
+constexpr int kTagDispatch = 10, kTagCombine = 20, kTagDispatchBack = 30, kTagCombineBack = 40;
+
 // The runner: one rank's block, its micro-batches, its messages and its clock.
 class Runner {
  public:
-  Runner(Comm& comm, const Setup& s, Weights& w, Progress& progress)
-      : comm_(comm), s_(s), w_(w), progress_(progress), mask_(causal_mask(s.T, s.dev)),
-        n_{(double)s.T, (double)s.c.dim, (double)s.c.ffn, (double)s.c.topk, (double)s.c.experts} {
-    auto l = progress_.lock();
-    trace_to_wtime_ = now() - trace().now_us() * 1e-6;
-  }
+  Runner(Comm& comm, const Setup& setup, Weights& weights, Progress& progress)
+      : clock(setup, progress), weight_grads(setup, comm.size()), comm_(comm), setup_(setup),
+        weights_(weights), progress_(progress), mask_(model::causal_mask(setup.tokens, setup.dev)),
+        flops_(setup) {}
 
-  Timeline tl;
-  DeferredGrads attn_w;  // the attention's matmul weight gradients, set aside (autograd's W)
-  std::vector<std::pair<double, std::function<void()>>> moe_w;  // the MoE's: (FLOPs, work)
-  size_t moe_w_next = 0;
-  Grads g;
-  int64_t overruns = 0;  // phases whose real compute outlasted their modelled time by a tile
+  PhaseClock clock;          // the phases, waits and flights of this run (its Timeline)
+  WeightGrads weight_grads;  // W set aside, and the MoE's weight gradients summed
 
   // ---- the forward, in three named parts with an all-to-all between each
   // [slide:f-attn]
   // F attention + gate: h = x + attn(rmsnorm(x)); u = rmsnorm(h); route u; start the dispatch.
-  void f_attn_gate(MicroBatch& b) {
+  void f_attn_gate(MicroBatch& batch) {
     const double t0 = now();
     {
-      b.h = attention_block(w_, b.x, s_.H, mask_, [this] { tick(); });
+      batch.h = attention_block(weights_, batch.x, setup_.heads, mask_, [this] { tick(); });
       // The MoE's backward is written by hand: its input u is cut from the tape here, and
-      // the norm before it is a tape of its own from the leaf hn (its backward gives dh).
-      b.hn = b.h.detach();
-      b.hn.requires_grad_(true);
-      b.u_tape = rmsnorm(b.hn, w_.g2);
-      b.u = b.u_tape.detach();
+      // the norm before it is a tape of its own from the leaf h_leaf (its backward gives dh).
+      batch.h_leaf = batch.h.detach();
+      batch.h_leaf.requires_grad_(true);
+      batch.u_tape = rmsnorm(batch.h_leaf, weights_.g2);
+      batch.u = batch.u_tape.detach();
       NoGradGuard no_grad;
-      b.s = dsv3::affinities(s_.c, w_.full, b.u);
-      b.idx = dsv3::select(s_.c, b.s, w_.full.bias).idx;
-      b.gates = dsv3::gates(s_.c, b.s, b.idx);
-      b.plan = moe::permute_plan(b.idx, s_.c.experts);
+      batch.affinity = dsv3::affinities(setup_.moe, weights_.full, batch.u);
+      batch.idx = dsv3::select(setup_.moe, batch.affinity, weights_.full.bias).idx;
+      batch.gates = dsv3::gates(setup_.moe, batch.affinity, batch.idx);
+      batch.plan = moe::permute_plan(batch.idx, setup_.moe.experts);
       tick();
     }
-    done('F', t0, flops_attention_forward(), phase("F", b, "attn+gate"));
+    clock.end_phase('F', t0, flops_.attention_forward(), phase("F", batch, "attn+gate"));
     // the routing map: every rank's per-expert counts (a small allgather, blocking)
-    wait_span([&] {
-      auto l = progress_.lock();
-      b.routes = ep::gather_routes(comm_, b.plan.group_sizes.to_index_vector(), s_.c.experts);
+    clock.wait([&] {
+      auto lock = progress_.lock();
+      batch.routes = ep::gather_routes(comm_, batch.plan.group_sizes.to_index_vector(),
+                                       setup_.moe.experts);
     });
-    b.order = b.routes.regroup_order();
+    batch.order = batch.routes.regroup_order();
     NoGradGuard no_grad;
-    start(b, moe::permute(b.u, b.plan), /*to_experts=*/true, kDispatch);
+    start(batch, moe::permute(batch.u, batch.plan), /*to_experts=*/true, kTagDispatch);
   }
   // [/slide]
 
   // F experts: the routed experts on the rows that arrived, one expert per tile, then the
   // shared expert; start the combine (the outputs go home).
-  void f_experts(MicroBatch& b) {
+  void f_experts(MicroBatch& batch) {
     // --bug early-read: the rows taken from the receive buffer before the wait (the buffer
     // holds NaN until the finish: the mistake shows every time, not by luck)
-    const Tensor early = s_.early_read ? ep::take_rows(b.flight.out, b.order) : Tensor();
-    Tensor arrived = finish(b);
+    const Tensor early =
+        setup_.early_read ? ep::take_rows(batch.flight.out, batch.order) : Tensor();
+    Tensor arrived = finish(batch);
     const double t0 = now();
     NoGradGuard no_grad;
     {
-      b.xl = s_.early_read ? early : ep::take_rows(arrived, b.order);
-      const std::vector<int64_t> gl = b.routes.local_group_sizes();
+      batch.expert_x = setup_.early_read ? early : ep::take_rows(arrived, batch.order);
+      const std::vector<int64_t> group_sizes = batch.routes.local_group_sizes();
       std::vector<Tensor> outs;
       int64_t row = 0;
-      b.cache.assign(gl.size(), moe::ExpertCache());
-      for (size_t e = 0; e < gl.size(); e++) {
-        moe::Params pe = expert(e);
-        const Tensor one_group = Tensor::from_indices({gl[e]}, {1}, s_.dev);
-        outs.push_back(moe::experts_forward(pe, slice(b.xl, 0, row, row + gl[e]), one_group,
-                                            &b.cache[e]));
-        row += gl[e];
+      batch.cache.assign(group_sizes.size(), moe::ExpertCache());
+      for (size_t e = 0; e < group_sizes.size(); e++) {
+        const Tensor one_group = Tensor::from_indices({group_sizes[e]}, {1}, setup_.dev);
+        const Tensor rows = slice(batch.expert_x, 0, row, row + group_sizes[e]);
+        outs.push_back(
+            moe::experts_forward(local_expert(weights_, e), rows, one_group, &batch.cache[e]));
+        row += group_sizes[e];
         tick();
       }
-      b.yl = outs.empty() ? Tensor::zeros({0, s_.c.dim}, s_.dev) : concat(outs, 0);
-      if (s_.c.shared > 0) b.shared_y = dsv3::shared_forward(w_.full, b.u, &b.shared_cache);
+      batch.expert_y =
+          outs.empty() ? Tensor::zeros({0, setup_.moe.dim}, setup_.dev) : concat(outs, 0);
+      if (setup_.moe.shared > 0)
+        batch.shared_y = dsv3::shared_forward(weights_.full, batch.u, &batch.shared_cache);
       tick();
     }
-    done('F', t0, flops_experts(b.xl.size(0)) + flops_shared(), phase("F", b, "experts"));
-    start(b, ep::put_rows(b.yl, b.order), /*to_experts=*/false, kCombine);
+    clock.end_phase('F', t0, flops_.experts(batch.expert_x.size(0)) + flops_.shared(),
+                    phase("F", batch, "experts"));
+    start(batch, ep::put_rows(batch.expert_y, batch.order), /*to_experts=*/false, kTagCombine);
   }
 
   // F end: the gated sum of each token's expert outputs, the shared expert, the residual.
-  void f_end(MicroBatch& b) {
-    Tensor back = finish(b);
+  void f_end(MicroBatch& batch) {
+    Tensor back = finish(batch);
     const double t0 = now();
     NoGradGuard no_grad;
     {
-      b.yp = back;
-      Tensor routed = moe::combine(b.yp, b.plan, b.gates);
-      Tensor moe_out = s_.c.shared > 0 ? add(routed, b.shared_y) : routed;
-      b.y = add(b.h.detach(), moe_out);
+      batch.y_rows = back;
+      Tensor routed = moe::combine(batch.y_rows, batch.plan, batch.gates);
+      Tensor moe_out = setup_.moe.shared > 0 ? add(routed, batch.shared_y) : routed;
+      batch.y = add(batch.h.detach(), moe_out);
     }
-    done('F', t0, 2.0 * n_.T * n_.K * n_.d, phase("F", b, "combine"));
+    clock.end_phase('F', t0, flops_.combine(), phase("F", batch, "combine"));
   }
 
   // ---- the backward, likewise (the routes of the forward, backwards)
   // B start: the combine's backward (gates applied; dL/dg) and the dispatch of dy's rows.
-  void b_start(MicroBatch& b) {
+  void b_start(MicroBatch& batch) {
     const double t0 = now();
     NoGradGuard no_grad;
-    b.cg = moe::combine_backward(b.dy, b.yp, b.plan, b.gates);
-    done('B', t0, 4.0 * n_.T * n_.K * n_.d, phase("B", b, "combine bwd"));
-    start(b, b.cg.dyp, /*to_experts=*/true, kDispatchBack);
+    batch.combine_grads = moe::combine_backward(batch.dy, batch.y_rows, batch.plan, batch.gates);
+    clock.end_phase('B', t0, flops_.combine_backward(), phase("B", batch, "combine bwd"));
+    start(batch, batch.combine_grads.dyp, /*to_experts=*/true, kTagDispatchBack);
   }
 
   // B experts: each expert's input gradient now; its weight gradients set aside (W).
-  void b_experts(MicroBatch& b) {
-    Tensor arrived = finish(b);
+  void b_experts(MicroBatch& batch) {
+    Tensor arrived = finish(batch);
     const double t0 = now();
     NoGradGuard no_grad;
     {
-      b.dyl = ep::take_rows(arrived, b.order);
-      const std::vector<int64_t> gl = b.routes.local_group_sizes();
+      batch.expert_dy = ep::take_rows(arrived, batch.order);
+      const std::vector<int64_t> group_sizes = batch.routes.local_group_sizes();
       std::vector<Tensor> dxs;
       int64_t row = 0;
-      for (size_t e = 0; e < gl.size(); e++) {
-        moe::Params pe = expert(e);
-        moe::ExpertInputGrads in =
-            moe::experts_backward_input(pe, b.cache[e], slice(b.dyl, 0, row, row + gl[e]));
-        dxs.push_back(in.dxp);
-        moe_w.push_back({flops_experts(gl[e]), [this, pe, cache = b.cache[e], in, e] {
-                           moe::ExpertGrads eg = moe::experts_backward_weights(pe, cache, in);
-                           add_expert_grads(eg, (int64_t)e);
-                         }});
-        row += gl[e];
+      for (size_t e = 0; e < group_sizes.size(); e++) {
+        const moe::Params params = local_expert(weights_, e);
+        const Tensor rows = slice(batch.expert_dy, 0, row, row + group_sizes[e]);
+        moe::ExpertInputGrads input = moe::experts_backward_input(params, batch.cache[e], rows);
+        dxs.push_back(input.dxp);
+        weight_grads.defer(flops_.experts(group_sizes[e]),
+                           [this, params, cache = batch.cache[e], input, e] {
+                             weight_grads.add_expert(
+                                 moe::experts_backward_weights(params, cache, input), (int64_t)e);
+                           });
+        row += group_sizes[e];
         tick();
       }
-      b.dxl = dxs.empty() ? Tensor::zeros({0, s_.c.dim}, s_.dev) : concat(dxs, 0);
+      batch.expert_dx =
+          dxs.empty() ? Tensor::zeros({0, setup_.moe.dim}, setup_.dev) : concat(dxs, 0);
     }
-    done('B', t0, flops_experts(b.dyl.size(0)), phase("B", b, "experts"));
-    if (!s_.defer_w) run_w_all();  // W inline: the experts' full backward before the combine
-    start(b, ep::put_rows(b.dxl, b.order), /*to_experts=*/false, kCombineBack);
+    clock.end_phase('B', t0, flops_.experts(batch.expert_dy.size(0)), phase("B", batch, "experts"));
+    if (!setup_.defer_w) run_w_all();  // W inline: the experts' full backward before the combine
+    start(batch, ep::put_rows(batch.expert_dx, batch.order), /*to_experts=*/false, kTagCombineBack);
   }
 
   // B attention: the rows' dx summed per token, the router and the shared expert, the norm,
   // then the attention through the tape (its matmul weight gradients set aside).
-  void b_attn(MicroBatch& b) {
-    Tensor back = finish(b);
+  void b_attn(MicroBatch& batch) {
+    Tensor back = finish(batch);
     const double t0 = now();
     {
       Tensor du;
       {
         NoGradGuard no_grad;
-        const Tensor dx_routed = moe::unpermute_sum(back, b.plan);
-        Tensor dz = dsv3::router_dlogits(s_.c, b.s, w_.full.bias, b.idx, b.cg.dgates,
-                                         dsv3::BalanceStats(), 0);
-        du = add(dx_routed, matmul(dz, transpose(w_.full.router_w, 0, 1)));
-        moe_w.push_back({2.0 * n_.T * n_.d * n_.N, [this, u = b.u, dz] {
-                           accumulate(g.router_w, matmul(transpose(u, 0, 1), dz));
-                         }});
-        if (s_.c.shared > 0) {
-          const moe::Params sp = dsv3::shared(w_.full);
-          moe::ExpertInputGrads in = moe::experts_backward_input(sp, b.shared_cache, b.dy);
-          du = add(du, in.dxp);
-          moe_w.push_back({flops_shared(), [this, sp, cache = b.shared_cache, in] {
-                             moe::ExpertGrads eg = moe::experts_backward_weights(sp, cache, in);
-                             accumulate(g.sw1, reshape(eg.dw1, w_.full.sw1.shape()));
-                             accumulate(g.sw2, reshape(eg.dw2, w_.full.sw2.shape()));
-                             accumulate(g.sw3, reshape(eg.dw3, w_.full.sw3.shape()));
-                           }});
+        const Tensor dx_routed = moe::unpermute_sum(back, batch.plan);
+        Tensor dz = dsv3::router_dlogits(setup_.moe, batch.affinity, weights_.full.bias, batch.idx,
+                                         batch.combine_grads.dgates, dsv3::BalanceStats(), 0);
+        du = add(dx_routed, matmul(dz, transpose(weights_.full.router_w, 0, 1)));
+        weight_grads.defer(flops_.router(), [this, u = batch.u, dz] {
+          weight_grads.add_router(matmul(transpose(u, 0, 1), dz));
+        });
+        if (setup_.moe.shared > 0) {
+          const moe::Params shared = dsv3::shared(weights_.full);
+          moe::ExpertInputGrads input =
+              moe::experts_backward_input(shared, batch.shared_cache, batch.dy);
+          du = add(du, input.dxp);
+          weight_grads.defer(flops_.shared(), [this, shared, cache = batch.shared_cache, input] {
+            weight_grads.add_shared(moe::experts_backward_weights(shared, cache, input),
+                                    weights_.full);
+          });
         }
         tick();
       }
       // the norm before the MoE (its own small tape), then the attention's tape
-      run_backward(b.u_tape, du, &attn_w, [this] { tick(); });
-      run_backward(b.h, add(b.dy, b.hn.grad()), &attn_w, [this] { tick(); });
+      run_backward(batch.u_tape, du, &weight_grads.attention, [this] { tick(); });
+      run_backward(batch.h, add(batch.dy, batch.h_leaf.grad()), &weight_grads.attention,
+                   [this] { tick(); });
     }
-    done('B', t0, 2.0 * n_.T * n_.d * n_.N + flops_shared() + flops_attention_input_backward(),
-         phase("B", b, "attn"));
-    if (!s_.defer_w) run_w_all();
+    clock.end_phase('B', t0, flops_.router() + flops_.shared() + flops_.attention_input_backward(),
+                    phase("B", batch, "attn"));
+    if (!setup_.defer_w) run_w_all();
   }
 
   // Runs every weight gradient still set aside (the end of the run, or W inline).
@@ -248,472 +257,218 @@ class Runner {
     while (run_one_w()) {
     }
   }
-  // The lesson's clock: steady_clock, not MPI_Wtime — under --progress thread only one thread
-  // may be inside MPI at a time (MPI_THREAD_SERIALIZED), and this clock is read everywhere.
-  static double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
 
  private:
-  enum Kind { kDispatch = 1, kCombine = 2, kDispatchBack = 3, kCombineBack = 4 };
-
-  // Expert e of this rank, as moe's grouped GEMM wants one group.
-  moe::Params expert(size_t e) const {
-    moe::Params all = dsv3::routed(w_.mine);
-    moe::Params pe;
-    pe.w1 = slice(all.w1, 0, (int64_t)e, (int64_t)e + 1);
-    pe.w2 = slice(all.w2, 0, (int64_t)e, (int64_t)e + 1);
-    pe.w3 = slice(all.w3, 0, (int64_t)e, (int64_t)e + 1);
-    return pe;
-  }
   void tick() { progress_.tick(); }
 
-  // Posts b's rows: to the experts (dispatch: the routes' "to" sizes) or back home (combine).
-  // A tag per kind: an F and a B message between the same two ranks never match each other.
-  void start(MicroBatch& b, const Tensor& rows, bool to_experts, Kind kind) {
-    const int64_t d = s_.c.dim;
-    const std::vector<size_t> out = b.routes.bytes(to_experts, d);
-    const std::vector<size_t> in = b.routes.bytes(!to_experts, d);
+  // Posts the batch's rows: to the experts (dispatch: the routes' "to" sizes) or back home
+  // (combine), under its kind's tag.
+  void start(MicroBatch& batch, const Tensor& rows, bool to_experts, int kind_tag) {
+    const int64_t d = setup_.moe.dim;
+    const std::vector<size_t> out = batch.routes.bytes(to_experts, d);
+    const std::vector<size_t> in = batch.routes.bytes(!to_experts, d);
     const double t0 = now();
     {
-      auto l = progress_.lock();
-      b.flight = ep::exchange_rows_start(comm_, rows, out, in, d, 10 * kind + b.m % 2);
+      auto lock = progress_.lock();
+      batch.flight = ep::exchange_rows_start(comm_, rows, out, in, d, kind_tag + batch.index % 2);
     }
-    progress_.add(&b.flight);
-    b.posted = t0;
+    progress_.add(&batch.flight);
+    batch.posted = t0;
   }
 
-  // Waits for b's flight. With W deferred, the weight gradients set aside run first, one at a
-  // time, for as long as the flight has not arrived: compute that fills the wait.
-  Tensor finish(MicroBatch& b) {
+  // Waits for the batch's flight. With W deferred, the weight gradients set aside run first, one
+  // at a time, for as long as the flight has not arrived: compute that fills the wait.
+  Tensor finish(MicroBatch& batch) {
     // [slide:w-in-waits]
-    if (s_.defer_w)
-      while (!progress_.arrived(&b.flight))
+    if (setup_.defer_w)
+      while (!progress_.arrived(&batch.flight))
         if (!run_one_w()) break;  // nothing left to fill the wait with
     Tensor out;
-    wait_span([&] { out = progress_.finish(&b.flight); });
+    clock.wait([&] { out = progress_.finish(&batch.flight); });
     // [/slide]
-    // The flight ends where it was first seen complete: by a poll (Request::done_us, on the
-    // trace's clock) when every message was, else within this wait.
-    double end = now(), seen = 0;
-    bool all_seen = !b.flight.a2a.reqs.empty();
-    for (const Request& r : b.flight.a2a.reqs) {
-      if (r.done_us < 0) all_seen = false;
-      seen = std::max(seen, r.done_us);
-    }
-    if (all_seen) end = std::min(end, seen * 1e-6 + trace_to_wtime_);
-    tl.flights.push_back({b.posted, end});
+    clock.flight_done(batch.flight, batch.posted);
     return out;
   }
 
-  void wait_span(const std::function<void()>& fn) {
-    const double t0 = now();
-    fn();
-    tl.events.push_back({'.', t0, now()});
-  }
-
-  // The oldest weight gradient set aside: the MoE's and the attention's queues alternate by
-  // micro-batch order — each keeps its own first-in first-out order, which is all the sums
-  // need (every weight's gradient is summed over micro-batches in order).
+  // Runs the oldest weight gradient set aside, as a W phase (false: none was left).
   bool run_one_w() {
-    if (moe_w_next == moe_w.size() && attn_w.empty()) return false;
+    if (weight_grads.empty()) return false;
     const double t0 = now();
-    double flops = 2.0 * s_.T * s_.c.dim * s_.c.dim;  // an attention projection's dW = a^T dq
-    {
-      NoGradGuard no_grad;
-      if (moe_w_next < moe_w.size()) {
-        auto item = std::move(moe_w[moe_w_next++]);
-        flops = item.first;
-        item.second();
-      } else {
-        attn_w.run_next();
-      }
-    }
-    done('W', t0, flops, "W");
+    const double flops = weight_grads.run_next();
+    clock.end_phase('W', t0, flops, "W");
     return true;
   }
 
-  // ---- modelled compute (--compute modelled, the default): a phase lasts its FLOPs at the
-  // modelled rate, as a message lasts its bytes at the modelled bandwidth. The phase computes
-  // for real first (the checks need its results), then the rest of its modelled time passes
-  // in slices of kTile — the compute tiles, between which --progress test polls the messages.
-  // A phase whose real compute took longer than modelled keeps its real time (an overrun,
-  // counted and reported). --compute real: phases last what they take.
-  static constexpr double kTile = 100e-6;
-  void done(char kind, double t0, double flops, const std::string& name) {
-    // [slide:modelled-compute]
-    if (s_.modelled_compute) {
-      const double end = t0 + flops / s_.flops_per_s;
-      if (now() > end + kTile) overruns++;  // (small phases' bookkeeping aside)
-      for (double t = now(); t < end; t = now()) {
-        tick();
-        std::this_thread::sleep_for(std::chrono::duration<double>(std::min(kTile, end - t)));
-      }
-    }
-    // [/slide]
-    const double t1 = now();
-    tl.events.push_back({kind, t0, t1});
-    if (trace().enabled())  // the phase as modelled, on the trace's clock
-      trace().add(name, "compute", (t0 - trace_to_wtime_) * 1e6, (t1 - trace_to_wtime_) * 1e6);
-  }
-  // FLOPs of the matmuls of each phase (the elementwise work is left out)
-  double flops_attention_forward() const {
-    const double T = (double)s_.T, d = (double)s_.c.dim, N = (double)s_.c.experts;
-    return 4 * 2 * T * d * d + 2 * 2 * T * T * d + 2 * T * d * N;  // q k v o, q k^T and p v, router
-  }
-  double flops_attention_input_backward() const {  // dx through q k v o; dq, dk, dp, dv
-    const double T = (double)s_.T, d = (double)s_.c.dim;
-    return 4 * 2 * T * d * d + 4 * 2 * T * T * d;
-  }
-  double flops_experts(int64_t rows) const {  // SwiGLU experts of width f: three matmuls a row
-    return 6.0 * n_.d * n_.f * (double)rows;
-  }
-  double flops_shared() const {  // a SwiGLU of width S f on T rows: three matmuls
-    return 6.0 * (double)s_.T * (double)s_.c.dim * (double)(s_.c.shared * s_.c.ffn);
-  }
-
-  static void accumulate(Tensor& sum, const Tensor& t) { sum = sum.defined() ? add(sum, t) : t; }
-  // An expert's weight gradients, (1, a, b) each, into rows e of the (E, a, b) sums.
-  void add_expert_grads(const moe::ExpertGrads& eg, int64_t e) {
-    auto into = [&](Tensor& sum, const Tensor& t) {
-      if (!sum.defined()) {
-        Shape shape = t.shape();
-        shape[0] = s_.c.experts / comm_.size();
-        sum = Tensor::zeros(shape, s_.dev);
-      }
-      const int64_t E = sum.size(0);
-      std::vector<Tensor> pieces;
-      if (e > 0) pieces.push_back(slice(sum, 0, 0, e));
-      pieces.push_back(add(slice(sum, 0, e, e + 1), t));
-      if (e + 1 < E) pieces.push_back(slice(sum, 0, e + 1, E));
-      sum = concat(pieces, 0);
-    };
-    into(g.w1, eg.dw1), into(g.w2, eg.dw2), into(g.w3, eg.dw3);
-  }
-  static std::string phase(const char* pass, const MicroBatch& b, const char* what) {
-    return pass + std::to_string(b.m) + " " + what;  // "F3 experts"
+  static std::string phase(const char* pass, const MicroBatch& batch, const char* what) {
+    return pass + std::to_string(batch.index) + " " + what;  // "F3 experts"
   }
 
   Comm& comm_;
-  const Setup& s_;
-  Weights& w_;
+  const Setup& setup_;
+  Weights& weights_;
   Progress& progress_;
   Tensor mask_;
-  struct {
-    double T, d, f, K, N;
-  } n_;  // the sizes, for the FLOP counts
-  // now() - the trace clock's seconds: Request::done_us is on the trace's clock (MPI_Wtime, so
-  // read under the progress lock)
-  double trace_to_wtime_ = 0;
+  PhaseFlops flops_;
 };
 
 // ----------------------------------------------------------------------------
-// The schedules on this stage.
-enum class Mode { sequential, overlapped };
-
-struct RunResult {
-  std::vector<Tensor> y, dx;        // per micro-batch
-  std::vector<Tensor> attn_grads;   // kAttentionNames' order
-  Grads g;
-  Timeline tl;
-  std::vector<double> f_s, b_s, fb_s;  // durations of lone F steps, lone B steps, F&B steps
-  int64_t overruns = 0, phases = 0;    // compute phases that outlasted their modelled time, of all
-};
-
 // 1F1B on one stage: F(0); then F(i) & B(i-1) for i = 1..M-1; then B(M-1). (--prefill: the
 // forwards only, in pairs.) Every rank runs the same program.
-static RunResult run_schedule(Comm& comm, const Setup& s, Weights& w, Mode mode, bool prefill) {
-  Setup ss = s;
-  if (mode == Mode::sequential) ss.defer_w = false, ss.early_read = false;
-  Progress progress(comm, mode == Mode::sequential ? ProgressMode::none : s.progress);
-  Runner run(comm, ss, w, progress);
-  for (Tensor* t : attention_leaves(w)) t->zero_grad();
-  std::vector<MicroBatch> mbs((size_t)s.M);  // not resized below: flights are held by address
-  for (int m = 0; m < (int)s.M; m++) {
-    MicroBatch& b = mbs[(size_t)m];
-    b.m = m;
-    draw(s, comm.rank(), comm.size(), m, &b.x, &b.dy);
-    if (!prefill) b.x.requires_grad_(true);
+static RunResult run_schedule(Comm& comm, const Setup& setup, Weights& weights, Mode mode,
+                              bool prefill) {
+  Setup run_setup = setup;
+  if (mode == Mode::sequential) run_setup.defer_w = false, run_setup.early_read = false;
+  Progress progress(comm, mode == Mode::sequential ? ProgressMode::none : setup.progress);
+  Runner runner(comm, run_setup, weights, progress);
+  for (Tensor* t : attention_leaves(weights)) t->zero_grad();
+  const int microbatches = (int)setup.microbatches;
+  std::vector<MicroBatch> batches((size_t)microbatches);  // never resized: flights held by address
+  for (int m = 0; m < microbatches; m++) {
+    MicroBatch& batch = batches[(size_t)m];
+    batch.index = m;
+    draw(setup, comm.rank(), comm.size(), m, &batch.x, &batch.dy);
+    if (!prefill) batch.x.requires_grad_(true);
   }
-  auto F = [&](MicroBatch& b) { run.f_attn_gate(b), run.f_experts(b), run.f_end(b); };
-  auto B = [&](MicroBatch& b) { run.b_start(b), run.b_experts(b), run.b_attn(b); };
-  RunResult r;
-  auto timed = [&](std::vector<double>* into, const std::function<void()>& fn) {
-    const double t0 = run.now();
-    fn();
-    into->push_back(run.now() - t0);
+  auto forward_pass = [&](MicroBatch& batch) {
+    runner.f_attn_gate(batch), runner.f_experts(batch), runner.f_end(batch);
+  };
+  auto backward_pass = [&](MicroBatch& batch) {
+    runner.b_start(batch), runner.b_experts(batch), runner.b_attn(batch);
+  };
+  RunResult result;
+  auto timed = [&](std::vector<double>* into, const std::function<void()>& step) {
+    const double t0 = now();
+    step();
+    into->push_back(now() - t0);
   };
   {
-    auto l = progress.lock();
+    auto lock = progress.lock();
     comm.barrier();
   }
-  run.tl.start = run.now();
+  runner.clock.timeline.start = now();
   if (prefill) {
     NoGradGuard no_grad;
-    for (int m = 0; m < (int)s.M; m += 2) {
-      MicroBatch& a = mbs[(size_t)m];
-      if (m + 1 == (int)s.M) {
-        timed(&r.f_s, [&] { F(a); });
+    for (int m = 0; m < microbatches; m += 2) {
+      MicroBatch& first = batches[(size_t)m];
+      if (m + 1 == microbatches) {
+        timed(&result.f_s, [&] { forward_pass(first); });
         continue;
       }
-      MicroBatch& b = mbs[(size_t)m + 1];
+      MicroBatch& second = batches[(size_t)m + 1];
       if (mode == Mode::sequential) {
-        timed(&r.f_s, [&] { F(a); });
-        timed(&r.f_s, [&] { F(b); });
+        timed(&result.f_s, [&] { forward_pass(first); });
+        timed(&result.f_s, [&] { forward_pass(second); });
       } else {
         // [slide:prefill-step]
-        timed(&r.fb_s, [&] {
-          run.f_attn_gate(a);  // a's dispatch starts...
-          run.f_attn_gate(b);  // ...and hides behind b's attention
-          run.f_experts(a);    // a's combine starts...
-          run.f_experts(b);    // ...and hides behind b's experts
-          run.f_end(a);
-          run.f_end(b);
+        timed(&result.fb_s, [&] {
+          runner.f_attn_gate(first);   // first's dispatch starts...
+          runner.f_attn_gate(second);  // ...and hides behind second's attention
+          runner.f_experts(first);     // first's combine starts...
+          runner.f_experts(second);    // ...and hides behind second's experts
+          runner.f_end(first);
+          runner.f_end(second);
         });
         // [/slide]
       }
     }
   } else {
-    timed(&r.f_s, [&] { F(mbs[0]); });
-    for (int i = 1; i < (int)s.M; i++) {
-      MicroBatch &f = mbs[(size_t)i], &b = mbs[(size_t)i - 1];
+    timed(&result.f_s, [&] { forward_pass(batches[0]); });
+    for (int i = 1; i < microbatches; i++) {
+      MicroBatch &fwd = batches[(size_t)i], &bwd = batches[(size_t)i - 1];
       if (mode == Mode::sequential) {
-        timed(&r.f_s, [&] { F(f); });
-        timed(&r.b_s, [&] { B(b); });
+        timed(&result.f_s, [&] { forward_pass(fwd); });
+        timed(&result.b_s, [&] { backward_pass(bwd); });
       } else {
         // [slide:overlapped-step]
-        timed(&r.fb_s, [&] {
-          run.b_start(b);      // start B's dispatch (dy to the experts)
-          run.f_attn_gate(f);  // F attention + gate; start F's dispatch
-          run.b_experts(b);    // wait B's dispatch; B experts; start B's combine
-          run.f_experts(f);    // wait F's dispatch; F experts; start F's combine
-          run.b_attn(b);       // wait B's combine; B router, norm, attention
-          run.f_end(f);        // wait F's combine; F's output
+        timed(&result.fb_s, [&] {
+          runner.b_start(bwd);      // start B's dispatch (dy to the experts)
+          runner.f_attn_gate(fwd);  // F attention + gate; start F's dispatch
+          runner.b_experts(bwd);    // wait B's dispatch; B experts; start B's combine
+          runner.f_experts(fwd);    // wait F's dispatch; F experts; start F's combine
+          runner.b_attn(bwd);       // wait B's combine; B router, norm, attention
+          runner.f_end(fwd);        // wait F's combine; F's output
         });
         // [/slide]
       }
     }
-    timed(&r.b_s, [&] { B(mbs[(size_t)s.M - 1]); });
-    run.run_w_all();  // what is still set aside
+    timed(&result.b_s, [&] { backward_pass(batches[(size_t)microbatches - 1]); });
+    runner.run_w_all();  // what is still set aside
   }
-  run.tl.end = run.now();
-  for (MicroBatch& b : mbs) {
-    r.y.push_back(b.y);
-    if (!prefill) r.dx.push_back(b.x.grad());
+  runner.clock.timeline.end = now();
+  for (MicroBatch& batch : batches) {
+    result.y.push_back(batch.y);
+    if (!prefill) result.dx.push_back(batch.x.grad());
   }
   if (!prefill)
-    for (Tensor* t : attention_leaves(w)) r.attn_grads.push_back(t->grad().clone());
-  r.g = run.g;
-  r.tl = run.tl;
-  r.overruns = run.overruns;
-  r.phases = (int64_t)std::count_if(r.tl.events.begin(), r.tl.events.end(),
-                                    [](const Event& e) { return e.kind != '.'; });
-  return r;
+    for (Tensor* t : attention_leaves(weights)) result.attn_grads.push_back(t->grad().clone());
+  result.grads = runner.weight_grads.sums;
+  result.timeline = runner.clock.timeline;
+  result.overruns = runner.clock.overruns;
+  const std::vector<Event>& events = result.timeline.events;
+  result.phases = (int64_t)std::count_if(events.begin(), events.end(),
+                                         [](const Event& e) { return e.kind != '.'; });
+  return result;
 }
 
-// Every gradient a run computed on this rank (before any sum over ranks), named as the dumps.
-using NamedGrad = std::pair<std::string, Tensor>;
-static std::vector<NamedGrad> named_grads(const RunResult& r) {
-  std::vector<NamedGrad> out;
-  for (size_t k = 0; k < r.attn_grads.size(); k++)
-    out.push_back({std::string("d") + kAttentionNames[k], r.attn_grads[k]});
-  const std::pair<const char*, const Tensor*> moe_grads[] = {
-      {"d_router_w", &r.g.router_w}, {"d_w1", &r.g.w1},           {"d_w2", &r.g.w2},
-      {"d_w3", &r.g.w3},             {"d_shared_w1", &r.g.sw1}, {"d_shared_w2", &r.g.sw2},
-      {"d_shared_w3", &r.g.sw3}};
-  for (const auto& [name, t] : moe_grads)
-    if (t->defined()) out.push_back({name, *t});
-  return out;
+// Whether two runs computed the same bits: every y (and dx), every gradient.
+static bool same_bits(const RunResult& a, const RunResult& b, bool prefill) {
+  bool same = a.y.size() == b.y.size();
+  for (size_t m = 0; same && m < a.y.size(); m++) {
+    same = bitwise_equal(a.y[m], b.y[m]);
+    if (!prefill) same = same && bitwise_equal(a.dx[m], b.dx[m]);
+  }
+  const std::vector<moe::NamedTensor> grads_a = named_grads(a), grads_b = named_grads(b);
+  same = same && grads_a.size() == grads_b.size();
+  for (size_t k = 0; same && k < grads_a.size(); k++)
+    same = bitwise_equal(grads_a[k].t, grads_b[k].t);
+  return same;
 }
 
+// ----------------------------------------------------------------------------
+// The driver: the variants of the schedule, each run --reps times (the fastest timed, the first
+// checked), the report, then the checks: overlapped == sequential bit for bit, and against one
+// process.
 static int overlap_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
-  const int rank = comm.rank(), P = comm.size();
-  Options o;
-  const Setup s = parse_options(lesson, &o);
-  const dsv3::Config& c = s.c;
-  const std::string &mode = o.mode, &progress = o.progress;
-  const double gflops = o.gflops;
-  const int64_t R = o.R, reps = o.reps;
-  const bool prefill = o.prefill;
-  const LinkModel& link = o.link;
-  const int64_t T = s.T, d = c.dim, K = c.topk, M = s.M;
-  Weights w = make_weights(s, rank, P);
-  if (rank == 0)
-    std::printf("== 06 overlap: P=%d ranks (%lld per virtual node), %lld micro-batches of %lld tokens "
-                "per rank, d=%lld, %lld heads, %lld experts (%lld per rank), top-%lld, %lld shared, "
-                "%s, progress %s, device %s\n%s (modelled: waits last until the modelled time)\n"
-                "%s\n",
-                P, (long long)R, (long long)M, (long long)T, (long long)d, (long long)s.H,
-                (long long)c.experts, (long long)(c.experts / P), (long long)K, (long long)c.shared,
-                prefill ? "prefill (forwards only)" : "1F1B", progress.c_str(), device_name(s.dev),
-                describe(link).c_str(),
-                s.modelled_compute
-                    ? ("modelled compute: " + fmt_num(gflops) + " GFLOP/s per rank (each phase computes, then "
-                       "lasts its matmul FLOPs at that rate)").c_str()
-                    : "compute not modelled: phases last what they take on this machine");
-  Comm::set_link(link);
+  Options opts;
+  const Setup setup = parse_options(lesson, &opts);
+  Weights weights = make_weights(setup, comm.rank(), comm.size());
+  if (comm.rank() == 0) print_setup(setup, opts, comm.size());
+  Comm::set_link(opts.link);
   lesson.start_trace();
 
-  const bool run_seq = mode != "overlapped", run_ovl = mode != "sequential";
-  // --mode both also runs the overlapped step with the weight gradients inline, to show what
-  // deferring them buys.
-  struct Variant {
-    std::string name, key;  // as printed; in the CSV
-    Mode mode = Mode::sequential;
-    bool defer_w = false;
-    RunResult best;
-    double best_wall = 1e300;
-    bool first = true;
-    RunResult first_result;
-  };
-  std::vector<Variant> variants;
-  auto variant = [&](const std::string& name, Mode m, bool defer_w) {
-    Variant v;
-    v.name = name, v.mode = m, v.defer_w = defer_w;
-    v.key = m == Mode::sequential ? "sequential"
-            : prefill             ? "overlapped"
-            : defer_w             ? "overlapped-w-in-waits"
-                                  : "overlapped-w-inline";
-    variants.push_back(v);
-  };
-  if (run_seq) variant("sequential", Mode::sequential, false);
-  if (run_ovl && mode == "both" && !prefill)
-    variant("overlapped, W inline", Mode::overlapped, false);
-  if (run_ovl)
-    variant(prefill ? "overlapped" : s.defer_w ? "overlapped, W in waits" : "overlapped, W inline",
-            Mode::overlapped, !prefill && s.defer_w);
-  double overrun[2] = {0, 0};  // phases that outlasted their modelled time, phases in all
-  for (int64_t rep = 0; rep < reps; rep++)
+  const bool prefill = opts.prefill;
+  std::vector<Variant> variants = schedule_variants(opts, setup);
+  double overruns = 0, phases = 0;  // compute phases that outlasted their modelled time, of all
+  for (int64_t rep = 0; rep < opts.reps; rep++)
     for (Variant& v : variants) {
-      Setup sv = s;
-      sv.defer_w = v.defer_w;
-      RunResult r = run_schedule(comm, sv, w, v.mode, prefill);
-      overrun[0] += (double)r.overruns, overrun[1] += (double)r.phases;
-      double wall = r.tl.wall();
+      Setup variant_setup = setup;
+      variant_setup.defer_w = v.defer_w;
+      RunResult run = run_schedule(comm, variant_setup, weights, v.mode, prefill);
+      overruns += (double)run.overruns, phases += (double)run.phases;
+      double wall = run.timeline.wall();
       comm.allreduce(&wall, 1, MPI_DOUBLE, MPI_MAX);
-      if (v.first) v.first_result = r, v.first = false;
-      if (wall < v.best_wall) v.best_wall = wall, v.best = r;
+      if (v.first) v.first_result = run, v.first = false;
+      if (wall < v.best_wall) v.best_wall = wall, v.best = run;
     }
-
-  comm.allreduce(overrun, 2, MPI_DOUBLE, MPI_SUM);
-  if (rank == 0 && s.modelled_compute && overrun[0] > 0)
-    std::printf("note: %.0f of %.0f compute phases took over 0.1 ms longer for real than modelled at %g GFLOP/s "
-                "(this machine, or its share of it, is slower): their timings are real ones; a "
-                "lower --gflops keeps every phase modelled\n", overrun[0], overrun[1], gflops);
-  // ---- the timelines of rank 0, on one time scale, and per rank the compute, the waiting and
-  // the hidden fraction
-  std::vector<std::string> names, keys;
-  std::vector<Timeline> best;
-  for (const Variant& v : variants) names.push_back(v.name), keys.push_back(v.key), best.push_back(v.best.tl);
-  if (rank == 0) std::printf("%s", timelines_text(names, best, reps).c_str());
-  std::vector<RankTimes> times;
-  for (const Timeline& tl : best) times.push_back(gather_times(comm, tl));
-  if (run_seq && run_ovl) print_hidden_fraction(times, rank == 0);
-  // ---- the measured costs in lesson 07's simulator: why DualPipe pairs F with B
-  if (run_seq && run_ovl && !prefill && M >= 2) {
-    // F&B with the whole backward in it (W inline, when that variant ran): B = I + W, as in
-    // lesson 07's costs
-    const RunResult &sq = variants.front().best, &ov = variants[1].best;
-    double cost[4] = {mean(sq.f_s), mean(sq.b_s), sq.tl.total('W') / (double)M, mean(ov.fb_s)};
-    comm.allreduce(cost, 4, MPI_DOUBLE, MPI_MAX);
-    pp::Costs pc;
-    pc.F = 1.0, pc.B = cost[1] / cost[0], pc.W = std::min(cost[2] / cost[0], pc.B * 0.99);
-    pc.FB = cost[3] / cost[0];
-    if (rank == 0) {
-      std::printf("\nmeasured costs (slowest rank): F = %.1f ms, B = %.2f F, W = %.2f F, F&B = %.2f F "
-                  "(F + B = %.2f F)\n", cost[0] * 1e3, pc.B, pc.W, pc.FB, 1 + pc.B);
-      const int Pp = 8, Mp = 20;
-      for (const char* name : {"1f1b", "dualpipe"}) {
-        pp::Simulation sim = pp::simulate(pp::make_schedule(name, Pp, Mp), pc);
-        std::printf("  lesson 07's simulator, P=%d, M=%d: %-8s bubble %5.1f F (%4.1f%% of %.1f F)\n", Pp,
-                    Mp, name, sim.bubble(), 100 * sim.bubble_ratio(), sim.makespan);
-      }
-    }
-  }
-  if (!prefill)
-    lesson.csv_append("mode,rank,progress,inter_MBps,intra_MBps,wall_ms,compute_ms,wait_ms",
-                      times_csv(keys, times, progress, link));
+  report_runs(lesson, setup, opts, variants, overruns, phases);
 
   // ---- the checks
   CheckReport check(comm);  // every rank compares its part; rank 0 prints the worst
-  if (rank == 0 && run_seq && run_ovl)
+  const bool both = opts.mode == "both";  // then variants: sequential, then the overlapped ones
+  if (comm.rank() == 0 && both)
     std::printf("\noverlapped == sequential, bit for bit (%s):\n",
                 prefill ? "every output" : "every y, dx and gradient of every micro-batch");
-  const RunResult* seq = run_seq ? &variants.front().first_result : nullptr;
-  if (run_seq && run_ovl)
-    for (size_t i = 1; i < variants.size(); i++) {
-      const RunResult& ov = variants[i].first_result;
-      bool same = true;
-      for (int64_t m = 0; m < M; m++) {
-        same = same && bitwise_equal(ov.y[(size_t)m], seq->y[(size_t)m]);
-        if (!prefill) same = same && bitwise_equal(ov.dx[(size_t)m], seq->dx[(size_t)m]);
-      }
-      const std::vector<NamedGrad> a = named_grads(ov), b = named_grads(*seq);
-      same = same && a.size() == b.size();
-      for (size_t k = 0; same && k < a.size(); k++) same = bitwise_equal(a[k].second, b[k].second);
-      check.holds((variants[i].name + " == sequential").c_str(), same);
-    }
-  const RunResult& got = seq ? *seq : variants.back().first_result;
+  if (both)
+    for (size_t i = 1; i < variants.size(); i++)
+      check.holds((variants[i].name + " == sequential").c_str(),
+                  same_bits(variants[i].first_result, variants.front().first_result, prefill));
+  // against one process: the sequential run when there is one
+  const Variant& checked = opts.mode == "overlapped" ? variants.back() : variants.front();
   Trace::Category check_traffic(trace(), "check");  // the reference's traffic: its own track
-  Reference ref = reference(comm, s, w, prefill);
-  // Tolerances, as lessons 04 and 05: float32 sums of at most n terms in another order (the
-  // reference's experts run as one grouped GEMM over N + 1 groups, the distributed ones one
-  // expert at a time; the gradients are summed over micro-batches and ranks in another order)
-  // differ by at most about n eps times the values summed: 4 n eps max|want|.
-  const double eps = FLT_EPSILON;
-  const double n = (double)(M * P * T * K + T + d + c.ffn * std::max<int64_t>(c.shared, 1) + c.experts);
-  auto tol = [&](const Tensor& t) {  // the same on every rank: the largest value anywhere
-    double m = max_abs(t);
-    comm.allreduce(&m, 1, MPI_DOUBLE, MPI_MAX);
-    return 4.0 * n * eps * std::max(m, 1e-3);
-  };
-  if (rank == 0)
-    std::printf("%s vs one process holding every expert (every micro-batch; gradients summed over "
-                "ranks):\n", run_seq ? "sequential" : "overlapped");
-  std::vector<Tensor> ys, rys, dxs, rdxs;
-  for (int64_t m = 0; m < M; m++) {
-    ys.push_back(reshape(got.y[(size_t)m], {1, T, d}));
-    rys.push_back(reshape(ref.y[(size_t)m], {1, T, d}));
-    if (prefill) continue;
-    dxs.push_back(reshape(got.dx[(size_t)m], {1, T, d}));
-    rdxs.push_back(reshape(ref.dx[(size_t)m], {1, T, d}));
-  }
-  check.close("y", concat(ys, 0), concat(rys, 0), tol(concat(rys, 0)));
-  if (!prefill) {
-    check.close("dx", concat(dxs, 0), concat(rdxs, 0), tol(concat(rdxs, 0)));
-    for (size_t k = 0; k < got.attn_grads.size(); k++) {
-      Tensor gk = got.attn_grads[k].clone();
-      comm.allreduce_sum(gk);
-      check.close((std::string("d ") + kAttentionNames[k]).c_str(), gk, ref.attn_grads[k],
-                  tol(ref.attn_grads[k]));
-    }
-    const int64_t E = c.experts / P;
-    Grads g = got.g;
-    for (Tensor* t : {&g.router_w, &g.sw1, &g.sw2, &g.sw3})
-      if (t->defined()) *t = t->clone(), comm.allreduce_sum(*t);
-    auto mine = [&](const Tensor& t) { return slice(t, 0, rank * E, (rank + 1) * E); };
-    check.close("d router_w", g.router_w, ref.g.router_w, tol(ref.g.router_w));
-    check.close("d w1 (each rank its experts)", g.w1, mine(ref.g.w1), tol(ref.g.w1));
-    check.close("d w2 (each rank its experts)", g.w2, mine(ref.g.w2), tol(ref.g.w2));
-    check.close("d w3 (each rank its experts)", g.w3, mine(ref.g.w3), tol(ref.g.w3));
-    if (c.shared > 0) {
-      check.close("d shared w1", g.sw1, ref.g.sw1, tol(ref.g.sw1));
-      check.close("d shared w2", g.sw2, ref.g.sw2, tol(ref.g.sw2));
-      check.close("d shared w3", g.sw3, ref.g.sw3, tol(ref.g.sw3));
-    }
-  }
-  // --dump: what this rank computed (before any sum over ranks), for a byte-for-byte
-  // comparison of two runs (tests/lessons.sh: sequential against overlapped)
-  if (lesson.dumping()) {
-    const std::string me = "_rank" + std::to_string(rank);
-    for (int64_t m = 0; m < M; m++) {
-      const std::string tag = me + "_mb" + std::to_string(m);
-      lesson.dump("y" + tag, got.y[(size_t)m]);
-      if (!prefill) lesson.dump("dx" + tag, got.dx[(size_t)m]);
-    }
-    for (const NamedGrad& g : named_grads(got)) lesson.dump(g.first + me, g.second);
-  }
+  check_against_reference(check, comm, setup, weights, checked.first_result, prefill,
+                          checked.mode == Mode::sequential ? "sequential" : "overlapped");
+  if (lesson.dumping()) dump_run(lesson, checked.first_result, setup.microbatches, prefill);
   return lesson.finish(check);
 }
 

@@ -18,13 +18,13 @@ struct Options {
   std::string mode = "both", progress = "test", defer = "yes", bug = "none",
               link_spec = "intra=9.6MB/s,inter=3MB/s,latency=20us", compute = "modelled";
   double gflops = 1.0;
-  int64_t R = 2, reps = 2;
+  int64_t ranks_per_node = 2, reps = 2;
   bool prefill = false;
   LinkModel link;
 };
 
 // Declares the flags on lesson.cli, parses them, checks them against the world size, the
 // watchdog and the memory (one error: line, exit 2 on every rank), and returns the block's setup.
-Setup parse_options(Lesson& lesson, Options* o);
+Setup parse_options(Lesson& lesson, Options* opts);
 
 }  // namespace ff::f1b

@@ -75,9 +75,9 @@ std::string timelines_text(const std::vector<std::string>& names,
 }
 
 double print_hidden_fraction(const std::vector<RankTimes>& times, bool print) {
-  const int P = (int)times.front().wall.size();
+  const int ranks = (int)times.front().wall.size();
   double hidden_worst = 1e300;
-  const RankTimes &sq = times.front(), &ov = times.back();
+  const RankTimes &sequential = times.front(), &overlapped = times.back();
   if (print) {
     std::printf("\nper rank, ms: compute and waiting of the sequential run, the walls, and the hidden "
                 "fraction\n(T_seq - T_ovl) / min(T_compute, T_comm): of the communication that "
@@ -85,21 +85,23 @@ double print_hidden_fraction(const std::vector<RankTimes>& times, bool print) {
     std::printf("  rank  compute  comm   sequential  %s  hidden\n",
                 times.size() == 3 ? "W inline  W in waits" : "overlapped");
   }
-  for (int r = 0; r < P; r++) {
+  for (int r = 0; r < ranks; r++) {
     // nothing to hide on one rank (no message leaves it): no fraction
-    const double hideable = P > 1 ? std::min(sq.compute[(size_t)r], sq.wait[(size_t)r]) : 0;
-    const double hidden = hideable > 0 ? (sq.wall[(size_t)r] - ov.wall[(size_t)r]) / hideable : 0;
+    const double compute = sequential.compute[(size_t)r], comm = sequential.wait[(size_t)r];
+    const double hideable = ranks > 1 ? std::min(compute, comm) : 0;
+    const double saved = sequential.wall[(size_t)r] - overlapped.wall[(size_t)r];
+    const double hidden = hideable > 0 ? saved / hideable : 0;
     hidden_worst = std::min(hidden_worst, hidden);
     if (print) {
-      std::printf("  %4d  %7.2f  %5.2f  %10.2f", r, sq.compute[(size_t)r] * 1e3,
-                  sq.wait[(size_t)r] * 1e3, sq.wall[(size_t)r] * 1e3);
+      std::printf("  %4d  %7.2f  %5.2f  %10.2f", r, sequential.compute[(size_t)r] * 1e3,
+                  sequential.wait[(size_t)r] * 1e3, sequential.wall[(size_t)r] * 1e3);
       if (times.size() == 3) std::printf("  %8.2f", times[1].wall[(size_t)r] * 1e3);
-      std::printf("  %10.2f  ", ov.wall[(size_t)r] * 1e3);
-      if (P > 1) std::printf("%5.0f%%\n", 100 * hidden);
+      std::printf("  %10.2f  ", overlapped.wall[(size_t)r] * 1e3);
+      if (ranks > 1) std::printf("%5.0f%%\n", 100 * hidden);
       else std::printf("  n/a (one rank: no messages)\n");
     }
   }
-  if (print && P > 1)
+  if (print && ranks > 1)
     std::printf("hidden fraction (the worst rank): %.0f%%  (modelled network; target >= 80%% at the "
                 "default shape with --progress test)\n", 100 * hidden_worst);
   return hidden_worst;
