@@ -274,33 +274,32 @@ static int ring_attention_lesson(Lesson& lesson) {
   if (c.order == Order::naive && !cli.given("--timeout")) comm.set_timeout(5.0);
 
   const uint64_t seed = (uint64_t)lesson.flags.seed;
-  if (rank == 0) {
-    std::printf("== 02 ring attention: P=%d ranks, B=%lld H=%lld S=%lld D=%lld, %s, layout %s, "
-                "order %s, device %s\n", P, (long long)c.B, (long long)c.H, (long long)c.S,
-                (long long)c.D, c.causal ? (c.global_mask ? "causal" : "causal with LOCAL mask")
-                                         : "non-causal",
-                layout.c_str(), order.c_str(), device_name(c.dev));
-    for (int q = 0; q < std::min(P, 8); q++)
-      std::printf("   rank %d holds tokens %s\n", q,
-                  describe_positions(owner_positions(c, P, q)).c_str());
-    if (P > 8) std::printf("   ...\n");
-    // The work table: the same counting rule as the kernels' tile skip.
-    std::printf("work per rank: score entries computed, in %lldx%lld tiles%s\n",
-                (long long)kAttentionTile, (long long)kAttentionTile,
-                c.causal ? " (a tile with every key in the future is skipped)" : "");
-    for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
-      Config cl = c;
-      cl.layout = l;
-      if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
-      std::printf("  %s %-10s", l == c.layout ? "*" : " ", ring::layout_name(l));
-      int64_t worst = 0, total = 0;
-      for (int q = 0; q < P; q++) {
-        int64_t w = ring_work(cl, P, q);
-        worst = std::max(worst, w), total += w;
-        if (q < 8) std::printf(" %8lld", (long long)w);
-      }
-      std::printf("%s   max/mean %.2f\n", P > 8 ? " ..." : "", (double)worst * P / (double)total);
+  // the setup and the work table (rank 0 prints; the counting is cheap)
+  lesson.print("== 02 ring attention: P=%d ranks, B=%lld H=%lld S=%lld D=%lld, %s, layout %s, "
+               "order %s, device %s\n", P, (long long)c.B, (long long)c.H, (long long)c.S,
+               (long long)c.D, c.causal ? (c.global_mask ? "causal" : "causal with LOCAL mask")
+                                        : "non-causal",
+               layout.c_str(), order.c_str(), device_name(c.dev));
+  for (int q = 0; q < std::min(P, 8); q++)
+    lesson.print("   rank %d holds tokens %s\n", q,
+                 describe_positions(owner_positions(c, P, q)).c_str());
+  if (P > 8) lesson.print("   ...\n");
+  // The work table: the same counting rule as the kernels' tile skip.
+  lesson.print("work per rank: score entries computed, in %lldx%lld tiles%s\n",
+               (long long)kAttentionTile, (long long)kAttentionTile,
+               c.causal ? " (a tile with every key in the future is skipped)" : "");
+  for (Layout l : {Layout::contiguous, Layout::zigzag, Layout::striped}) {
+    Config cl = c;
+    cl.layout = l;
+    if (c.S < (l == Layout::zigzag ? 2 * P : P)) continue;
+    lesson.print("  %s %-10s", l == c.layout ? "*" : " ", ring::layout_name(l));
+    int64_t worst = 0, total = 0;
+    for (int q = 0; q < P; q++) {
+      int64_t w = ring_work(cl, P, q);
+      worst = std::max(worst, w), total += w;
+      if (q < 8) lesson.print(" %8lld", (long long)w);
     }
+    lesson.print("%s   max/mean %.2f\n", P > 8 ? " ..." : "", (double)worst * P / (double)total);
   }
 
   // Inputs: every rank generates the same global tensors from the seed and takes its tokens.
@@ -312,27 +311,25 @@ static int ring_attention_lesson(Lesson& lesson) {
   me.v = take_tokens(R.v, me.pos).to(c.dev);
   me.dout = take_tokens(R.dout, me.pos).to(c.dev);
 
-  if (rank == 0) {
-    if (P == 1)
-      std::printf("ring: one rank holds the whole sequence: 1 step forward and backward, no hops\n");
-    else
-      std::printf("ring: %d steps forward (%d hop%s of K,V), %d backward (K,V and dK,dV travel "
-                  "together; one more hop brings dK,dV home)\n", P, P - 1, P == 2 ? "" : "s", P);
-  }
+  if (P == 1)
+    lesson.print("ring: one rank holds the whole sequence: 1 step forward and backward, no hops\n");
+  else
+    lesson.print("ring: %d steps forward (%d hop%s of K,V), %d backward (K,V and dK,dV travel "
+                 "together; one more hop brings dK,dV home)\n", P, P - 1, P == 2 ? "" : "s", P);
   comm.barrier();
   lesson.start_trace();  // the trace covers the ring only
-  const double t0 = MPI_Wtime();
+  const Stopwatch forward_watch;
   const ring::Config rc = ring_config(c, P);
   // P steps: fold the K/V block in hand into (m, l, o), pass it to r+1, take r-1's
   const ring::Forward fw = ring::forward(comm, rc, me.q, me.k, me.v);
-  const double t1 = MPI_Wtime();
+  const double forward_ms = forward_watch.ms();
+  const Stopwatch backward_watch;
   // P steps again: dQ accumulates here, dK and dV travel with their block back to its owner
   const ring::Backward bw = ring::backward(comm, rc, me.q, me.k, me.v, me.dout, fw);
   const Tensor &o = fw.o, &lse = fw.lse, &dq = bw.dq, &dk = bw.dk, &dv = bw.dv;
-  double times[2] = {(t1 - t0) * 1e3, (MPI_Wtime() - t1) * 1e3};
+  double times[2] = {forward_ms, backward_watch.ms()};
   comm.allreduce(times, 2, MPI_DOUBLE, MPI_MAX);
-  if (rank == 0)
-    std::printf("    forward %.2f ms, backward %.2f ms (slowest rank)\n", times[0], times[1]);
+  lesson.print("    forward %.2f ms, backward %.2f ms (slowest rank)\n", times[0], times[1]);
 
   // Tolerances: worst-case float32 rounding of the sums involved (Higham, Accuracy and
   // Stability, §3.1: a sum of n terms is off by at most about n * eps * sum |terms|).
@@ -350,9 +347,8 @@ static int ring_attention_lesson(Lesson& lesson) {
   const double tol_dv = 4 * Sd * eps * domax;
   const double tol_dqk = 4 * (Sd + Dd) * eps * Dd * domax * vmax * qkmax / std::sqrt(Dd);
 
-  if (rank == 0)
-    std::printf("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
-                "autograd attention (worst rank shown)\n");
+  lesson.print("checks: each rank's o, lse, dQ, dK, dV against its tokens of the single-process "
+               "autograd attention (worst rank shown)\n");
   // From here on, the check: its traffic goes to the trace's "check" track, apart from the
   // algorithm's timeline.
   Trace::Category check_traffic(trace(), "check");

@@ -6,13 +6,12 @@
 #include <chrono>
 #include <thread>
 
+#include "common/lesson/lesson.h"
 #include "common/util/trace.h"
 
 namespace ff::f1b {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return Stopwatch::now_s(); }
 
 double PhaseFlops::attention_forward() const {
   const double T = (double)setup_.tokens, d = (double)setup_.moe.dim;

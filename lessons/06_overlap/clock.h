@@ -13,8 +13,9 @@
 
 namespace ff::f1b {
 
-// Seconds on steady_clock, not MPI_Wtime: under --progress thread only one thread may be inside
-// MPI at a time (MPI_THREAD_SERIALIZED), and this clock is read everywhere.
+// Seconds on the lessons' clock (Stopwatch::now_s, steady_clock), not MPI_Wtime: under
+// --progress thread only one thread may be inside MPI at a time (MPI_THREAD_SERIALIZED), and
+// this clock is read everywhere.
 double now();
 
 // FLOPs of the matmuls of each phase of the block (the elementwise work is left out).

@@ -456,9 +456,9 @@ static int overlap_lesson(Lesson& lesson) {
   // ---- the checks
   CheckReport check(comm);  // every rank compares its part; rank 0 prints the worst
   const bool both = opts.mode == "both";  // then variants: sequential, then the overlapped ones
-  if (comm.rank() == 0 && both)
-    std::printf("\noverlapped == sequential, bit for bit (%s):\n",
-                prefill ? "every output" : "every y, dx and gradient of every micro-batch");
+  if (both)
+    lesson.print("\noverlapped == sequential, bit for bit (%s):\n",
+                 prefill ? "every output" : "every y, dx and gradient of every micro-batch");
   if (both)
     for (size_t i = 1; i < variants.size(); i++)
       check.holds((variants[i].name + " == sequential").c_str(),

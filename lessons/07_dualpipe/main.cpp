@@ -333,8 +333,7 @@ static int dualpipe_lesson(Lesson& lesson) {
   const std::string invalid = pp::validate(s);
   lesson.usage_error_if(!invalid.empty(), "schedule " + schedule + " is broken: " + invalid);
   if (print_schedule) {
-    if (rank == 0)
-      for (int r = 0; r < P; r++) std::printf("%s\n", pp::format_rank(s, r).c_str());
+    for (int r = 0; r < P; r++) lesson.print("%s\n", pp::format_rank(s, r).c_str());
     return lesson.finish(0);
   }
   lesson.usage_error_if(P != world,
@@ -448,9 +447,8 @@ static int dualpipe_lesson(Lesson& lesson) {
   // algorithm's timeline.
   Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
-  if (rank == 0)
-    std::printf("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
-                (long long)mc.layers, M);
+  lesson.print("against one process running all %lld blocks on the same %d micro-batches (worst rank)\n",
+               (long long)mc.layers, M);
   check.scalar("loss", loss, ref_loss, 8.0 * M * FLT_EPSILON * std::max(std::fabs(ref_loss), 1e-3));
   const int64_t per_stage = mc.layers / s.num_stages();
   const char* names[3] = {"g (norm)", "w1", "w2"};
