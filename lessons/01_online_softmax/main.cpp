@@ -294,14 +294,14 @@ static std::string csv_rows(int P, const Tensor& x, int64_t block, const RepTime
 }
 
 // What runs: the sizes and the device.
-static void print_intro(const Tensor& x, int P, int64_t block, Device dev) {
+static void print_intro(const Lesson& lesson, const Tensor& x, int64_t block) {
   const int64_t rows = x.size(0), cols = x.size(1);
-  const bool on_device = dev != Device::cpu;
-  std::printf("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
-              P, (long long)rows, (long long)cols, (long long)block);
-  if (on_device)
-    std::printf("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
-                device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
+  const Device dev = lesson.device;
+  lesson.print("== 01 online softmax: P=%d ranks, x is (%lld, %lld), blocks of %lld columns\n",
+               lesson.size(), (long long)rows, (long long)cols, (long long)block);
+  if (dev != Device::cpu)
+    lesson.print("   device %s: [1]-[3] also run as CUDA kernels (online_softmax.cu)%s\n",
+                 device_name(dev), dev == Device::sim ? ", executed by the SIMT emulator" : "");
 }
 
 // --dump: every rank's (m, l) per row; rank 0 adds x, its softmax (probabilities), and q, K, V
@@ -403,40 +403,37 @@ static int online_softmax_lesson(Lesson& lesson) {
   // ---------------- [1] single process
   Tensor x = make_x(rows, cols, 0, cols, block, (uint64_t)lesson.flags.seed);
   Tensor reference = softmax(x);  // the library's safe softmax (kernels/cpu/reduce.cpp)
-  if (rank == 0) {
-    print_intro(x, P, block, dev);
-    std::printf("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
-    if (rows > 1) {
-      double naive_l = 0;
-      for (int64_t j = 0; j < cols; j++) naive_l += std::exp((float)x.data()[cols + j]);
-      std::printf("    row 1 is x1000: naive sum of exp(x) = %g, the max subtraction avoids it\n",
-                  naive_l);
-    }
-    if (rows > 2 && cols > block)
-      std::printf("    row 2 starts with %lld columns of -inf (a masked prefix)\n",
-                  (long long)block);
+  print_intro(lesson, x, block);
+  lesson.print("[1] single process: safe two-pass softmax vs one-pass online softmax\n");
+  if (rows > 1) {  // every rank holds x: the naive sum is one row's pass
+    double naive_l = 0;
+    for (int64_t j = 0; j < cols; j++) naive_l += std::exp((float)x.data()[cols + j]);
+    lesson.print("    row 1 is x1000: naive sum of exp(x) = %g, the max subtraction avoids it\n",
+                 naive_l);
   }
+  if (rows > 2 && cols > block)
+    lesson.print("    row 2 starts with %lld columns of -inf (a masked prefix)\n", (long long)block);
   single_process_checks(check, x, reference, block, dev, atol_x, rtol_x);
 
   // ---------------- [2] distributed over columns
-  int64_t c0, c1;
-  split_range(cols, P, rank, &c0, &c1);
-  const int64_t w = c1 - c0;
-  Tensor xr = make_x(rows, cols, c0, c1, block, (uint64_t)lesson.flags.seed);
+  int64_t col0, col1;
+  split_range(cols, P, rank, &col0, &col1);
+  const int64_t my_cols = col1 - col0;
+  Tensor x_mine = make_x(rows, cols, col0, col1, block, (uint64_t)lesson.flags.seed);
   std::vector<SoftmaxState> local((size_t)rows);
   {
     Trace::Scope span(trace(), "fold local columns", "compute");
     if (on_device)
-      local = device_row_states(xr.to(dev));
+      local = device_row_states(x_mine.to(dev));
     else
-      for (int64_t r = 0; r < rows; r++) local[(size_t)r] = fold_row(xr.data() + r * w, w, block);
+      for (int64_t r = 0; r < rows; r++)
+        local[(size_t)r] = fold_row(x_mine.data() + r * my_cols, my_cols, block);
   }
-  if (rank == 0) {
-    long long lo = cols / P, hi = (cols + P - 1) / P;
-    std::string each = lo == hi ? std::to_string(lo) : std::to_string(lo) + " or " + std::to_string(hi);
-    std::printf("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
-                "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
-  }
+  const long long fewest = cols / P, most = (cols + P - 1) / P;
+  const std::string each =
+      fewest == most ? std::to_string(fewest) : std::to_string(fewest) + " or " + std::to_string(most);
+  lesson.print("[2] distributed: rank r holds columns [r*%lld/P, (r+1)*%lld/P) of every row "
+               "(%s columns each)\n", (long long)cols, (long long)cols, each.c_str());
 
   // [slide:op-create]
   MPI_Datatype state_type;
@@ -455,37 +452,36 @@ static int online_softmax_lesson(Lesson& lesson) {
   // another on the critical path. The chain: P-1 hops, then a broadcast tree of ceil(log2 P)
   // rounds. An allreduce by recursive doubling: ceil(log2 P) rounds.
   const int log2P = (int)std::ceil(std::log2((double)P));
-  if (rank == 0) {
-    std::printf("    (a) chain r-1 -> r -> r+1, then bcast   median %9.1f us  (%d sequential steps: "
-                "P-1 hops + log2 P bcast rounds)\n", chain_us.median, P - 1 + log2P);
-    std::printf("    (b) MPI_Allreduce, user-defined op     median %9.1f us  (%d sequential steps: "
-                "log2 P rounds)\n", allreduce_us.median, log2P);
-  }
+  lesson.print("    (a) chain r-1 -> r -> r+1, then bcast   median %9.1f us  (%d sequential steps: "
+               "P-1 hops + log2 P bcast rounds)\n", chain_us.median, P - 1 + log2P);
+  lesson.print("    (b) MPI_Allreduce, user-defined op     median %9.1f us  (%d sequential steps: "
+               "log2 P rounds)\n", allreduce_us.median, log2P);
 
   // Each rank normalises its own columns with the merged state; every rank gathers the
   // slices and compares the whole with the single-process softmax.
   std::vector<size_t> slice_bytes((size_t)P);
-  for (int q = 0; q < P; q++) {
-    int64_t b0, b1;
-    split_range(cols, P, q, &b0, &b1);
-    slice_bytes[(size_t)q] = (size_t)(rows * (b1 - b0)) * sizeof(float);
+  for (int peer = 0; peer < P; peer++) {
+    int64_t from, to;
+    split_range(cols, P, peer, &from, &to);
+    slice_bytes[(size_t)peer] = (size_t)(rows * (to - from)) * sizeof(float);
   }
   auto gather_softmax = [&](const std::vector<SoftmaxState>& merged) {
-    Tensor yr = Tensor::empty({rows, w});
+    Tensor y_mine = Tensor::empty({rows, my_cols});
     if (on_device)
-      yr = device_normalise(xr.to(dev), merged);
+      y_mine = device_normalise(x_mine.to(dev), merged);
     else
       for (int64_t r = 0; r < rows; r++)
-        normalise(yr.data() + r * w, xr.data() + r * w, w, merged[(size_t)r]);
+        normalise(y_mine.data() + r * my_cols, x_mine.data() + r * my_cols, my_cols,
+                  merged[(size_t)r]);
     std::vector<float> all((size_t)(rows * cols));
-    comm.allgatherv(yr.data(), yr.nbytes(), all.data(), slice_bytes);
-    Tensor y = Tensor::empty({rows, cols});  // reassemble: slice q is (rows, w_q)
+    comm.allgatherv(y_mine.data(), y_mine.nbytes(), all.data(), slice_bytes);
+    Tensor y = Tensor::empty({rows, cols});  // reassemble: slice peer is (rows, its columns)
     size_t off = 0;
-    for (int q = 0; q < P; q++) {
-      int64_t b0, b1;
-      split_range(cols, P, q, &b0, &b1);
+    for (int peer = 0; peer < P; peer++) {
+      int64_t from, to;
+      split_range(cols, P, peer, &from, &to);
       for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = b0; j < b1; j++) y.data()[r * cols + j] = all[off++];
+        for (int64_t j = from; j < to; j++) y.data()[r * cols + j] = all[off++];
     }
     return y;
   };
@@ -498,16 +494,16 @@ static int online_softmax_lesson(Lesson& lesson) {
   }
 
   // ---------------- [3] flash-decoding: queries x keys sharded over ranks
-  const int64_t nq = rows, d = dim, dv = dim;
-  const float scale = 1.f / std::sqrt((float)d);
-  int64_t k0, k1;
-  split_range(keys, P, rank, &k0, &k1);
+  const int64_t queries = rows, dim_qk = dim, dim_v = dim;
+  const float scale = 1.f / std::sqrt((float)dim_qk);
+  int64_t key0, key1;
+  split_range(keys, P, rank, &key0, &key1);
   const uint64_t seed = (uint64_t)lesson.flags.seed;
-  Tensor q = randn({nq, d}, seed + 1);
-  Tensor k_local = randn_slice({keys, d}, 0, k0, k1, seed + 2);
-  Tensor v_local = randn_slice({keys, dv}, 0, k0, k1, seed + 3);
+  Tensor q = randn({queries, dim_qk}, seed + 1);
+  Tensor k_local = randn_slice({keys, dim_qk}, 0, key0, key1, seed + 2);
+  Tensor v_local = randn_slice({keys, dim_v}, 0, key0, key1, seed + 3);
   // Local state per query: scores s = k.q * scale, (m, l) over local keys, o = sum exp(s-m) v.
-  const int64_t width = 2 + dv;
+  const int64_t width = 2 + dim_v;
   std::vector<float> mlo = local_decode_state(q, k_local, v_local, block, dev);
   // [slide:mlo-allreduce]
   MPI_Datatype mlo_type;
@@ -515,22 +511,21 @@ static int online_softmax_lesson(Lesson& lesson) {
   mpiCheck(MPI_Type_commit(&mlo_type));
   MPI_Op mlo_op;
   mpiCheck(MPI_Op_create(merge_mlo_op, /*commute=*/1, &mlo_op));
-  comm.allreduce(mlo.data(), (int)nq, mlo_type, mlo_op);
-  Tensor out = Tensor::empty({nq, dv});
-  for (int64_t i = 0; i < nq; i++)
-    for (int64_t c = 0; c < dv; c++)
-      out.data()[i * dv + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
+  comm.allreduce(mlo.data(), (int)queries, mlo_type, mlo_op);
+  Tensor out = Tensor::empty({queries, dim_v});
+  for (int64_t i = 0; i < queries; i++)
+    for (int64_t c = 0; c < dim_v; c++)
+      out.data()[i * dim_v + c] = mlo[(size_t)(i * width + 2 + c)] / mlo[(size_t)(i * width + 1)];
   // [/slide]
   // Reference on every rank: the whole K and V, softmax(q K^T * scale) V with the library ops.
-  Tensor K = randn({keys, d}, seed + 2), V = randn({keys, dv}, seed + 3);
+  Tensor K = randn({keys, dim_qk}, seed + 2), V = randn({keys, dim_v}, seed + 3);
   Tensor attn_ref = matmul(softmax(scale * matmul(q, transpose(K, 0, 1))), V);
   // o sums `keys` terms p*v with |v| ~ 1: the n*eps/2 bound again, on an absolute scale
   // set by the largest |v| (outputs near 0 are compared absolutely).
   const double rtol_o = (double)keys * FLT_EPSILON / 2, atol_o = rtol_o * max_abs(V);
-  if (rank == 0)
-    std::printf("[3] flash-decoding: softmax(q K^T / sqrt(%lld)) V for %lld queries, %lld keys "
-                "split over %d ranks, (m, l, o) merged by MPI_Allreduce\n",
-                (long long)d, (long long)nq, (long long)keys, P);
+  lesson.print("[3] flash-decoding: softmax(q K^T / sqrt(%lld)) V for %lld queries, %lld keys "
+               "split over %d ranks, (m, l, o) merged by MPI_Allreduce\n",
+               (long long)dim_qk, (long long)queries, (long long)keys, P);
   check.close("split-K attention vs single-process", out, attn_ref, atol_o, rtol_o);
 
   // ---------------- outputs: dump, csv (the trace is written by finish)

@@ -84,17 +84,17 @@ static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, cons
 
 static int smoe_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
-  moe::Config c;
-  moe::Flags mf;
+  moe::Config config;
+  moe::Flags layer_flags;
   std::string bug = "none";
-  int64_t& batch = mf.batch;
-  int64_t& tokens = mf.tokens;
-  const int64_t& starve = mf.starve;
+  int64_t& batch = layer_flags.batch;
+  int64_t& tokens = layer_flags.tokens;
+  const int64_t& starve = layer_flags.starve;
   Cli& cli = lesson.cli;
   cli.summary("Sparse mixture of experts: top-k routing, SwiGLU experts, the load-balance loss,\n"
               "loop vs permute/grouped-GEMM forward, and a hand-written backward checked against\n"
               "autograd. Single process (lesson 04 distributes it).");
-  moe::add_flags(cli, &c, &mf, "batch size B", "experts N");
+  moe::add_flags(cli, &config, &layer_flags, "batch size B", "experts N");
   cli.choice("--bug", &bug, {"none", "gate-twice", "silu-no-upstream", "no-router-path"},
              "plant a backward mistake to watch the check fail");
   cli.epilog("run:  make run L=03 ARGS=\"--experts 8 --topk 2 --gate topk-softmax\"");
@@ -102,46 +102,47 @@ static int smoe_lesson(Lesson& lesson) {
   lesson.usage_error_if(comm.size() != 1,
                         "lesson 03 is one process (got " + std::to_string(comm.size()) +
                             " ranks): run it with mpirun -np 1; lesson 04 spreads the experts over ranks");
-  moe::check_flags(comm, &c, mf);
+  moe::check_flags(comm, &config, layer_flags);
   const moe::Bug the_bug = bug == "gate-twice"         ? moe::Bug::gate_twice
                            : bug == "silu-no-upstream" ? moe::Bug::silu_no_upstream
                            : bug == "no-router-path"   ? moe::Bug::no_router_path
                                                        : moe::Bug::none;
-  lesson.require_memory(moe::memory_bytes(c, batch * tokens), "--batch, --tokens, --experts, --dim or --ffn");
+  lesson.require_memory(moe::memory_bytes(config, batch * tokens),
+                        "--batch, --tokens, --experts, --dim or --ffn");
   const Device dev = lesson.device;
   lesson.start_trace();
 
   const uint64_t seed = (uint64_t)lesson.flags.seed;
-  const int64_t T = batch * tokens, N = c.experts, k = c.topk, d = c.dim, f = c.ffn;
-  moe::Params p = moe::init_params(c, seed, starve, dev);
+  const int64_t T = batch * tokens, N = config.experts, k = config.topk, d = config.dim, f = config.ffn;
+  moe::Params params = moe::init_params(config, seed, starve, dev);
   Tensor x = randn({T, d}, seed + 10).to(dev);   // the (B, T, d) input, as B*T rows
   Tensor dy = randn({T, d}, seed + 11).to(dev);  // the upstream gradient: L = sum(y * dy) + aux
-  std::printf("== 03 sparse MoE: %lld tokens (B=%lld x T=%lld), d=%lld, f=%lld, N=%lld experts, "
-              "top-%lld, gate %s, alpha %g, device %s\n", (long long)T, (long long)batch,
-              (long long)tokens, (long long)d, (long long)f, (long long)N, (long long)k,
-              moe::gate_name(c.gate), c.alpha, device_name(dev));
+  lesson.print("== 03 sparse MoE: %lld tokens (B=%lld x T=%lld), d=%lld, f=%lld, N=%lld experts, "
+               "top-%lld, gate %s, alpha %g, device %s\n", (long long)T, (long long)batch,
+               (long long)tokens, (long long)d, (long long)f, (long long)N, (long long)k,
+               moe::gate_name(config.gate), config.alpha, device_name(dev));
 
   // ---------------- [1] routing
-  moe::Forward fw;
+  moe::Forward forward;
   {
     Trace::Scope span(trace(), "forward (permute, grouped GEMM, combine)", "compute");
-    fw = smoe_forward(c, p, x);
+    forward = smoe_forward(config, params, x);
   }
-  const std::vector<int64_t> sizes = fw.plan.group_sizes.to_index_vector();
-  std::printf("[1] routing: %s, %lld slots (token, choice)\n",
-              c.gate == moe::Gate::softmax_topk
-                  ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
-                  : "g = softmax of the top-k logits (gates sum to 1)",
-              (long long)(T * k));
-  std::printf("    tokens per expert:");
-  for (int64_t e = 0; e < N && e < 16; e++) std::printf(" %lld", (long long)sizes[(size_t)e]);
-  std::printf("%s   (uniform: %.1f)\n", N > 16 ? " ..." : "", (double)(T * k) / (double)N);
+  const std::vector<int64_t> sizes = forward.plan.group_sizes.to_index_vector();
+  lesson.print("[1] routing: %s, %lld slots (token, choice)\n",
+               config.gate == moe::Gate::softmax_topk
+                   ? "g = top-k of softmax(z) over all N (gates sum to < 1)"
+                   : "g = softmax of the top-k logits (gates sum to 1)",
+               (long long)(T * k));
+  lesson.print("    tokens per expert:");
+  for (int64_t e = 0; e < N && e < 16; e++) lesson.print(" %lld", (long long)sizes[(size_t)e]);
+  lesson.print("%s   (uniform: %.1f)\n", N > 16 ? " ..." : "", (double)(T * k) / (double)N);
   const int64_t empty = std::count(sizes.begin(), sizes.end(), 0);
   if (empty)
-    std::printf("    %lld expert%s received no tokens: no work, and a weight gradient of exactly "
-                "0\n", (long long)empty, empty == 1 ? "" : "s");
-  std::printf("    load-balance loss alpha*N*sum_i f_i P_i = %.6g  (alpha = %g when perfectly "
-              "uniform)\n", fw.aux, c.alpha);
+    lesson.print("    %lld expert%s received no tokens: no work, and a weight gradient of exactly "
+                 "0\n", (long long)empty, empty == 1 ? "" : "s");
+  lesson.print("    load-balance loss alpha*N*sum_i f_i P_i = %.6g  (alpha = %g when perfectly "
+               "uniform)\n", forward.aux, config.alpha);
 
   // ---------------- [2] forward two ways
   CheckReport check(comm);
@@ -151,34 +152,35 @@ static int smoe_lesson(Lesson& lesson) {
   // by n * eps * max|y| * 4
   // (the 4 for silu's exp and the products around it).
   const double eps = FLT_EPSILON;
-  std::printf("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
-  Tensor y_loop = moe::forward_loop(c, p, x, fw.routing);
-  check.close("y, loop vs grouped", fw.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
+  lesson.print("[2] forward: loop over experts (index lists) vs permute -> grouped GEMM -> combine\n");
+  Tensor y_loop = moe::forward_loop(config, params, x, forward.routing);
+  check.close("y, loop vs grouped", forward.y, y_loop, 4.0 * (double)(d + f + k) * eps * max_abs(y_loop));
 
   // ---------------- [3] backward
-  std::printf("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
-  moe::Grads g;
+  lesson.print("[3] backward by hand vs autograd of the same layer (loop form, ops only)\n");
+  moe::Grads grads;
   {
     Trace::Scope span(trace(), "backward (hand-written)", "compute");
-    g = smoe_backward(c, p, x, fw, dy, fw.stats, the_bug);
+    grads = smoe_backward(config, params, x, forward, dy, forward.stats, the_bug);
   }
-  moe::Reference ref = moe::autograd_reference(c, p, x, dy);
+  moe::Reference ref = moe::autograd_reference(config, params, x, dy);
   // Every gradient is a float32 sum over at most n = T*k + d + f + N terms (rows of a packed
   // group, a hidden or model dimension, the experts in the router's Jacobian), computed in a
   // different order on each side: tolerance 4 * n * eps times the largest value.
-  const double n = (double)(T * k + d + f + N);
-  auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
-  check.close("y (grouped) vs autograd's", fw.y, ref.y, tol(ref.y));
-  check.scalar("aux loss", fw.aux, ref.aux, 8.0 * n * eps * std::max(ref.aux, 1e-3));
-  check.close("dx  = expert path + router path", g.dx, ref.grads.dx, tol(ref.grads.dx));
-  check.close("d router_w (through the gates)", g.router_w, ref.grads.router_w, tol(ref.grads.router_w));
-  check.close("d router_b", g.router_b, ref.grads.router_b, tol(ref.grads.router_b));
-  check.close("d experts_w1", g.w1, ref.grads.w1, tol(ref.grads.w1));
-  check.close("d experts_w3", g.w3, ref.grads.w3, tol(ref.grads.w3));
-  check.close("d experts_w2", g.w2, ref.grads.w2, tol(ref.grads.w2));
+  const double n_terms = (double)(T * k + d + f + N);
+  auto tol = [&](const Tensor& t) { return 4.0 * n_terms * eps * std::max(max_abs(t), 1e-3); };
+  check.close("y (grouped) vs autograd's", forward.y, ref.y, tol(ref.y));
+  check.scalar("aux loss", forward.aux, ref.aux, 8.0 * n_terms * eps * std::max(ref.aux, 1e-3));
+  check.close("dx  = expert path + router path", grads.dx, ref.grads.dx, tol(ref.grads.dx));
+  check.close("d router_w (through the gates)", grads.router_w, ref.grads.router_w,
+              tol(ref.grads.router_w));
+  check.close("d router_b", grads.router_b, ref.grads.router_b, tol(ref.grads.router_b));
+  check.close("d experts_w1", grads.w1, ref.grads.w1, tol(ref.grads.w1));
+  check.close("d experts_w3", grads.w3, ref.grads.w3, tol(ref.grads.w3));
+  check.close("d experts_w2", grads.w2, ref.grads.w2, tol(ref.grads.w2));
   if (empty) {
     // an expert with no tokens: exactly zero, not merely small (and no NaN)
-    std::vector<float> w1g = g.w1.to_vector();
+    std::vector<float> w1g = grads.w1.to_vector();
     bool zero = true;
     for (int64_t e = 0; e < N; e++)
       if (sizes[(size_t)e] == 0)
@@ -193,30 +195,33 @@ static int smoe_lesson(Lesson& lesson) {
   if (lesson.dumping()) {
     save("x", x, {batch, tokens, d});
     save("dy", dy, {batch, tokens, d});
-    save("y", fw.y, {batch, tokens, d});
-    for (const moe::NamedTensor& n : moe::named_parameters(p.router_w, p.router_b, p.w1, p.w3, p.w2))
-      lesson.dump(n.name, n.t);
-    lesson.dump("aux_loss", Tensor::from_vector({(float)fw.aux}, {}));
-    save("topk_idx", fw.routing.idx, {batch, tokens, k});
-    save("topk_val", fw.routing.gates, {batch, tokens, k});
-    save("dx", g.dx, {batch, tokens, d});
-    for (const moe::NamedTensor& n : moe::named_parameters(g.router_w, g.router_b, g.w1, g.w3, g.w2, "d_"))
-      lesson.dump(n.name, n.t);
-    lesson.dump_text("meta.json", moe::meta_json(c, 1, ""));
+    save("y", forward.y, {batch, tokens, d});
+    for (const moe::NamedTensor& named :
+         moe::named_parameters(params.router_w, params.router_b, params.w1, params.w3, params.w2))
+      lesson.dump(named.name, named.t);
+    lesson.dump("aux_loss", Tensor::from_vector({(float)forward.aux}, {}));
+    save("topk_idx", forward.routing.idx, {batch, tokens, k});
+    save("topk_val", forward.routing.gates, {batch, tokens, k});
+    save("dx", grads.dx, {batch, tokens, d});
+    for (const moe::NamedTensor& named :
+         moe::named_parameters(grads.router_w, grads.router_b, grads.w1, grads.w3, grads.w2, "d_"))
+      lesson.dump(named.name, named.t);
+    lesson.dump_text("meta.json", moe::meta_json(config, 1, ""));
   }
   // series tokens: a = expert, b = slots; series route: a = slot, b = expert, c = packed row
   std::string rows;
   char line[160];
   for (int64_t e = 0; e < N; e++) {
-    std::snprintf(line, sizeof line, "tokens,%s,%lld,%lld,%lld,%lld,%lld,0\n", moe::gate_name(c.gate),
+    std::snprintf(line, sizeof line, "tokens,%s,%lld,%lld,%lld,%lld,%lld,0\n", moe::gate_name(config.gate),
                   (long long)N, (long long)k, (long long)T, (long long)e, (long long)sizes[(size_t)e]);
     rows += line;
   }
-  const std::vector<int64_t> idx = fw.routing.idx.to_index_vector(), pos = fw.plan.pos.to_index_vector();
-  for (int64_t s = 0; s < T * k; s++) {
+  const std::vector<int64_t> idx = forward.routing.idx.to_index_vector(),
+                             pos = forward.plan.pos.to_index_vector();
+  for (int64_t slot = 0; slot < T * k; slot++) {
     std::snprintf(line, sizeof line, "route,%s,%lld,%lld,%lld,%lld,%lld,%lld\n",
-                  moe::gate_name(c.gate), (long long)N, (long long)k, (long long)T, (long long)s,
-                  (long long)idx[(size_t)s], (long long)pos[(size_t)s]);
+                  moe::gate_name(config.gate), (long long)N, (long long)k, (long long)T, (long long)slot,
+                  (long long)idx[(size_t)slot], (long long)pos[(size_t)slot]);
     rows += line;
   }
   lesson.csv_append("series,gate,N,k,T,a,b,c", rows);

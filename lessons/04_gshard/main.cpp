@@ -167,14 +167,14 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
 // the same machine load; min, median and max of the ratios show how steady they are.
 // Returns the CSV rows (series a2a: one row per size and implementation).
 
-static std::string bench(Comm& comm, int64_t reps) {
-  const int r = comm.rank(), P = comm.size();
-  if (r == 0)
-    std::printf("all-to-all, P=%d, %lld repetitions after 5 warm-up (slowest rank), bytes per peer "
-                "block; waits: %s\nlibrary = MPI_Ialltoallv + Comm's watched wait; ratios median "
-                "[min, max]\n  %9s %10s %10s %10s %24s %24s\n", P, (long long)reps,
-                Comm::wait_policy().reason.c_str(), "bytes", "library us", "ordered us", "async us",
-                "ordered/library", "async/library");
+static std::string bench(const Lesson& lesson, int64_t reps) {
+  Comm& comm = lesson.comm;
+  const int rank = comm.rank(), P = comm.size();
+  lesson.print("all-to-all, P=%d, %lld repetitions after 5 warm-up (slowest rank), bytes per peer "
+               "block; waits: %s\nlibrary = MPI_Ialltoallv + Comm's watched wait; ratios median "
+               "[min, max]\n  %9s %10s %10s %10s %24s %24s\n", P, (long long)reps,
+               Comm::wait_policy().reason.c_str(), "bytes", "library us", "ordered us", "async us",
+               "ordered/library", "async/library");
   std::string rows;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -182,19 +182,20 @@ static std::string bench(Comm& comm, int64_t reps) {
   };
   for (size_t bytes : {size_t(64), size_t(1) << 10, size_t(16) << 10, size_t(256) << 10,
                        size_t(1) << 20}) {
-    std::vector<char> send(bytes * (size_t)P, (char)r), recv(bytes * (size_t)P);
-    std::vector<size_t> b((size_t)P, bytes);
+    std::vector<char> send(bytes * (size_t)P, (char)rank), recv(bytes * (size_t)P);
+    std::vector<size_t> block_bytes((size_t)P, bytes);
     std::vector<double> us[3], ratio[2];
     for (int impl = 0; impl < 3; impl++)  // warm-up: first-touch of buffers and connections
-      for (int w = 0; w < 5; w++) all_to_all(comm, (A2A)impl, send.data(), b, recv.data(), b, 9);
-    for (int64_t i = 0; i < reps; i++) {
+      for (int warm = 0; warm < 5; warm++)
+        all_to_all(comm, (A2A)impl, send.data(), block_bytes, recv.data(), block_bytes, 9);
+    for (int64_t rep = 0; rep < reps; rep++) {
       for (int impl = 0; impl < 3; impl++) {
         comm.barrier();
-        double t0 = MPI_Wtime();
-        all_to_all(comm, (A2A)impl, send.data(), b, recv.data(), b, 9);
-        double dt = (MPI_Wtime() - t0) * 1e6;
-        comm.allreduce(&dt, 1, MPI_DOUBLE, MPI_MAX);
-        us[impl].push_back(dt);
+        const Stopwatch watch;
+        all_to_all(comm, (A2A)impl, send.data(), block_bytes, recv.data(), block_bytes, 9);
+        double elapsed_us = watch.us();
+        comm.allreduce(&elapsed_us, 1, MPI_DOUBLE, MPI_MAX);
+        us[impl].push_back(elapsed_us);
       }
       for (int impl = 0; impl < 2; impl++) ratio[impl].push_back(us[impl].back() / us[2].back());
     }
@@ -204,9 +205,8 @@ static std::string bench(Comm& comm, int64_t reps) {
                     *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
       return std::string(buf);
     };
-    if (r == 0)
-      std::printf("  %9zu %10.1f %10.1f %10.1f %24s %24s\n", bytes, median(us[2]), median(us[0]),
-                  median(us[1]), span(ratio[0]).c_str(), span(ratio[1]).c_str());
+    lesson.print("  %9zu %10.1f %10.1f %10.1f %24s %24s\n", bytes, median(us[2]), median(us[0]),
+                 median(us[1]), span(ratio[0]).c_str(), span(ratio[1]).c_str());
     for (int impl = 0; impl < 3; impl++) {
       const std::vector<double>& t = us[impl];
       char line[160];
@@ -224,19 +224,20 @@ static std::string bench(Comm& comm, int64_t reps) {
 static int gshard_lesson(Lesson& lesson) {
   Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
-  moe::Config c;
-  moe::Flags mf;
+  moe::Config config;
+  moe::Flags layer_flags;
   int64_t reps = 20;
   std::string a2a = "ordered";
-  int64_t& batch = mf.batch;
-  int64_t& tokens = mf.tokens;
-  const int64_t& starve = mf.starve;
+  int64_t& batch = layer_flags.batch;
+  int64_t& tokens = layer_flags.tokens;
+  const int64_t& starve = layer_flags.starve;
   bool do_bench = false;
   Cli& cli = lesson.cli;
   cli.summary("GShard expert parallelism: lesson 03's MoE layer with N/P experts per rank, tokens\n"
               "dispatched and combined by a hand-written all-to-all, checked against the single-\n"
               "process layer on all ranks' tokens.");
-  moe::add_flags(cli, &c, &mf, "batch size PER RANK", "experts N (a multiple of the world size P)");
+  moe::add_flags(cli, &config, &layer_flags, "batch size PER RANK",
+                 "experts N (a multiple of the world size P)");
   cli.choice("--a2a", &a2a, {"ordered", "async", "library"},
              "all-to-all: pairwise Ssend rounds, all isend/irecv at once, or MPI_Alltoallv");
   cli.toggle("--bench", &do_bench, "time the three all-to-alls instead (ratios to MPI's)");
@@ -244,68 +245,71 @@ static int gshard_lesson(Lesson& lesson) {
   cli.epilog("run:  make run L=04 NP=4 ARGS=\"--experts 8 --topk 2 --a2a ordered\"\n"
              "      make run L=04 NP=2 ARGS=\"--bench\"");
   lesson.parse();
-  lesson.usage_error_if(!do_bench && c.experts % P != 0,
-                        "--experts " + std::to_string(c.experts) + " is not a multiple of the " +
+  lesson.usage_error_if(!do_bench && config.experts % P != 0,
+                        "--experts " + std::to_string(config.experts) + " is not a multiple of the " +
                             std::to_string(P) + " ranks: every rank holds N/P experts");
-  moe::check_flags(comm, &c, mf);
+  moe::check_flags(comm, &config, layer_flags);
   const A2A how = a2a == "async" ? A2A::async : a2a == "library" ? A2A::library : A2A::ordered;
   if (!do_bench)
-    lesson.require_memory(moe::memory_bytes(c, batch * tokens * P),
+    lesson.require_memory(moe::memory_bytes(config, batch * tokens * P),
                           "--batch, --tokens, --experts, --dim or --ffn (the reference runs all "
                           "ranks' tokens in every process)");
   const Device dev = lesson.device;
 
   if (do_bench) {
-    lesson.csv_append("series,P,bytes,impl,us,us_min,us_max", bench(comm, reps));
+    lesson.csv_append("series,P,bytes,impl,us,us_min,us_max", bench(lesson, reps));
     return lesson.finish(0);
   }
 
   const uint64_t seed = (uint64_t)lesson.flags.seed;
-  const int64_t T = batch * tokens, N = c.experts, E = N / P, k = c.topk, d = c.dim, f = c.ffn;
+  const int64_t T = batch * tokens, N = config.experts, E = N / P, k = config.topk, d = config.dim,
+                f = config.ffn;
   const int64_t T_all = T * P;
   // Every rank builds the same full parameters (counter-based RNG) and keeps its experts.
-  moe::Params full = moe::init_params(c, seed, starve, dev);
+  moe::Params full = moe::init_params(config, seed, starve, dev);
   moe::Params mine = moe::slice_experts(full, rank * E, (rank + 1) * E);
   // Rank r's batch: rows [r T, (r+1) T) of one global (P B T, d) input; likewise dy.
   Tensor x = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 10).to(dev);
   Tensor dy = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 11).to(dev);
-  if (rank == 0)
-    std::printf("== 04 GShard EP: P=%d ranks, %lld experts (%lld per rank), top-%lld, gate %s, "
-                "%lld tokens per rank, d=%lld f=%lld, all-to-all %s, device %s\n", P,
-                (long long)N, (long long)E, (long long)k, moe::gate_name(c.gate), (long long)T,
-                (long long)d, (long long)f, a2a.c_str(), device_name(dev));
+  lesson.print("== 04 GShard EP: P=%d ranks, %lld experts (%lld per rank), top-%lld, gate %s, "
+               "%lld tokens per rank, d=%lld f=%lld, all-to-all %s, device %s\n", P,
+               (long long)N, (long long)E, (long long)k, moe::gate_name(config.gate), (long long)T,
+               (long long)d, (long long)f, a2a.c_str(), device_name(dev));
   lesson.start_trace();
   comm.barrier();
-  const double t0 = MPI_Wtime();
-  EPForward fw = ep_forward(comm, how, c, full, mine, x);
-  moe::Grads g = ep_backward(comm, how, c, full, mine, x, fw, dy);
-  double ms = (MPI_Wtime() - t0) * 1e3;
+  const Stopwatch watch;
+  EPForward forward = ep_forward(comm, how, config, full, mine, x);
+  moe::Grads grads = ep_backward(comm, how, config, full, mine, x, forward, dy);
+  double ms = watch.ms();
   comm.allreduce(&ms, 1, MPI_DOUBLE, MPI_MAX);
 
-  const Routes& R = fw.routes;
-  if (rank == 0) {
-    std::printf("routing map (rows = source rank, columns = destination rank: routing slots "
-                "sent), from one allgather of the per-expert counts\n");
-    for (int p = 0; p < P && p < 8; p++) {
-      std::printf("    rank %d ->", p);
-      for (int q = 0; q < P && q < 8; q++) {
-        int64_t n = 0;
-        for (int64_t e = q * E; e < (q + 1) * E; e++) n += R.counts[(size_t)p][(size_t)e];
-        std::printf(" %6lld", (long long)n);
-      }
-      std::printf("%s\n", P > 8 ? " ..." : "");
-    }
-    std::printf("    forward + backward %.2f ms (slowest rank): 4 all-to-alls, 2 allreduces of "
-                "the router gradient\n", ms);
+  const Routes& routes = forward.routes;
+  // routing slots from rank `source` to rank `destination` (its experts): every rank holds the
+  // counts, from one allgather
+  auto slots_sent = [&](int source, int destination) {
+    int64_t slots = 0;
+    for (int64_t e = destination * E; e < (destination + 1) * E; e++)
+      slots += routes.counts[(size_t)source][(size_t)e];
+    return slots;
+  };
+  lesson.print("routing map (rows = source rank, columns = destination rank: routing slots "
+               "sent), from one allgather of the per-expert counts\n");
+  for (int source = 0; source < P && source < 8; source++) {
+    lesson.print("    rank %d ->", source);
+    for (int destination = 0; destination < P && destination < 8; destination++)
+      lesson.print(" %6lld", (long long)slots_sent(source, destination));
+    lesson.print("%s\n", P > 8 ? " ..." : "");
   }
+  lesson.print("    forward + backward %.2f ms (slowest rank): 4 all-to-alls, 2 allreduces of "
+               "the router gradient\n", ms);
 
   // ---- the reference, one process, on all ranks' tokens: the layer through autograd (what
   // lesson 03 checks its hand-written backward against) for the values, and lesson 03's
   // route -> permute -> experts steps for the rows the all-to-alls must move exactly
   Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
-  moe::Reference ref = moe::autograd_reference(c, full, x_all, dy_all);
-  const moe::Grads& rg = ref.grads;
-  moe::Plan ref_plan = moe::permute_plan(moe::route(c, full, x_all).idx, N);
+  moe::Reference ref = moe::autograd_reference(config, full, x_all, dy_all);
+  const moe::Grads& ref_grads = ref.grads;
+  moe::Plan ref_plan = moe::permute_plan(moe::route(config, full, x_all).idx, N);
   moe::ExpertCache ref_cache;
   Tensor ref_xp = moe::permute(x_all, ref_plan);
   Tensor ref_yp = moe::experts_forward(full, ref_xp, ref_plan.group_sizes, &ref_cache);
@@ -318,47 +322,48 @@ static int gshard_lesson(Lesson& lesson) {
   }
   // reference packed rows of this rank's tokens' slots, in this rank's packed order
   const std::vector<int64_t> rpos = ref_plan.pos.to_index_vector(),
-                             lpos = fw.local.plan.pos.to_index_vector();
+                             lpos = forward.local.plan.pos.to_index_vector();
   std::vector<int64_t> mine_in_ref((size_t)(T * k));
-  for (int64_t s = 0; s < T * k; s++) mine_in_ref[(size_t)lpos[(size_t)s]] = rpos[(size_t)(rank * T * k + s)];
+  for (int64_t slot = 0; slot < T * k; slot++)
+    mine_in_ref[(size_t)lpos[(size_t)slot]] = rpos[(size_t)(rank * T * k + slot)];
 
   // From here on, the check: its traffic goes to the trace's "check" track, apart from the
   // algorithm's timeline.
   Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
-  const double eps = FLT_EPSILON, n = (double)(T_all * k + d + f + N);
-  auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
-  if (rank == 0) std::printf("data movement (must be exact: the all-to-all only copies)\n");
-  check.exact("dispatch: rows at each expert", fw.xl, slice(ref_xp, 0, row0, row1));
-  check.exact("combine: expert outputs back at source", fw.yp_back, take_rows(ref_yp, mine_in_ref));
-  if (rank == 0)
-    std::printf("against the layer through autograd on all %lld tokens in one process (worst "
-                "rank)\n", (long long)T_all);
+  const double eps = FLT_EPSILON, n_terms = (double)(T_all * k + d + f + N);
+  auto tol = [&](const Tensor& t) { return 4.0 * n_terms * eps * std::max(max_abs(t), 1e-3); };
+  lesson.print("data movement (must be exact: the all-to-all only copies)\n");
+  check.exact("dispatch: rows at each expert", forward.xl, slice(ref_xp, 0, row0, row1));
+  check.exact("combine: expert outputs back at source", forward.yp_back, take_rows(ref_yp, mine_in_ref));
+  lesson.print("against the layer through autograd on all %lld tokens in one process (worst "
+               "rank)\n", (long long)T_all);
   Tensor my_rows = slice(ref.y, 0, rank * T, (rank + 1) * T);
-  check.close("y", fw.local.y, my_rows, tol(ref.y));
-  check.scalar("aux loss (f_i, P_i summed over ranks)", fw.aux, ref.aux,
-               8.0 * n * eps * std::max(ref.aux, 1e-3));
-  check.close("dx", g.dx, slice(rg.dx, 0, rank * T, (rank + 1) * T), tol(rg.dx));
-  check.close("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
-  check.close("d router_b (allreduced)", g.router_b, rg.router_b, tol(rg.router_b));
-  check.close("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
-  check.close("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
-  check.close("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
+  check.close("y", forward.local.y, my_rows, tol(ref.y));
+  check.scalar("aux loss (f_i, P_i summed over ranks)", forward.aux, ref.aux,
+               8.0 * n_terms * eps * std::max(ref.aux, 1e-3));
+  check.close("dx", grads.dx, slice(ref_grads.dx, 0, rank * T, (rank + 1) * T), tol(ref_grads.dx));
+  check.close("d router_w (allreduced)", grads.router_w, ref_grads.router_w, tol(ref_grads.router_w));
+  check.close("d router_b (allreduced)", grads.router_b, ref_grads.router_b, tol(ref_grads.router_b));
+  auto my_experts = [&](const Tensor& t) { return slice(t, 0, rank * E, (rank + 1) * E); };
+  check.close("d experts_w1 (this rank's experts)", grads.w1, my_experts(ref_grads.w1), tol(ref_grads.w1));
+  check.close("d experts_w3 (this rank's experts)", grads.w3, my_experts(ref_grads.w3), tol(ref_grads.w3));
+  check.close("d experts_w2 (this rank's experts)", grads.w2, my_experts(ref_grads.w2), tol(ref_grads.w2));
 
   // ---- outputs
   auto gather_rows = [&](const Tensor& t) {  // rank order, equal blocks -> (P * rows, cols)
     std::vector<float> mine_v = t.to_vector(), all(mine_v.size() * (size_t)P);
     comm.allgather(mine_v.data(), mine_v.size() * sizeof(float), all.data());
-    Shape s = t.shape();
-    s[0] *= P;
-    return Tensor::from_vector(all, s);
+    Shape shape = t.shape();
+    shape[0] *= P;
+    return Tensor::from_vector(all, shape);
   };
   if (lesson.dumping()) {  // lesson 03's names, x = all ranks' batches in rank order
-    Tensor y_all = gather_rows(fw.local.y), dx_all = gather_rows(g.dx);
-    Tensor gates_all = gather_rows(fw.local.routing.gates);
-    std::vector<int64_t> idx = fw.local.routing.idx.to_index_vector(), idx_all(idx.size() * (size_t)P);
+    Tensor y_all = gather_rows(forward.local.y), dx_all = gather_rows(grads.dx);
+    Tensor gates_all = gather_rows(forward.local.routing.gates);
+    std::vector<int64_t> idx = forward.local.routing.idx.to_index_vector(), idx_all(idx.size() * (size_t)P);
     comm.allgather(idx.data(), idx.size() * sizeof(int64_t), idx_all.data());
-    Tensor w1_all = gather_rows(g.w1), w3_all = gather_rows(g.w3), w2_all = gather_rows(g.w2);
+    Tensor w1_all = gather_rows(grads.w1), w3_all = gather_rows(grads.w3), w2_all = gather_rows(grads.w2);
     if (rank == 0) {
       const int64_t B_all = batch * P;
       auto save = [&](const char* name, const Tensor& t, const Shape& shape) {
@@ -367,28 +372,26 @@ static int gshard_lesson(Lesson& lesson) {
       save("x", x_all, {B_all, tokens, d});
       save("dy", dy_all, {B_all, tokens, d});
       save("y", y_all, {B_all, tokens, d});
-      for (const moe::NamedTensor& n :
+      for (const moe::NamedTensor& named :
            moe::named_parameters(full.router_w, full.router_b, full.w1, full.w3, full.w2))
-        lesson.dump(n.name, n.t);
-      lesson.dump("aux_loss", Tensor::from_vector({(float)fw.aux}, {}));
+        lesson.dump(named.name, named.t);
+      lesson.dump("aux_loss", Tensor::from_vector({(float)forward.aux}, {}));
       save("topk_idx", Tensor::from_indices(idx_all, {B_all, tokens, k}), {B_all, tokens, k});
       save("topk_val", gates_all, {B_all, tokens, k});
       save("dx", dx_all, {B_all, tokens, d});
-      for (const moe::NamedTensor& n :
-           moe::named_parameters(g.router_w, g.router_b, w1_all, w3_all, w2_all, "d_"))
-        lesson.dump(n.name, n.t);  // the experts' gradients gathered from their ranks
-      lesson.dump_text("meta.json", moe::meta_json(c, P, ", \"a2a\": \"" + a2a + "\""));
+      for (const moe::NamedTensor& named :
+           moe::named_parameters(grads.router_w, grads.router_b, w1_all, w3_all, w2_all, "d_"))
+        lesson.dump(named.name, named.t);  // the experts' gradients gathered from their ranks
+      lesson.dump_text("meta.json", moe::meta_json(config, P, ", \"a2a\": \"" + a2a + "\""));
     }
   }
   // series traffic: a = source rank, b = destination rank, c = routing slots sent
   std::string rows;
-  for (int p = 0; p < P; p++)
-    for (int q = 0; q < P; q++) {
-      int64_t cnt = 0;
-      for (int64_t e = q * E; e < (q + 1) * E; e++) cnt += R.counts[(size_t)p][(size_t)e];
+  for (int source = 0; source < P; source++)
+    for (int destination = 0; destination < P; destination++)
       rows += "traffic," + std::to_string(P) + "," + std::to_string(N) + "," + std::to_string(k) +
-              "," + std::to_string(p) + "," + std::to_string(q) + "," + std::to_string(cnt) + "\n";
-    }
+              "," + std::to_string(source) + "," + std::to_string(destination) + "," +
+              std::to_string(slots_sent(source, destination)) + "\n";
   lesson.csv_append("series,P,N,k,a,b,c", rows);
   return lesson.finish(check);
 }

@@ -31,8 +31,8 @@ struct TrainOptions {
   double lr = 3e-3, gamma = 0.01, aux_alpha = 0.01, ema = 0.0;
   std::string data = course_data_file("tinyshakespeare.txt");  // found from the executable
 };
-int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
-                 const TrainOptions& o);
+int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config config,
+                 const TrainOptions& options);
 
 // Lesson 05's flags, their defaults and where they land.
 struct Flags {

@@ -101,7 +101,8 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
 
 // DeepSeek-V3's shape (N = 256 routed experts, K = 8, 8 nodes, M = 4), routed on random
 // affinities: how many nodes a token reaches, and the inter-node copies per token of the flat
-// and the hierarchical all-to-all, with and without the node limit.
+// and the hierarchical all-to-all, with and without the node limit. Called on rank 0 only (it
+// routes 4096 tokens for the report), so it prints with printf.
 static void paper_shape_counts(uint64_t seed) {
   dsv3::Config pc;
   pc.experts = 256, pc.topk = 8, pc.groups = 8, pc.topk_groups = 4;
@@ -144,7 +145,8 @@ using namespace ff;
 // ----------------------------------------------------------------------------
 
 // The tokens whose experts the balancing bias changed (selection on s + b), and the first of
-// them: its top-K by s and by s + b, and its gates, from s of the experts chosen.
+// them: its top-K by s and by s + b, and its gates, from s of the experts chosen. Called on rank
+// 0 only (it selects every token's experts again, for the report), so it prints with printf.
 static void print_selection_vs_gating(const dsv3::Config& c, const dsv3::Params& full,
                                       const Tensor& s_all, double bias_init) {
   const int64_t T_all = s_all.size(0), N = c.experts, K = c.topk;
@@ -181,7 +183,8 @@ static void print_selection_vs_gating(const dsv3::Config& c, const dsv3::Params&
 }
 
 // The group score: DeepSeek-V3's top-2 sum against seed 001's sum of the whole group (how many
-// tokens the two send to different nodes).
+// tokens the two send to different nodes). Called on rank 0 only (it selects every token's
+// groups again, for the report), so it prints with printf.
 static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, const Tensor& s_all) {
   const int64_t T_all = s_all.size(0), N = c.experts;
   if (c.groups > 1 && c.topk_groups < c.groups) {
@@ -199,18 +202,19 @@ static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, 
 }
 
 // Capacity: each expert's slots, demand, overflow, and what was dropped or moved (--overflow).
-static void print_capacity(const RoutingMap& m, const dsv3::Config& c, const std::string& overflow) {
-  const int64_t T_all = (int64_t)m.P * m.T, N = c.experts, K = c.topk;
-  std::printf("capacity %lld slots per expert (C = %g, %lld slots), overflow %s\n"
-              "    %6s %8s %6s %8s %8s %9s %8s %5s\n", (long long)m.assign.capacity,
-              c.capacity_factor, (long long)(T_all * K), overflow.c_str(), "expert",
-              "capacity", "demand", "overflow", "dropped", "moved out", "moved in", "load");
+static void print_capacity(const Lesson& lesson, const RoutingMap& map, const dsv3::Config& config,
+                           const std::string& overflow) {
+  const int64_t T_all = (int64_t)map.P * map.T, N = config.experts, K = config.topk;
+  lesson.print("capacity %lld slots per expert (C = %g, %lld slots), overflow %s\n"
+               "    %6s %8s %6s %8s %8s %9s %8s %5s\n", (long long)map.assign.capacity,
+               config.capacity_factor, (long long)(T_all * K), overflow.c_str(), "expert",
+               "capacity", "demand", "overflow", "dropped", "moved out", "moved in", "load");
   for (int64_t e = 0; e < N; e++) {
-    const dsv3::ExpertLoad& L = m.assign.experts[(size_t)e];
-    std::printf("    %6lld %8lld %6lld %8lld %8lld %9lld %8lld %5lld\n", (long long)e,
-                (long long)L.capacity, (long long)L.demand, (long long)L.overflow,
-                (long long)L.dropped, (long long)L.moved_out, (long long)L.moved_in,
-                (long long)L.load);
+    const dsv3::ExpertLoad& load = map.assign.experts[(size_t)e];
+    lesson.print("    %6lld %8lld %6lld %8lld %8lld %9lld %8lld %5lld\n", (long long)e,
+                 (long long)load.capacity, (long long)load.demand, (long long)load.overflow,
+                 (long long)load.dropped, (long long)load.moved_out, (long long)load.moved_in,
+                 (long long)load.load);
   }
 }
 
@@ -314,39 +318,40 @@ static int deepseek_lesson(Lesson& lesson) {
   Flags flags;
   Cli& cli = lesson.cli;
   declare_flags(cli, &flags);
-  dsv3::Config& c = flags.c;
-  int64_t &batch = flags.batch, &R = flags.R, &reps = flags.reps;
+  dsv3::Config& config = flags.c;
+  int64_t &batch = flags.batch, &ranks_per_node = flags.R, &reps = flags.reps;
   const double bias_init = flags.bias_init;
   const std::string &gate = flags.gate, &a2a = flags.a2a, &overflow = flags.overflow, &bug = flags.bug,
                     &link_spec = flags.link_spec;
   TrainOptions& train = flags.train;
   lesson.parse();
   // default: the job's real nodes when it spans several, else virtual nodes of 2 when P is even
-  const Lesson::Network net = lesson.network(cli.given("--ranks-per-node") ? R : 0, P % 2 == 0 ? 2 : 1,
-                                             cli.given("--link") ? &link_spec : nullptr);
-  R = net.ranks_per_node;
+  const Lesson::Network net = lesson.network(cli.given("--ranks-per-node") ? ranks_per_node : 0,
+                                             P % 2 == 0 ? 2 : 1, cli.given("--link") ? &link_spec : nullptr);
+  ranks_per_node = net.ranks_per_node;
   const bool real_nodes = net.real_nodes;
   const LinkModel& link = net.link;
-  const int nodes = (int)(P / std::max<int64_t>(R, 1));
-  lesson.usage_error_if(P % R != 0, "--ranks-per-node " + std::to_string(R) +
-                                        " does not divide the " + std::to_string(P) + " ranks");
-  if (c.groups == 0) c.groups = nodes;
-  if (!cli.given("--topk-groups")) c.topk_groups = std::min<int64_t>(c.topk_groups, c.groups);
-  lesson.usage_error_if(c.experts % P != 0, "--experts " + std::to_string(c.experts) +
-                                                " is not a multiple of the " + std::to_string(P) +
-                                                " ranks: every rank holds N/P experts");
-  lesson.usage_error_if(c.experts % c.groups != 0, "--groups " + std::to_string(c.groups) +
-                                                       " does not divide --experts " +
-                                                       std::to_string(c.experts));
-  lesson.usage_error_if(c.topk_groups > c.groups, "--topk-groups " + std::to_string(c.topk_groups) +
-                                                      " is more than the " +
-                                                      std::to_string(c.groups) + " groups");
-  lesson.usage_error_if(c.topk > c.topk_groups * (c.experts / c.groups),
-                        "--topk " + std::to_string(c.topk) + " is more than the " +
-                            std::to_string(c.topk_groups * (c.experts / c.groups)) +
-                            " experts in " + std::to_string(c.topk_groups) +
+  const int nodes = (int)(P / std::max<int64_t>(ranks_per_node, 1));
+  lesson.usage_error_if(P % ranks_per_node != 0, "--ranks-per-node " + std::to_string(ranks_per_node) +
+                                                     " does not divide the " + std::to_string(P) + " ranks");
+  if (config.groups == 0) config.groups = nodes;
+  if (!cli.given("--topk-groups"))
+    config.topk_groups = std::min<int64_t>(config.topk_groups, config.groups);
+  lesson.usage_error_if(config.experts % P != 0, "--experts " + std::to_string(config.experts) +
+                                                     " is not a multiple of the " + std::to_string(P) +
+                                                     " ranks: every rank holds N/P experts");
+  lesson.usage_error_if(config.experts % config.groups != 0,
+                        "--groups " + std::to_string(config.groups) + " does not divide --experts " +
+                            std::to_string(config.experts));
+  lesson.usage_error_if(config.topk_groups > config.groups,
+                        "--topk-groups " + std::to_string(config.topk_groups) + " is more than the " +
+                            std::to_string(config.groups) + " groups");
+  lesson.usage_error_if(config.topk > config.topk_groups * (config.experts / config.groups),
+                        "--topk " + std::to_string(config.topk) + " is more than the " +
+                            std::to_string(config.topk_groups * (config.experts / config.groups)) +
+                            " experts in " + std::to_string(config.topk_groups) +
                             " groups: K must be at most M N / G");
-  lesson.usage_error_if(cli.given("--capacity-factor") && c.capacity_factor <= 0,
+  lesson.usage_error_if(cli.given("--capacity-factor") && config.capacity_factor <= 0,
                         "--capacity-factor must be > 0 (leave it out for no capacity limit)");
   const bool train_bug = bug == "ema-zero-init" || bug == "bias-peek";
   lesson.usage_error_if(train_bug && train.steps == 0, "--bug " + bug + " plants a training bug: "
@@ -358,45 +363,44 @@ static int deepseek_lesson(Lesson& lesson) {
                         " is a bug of the bias update: it needs --balance bias");
   lesson.usage_error_if(cli.given("--link") && train.steps > 0,
                         "--link times the layer's all-to-alls: leave out --train");
-  c.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;
-  c.overflow = overflow == "drop" ? dsv3::Overflow::drop : dsv3::Overflow::next_best;
+  config.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;
+  config.overflow = overflow == "drop" ? dsv3::Overflow::drop : dsv3::Overflow::next_best;
   const dsv3::Bug the_bug = bug == "bias-grad"        ? dsv3::Bug::bias_grad
                             : bug == "no-renorm"      ? dsv3::Bug::no_renorm
                             : bug == "no-shared-grad" ? dsv3::Bug::no_shared_grad
                                                       : dsv3::Bug::none;
   const Scheme scheme = a2a == "flat" ? Scheme::flat : Scheme::hierarchical;
-  const int64_t T = batch * c.seq_len, N = c.experts, E = N / P, K = c.topk, d = c.dim;
+  const int64_t T = batch * config.seq_len, N = config.experts, E = N / P, K = config.topk, d = config.dim;
   const int64_t T_all = T * P;
-  lesson.require_memory(dsv3::memory_bytes(c, T_all),
+  lesson.require_memory(dsv3::memory_bytes(config, T_all),
                         "--batch, --tokens, --experts, --dim or --ffn (the reference runs all "
                         "ranks' tokens in every process)");
   const Device dev = lesson.device;
   const uint64_t seed = (uint64_t)lesson.flags.seed;
-  Topology topo = make_topology(comm, (int)R);
+  Topology topo = make_topology(comm, (int)ranks_per_node);
   if (train.steps > 0) {
     train.batch = batch, train.bug = bug;
-    return run_training(lesson, topo, scheme, c, train);
+    return run_training(lesson, topo, scheme, config, train);
   }
 
-  dsv3::Params full = dsv3::init_params(c, seed, bias_init, dev);
+  dsv3::Params full = dsv3::init_params(config, seed, bias_init, dev);
   dsv3::Params mine = dsv3::slice_experts(full, rank * E, (rank + 1) * E);
   Tensor x = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 10).to(dev);
   Tensor dy = randn_slice({T_all, d}, 0, rank * T, (rank + 1) * T, seed + 11).to(dev);
-  if (rank == 0)
-    std::printf("== 05 DeepSeek-V3 MoE: P=%d ranks = %d %snodes x %lld, %lld routed experts (%lld "
-                "per rank) in %lld groups, top-%lld within %lld groups, %lld shared, gate %s, "
-                "%lld tokens per rank, all-to-all %s, device %s\n",
-                P, nodes, real_nodes ? "" : "virtual ", (long long)R, (long long)N, (long long)E, (long long)c.groups,
-                (long long)K, (long long)c.topk_groups, (long long)c.shared, gate.c_str(),
-                (long long)T, a2a.c_str(), device_name(dev));
+  lesson.print("== 05 DeepSeek-V3 MoE: P=%d ranks = %d %snodes x %lld, %lld routed experts (%lld "
+               "per rank) in %lld groups, top-%lld within %lld groups, %lld shared, gate %s, "
+               "%lld tokens per rank, all-to-all %s, device %s\n",
+               P, nodes, real_nodes ? "" : "virtual ", (long long)ranks_per_node, (long long)N,
+               (long long)E, (long long)config.groups, (long long)K, (long long)config.topk_groups,
+               (long long)config.shared, gate.c_str(), (long long)T, a2a.c_str(), device_name(dev));
   lesson.start_trace();
   Comm::set_link(link);  // enabled only with --link
   comm.barrier();
   Comm::reset_bytes_sent();
-  const double t0 = MPI_Wtime();
-  EPForward fw = ep_forward(comm, topo, scheme, c, full, mine, x);
-  dsv3::Grads g = ep_backward(comm, topo, scheme, c, full, mine, x, fw, dy, the_bug);
-  double ms = (MPI_Wtime() - t0) * 1e3;
+  const Stopwatch watch;
+  EPForward forward = ep_forward(comm, topo, scheme, config, full, mine, x);
+  dsv3::Grads grads = ep_backward(comm, topo, scheme, config, full, mine, x, forward, dy, the_bug);
+  double ms = watch.ms();
   comm.allreduce(&ms, 1, MPI_DOUBLE, MPI_MAX);
   const LinkBytes sent = Comm::bytes_sent();  // this rank's point-to-point sends, by class
   double sent_all[2] = {(double)sent.intra, (double)sent.inter};
@@ -404,90 +408,93 @@ static int deepseek_lesson(Lesson& lesson) {
   // --link: both schemes' forward + backward, timed under the modelled network
   double modelled_ms[2] = {0, 0};
   if (link.enabled)
-    for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
-      RepTimes t = time_reps(comm, reps, [&] {
-        EPForward f2 = ep_forward(comm, topo, sc, c, full, mine, x);
-        ep_backward(comm, topo, sc, c, full, mine, x, f2, dy, dsv3::Bug::none);
+    for (Scheme timed : {Scheme::flat, Scheme::hierarchical}) {
+      RepTimes times = time_reps(comm, reps, [&] {
+        EPForward pass_forward = ep_forward(comm, topo, timed, config, full, mine, x);
+        ep_backward(comm, topo, timed, config, full, mine, x, pass_forward, dy, dsv3::Bug::none);
       });
-      modelled_ms[sc == Scheme::hierarchical] = t.median / 1e3;
+      modelled_ms[timed == Scheme::hierarchical] = times.median / 1e3;
     }
   Comm::set_link(LinkModel{});  // the check's traffic is not modelled
 
   // ---- what the routing did, on all tokens (every rank holds the map; rank 0 prints)
-  const RoutingMap& m = fw.map;
+  const RoutingMap& map = forward.map;
   Tensor x_all = randn({T_all, d}, seed + 10).to(dev), dy_all = randn({T_all, d}, seed + 11).to(dev);
-  Tensor s_all = dsv3::affinities(c, full, x_all);
-  if (rank == 0) {
-    print_selection_vs_gating(c, full, s_all, bias_init);
-    print_group_scores(c, full, s_all);
-    if (c.capacity_factor > 0) print_capacity(m, c, overflow);
-    std::printf("bytes on the links, forward (dispatch + combine), all ranks; the backward moves the same:\n");
-    for (Scheme sc : {Scheme::flat, Scheme::hierarchical}) {
-      MapBytes b = count_bytes(m, (int)R, sc, d);
-      std::printf("    %-13s intra-node %9.0f B, inter-node %9.0f B\n",
-                  sc == Scheme::flat ? "flat" : "hierarchical", b.intra, b.inter);
-    }
-    MapBytes bf = count_bytes(m, (int)R, Scheme::flat, d), bh = count_bytes(m, (int)R, Scheme::hierarchical, d);
-    std::printf("    inter-node bytes: hierarchical / flat = %.2f (%.1fx fewer)\n",
-                bh.inter / std::max(bf.inter, 1.0), bf.inter / std::max(bh.inter, 1.0));
-    if (link.enabled)
-      std::printf("%s\n    forward + backward under it (median of %lld, slowest rank): flat %.3f ms, "
-                  "hierarchical %.3f ms: hierarchical / flat = %.2f (modelled network, real "
-                  "compute)\n", describe(link).c_str(), (long long)reps, modelled_ms[0],
-                  modelled_ms[1], modelled_ms[1] / modelled_ms[0]);
-    std::printf("at DeepSeek-V3's shape (N = 256, K = 8, 8 nodes of 32 experts; random affinities):\n");
-    paper_shape_counts(seed);
-    std::printf("forward + backward %.2f ms (slowest rank)\n", ms);
+  Tensor s_all = dsv3::affinities(config, full, x_all);
+  if (rank == 0) {  // rank 0 alone selects every token's experts again, for these two reports
+    print_selection_vs_gating(config, full, s_all, bias_init);
+    print_group_scores(config, full, s_all);
   }
+  if (config.capacity_factor > 0) print_capacity(lesson, map, config, overflow);
+  const MapBytes flat_bytes = count_bytes(map, (int)ranks_per_node, Scheme::flat, d),
+                 hier_bytes = count_bytes(map, (int)ranks_per_node, Scheme::hierarchical, d);
+  lesson.print("bytes on the links, forward (dispatch + combine), all ranks; the backward moves the same:\n");
+  lesson.print("    %-13s intra-node %9.0f B, inter-node %9.0f B\n", "flat", flat_bytes.intra,
+               flat_bytes.inter);
+  lesson.print("    %-13s intra-node %9.0f B, inter-node %9.0f B\n", "hierarchical", hier_bytes.intra,
+               hier_bytes.inter);
+  lesson.print("    inter-node bytes: hierarchical / flat = %.2f (%.1fx fewer)\n",
+               hier_bytes.inter / std::max(flat_bytes.inter, 1.0),
+               flat_bytes.inter / std::max(hier_bytes.inter, 1.0));
+  if (link.enabled)
+    lesson.print("%s\n    forward + backward under it (median of %lld, slowest rank): flat %.3f ms, "
+                 "hierarchical %.3f ms: hierarchical / flat = %.2f (modelled network, real "
+                 "compute)\n", describe(link).c_str(), (long long)reps, modelled_ms[0],
+                 modelled_ms[1], modelled_ms[1] / modelled_ms[0]);
+  lesson.print("at DeepSeek-V3's shape (N = 256, K = 8, 8 nodes of 32 experts; random affinities):\n");
+  if (rank == 0) paper_shape_counts(seed);  // rank 0 alone routes the paper's shape
+  lesson.print("forward + backward %.2f ms (slowest rank)\n", ms);
 
   // ---- the reference: one process, all ranks' tokens, the same layer (hand-written backward
   // aside: the autograd core on the loop form) and the packed steps for the exact rows
-  dsv3::Forward ref_fw = dsv3::forward(c, full, x_all);
-  dsv3::Reference ref = dsv3::autograd_reference(c, full, x_all, dy_all, ref_fw.assign);
-  const std::vector<int64_t> rsizes = ref_fw.plan.group_sizes.to_index_vector();
+  dsv3::Forward ref_forward = dsv3::forward(config, full, x_all);
+  dsv3::Reference ref = dsv3::autograd_reference(config, full, x_all, dy_all, ref_forward.assign);
+  const std::vector<int64_t> rsizes = ref_forward.plan.group_sizes.to_index_vector();
   int64_t row0 = 0, row1 = 0;
   for (int64_t e = 0; e < (rank + 1) * E; e++) {
     if (e < rank * E) row0 += rsizes[(size_t)e];
     row1 += rsizes[(size_t)e];
   }
-  Tensor ref_xp = moe::permute(x_all, ref_fw.plan);
+  Tensor ref_xp = moe::permute(x_all, ref_forward.plan);
 
   Trace::Category check_traffic(trace(), "check");
   CheckReport check(comm);
-  const double eps = FLT_EPSILON, n = (double)(T_all * K + d + c.ffn * std::max<int64_t>(c.shared, 1) + N);
-  auto tol = [&](const Tensor& t) { return 4.0 * n * eps * std::max(max_abs(t), 1e-3); };
-  if (rank == 0) std::printf("data movement (must be exact: the all-to-alls only copy)\n");
+  const double eps = FLT_EPSILON,
+               n_terms = (double)(T_all * K + d + config.ffn * std::max<int64_t>(config.shared, 1) + N);
+  auto tol = [&](const Tensor& t) { return 4.0 * n_terms * eps * std::max(max_abs(t), 1e-3); };
+  lesson.print("data movement (must be exact: the all-to-alls only copy)\n");
   check.holds("routing: every slot's expert and kept flag equal one process's",
-              m.assign.idx == ref_fw.assign.idx && m.assign.kept == ref_fw.assign.kept);
+              map.assign.idx == ref_forward.assign.idx && map.assign.kept == ref_forward.assign.kept);
   {
-    MapBytes want = count_bytes(m, (int)R, scheme, d);  // forward; the backward moves the same
+    MapBytes want = count_bytes(map, (int)ranks_per_node, scheme, d);  // forward; the backward moves the same
     check.holds("bytes sent per link class (Comm's counters) = twice the routing map's forward count",
                 sent_all[0] == 2 * want.intra && sent_all[1] == 2 * want.inter);
   }
-  check.exact("dispatch: rows at each expert", fw.xl, slice(ref_xp, 0, row0, row1));
-  check.exact("experts: outputs at each expert", fw.yl, slice(ref_fw.yp, 0, row0, row1));
-  if (rank == 0)
-    std::printf("against the layer through autograd on all %lld tokens in one process (worst "
-                "rank)\n", (long long)T_all);
-  const dsv3::Grads& rg = ref.grads;
+  check.exact("dispatch: rows at each expert", forward.xl, slice(ref_xp, 0, row0, row1));
+  check.exact("experts: outputs at each expert", forward.yl, slice(ref_forward.yp, 0, row0, row1));
+  lesson.print("against the layer through autograd on all %lld tokens in one process (worst "
+               "rank)\n", (long long)T_all);
+  const dsv3::Grads& ref_grads = ref.grads;
   auto mine_rows = [&](const Tensor& t) { return slice(t, 0, rank * T, (rank + 1) * T); };
-  check.close("y", fw.y, mine_rows(ref.y), tol(ref.y));
-  check.scalar("balance loss (sequences of all ranks)", fw.balance, ref.balance,
-               8.0 * n * eps * std::max(std::fabs(ref.balance), 1e-3));
-  check.close("dx", g.dx, mine_rows(rg.dx), tol(rg.dx));
-  check.close("d router_w (allreduced)", g.router_w, rg.router_w, tol(rg.router_w));
-  check.close("d experts_w1 (this rank's experts)", g.w1, slice(rg.w1, 0, rank * E, (rank + 1) * E), tol(rg.w1));
-  check.close("d experts_w3 (this rank's experts)", g.w3, slice(rg.w3, 0, rank * E, (rank + 1) * E), tol(rg.w3));
-  check.close("d experts_w2 (this rank's experts)", g.w2, slice(rg.w2, 0, rank * E, (rank + 1) * E), tol(rg.w2));
-  if (c.shared > 0) {
-    check.close("d shared_w1 (allreduced)", g.sw1, rg.sw1, tol(rg.sw1));
-    check.close("d shared_w3 (allreduced)", g.sw3, rg.sw3, tol(rg.sw3));
-    check.close("d shared_w2 (allreduced)", g.sw2, rg.sw2, tol(rg.sw2));
+  check.close("y", forward.y, mine_rows(ref.y), tol(ref.y));
+  check.scalar("balance loss (sequences of all ranks)", forward.balance, ref.balance,
+               8.0 * n_terms * eps * std::max(std::fabs(ref.balance), 1e-3));
+  check.close("dx", grads.dx, mine_rows(ref_grads.dx), tol(ref_grads.dx));
+  check.close("d router_w (allreduced)", grads.router_w, ref_grads.router_w, tol(ref_grads.router_w));
+  auto my_experts = [&](const Tensor& t) { return slice(t, 0, rank * E, (rank + 1) * E); };
+  check.close("d experts_w1 (this rank's experts)", grads.w1, my_experts(ref_grads.w1), tol(ref_grads.w1));
+  check.close("d experts_w3 (this rank's experts)", grads.w3, my_experts(ref_grads.w3), tol(ref_grads.w3));
+  check.close("d experts_w2 (this rank's experts)", grads.w2, my_experts(ref_grads.w2), tol(ref_grads.w2));
+  if (config.shared > 0) {
+    check.close("d shared_w1 (allreduced)", grads.sw1, ref_grads.sw1, tol(ref_grads.sw1));
+    check.close("d shared_w3 (allreduced)", grads.sw3, ref_grads.sw3, tol(ref_grads.sw3));
+    check.close("d shared_w2 (allreduced)", grads.sw2, ref_grads.sw2, tol(ref_grads.sw2));
   }
 
   // ---- outputs
-  if (lesson.dumping()) dump_layer(lesson, c, full, fw, g, x_all, dy_all, batch, a2a, (int)R);
-  lesson.csv_append("series,P,a,b,c", routing_csv(m, c, (int)R, nodes, d));
+  if (lesson.dumping())
+    dump_layer(lesson, config, full, forward, grads, x_all, dy_all, batch, a2a, (int)ranks_per_node);
+  lesson.csv_append("series,P,a,b,c", routing_csv(map, config, (int)ranks_per_node, nodes, d));
   return lesson.finish(check);
 }
 

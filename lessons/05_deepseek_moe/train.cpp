@@ -146,48 +146,48 @@ double imbalance(const std::vector<double>& load) {
 
 }  // namespace
 
-int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
-                 const TrainOptions& o) {
+int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config config,
+                 const TrainOptions& options) {
   Comm& comm = lesson.comm;
   const int rank = comm.rank(), P = comm.size();
   const Device dev = lesson.device;
   const uint64_t seed = (uint64_t)lesson.flags.seed;
   std::string error;
   CharCorpus corpus;
-  error = CharCorpus::try_load(o.data, &corpus);
+  error = CharCorpus::try_load(options.data, &corpus);
   lesson.usage_error_if(!error.empty(), error);
-  const int64_t V = corpus.vocab_size(), L = c.seq_len, B_all = o.batch * P;
-  const int64_t T_all = B_all * L;
-  if (o.balance == "aux") c.gate = dsv3::GateFn::softmax, c.alpha = o.aux_alpha;
-  else c.alpha = 0;
-  if (o.balance == "bias") c.gate = dsv3::GateFn::sigmoid;
-  const bool ema_bug = o.bug == "ema-zero-init", peek = o.bug == "bias-peek";
-  if (rank == 0)
-    std::printf("== 05 training: %lld steps, %lld sequences of %lld characters per step (%lld per "
-                "rank), vocabulary %lld, d=%lld, %lld experts top-%lld, %lld shared, gate %s, "
-                "balance %s%s%s, all-to-all %s, device %s\n",
-                (long long)o.steps, (long long)B_all, (long long)L, (long long)o.batch,
-                (long long)V, (long long)c.dim, (long long)c.experts, (long long)c.topk,
-                (long long)c.shared, dsv3::gate_name(c.gate), o.balance.c_str(),
-                o.bug != "none" ? ", planted: " : "", o.bug != "none" ? o.bug.c_str() : "",
-                scheme == Scheme::flat ? "flat" : "hierarchical", device_name(dev));
+  const int64_t vocab = corpus.vocab_size(), seq_len = config.seq_len, B_all = options.batch * P;
+  const int64_t T_all = B_all * seq_len;
+  if (options.balance == "aux") config.gate = dsv3::GateFn::softmax, config.alpha = options.aux_alpha;
+  else config.alpha = 0;
+  if (options.balance == "bias") config.gate = dsv3::GateFn::sigmoid;
+  const bool ema_bug = options.bug == "ema-zero-init", peek = options.bug == "bias-peek";
+  lesson.print("== 05 training: %lld steps, %lld sequences of %lld characters per step (%lld per "
+               "rank), vocabulary %lld, d=%lld, %lld experts top-%lld, %lld shared, gate %s, "
+               "balance %s%s%s, all-to-all %s, device %s\n",
+               (long long)options.steps, (long long)B_all, (long long)seq_len, (long long)options.batch,
+               (long long)vocab, (long long)config.dim, (long long)config.experts, (long long)config.topk,
+               (long long)config.shared, dsv3::gate_name(config.gate), options.balance.c_str(),
+               options.bug != "none" ? ", planted: " : "", options.bug != "none" ? options.bug.c_str() : "",
+               scheme == Scheme::flat ? "flat" : "hierarchical", device_name(dev));
 
   // the run and, when it has at most 20 steps, the same run on one process over the same
   // global batches (the check re-runs them all)
-  const int64_t check_steps = std::min<int64_t>(o.steps, 20);
+  const int64_t check_steps = std::min<int64_t>(options.steps, 20);
   struct Run {
     Model model;
     Adam adam;
     dsv3::BiasUpdater bias;  // the load-based bias update (common/layers/dsv3_moe.h)
     std::vector<double> losses;
   };
-  auto make_run = [&](int r, int p) {
-    AdamConfig ac;
-    ac.lr = o.lr;
-    Run run{init_model(c, V, seed, r, p, dev), Adam(ac), dsv3::BiasUpdater{}, {}};
-    run.bias.gamma = o.balance == "bias" ? o.gamma : 0.0;
-    run.bias.beta = ema_bug && o.ema == 0 ? 0.99 : o.ema;
-    run.bias.est.assign((size_t)c.experts, ema_bug ? 0.0 : 1.0 / (double)c.experts);
+  auto make_run = [&](int run_rank, int run_size) {
+    AdamConfig adam_config;
+    adam_config.lr = options.lr;
+    Run run{init_model(config, vocab, seed, run_rank, run_size, dev), Adam(adam_config),
+            dsv3::BiasUpdater{}, {}};
+    run.bias.gamma = options.balance == "bias" ? options.gamma : 0.0;
+    run.bias.beta = ema_bug && options.ema == 0 ? 0.99 : options.ema;
+    run.bias.est.assign((size_t)config.experts, ema_bug ? 0.0 : 1.0 / (double)config.experts);
     return run;
   };
   Run dist = make_run(rank, P);
@@ -195,36 +195,36 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
   Comm self = comm.split(rank, 0);
   lesson.start_trace();
   std::string csv;
-  if (rank == 0) std::printf("  %5s %8s %9s %10s %8s\n", "step", "loss", "balance", "max/mean", "dropped");
-  auto step_once = [&](Run& run, Comm& cm, bool distributed, int64_t step) {
-    CharCorpus::Batch b = corpus.batch(CharCorpus::Split::train, step, B_all, L, distributed ? rank * o.batch : 0,
-                           distributed ? (rank + 1) * o.batch : B_all, seed);
-    Tensor ids = b.inputs.to(dev), targets = b.targets.to(dev);
+  lesson.print("  %5s %8s %9s %10s %8s\n", "step", "loss", "balance", "max/mean", "dropped");
+  auto step_once = [&](Run& run, Comm& step_comm, bool distributed, int64_t step) {
+    CharCorpus::Batch batch = corpus.batch(CharCorpus::Split::train, step, B_all, seq_len,
+                                           distributed ? rank * options.batch : 0,
+                                           distributed ? (rank + 1) * options.batch : B_all, seed);
+    Tensor ids = batch.inputs.to(dev), targets = batch.targets.to(dev);
     // [slide:step-order]
     if (peek && run.bias.gamma > 0) {  // the planted order: this batch's loads steer its routing
-      Tensor u = rmsnorm(embedding(run.model.emb, reshape(ids, {ids.numel()})), run.model.norm_w);
-      run.model.moe.bias = run.bias.updated(run.model.moe.bias,
-                                            router_loads(cm, c, run.model.moe, u.detach()),
-                                            (double)(T_all * c.topk));
+      Tensor normed = rmsnorm(embedding(run.model.emb, reshape(ids, {ids.numel()})), run.model.norm_w);
+      const std::vector<double> loads = router_loads(step_comm, config, run.model.moe, normed.detach());
+      run.model.moe.bias = run.bias.updated(run.model.moe.bias, loads, (double)(T_all * config.topk));
     }
-    StepResult r = train_step(cm, topo, scheme, c, run.model, run.adam, ids, targets, T_all,
-                              distributed);
+    StepResult result = train_step(step_comm, topo, scheme, config, run.model, run.adam, ids, targets,
+                                   T_all, distributed);
     if (!peek && run.bias.gamma > 0)  // DeepSeek-V3: at the end of the step, for the next one
-      run.model.moe.bias = run.bias.updated(run.model.moe.bias, r.load, (double)(T_all * c.topk));
+      run.model.moe.bias = run.bias.updated(run.model.moe.bias, result.load, (double)(T_all * config.topk));
     // [/slide]
     run.model.mine.bias = run.model.moe.bias;
-    run.losses.push_back(r.ce + r.balance);
-    return r;
+    run.losses.push_back(result.ce + result.balance);
+    return result;
   };
-  for (int64_t step = 0; step < o.steps; step++) {
-    StepResult r = step_once(dist, comm, P > 1, step);
-    if (rank == 0 && (step % o.log_every == 0 || step + 1 == o.steps))
-      std::printf("  %5lld %8.4f %9.5f %10.2f %8lld\n", (long long)step, r.ce, r.balance,
-                  imbalance(r.load), (long long)r.dropped);
+  for (int64_t step = 0; step < options.steps; step++) {
+    StepResult result = step_once(dist, comm, P > 1, step);
+    if (step % options.log_every == 0 || step + 1 == options.steps)
+      lesson.print("  %5lld %8.4f %9.5f %10.2f %8lld\n", (long long)step, result.ce, result.balance,
+                   imbalance(result.load), (long long)result.dropped);
     char line[160];
     std::snprintf(line, sizeof line, "train,%d,%s,%s,%lld,%.6f,%.6f,%.4f,%lld\n", P,
-                  o.balance.c_str(), o.bug.c_str(), (long long)step, r.ce, r.balance,
-                  imbalance(r.load), (long long)r.dropped);
+                  options.balance.c_str(), options.bug.c_str(), (long long)step, result.ce,
+                  result.balance, imbalance(result.load), (long long)result.dropped);
     csv += line;
   }
   lesson.csv_append("series,P,balance,bug,step,loss,balance_loss,max_over_mean,dropped", csv);
@@ -235,28 +235,28 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
   std::vector<float> bias_all = allgather_vec(comm, dist.model.moe.bias.to_vector());
   bool same_bias = true;
   for (int p = 1; p < P; p++)
-    same_bias &= std::equal(bias_all.begin(), bias_all.begin() + c.experts,
-                            bias_all.begin() + p * c.experts);
+    same_bias &= std::equal(bias_all.begin(), bias_all.begin() + config.experts,
+                            bias_all.begin() + p * config.experts);
   check.holds("the bias is the same on every rank", same_bias);
-  if (P > 1 && check_steps < o.steps && rank == 0)
-    std::printf("(the one-process comparison runs for --train %lld or fewer steps: this run checks the "
-                "bias only)\n", (long long)check_steps);
-  if (P > 1 && check_steps == o.steps) {
+  if (P > 1 && check_steps < options.steps)
+    lesson.print("(the one-process comparison runs for --train %lld or fewer steps: this run checks the "
+                 "bias only)\n", (long long)check_steps);
+  if (P > 1 && check_steps == options.steps) {
     for (int64_t step = 0; step < check_steps; step++) step_once(one, self, false, step);
     const double eps = FLT_EPSILON;
     double worst = 0;
-    for (int64_t s = 0; s < check_steps; s++)  // losses are below 8 nats
-      worst = std::max(worst, std::fabs(dist.losses[(size_t)s] - one.losses[(size_t)s]));
+    for (int64_t step = 0; step < check_steps; step++)  // losses are below 8 nats
+      worst = std::max(worst, std::fabs(dist.losses[(size_t)step] - one.losses[(size_t)step]));
     // Both runs add the same float32 terms in different orders (the all-reduces, the split of
     // the batch): each sum of n terms differs by about n eps of its size, n at most the rows
     // of one rank plus d plus the vocabulary; Adam's steps carry such differences forward, one
     // step's worth per step. 4 n eps per step, relative.
-    const double tol = 4.0 * (double)(T_all / P + c.dim + V) * eps * (double)check_steps;
+    const double tol = 4.0 * (double)(T_all / P + config.dim + vocab) * eps * (double)check_steps;
     check.scalar("loss after the last step, against one process", dist.losses.back(),
                  one.losses.back(), tol * std::max(std::fabs(one.losses.back()), 1.0));
     check.holds("loss of every step within the same tolerance", worst <= tol * 8.0);
     auto ptol = [&](const Tensor& t) { return tol * std::max(max_abs(t), 1e-3); };
-    const int64_t E = c.experts / P;
+    const int64_t E = config.experts / P;
     check.close("embedding", dist.model.emb, one.model.emb, ptol(one.model.emb));
     check.close("LM head", dist.model.head, one.model.head, ptol(one.model.head));
     check.close("router_w", dist.model.moe.router_w, one.model.moe.router_w, ptol(one.model.moe.router_w));
@@ -265,7 +265,7 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config c,
                 slice(one.model.moe.w1, 0, rank * E, (rank + 1) * E), ptol(one.model.moe.w1));
     check.close("experts_w2 (this rank's)", dist.model.mine.w2,
                 slice(one.model.moe.w2, 0, rank * E, (rank + 1) * E), ptol(one.model.moe.w2));
-    if (c.shared > 0)
+    if (config.shared > 0)
       check.close("shared_w1", dist.model.moe.sw1, one.model.moe.sw1, ptol(one.model.moe.sw1));
   }
   return lesson.finish(check);

@@ -55,7 +55,6 @@
 // its one-process twin), formulas.h (the bytes each axis should move), report.h (what is
 // printed and written), estimate.h (--estimate).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -154,9 +153,9 @@ int mesh_lesson(Lesson& L) {
   Mesh mesh(L.comm, sizes);
   CheckComms check_comms(L.comm, mesh);  // the check's traffic, counted apart
   // DP and CP ranks hold the same weights and see different tokens: the gradients are averaged
-  // over both (mesh.dp_cp(), W ranks), and ZeRO-1 shards the optimizer over them
+  // over both (mesh.dp_cp(), of data_ranks ranks), and ZeRO-1 shards the optimizer over them
   Comm& data = mesh.dp_cp();
-  const int W = data.size();
+  const int data_ranks = data.size();
   const model::Params full = model::init_params(s.c, (uint64_t)L.flags.seed, L.device);
   RankModel here(o, s, mesh, full, L.device);
   const ParamTable& table = here.table;
@@ -166,17 +165,17 @@ int mesh_lesson(Lesson& L) {
                              : o.bug == "zero-stale-shard" ? zero::Bug::stale_shard
                                                            : zero::Bug::none;
   // [slide:ep-optimizers]
-  // Two optimizers: the dense weights averaged over DP x CP (W ranks); under EP the experts
+  // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
   // over expert-DP, the ranks of the stage holding the same experts (edp = dp cp tp / ep).
   // Their summed gradient holds every token of the stage once (each reached its expert through
-  // one EP group), so the mean over the global batch divides it by W, not by edp (the planted
-  // bug ep-grad-mean divides by edp: tp / ep too small or too big).
+  // one EP group), so the mean over the global batch divides it by data_ranks, not by edp (the
+  // planted bug ep-grad-mean divides by edp: tp / ep too small or too big).
   Comm& edp = mesh.edp();
   zero::GroupAdam dense_opt(data, adam, (int)o.zero, zero_bug), expert_opt(edp, adam, (int)o.zero, zero::Bug::none);
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k])
       (split_of(table.names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(table.params[k], k);
-  if (o.bug != "ep-grad-mean") expert_opt.divide_by(W);
+  if (o.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
   // [/slide]
   if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
@@ -189,12 +188,13 @@ int mesh_lesson(Lesson& L) {
   const double n_terms = (double)(o.batch * s.T);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
   OneProcess one_process(L, s.c, adam, (int)o.zero, o.bias_rate, s.bug_kpe, table.names, n_terms, s.corpus, o.batch);
-  if (root) print_header(o, s, here, edp.size());
+  print_header(L, o, s, here, edp.size());
 
   // ---- training: every step trained, its traffic per axis counted, and checked
   const AxisComms axes{&mesh.tp(), &data, &mesh.cp(), &edp,
                        {&mesh.ep(), &here.topo.node_comm, &here.topo.rail_comm}, {&mesh.pp(), &pair}};
-  AxisCounts want = expected_counts(here, s, o, dense_opt.numel, expert_opt.numel, W, edp.size(), dual);
+  AxisCounts want =
+      expected_counts(here, s, o, dense_opt.numel, expert_opt.numel, data_ranks, edp.size(), dual);
   AxisCounts last;  // what each axis moved in the last step (Comm's counters)
   bool comm_equal = true;
   std::string disagree, comm_detail;
@@ -210,7 +210,7 @@ int mesh_lesson(Lesson& L) {
       Trace::Category check_traffic(trace(), "check");
       check_comms.world.barrier();
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch watch;
     std::optional<Trace::Scope> step_span;  // the step's training on the compute track, check excluded
     step_span.emplace(trace(), "step " + std::to_string(step), "compute");
     axes.reset();
@@ -222,7 +222,7 @@ int mesh_lesson(Lesson& L) {
 
     const double local_loss = train_step(o, s, mesh, here, pair, {dense_opt, expert_opt}, batch, L.device);
 
-    train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    train_s += watch.seconds();
     step_span.reset();
     // what each axis moved against the formulas (EP's from this step's routing)
     last = axes.counts();
@@ -235,7 +235,7 @@ int mesh_lesson(Lesson& L) {
     // the check: the mesh's loss, mean gradients and new weights against one process's
     const CheckedStep checked = check_step(L, one_process, check_comms, here, dense_opt, expert_opt, sizes,
                                            local_loss, step, checking, step + 1 == o.steps, &disagree);
-    if (root) {
+    if (root) {  // one process's loss, the row's reference, is rank 0's: print_step is rank 0's
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
       print_step(o, sizes, step, checking, logging, checked, bound, last, csv);
     }
@@ -246,11 +246,11 @@ int mesh_lesson(Lesson& L) {
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
   MemoryUse mem;
   mem.measured = dense_opt.memory() + expert_opt.memory();
-  mem.formula = zero::formula(dense_opt.numel, W, (int)o.zero) +
+  mem.formula = zero::formula(dense_opt.numel, data_ranks, (int)o.zero) +
                 (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)o.zero) : zero::Memory{});
-  if (root)
-    print_report(o, s, last, want, mem, dense_opt, expert_opt, table.local_numel, W, edp.size(), train_s, csv);
-  if (o.estimate == "run" && root) print_estimate(s, o, mem, table.local_numel);
+  print_report(L, o, s, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
+               train_s, csv);
+  if (o.estimate == "run") print_estimate(L, s, o, mem, table.local_numel);
   if (!L.flags.csv.empty()) rank_rows(L, check_comms.world, o, sizes, last, want, csv);
   // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory
   // and, per rank, one of the bytes it sent per axis in the last step and one of the formula's
@@ -261,17 +261,18 @@ int mesh_lesson(Lesson& L) {
 
   // ---- after training: the validation loss of the mesh and of one process, a dump, a sample
   const Validation val = validate(L, one_process, check_comms, here, s, o, mesh.coords().dp);
-  if (root) {
-    std::printf("validation loss after %lld steps (%lld batches, %lld tokens): %.6f (mesh), "
-                "%.6f (one process)\n", (long long)o.steps, (long long)o.val_batches,
-                (long long)(o.val_batches * o.batch * s.T), val.mesh, val.one_process);
-    if (L.dumping()) dump_trained(L, s, o.batch, one_process.model(), val.first_mesh);
+  L.print("validation loss after %lld steps (%lld batches, %lld tokens): %.6f (mesh), "
+          "%.6f (one process)\n", (long long)o.steps, (long long)o.val_batches,
+          (long long)(o.val_batches * o.batch * s.T), val.mesh, val.one_process);
+  // the trained model whole is one process's, on rank 0: it alone dumps it and draws the sample
+  if (root && L.dumping()) dump_trained(L, s, o.batch, one_process.model(), val.first_mesh);
+  if (o.sample > 0) {
+    const std::string sample = root ? sample_text(s.c, one_process.model(), s.corpus, o.prompt, o.sample,
+                                                  o.temperature, (uint64_t)L.flags.seed)
+                                    : std::string();
+    L.print("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)o.sample,
+            o.temperature, (long long)L.flags.seed, sample.c_str());
   }
-  if (o.sample > 0 && root)
-    std::printf("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)o.sample,
-                o.temperature, (long long)L.flags.seed,
-                sample_text(s.c, one_process.model(), s.corpus, o.prompt, o.sample, o.temperature,
-                            (uint64_t)L.flags.seed).c_str());
 
   // ---- the verdict
   CheckReport check(L.comm);

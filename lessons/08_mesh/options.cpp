@@ -116,11 +116,10 @@ std::optional<Setup> parse_options(Lesson& L, Options& o) {
   o.sp = sp == "on" || (sp == "auto" && o.tp > 1);
 
   // ---- every check of the input, before any work
-  if (o.estimate == "deepseek-v3") {
-    if (L.rank() == 0) {
-      const estimate::ModelShape m = estimate::deepseek_v3();
-      std::printf("%s", estimate::report(m, estimate::deepseek_v3_parallel(), std::nullopt).c_str());
-    }
+  if (o.estimate == "deepseek-v3") {  // the formulas at DeepSeek-V3's shape, no run
+    const std::string report =
+        estimate::report(estimate::deepseek_v3(), estimate::deepseek_v3_parallel(), std::nullopt);
+    L.print("%s", report.c_str());
     return std::nullopt;
   }
   MeshSizes sizes;
@@ -140,17 +139,16 @@ std::optional<Setup> parse_options(Lesson& L, Options& o) {
                                                         "--dp 0 takes what the others leave)"
                                                       : ""));
   if (o.print_mesh) {
-    if (L.rank() == 0) {
-      std::printf("mesh %s: world = dp %d x pp %d x cp %d x tp %d = %d ranks (order tp-cp-ep-dp-pp, "
-                  "tp fastest)\n%s",
-                  mesh_name(sizes, 0).c_str(), sizes.dp, sizes.pp, sizes.cp, sizes.tp,
-                  sizes.world(), mesh_groups_text(sizes).c_str());
-      for (int r = 0; r < L.size(); r++) {
-        const MeshCoords co = mesh_coords(sizes, r);
-        std::printf("  rank %d: %s  tp %d, cp %d, dp %d, pp %d%s\n", r, mesh_name(sizes, r).c_str(), co.tp,
-                    co.cp, co.dp, co.pp, sizes.ep > 1 ? (", ep " + std::to_string(co.ep) + ", edp " +
-                                                   std::to_string(co.edp)).c_str() : "");
-      }
+    L.print("mesh %s: world = dp %d x pp %d x cp %d x tp %d = %d ranks (order tp-cp-ep-dp-pp, "
+            "tp fastest)\n%s",
+            mesh_name(sizes, 0).c_str(), sizes.dp, sizes.pp, sizes.cp, sizes.tp, sizes.world(),
+            mesh_groups_text(sizes).c_str());
+    for (int rank = 0; rank < L.size(); rank++) {
+      const MeshCoords coords = mesh_coords(sizes, rank);
+      const std::string ep_text =
+          sizes.ep > 1 ? ", ep " + std::to_string(coords.ep) + ", edp " + std::to_string(coords.edp) : "";
+      L.print("  rank %d: %s  tp %d, cp %d, dp %d, pp %d%s\n", rank, mesh_name(sizes, rank).c_str(),
+              coords.tp, coords.cp, coords.dp, coords.pp, ep_text.c_str());
     }
     return std::nullopt;
   }

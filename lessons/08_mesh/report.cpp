@@ -14,7 +14,7 @@
 
 namespace ff::mesh {
 
-void print_header(const Options& o, const Setup& s, const RankModel& here, int edp) {
+void print_header(const Lesson& lesson, const Options& o, const Setup& s, const RankModel& here, int edp) {
   const MeshSizes& sizes = s.sizes;
   const model::Config& c = s.c;
   std::string ep_text;
@@ -25,38 +25,39 @@ void print_header(const Options& o, const Setup& s, const RankModel& here, int e
       ep_text += ", " + std::to_string(here.topo.R) + (s.real_nodes ? " ranks per node" : " ranks per virtual node");
     ep_text += ")";
   }
-  std::printf("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
-              sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
-              sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "", sizes.tp,
-              sizes.world(), ep_text.c_str(), (long long)o.zero, o.sp ? "on" : "off",
-              o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
-  std::printf("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
-              "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
-              (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
-              (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
-              (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
-              (long long)s.full_numel, (long long)here.table.local_numel);
+  lesson.print("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
+               sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
+               sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "", sizes.tp,
+               sizes.world(), ep_text.c_str(), (long long)o.zero, o.sp ? "on" : "off",
+               o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
+  lesson.print("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
+               "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
+               (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
+               (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
+               (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
+               (long long)s.full_numel, (long long)here.table.local_numel);
   if (sizes.pp > 1 || s.M > 1) {
     std::string cut;
     for (int stage = 0; stage < s.S; stage++)
       cut += (stage ? ", " : "") + std::to_string(s.stage_begin[(size_t)stage + 1] - s.stage_begin[(size_t)stage]);
-    std::printf("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
-                "last), %lld micro-batches of %lld sequences per DP rank%s\n",
-                o.schedule.c_str(), s.S, cut.c_str(), (long long)s.M, (long long)s.Bm,
-                !s.sched_pairs ? ""
-                : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
-                                    : "; F&B pairs one after the other");
+    lesson.print("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
+                 "last), %lld micro-batches of %lld sequences per DP rank%s\n",
+                 o.schedule.c_str(), s.S, cut.c_str(), (long long)s.M, (long long)s.Bm,
+                 !s.sched_pairs ? ""
+                 : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
+                                     : "; F&B pairs one after the other");
   }
   if (s.link.enabled)
-    std::printf("%s (point-to-point messages; the collectives as MPI runs them)\n", describe(s.link).c_str());
-  std::printf("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
-              (long long)o.batch, (long long)s.T, (long long)s.B,
-              sizes.cp > 1 ? (", " + std::to_string(s.Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
-              o.lr);
-  std::printf("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
-              "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
-              (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
-               (sizes.pp > 1 ? "    PP bytes" : "")).c_str());
+    lesson.print("%s (point-to-point messages; the collectives as MPI runs them)\n",
+                 describe(s.link).c_str());
+  lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
+               (long long)o.batch, (long long)s.T, (long long)s.B,
+               sizes.cp > 1 ? (", " + std::to_string(s.Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
+               o.lr);
+  lesson.print("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
+               "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
+               (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
+                (sizes.pp > 1 ? "    PP bytes" : "")).c_str());
 }
 
 void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
@@ -90,39 +91,39 @@ void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool che
   csv << row;
 }
 
-void print_report(const Options& o, const Setup& s, const AxisCounts& last, const AxisCounts& want,
-                  const MemoryUse& mem, const zero::GroupAdam& dense_opt,
-                  const zero::GroupAdam& expert_opt, int64_t local_numel, int W, int edp,
+void print_report(const Lesson& lesson, const Options& o, const Setup& s, const AxisCounts& last,
+                  const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
+                  const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
                   double train_s, std::ostringstream& csv) {
   const MeshSizes& sizes = s.sizes;
   const zero::Memory& got = mem.measured;
   const zero::Memory& formula = mem.formula;
-  std::printf("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
-  std::printf("%s", communication_text(last, want, sizes).c_str());
+  lesson.print("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
+  lesson.print("%s", communication_text(last, want, sizes).c_str());
   if (s.sched_pairs && o.overlap == "on")
-    std::printf("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
-                "over the whole run\n", overlap::switches());
-  std::printf("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
-              "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
-              sizes.cp > 1 ? "dp x cp" : "dp", W);
+    lesson.print("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
+                 "over the whole run\n", overlap::switches());
+  lesson.print("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
+               "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
+               sizes.cp > 1 ? "dp x cp" : "dp", data_ranks);
   if (sizes.ep > 1)
-    std::printf("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
-                "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, W,
-                (long long)expert_opt.numel, edp);
-  std::printf("  parameters %10s   formula 4N            %10s\n", human_bytes((double)got.params).c_str(),
-              human_bytes((double)formula.params).c_str());
-  std::printf("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)got.grads).c_str(),
-              human_bytes((double)formula.grads).c_str());
-  std::printf("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
-              o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
-  std::printf("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
-              human_bytes((double)got.buffers).c_str());
-  std::printf("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
-              human_bytes(zero::mixed_precision_bytes(local_numel, W, 0)).c_str(),
-              human_bytes(zero::mixed_precision_bytes(local_numel, W, 1)).c_str());
+    lesson.print("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
+                 "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, data_ranks,
+                 (long long)expert_opt.numel, edp);
+  lesson.print("  parameters %10s   formula 4N            %10s\n", human_bytes((double)got.params).c_str(),
+               human_bytes((double)formula.params).c_str());
+  lesson.print("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)got.grads).c_str(),
+               human_bytes((double)formula.grads).c_str());
+  lesson.print("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
+               o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
+  lesson.print("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
+               human_bytes((double)got.buffers).c_str());
+  lesson.print("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
+               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 0)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str());
   const double step_s = train_s / (double)std::max<int64_t>(o.steps, 1);
-  std::printf("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
-              step_s * 1e3, s.link.enabled ? "; links modelled" : "", (double)(o.batch * s.T) / step_s);
+  lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
+               step_s * 1e3, s.link.enabled ? "; links modelled" : "", (double)(o.batch * s.T) / step_s);
   char row[320];
   std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
                 sizes.tp, (long long)o.zero, (int)o.sp, got.params, got.grads, got.optimizer, got.buffers,
@@ -130,13 +131,14 @@ void print_report(const Options& o, const Setup& s, const AxisCounts& last, cons
   csv << row;
 }
 
-void print_estimate(const Setup& s, const Options& o, const MemoryUse& mem, int64_t local_numel) {
+void print_estimate(const Lesson& lesson, const Setup& s, const Options& o, const MemoryUse& mem,
+                    int64_t local_numel) {
   estimate::Parallel par;
   par.tp = s.sizes.tp, par.dp = s.sizes.dp, par.cp = s.sizes.cp, par.ep = s.sizes.ep, par.zero = (int)o.zero;
   par.sp = o.sp;
   const estimate::Measured measured{local_numel, (double)mem.measured.params, (double)mem.measured.grads,
                                     (double)mem.measured.optimizer};
-  std::printf("\n%s", estimate::report(estimate::tiny(s.c, s.B), par, measured).c_str());
+  lesson.print("\n%s", estimate::report(estimate::tiny(s.c, s.B), par, measured).c_str());
 }
 
 void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,

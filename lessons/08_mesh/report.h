@@ -1,7 +1,7 @@
 // lessons/08_mesh/report.h — what lesson 08 prints and writes: the run's header, a row per
 // step, the communication and memory after training, the CSV rows the figures read, the dump
-// of the trained model and a sample of its text. Rank 0 prints; the CSV's per-rank rows are
-// gathered from every rank.
+// of the trained model and a sample of its text. Rank 0 prints (Lesson::print, or printf in
+// the functions only rank 0 calls); the CSV's per-rank rows are gathered from every rank.
 #pragma once
 #include <cstdint>
 #include <sstream>
@@ -18,12 +18,13 @@
 
 namespace ff::mesh {
 
-// Rank 0: the mesh, the model, the pipeline, the links and the batch, then the step table's
-// header. edp: the expert-DP size.
-void print_header(const Options& o, const Setup& s, const RankModel& here, int edp);
+// The mesh, the model, the pipeline, the links and the batch, then the step table's header
+// (printed by rank 0). edp: the expert-DP size.
+void print_header(const Lesson& lesson, const Options& o, const Setup& s, const RankModel& here, int edp);
 
-// Rank 0: the step's row of the table (the mesh's loss, one process's and their difference
-// against the bound on a checked step, the bytes of each axis), and its CSV row into csv.
+// Called on rank 0 only (it holds one process's loss and gradients), so it prints with printf:
+// the step's row of the table (the mesh's loss, one process's and their difference against the
+// bound on a checked step, the bytes of each axis), and its CSV row into csv.
 void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
                 bool logging, const CheckedStep& checked, double bound, const AxisCounts& last,
                 std::ostringstream& csv);
@@ -33,14 +34,16 @@ struct MemoryUse {
   zero::Memory measured, formula;
 };
 
-// Rank 0, after training: the communication of the last step per axis against the formulas,
+// After training, rank 0's: the communication of the last step per axis against the formulas,
 // the memory against its formula, the time per step; the memory's CSV row into csv.
-void print_report(const Options& o, const Setup& s, const AxisCounts& last, const AxisCounts& want,
-                  const MemoryUse& mem, const zero::GroupAdam& dense_opt,
-                  const zero::GroupAdam& expert_opt, int64_t local_numel, int W, int edp,
+// data_ranks: the dp x cp size the dense weights are averaged and sharded over.
+void print_report(const Lesson& lesson, const Options& o, const Setup& s, const AxisCounts& last,
+                  const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
+                  const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
                   double train_s, std::ostringstream& csv);
-// Rank 0, under --estimate run: the memory model of this run's model and mesh against it.
-void print_estimate(const Setup& s, const Options& o, const MemoryUse& mem, int64_t local_numel);
+// Under --estimate run: the memory model of this run's model and mesh against rank 0's.
+void print_estimate(const Lesson& lesson, const Setup& s, const Options& o, const MemoryUse& mem,
+                    int64_t local_numel);
 // Every rank's bytes per axis in the last step, measured and by the formula: two CSV rows per
 // rank, gathered over `world` into rank 0's csv.
 void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,
