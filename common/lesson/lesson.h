@@ -94,15 +94,13 @@ class Lesson {
   // flags to lower. Every rank must pass the same estimate.
   void require_memory(double bytes_per_rank, const std::string& flags_to_lower) const;
 
-  // --ranks-per-node for the lessons that model nodes (05, 06, 08). given > 0: the flag's value,
-  // a virtual layout. given == 0 (left out): the job's real layout (Comm::node_layout) when it
-  // spans several nodes with the same number of consecutive ranks on each and fits(R) accepts
-  // it, else virtual_default. *real says which was taken; collective.
-  int64_t ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
-                         const std::function<bool(int64_t)>& fits = nullptr) const;
-  // The network a lesson's messages cross (05, 06, 08): the ranks per node as above and, when
-  // link_spec is given (--link SPEC), the link model over those nodes (parse_link; a SPEC it
-  // refuses is a usage error on every rank). Collective.
+  // The network a lesson's messages cross (05, 06, 08), collective:
+  //  * the ranks per node (--ranks-per-node): given > 0, the flag's value, a virtual layout;
+  //    given == 0 (left out), the job's real layout (Comm::node_layout) when it spans several
+  //    nodes with the same number of consecutive ranks on each and fits(R) accepts it, else
+  //    virtual_default;
+  //  * when link_spec is given (--link SPEC), the link model over those nodes (parse_link; a
+  //    SPEC it refuses is a usage error on every rank).
   struct Network {
     int64_t ranks_per_node = 1;
     bool real_nodes = false;  // the job's own nodes, else virtual ones of consecutive ranks
@@ -136,6 +134,8 @@ class Lesson {
   bool finished() const { return finished_; }
 
  private:
+  int64_t ranks_per_node(int64_t given, int64_t virtual_default, bool* real,
+                         const std::function<bool(int64_t)>& fits) const;
   void output(const std::string& what, const std::function<void()>& write);
   int argc_;
   char** argv_;

@@ -5,20 +5,22 @@
 #include "kernels/device.h"
 #include "lessons/01_online_softmax/online_softmax.h"
 
+namespace ff::online_softmax {
+
 struct LessonKernels {
-  decltype(&lesson01::sim::row_states) row_states;
-  decltype(&lesson01::sim::normalise) normalise;
-  decltype(&lesson01::sim::decode_partial) decode_partial;
-  decltype(&lesson01::sim::merge_states) merge_states;
+  decltype(&sim::row_states) row_states;
+  decltype(&sim::normalise) normalise;
+  decltype(&sim::decode_partial) decode_partial;
+  decltype(&sim::merge_states) merge_states;
 };
 
-inline LessonKernels lesson_kernels(ff::Device d) {
+inline LessonKernels lesson_kernels(Device d) {
 #if FF_HAVE_CUDA
-  if (d == ff::Device::cuda)
-    return {lesson01::cuda::row_states, lesson01::cuda::normalise, lesson01::cuda::decode_partial,
-            lesson01::cuda::merge_states};
+  if (d == Device::cuda)
+    return {cuda::row_states, cuda::normalise, cuda::decode_partial, cuda::merge_states};
 #endif
-  FF_CHECK(d == ff::Device::sim, "no lesson kernels for device " << ff::device_name(d));
-  return {lesson01::sim::row_states, lesson01::sim::normalise, lesson01::sim::decode_partial,
-          lesson01::sim::merge_states};
+  FF_CHECK(d == Device::sim, "no lesson kernels for device " << device_name(d));
+  return {sim::row_states, sim::normalise, sim::decode_partial, sim::merge_states};
 }
+
+}  // namespace ff::online_softmax

@@ -38,6 +38,7 @@
 #include "lessons/01_online_softmax/lesson_kernels.h"
 
 using namespace ff;
+using namespace ff::online_softmax;
 
 
 static const float kNegInf = -std::numeric_limits<float>::infinity();

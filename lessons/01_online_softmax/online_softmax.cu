@@ -21,7 +21,7 @@
 
 #include "kernels/simt.h"
 
-namespace lesson01::SIMT_DEVICE_NS {
+namespace ff::online_softmax::SIMT_DEVICE_NS {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;  // row_states: 4 rows per block of 128 threads
@@ -174,4 +174,4 @@ void merge_states(float* state, const float* partial, int64_t nq, int64_t dv, in
   SIMT_CHECK_LAUNCH();
 }
 
-}  // namespace lesson01::SIMT_DEVICE_NS
+}  // namespace ff::online_softmax::SIMT_DEVICE_NS

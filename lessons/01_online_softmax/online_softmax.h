@@ -1,6 +1,6 @@
 // lessons/01_online_softmax/online_softmax.h — the lesson's own CUDA kernels
-// (online_softmax.cu), built for device sim (namespace lesson01::sim, run by the SIMT
-// emulator) and, when nvcc exists, for device cuda (lesson01::cuda). Pointers are device
+// (online_softmax.cu), built for device sim (namespace ff::online_softmax::sim, run by the SIMT
+// emulator) and, when nvcc exists, for device cuda (ff::online_softmax::cuda). Pointers are device
 // pointers; a state is (m, l) or (m, l, o[dv]) as in main.cpp.
 #pragma once
 #include <cstdint>
@@ -19,11 +19,11 @@
   /* step 2: state (nq, 2 + dv) = the merge of each query's `splits` partial states */       \
   void merge_states(float* state, const float* partial, int64_t nq, int64_t dv, int64_t splits);
 
-namespace lesson01 {
+namespace ff::online_softmax {
 namespace sim {
 LESSON01_KERNELS
 }
 namespace cuda {
 LESSON01_KERNELS
 }
-}  // namespace lesson01
+}  // namespace ff::online_softmax

@@ -11,7 +11,7 @@
 #include "common/util/files.h"
 #include "common/lesson/lesson.h"
 
-namespace ff {
+namespace ff::deepseek {
 
 // The distributed layer (common/layers/dsv3_ep.h), under the names this lesson uses.
 using dsv3::allgather_vec;
@@ -51,4 +51,4 @@ struct Flags {
 // Declares every flag on cli, writing into f (options.cpp).
 void declare_flags(Cli& cli, Flags* f);
 
-}  // namespace ff
+}  // namespace ff::deepseek

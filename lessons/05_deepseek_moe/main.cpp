@@ -49,7 +49,10 @@
 #include "common/lesson/lesson.h"
 #include "lessons/05_deepseek_moe/deepseek_moe.h"
 
-namespace ff {
+using namespace ff;
+using namespace ff::deepseek;
+
+namespace {
 
 // ----------------------------------------------------------------------------
 // The layer, distributed, lives in common/layers/dsv3_ep.cpp (lesson 08 runs it on its mesh):
@@ -138,9 +141,7 @@ static void paper_shape_counts(uint64_t seed) {
   }
 }
 
-}  // namespace ff
-
-using namespace ff;
+}  // namespace
 
 // ----------------------------------------------------------------------------
 

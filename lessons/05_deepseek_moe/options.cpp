@@ -1,7 +1,7 @@
 // lessons/05_deepseek_moe/options.cpp — lesson 05's flags (deepseek_moe.h: Flags).
 #include "lessons/05_deepseek_moe/deepseek_moe.h"
 
-namespace ff {
+namespace ff::deepseek {
 
 void declare_flags(Cli& cli, Flags* f) {
   cli.summary("DeepSeek-V3 MoE: sigmoid gate with a balancing bias for selection only, node-limited\n"
@@ -56,4 +56,4 @@ void declare_flags(Cli& cli, Flags* f) {
              "      make run L=05 ARGS=\"--capacity-factor 1 --overflow next-best\"");
 }
 
-}  // namespace ff
+}  // namespace ff::deepseek

@@ -39,7 +39,7 @@
 #include "common/lesson/corpus.h"
 #include "lessons/05_deepseek_moe/deepseek_moe.h"
 
-namespace ff {
+namespace ff::deepseek {
 
 namespace {
 
@@ -271,4 +271,4 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config con
   return lesson.finish(check);
 }
 
-}  // namespace ff
+}  // namespace ff::deepseek

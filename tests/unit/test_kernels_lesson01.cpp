@@ -15,20 +15,20 @@ using namespace ff;
 namespace {
 
 struct Lesson01Kernels {
-  decltype(&lesson01::sim::row_states) row_states;
-  decltype(&lesson01::sim::normalise) normalise;
-  decltype(&lesson01::sim::decode_partial) decode_partial;
-  decltype(&lesson01::sim::merge_states) merge_states;
+  decltype(&ff::online_softmax::sim::row_states) row_states;
+  decltype(&ff::online_softmax::sim::normalise) normalise;
+  decltype(&ff::online_softmax::sim::decode_partial) decode_partial;
+  decltype(&ff::online_softmax::sim::merge_states) merge_states;
 };
 
 Lesson01Kernels kernels_under_test() {
 #if FF_HAVE_CUDA
   if (kt::device_under_test() == Device::cuda)
-    return {lesson01::cuda::row_states, lesson01::cuda::normalise, lesson01::cuda::decode_partial,
-            lesson01::cuda::merge_states};
+    return {ff::online_softmax::cuda::row_states, ff::online_softmax::cuda::normalise, ff::online_softmax::cuda::decode_partial,
+            ff::online_softmax::cuda::merge_states};
 #endif
-  return {lesson01::sim::row_states, lesson01::sim::normalise, lesson01::sim::decode_partial,
-          lesson01::sim::merge_states};
+  return {ff::online_softmax::sim::row_states, ff::online_softmax::sim::normalise, ff::online_softmax::sim::decode_partial,
+          ff::online_softmax::sim::merge_states};
 }
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
