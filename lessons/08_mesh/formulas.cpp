@@ -191,13 +191,13 @@ std::string human_bytes(double b) {
 }
 
 std::string counts_text(const CollectiveCounts& m) {
-  std::ostringstream o;
+  std::ostringstream text;
   bool first = true;
   for (const auto& [op, cc] : m) {
-    o << (first ? "" : ", ") << op << " " << cc.calls << " x, " << human_bytes((double)cc.bytes);
+    text << (first ? "" : ", ") << op << " " << cc.calls << " x, " << human_bytes((double)cc.bytes);
     first = false;
   }
-  return first ? "none" : o.str();
+  return first ? "none" : text.str();
 }
 
 size_t sum_bytes(const CollectiveCounts& m) {
@@ -271,22 +271,22 @@ AxisCounts AxisComms::counts() const {
   return got;
 }
 
-AxisCounts expected_counts(const RankModel& here, const Setup& s, const Options& o,
+AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
                            int64_t dense_numel, int64_t expert_numel, int W, int edp,
                            bool pair_sums) {
-  const model::Config& c = s.c;
+  const model::Config& c = setup.c;
   const int pp_rank = here.pp_rank;
   StageCounts st;
-  st.M = here.sched.layout == pp::Layout::dual ? s.M / 2 : s.M;  // a stage's copy sees one direction's
+  st.M = here.sched.layout == pp::Layout::dual ? setup.microbatches / 2 : setup.microbatches;  // a stage's copy sees one direction's
   st.head = here.plan.holds("head", pp_rank);
   for (int64_t l = 0; l < c.layers; l++)
     if (here.plan.holds_stage(here.plan.stage_of_layer(l), pp_rank))
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
   AxisCounts want;
-  want.tp = formula_tp(c, st, s.Bm * s.Tc, s.sizes.tp, o.sp, here.table.replicated_numel);
-  want.dp = formula_dp(c, dense_numel, W, (int)o.zero, here.held_moe > 0);
-  want.cp = formula_cp(c, st, s.Bm, s.Tc, s.sizes.tp, s.sizes.cp);
-  if (s.sizes.ep > 1 && expert_numel > 0) want.edp = formula_dp(c, expert_numel, edp, (int)o.zero, false);
+  want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, here.table.replicated_numel);
+  want.dp = formula_dp(c, dense_numel, W, (int)opts.zero, here.held_moe > 0);
+  want.cp = formula_cp(c, st, setup.microbatch, setup.seq_per_cp, setup.sizes.tp, setup.sizes.cp);
+  if (setup.sizes.ep > 1 && expert_numel > 0) want.edp = formula_dp(c, expert_numel, edp, (int)opts.zero, false);
   want.pp = formula_pp(here.sched, pp_rank, here.stages.boundary_shape(0, 0)[0], c.dim);
   if (pair_sums) {
     const bool loads = here.held_moe > 0;

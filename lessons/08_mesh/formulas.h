@@ -72,7 +72,7 @@ struct RankModel;
 // the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
 // the two optimizers (over dp x cp, W ranks, and over expert-DP, edp ranks); pair_sums: the
 // DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
-AxisCounts expected_counts(const RankModel& here, const Setup& s, const Options& o,
+AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
                            int64_t dense_numel, int64_t expert_numel, int W, int edp,
                            bool pair_sums);
 

@@ -91,7 +91,7 @@ struct Optimizers {
 // [slide:step]
 // One training step of this rank on its share of the global batch (its DP rows, its CP
 // columns); returns its share of the loss (on the last pipeline stage; 0 elsewhere).
-double train_step(const Options& o, const Setup& s, Mesh& mesh, RankModel& here, Comm& pair,
+double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, Comm& pair,
                   Optimizers opt, const CharCorpus::Batch& batch, Device device) {
   const ParamTable& table = here.table;
   const bool dual = here.sched.layout == pp::Layout::dual;
@@ -102,18 +102,18 @@ double train_step(const Options& o, const Setup& s, Mesh& mesh, RankModel& here,
   here.stages.inputs = batch.inputs.to(device), here.stages.targets = batch.targets.to(device);
   here.stages.routes.clear();
   pp::ExecutorOptions executor_options;
-  executor_options.overlap_pairs = o.overlap == "on";
+  executor_options.overlap_pairs = opts.overlap == "on";
   pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
   executor.run();
-  std::vector<float> load = expert_loads(here.stages.routes, s.c);
+  std::vector<float> load = expert_loads(here.stages.routes, setup.c);
   // [slide:sp-grads]
   // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
   //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
-  if (o.sp) {
+  if (opts.sp) {
     std::vector<Tensor*> replicated;
     for (size_t k = 0; k < table.names.size(); k++)
-      if (table.params[k] && split_of(table.names[k], s.sizes.ep) == Split::replicated &&
-          !(o.bug == "sp-norm-grad" && is_norm_weight(table.names[k])))
+      if (table.params[k] && split_of(table.names[k], setup.sizes.ep) == Split::replicated &&
+          !(opts.bug == "sp-norm-grad" && is_norm_weight(table.names[k])))
         replicated.push_back(table.params[k]);
     zero::sum_grads(replicated, mesh.tp());
     // [/slide:sp-grads]
@@ -123,7 +123,7 @@ double train_step(const Options& o, const Setup& s, Mesh& mesh, RankModel& here,
   // DualPipe: stage s lives on rank s (direction 0) and on rank P-1-s (direction 1), each
   // copy's gradient from its direction's micro-batches: the pair sums them, so both copies
   // take the same AdamW step (the replica check compares their bits), and their MoE loads
-  if (dual && o.bug != "dualpipe-no-pair-sum") {
+  if (dual && opts.bug != "dualpipe-no-pair-sum") {
     std::vector<Tensor*> held;
     for (Tensor* p : table.params)
       if (p) held.push_back(p);
@@ -136,33 +136,33 @@ double train_step(const Options& o, const Setup& s, Mesh& mesh, RankModel& here,
   opt.experts.step();
   // 4. the balancing bias from the loads of the whole global batch
   if (mesh.dp_cp().size() > 1 && here.held_moe > 0) mesh.dp_cp().allreduce_sum(load.data(), load.size());
-  update_biases(here.mm.p, load, s.c.experts, o.bias_rate);
+  update_biases(here.mm.p, load, setup.c.experts, opts.bias_rate);
   return executor.local_loss();  // the sum of the micro-batches' shares
 }
 // [/slide]
 
-int mesh_lesson(Lesson& L) {
-  Options o;
-  const std::optional<Setup> setup = parse_options(L, o);
-  if (!setup) return L.finish(0);  // --print-mesh or --estimate deepseek-v3: printed
-  const Setup& s = *setup;
-  const MeshSizes& sizes = s.sizes;
-  const bool root = L.rank() == 0;
+int mesh_lesson(Lesson& lesson) {
+  Options opts;
+  const std::optional<Setup> parsed = parse_options(lesson, opts);
+  if (!parsed) return lesson.finish(0);  // --print-mesh or --estimate deepseek-v3: printed
+  const Setup& setup = *parsed;
+  const MeshSizes& sizes = setup.sizes;
+  const bool root = lesson.rank() == 0;
 
   // ---- the mesh, the model on it (this rank's shards of its stages), the optimizers
-  Mesh mesh(L.comm, sizes);
-  CheckComms check_comms(L.comm, mesh);  // the check's traffic, counted apart
+  Mesh mesh(lesson.comm, sizes);
+  CheckComms check_comms(lesson.comm, mesh);  // the check's traffic, counted apart
   // DP and CP ranks hold the same weights and see different tokens: the gradients are averaged
   // over both (mesh.dp_cp(), of data_ranks ranks), and ZeRO-1 shards the optimizer over them
   Comm& data = mesh.dp_cp();
   const int data_ranks = data.size();
-  const model::Params full = model::init_params(s.c, (uint64_t)L.flags.seed, L.device);
-  RankModel here(o, s, mesh, full, L.device);
+  const model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
+  RankModel here(opts, setup, mesh, full, lesson.device);
   const ParamTable& table = here.table;
   AdamConfig adam;
-  adam.lr = o.lr;
-  const zero::Bug zero_bug = o.bug == "zero-no-divide"     ? zero::Bug::no_divide
-                             : o.bug == "zero-stale-shard" ? zero::Bug::stale_shard
+  adam.lr = opts.lr;
+  const zero::Bug zero_bug = opts.bug == "zero-no-divide"     ? zero::Bug::no_divide
+                             : opts.bug == "zero-stale-shard" ? zero::Bug::stale_shard
                                                            : zero::Bug::none;
   // [slide:ep-optimizers]
   // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
@@ -171,40 +171,40 @@ int mesh_lesson(Lesson& L) {
   // one EP group), so the mean over the global batch divides it by data_ranks, not by edp (the
   // planted bug ep-grad-mean divides by edp: tp / ep too small or too big).
   Comm& edp = mesh.edp();
-  zero::GroupAdam dense_opt(data, adam, (int)o.zero, zero_bug), expert_opt(edp, adam, (int)o.zero, zero::Bug::none);
+  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug), expert_opt(edp, adam, (int)opts.zero, zero::Bug::none);
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k])
       (split_of(table.names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(table.params[k], k);
-  if (o.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
+  if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
   // [/slide]
-  if (o.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
+  if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
   const bool dual = here.sched.layout == pp::Layout::dual;
   const int pp_rank = mesh.coords().pp;
-  Comm pair = mesh.pp().split(std::min(pp_rank, (int)o.pp - 1 - pp_rank), pp_rank);
+  Comm pair = mesh.pp().split(std::min(pp_rank, (int)opts.pp - 1 - pp_rank), pp_rank);
   pair.set_label("pp");
 
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
-  const double n_terms = (double)(o.batch * s.T);  // the longest sum: a weight gradient's, over tokens
+  const double n_terms = (double)(opts.batch * setup.seq);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
-  OneProcess one_process(L, s.c, adam, (int)o.zero, o.bias_rate, s.bug_kpe, table.names, n_terms, s.corpus, o.batch);
-  print_header(L, o, s, here, edp.size());
+  OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, setup.bug_kpe, table.names, n_terms, setup.corpus, opts.batch);
+  print_header(lesson, opts, setup, here, edp.size());
 
   // ---- training: every step trained, its traffic per axis counted, and checked
   const AxisComms axes{&mesh.tp(), &data, &mesh.cp(), &edp,
                        {&mesh.ep(), &here.topo.node_comm, &here.topo.rail_comm}, {&mesh.pp(), &pair}};
   AxisCounts want =
-      expected_counts(here, s, o, dense_opt.numel, expert_opt.numel, data_ranks, edp.size(), dual);
+      expected_counts(here, setup, opts, dense_opt.numel, expert_opt.numel, data_ranks, edp.size(), dual);
   AxisCounts last;  // what each axis moved in the last step (Comm's counters)
   bool comm_equal = true;
   std::string disagree, comm_detail;
   std::ostringstream csv;
-  L.start_trace();
-  Comm::set_link(s.link);  // the training's messages only: the model is switched off after it
+  lesson.start_trace();
+  Comm::set_link(setup.link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
-  for (int64_t step = 0; step < o.steps; step++) {
-    const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
-    const bool logging = step % o.log_every == 0 || step + 1 == o.steps;
+  for (int64_t step = 0; step < opts.steps; step++) {
+    const bool checking = step % opts.check_every == 0 || step + 1 == opts.steps;
+    const bool logging = step % opts.log_every == 0 || step + 1 == opts.steps;
     {  // the ranks start each step together (the check before it ends on rank 0 last), so a
        // trace's step shows the step
       Trace::Category check_traffic(trace(), "check");
@@ -215,29 +215,29 @@ int mesh_lesson(Lesson& L) {
     step_span.emplace(trace(), "step " + std::to_string(step), "compute");
     axes.reset();
     here.maps.clear();
-    const int64_t row0 = (int64_t)mesh.coords().dp * s.B;
-    CharCorpus::Batch batch = s.corpus.batch(CharCorpus::Split::train, step, o.batch, s.T, row0, row0 + s.B,
-                                             (uint64_t)L.flags.seed);
+    const int64_t row0 = (int64_t)mesh.coords().dp * setup.rank_batch;
+    CharCorpus::Batch batch = setup.corpus.batch(CharCorpus::Split::train, step, opts.batch, setup.seq, row0, row0 + setup.rank_batch,
+                                             (uint64_t)lesson.flags.seed);
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
-    const double local_loss = train_step(o, s, mesh, here, pair, {dense_opt, expert_opt}, batch, L.device);
+    const double local_loss = train_step(opts, setup, mesh, here, pair, {dense_opt, expert_opt}, batch, lesson.device);
 
     train_s += watch.seconds();
     step_span.reset();
     // what each axis moved against the formulas (EP's from this step's routing)
     last = axes.counts();
-    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.mm.scheme, s.c.dim, 1);
+    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.mm.scheme, setup.c.dim, 1);
     const std::string differs = first_difference(last, want);
     if (!differs.empty() && comm_equal) {
       comm_equal = false;
       comm_detail = "step " + std::to_string(step) + ": " + differs;
     }
     // the check: the mesh's loss, mean gradients and new weights against one process's
-    const CheckedStep checked = check_step(L, one_process, check_comms, here, dense_opt, expert_opt, sizes,
-                                           local_loss, step, checking, step + 1 == o.steps, &disagree);
+    const CheckedStep checked = check_step(lesson, one_process, check_comms, here, dense_opt, expert_opt, sizes,
+                                           local_loss, step, checking, step + 1 == opts.steps, &disagree);
     if (root) {  // one process's loss, the row's reference, is rank 0's: print_step is rank 0's
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
-      print_step(o, sizes, step, checking, logging, checked, bound, last, csv);
+      print_step(opts, sizes, step, checking, logging, checked, bound, last, csv);
     }
   }
   Comm::set_link(LinkModel{});
@@ -246,36 +246,36 @@ int mesh_lesson(Lesson& L) {
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
   MemoryUse mem;
   mem.measured = dense_opt.memory() + expert_opt.memory();
-  mem.formula = zero::formula(dense_opt.numel, data_ranks, (int)o.zero) +
-                (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)o.zero) : zero::Memory{});
-  print_report(L, o, s, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
+  mem.formula = zero::formula(dense_opt.numel, data_ranks, (int)opts.zero) +
+                (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)opts.zero) : zero::Memory{});
+  print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, csv);
-  if (o.estimate == "run") print_estimate(L, s, o, mem, table.local_numel);
-  if (!L.flags.csv.empty()) rank_rows(L, check_comms.world, o, sizes, last, want, csv);
+  if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel);
+  if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);
   // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory
   // and, per rank, one of the bytes it sent per axis in the last step and one of the formula's
-  L.csv_append("kind,dp,tp,zero,sp,step,loss_mesh,loss_ref,grad_err_ratio,tp_bytes,dp_bytes,"
+  lesson.csv_append("kind,dp,tp,zero,sp,step,loss_mesh,loss_ref,grad_err_ratio,tp_bytes,dp_bytes,"
                "mem_params,mem_grads,mem_optimizer,mem_buffers,formula_total,cp,cp_bytes,pp,ep,"
                "ep_bytes,edp_bytes,pp_bytes,rank",
                csv.str());
 
   // ---- after training: the validation loss of the mesh and of one process, a dump, a sample
-  const Validation val = validate(L, one_process, check_comms, here, s, o, mesh.coords().dp);
-  L.print("validation loss after %lld steps (%lld batches, %lld tokens): %.6f (mesh), "
-          "%.6f (one process)\n", (long long)o.steps, (long long)o.val_batches,
-          (long long)(o.val_batches * o.batch * s.T), val.mesh, val.one_process);
+  const Validation val = validate(lesson, one_process, check_comms, here, setup, opts, mesh.coords().dp);
+  lesson.print("validation loss after %lld steps (%lld batches, %lld tokens): %.6f (mesh), "
+               "%.6f (one process)\n", (long long)opts.steps, (long long)opts.val_batches,
+               (long long)(opts.val_batches * opts.batch * setup.seq), val.mesh, val.one_process);
   // the trained model whole is one process's, on rank 0: it alone dumps it and draws the sample
-  if (root && L.dumping()) dump_trained(L, s, o.batch, one_process.model(), val.first_mesh);
-  if (o.sample > 0) {
-    const std::string sample = root ? sample_text(s.c, one_process.model(), s.corpus, o.prompt, o.sample,
-                                                  o.temperature, (uint64_t)L.flags.seed)
+  if (root && lesson.dumping()) dump_trained(lesson, setup, opts.batch, one_process.model(), val.first_mesh);
+  if (opts.sample > 0) {
+    const std::string sample = root ? sample_text(setup.c, one_process.model(), setup.corpus, opts.prompt, opts.sample,
+                                                  opts.temperature, (uint64_t)lesson.flags.seed)
                                     : std::string();
-    L.print("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)o.sample,
-            o.temperature, (long long)L.flags.seed, sample.c_str());
+    lesson.print("\nsample (%lld bytes, temperature %g, seed %lld):\n%s\n\n", (long long)opts.sample,
+                 opts.temperature, (long long)lesson.flags.seed, sample.c_str());
   }
 
   // ---- the verdict
-  CheckReport check(L.comm);
+  CheckReport check(lesson.comm);
   char line[512];
   one_process.verdict(check, root);  // the loss, the gradients, AdamW and the bias
   std::snprintf(line, sizeof line, "every copy of a replicated weight (over TP and DP%s) and of the "
@@ -291,7 +291,7 @@ int mesh_lesson(Lesson& L) {
   for (const Tensor* p : table.params)
     if (p && p->grad().defined()) grads_held += p->nbytes();
   std::snprintf(line, sizeof line, "memory: parameters 4N, gradients 4N (those held), AdamW's m and "
-                "v %s, measured", o.zero ? "8 ceil(N/dp)" : "8N");
+                "v %s, measured", opts.zero ? "8 ceil(N/dp)" : "8N");
   check.holds(line, mem.measured.params == mem.formula.params && mem.measured.grads == grads_held &&
                         grads_held <= mem.formula.grads && mem.measured.optimizer == mem.formula.optimizer);
   one_process.kpe_verdict(check, root);
@@ -302,7 +302,7 @@ int mesh_lesson(Lesson& L) {
   check.holds("validation loss of the mesh is finite", std::isfinite(val.mesh));
   check.scalar("validation loss, mesh vs one process (same weights)", val.mesh, val_want,
                kLossBound * n_terms * eps * std::max(1.0, std::fabs(val_want)));
-  return L.finish(check);
+  return lesson.finish(check);
 }
 
 }  // namespace

@@ -118,41 +118,41 @@ void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, 
   }
 }
 
-RankModel::RankModel(const Options& o, const Setup& s, Mesh& mesh, const model::Params& full,
+RankModel::RankModel(const Options& opts, const Setup& setup, Mesh& mesh, const model::Params& full,
                      Device dev)
-    : topo(dsv3::make_topology(mesh.ep(), o.a2a == "hierarchical" ? (int)o.ranks_per_node : 1)),
-      sched(pp::make_schedule(o.schedule, (int)o.pp, (int)s.M)),
-      plan{s.stage_begin, sched} {
+    : topo(dsv3::make_topology(mesh.ep(), opts.a2a == "hierarchical" ? (int)opts.ranks_per_node : 1)),
+      sched(pp::make_schedule(opts.schedule, (int)opts.pp, (int)setup.microbatches)),
+      plan{setup.stage_begin, sched} {
   const MeshCoords& co = mesh.coords();
-  const model::Config& c = s.c;
+  const model::Config& c = setup.c;
   mm.c = c;
-  mm.p = shard_model(c, full, co, s.sizes, s.bug_kpe);
+  mm.p = shard_model(c, full, co, setup.sizes, setup.bug_kpe);
   mm.device = dev;
   // TP (and SP): the heads, the dense FFN and the vocabulary split over the TP ranks
   mm.tp = &mesh.tp();
-  mm.sp = o.sp;
-  mm.ce_local_softmax = o.bug == "ce-local-softmax";
+  mm.sp = opts.sp;
+  mm.ce_local_softmax = opts.bug == "ce-local-softmax";
   int64_t vocab_end;
-  split_range(c.vocab, s.sizes.tp, co.tp, &mm.v0, &vocab_end);
+  split_range(c.vocab, setup.sizes.tp, co.tp, &mm.v0, &vocab_end);
   // CP: every CP rank's tokens of each sequence, in the zigzag layout
   mm.cp = &mesh.cp();
-  for (int r = 0; r < s.sizes.cp; r++)
-    mm.cp_positions.push_back(ring::layout_positions(ring::Layout::zigzag, s.T, s.sizes.cp, r));
-  mm.local_mask = o.bug == "local-causal-mask";
-  mm.local_rope = o.bug == "local-rope-positions";
+  for (int r = 0; r < setup.sizes.cp; r++)
+    mm.cp_positions.push_back(ring::layout_positions(ring::Layout::zigzag, setup.seq, setup.sizes.cp, r));
+  mm.local_mask = opts.bug == "local-causal-mask";
+  mm.local_rope = opts.bug == "local-rope-positions";
   // EP: the experts over the EP group, the all-to-all flat or through the nodes
   mm.ep = &mesh.ep();
   topo.node_comm.set_label("ep-node"), topo.rail_comm.set_label("ep-rail");
   mm.topo = &topo;
-  mm.scheme = o.a2a == "hierarchical" ? dsv3::Scheme::hierarchical : dsv3::Scheme::flat;
+  mm.scheme = opts.a2a == "hierarchical" ? dsv3::Scheme::hierarchical : dsv3::Scheme::flat;
   mm.maps = &maps;
   // PP: this rank keeps only the weights of its own stages
   pp_rank = co.pp;
   release_other_stages(&mm.p, plan, co.pp);
   for (const model::Block& b : mm.p.layers) held_moe += b.moe && b.experts.bias.defined();
-  stages.mm = &mm, stages.begin = s.stage_begin, stages.M = s.M, stages.Bm = s.Bm, stages.T = s.Tc;
-  stages.mb_sum = o.bug == "pp-mb-sum";
-  fill_param_table(&table, c, full, mm.p, plan, co.pp, s.sizes.ep, s.bug_kpe);
+  stages.mm = &mm, stages.begin = setup.stage_begin, stages.M = setup.microbatches, stages.Bm = setup.microbatch, stages.T = setup.seq_per_cp;
+  stages.mb_sum = opts.bug == "pp-mb-sum";
+  fill_param_table(&table, c, full, mm.p, plan, co.pp, setup.sizes.ep, setup.bug_kpe);
 }
 
 }  // namespace ff::mesh

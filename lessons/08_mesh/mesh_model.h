@@ -88,10 +88,10 @@ struct MeshModel {
     if (local_mask)  // the silent bug: every rank's mask as if its block started the sequence
       for (std::vector<int64_t>& pos : rc.positions)
         for (size_t i = 0; i < pos.size(); i++) pos[i] = (int64_t)i;
-    Tensor o = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));       // (B, H, n, D)
+    Tensor out = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));     // (B, H, n, D)
     // [/slide:cp-ring]
-    o = reshape(transpose(slice(o, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
-    return matmul(o, a.w_o);
+    out = reshape(transpose(slice(out, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
+    return matmul(out, a.w_o);
   }
   // [/slide]
 
@@ -245,7 +245,7 @@ struct MeshStages : pp::StageModel {
 // routing maps, the pipeline schedule and the stages the executor runs, and the table of its
 // weights by name. Built in place, once (the model points into it).
 struct RankModel {
-  RankModel(const Options& o, const Setup& s, Mesh& mesh, const model::Params& full, Device dev);
+  RankModel(const Options& opts, const Setup& setup, Mesh& mesh, const model::Params& full, Device dev);
   RankModel(const RankModel&) = delete;
   RankModel& operator=(const RankModel&) = delete;
 

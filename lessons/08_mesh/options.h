@@ -1,9 +1,9 @@
 // lessons/08_mesh/options.h — lesson 08's flags, what they and the world size decide, and every
 // check of them, before any work (the lesson contract: bad input is one error: line, exit 2).
 //
-//   Options o;
-//   const std::optional<Setup> setup = parse_options(L, o);
-//   if (!setup) return L.finish(0);   // --print-mesh or --estimate deepseek-v3 printed
+//   Options opts;
+//   const std::optional<Setup> parsed = parse_options(L, opts);
+//   if (!parsed) return lesson.finish(0);   // --print-mesh or --estimate deepseek-v3 printed
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -34,12 +34,12 @@ struct Options {
 // What the flags and the world size decide, every check passed.
 struct Setup {
   MeshSizes sizes;                   // dp x pp x cp x tp (ep folded onto them)
-  int64_t B = 0;                     // sequences of a DP rank per step (--batch / dp)
-  int64_t T = 0;                     // tokens per sequence (--seq)
-  int64_t Tc = 0;                    // tokens of each sequence on one CP rank (T / cp)
-  int64_t M = 1;                     // micro-batches per step
-  int64_t Bm = 0;                    // sequences per micro-batch (B / M)
-  int S = 1;                         // pipeline stages (2 pp under dualpipev)
+  int64_t rank_batch = 0;            // sequences of a DP rank per step (--batch / dp)
+  int64_t seq = 0;                   // tokens per sequence (--seq)
+  int64_t seq_per_cp = 0;            // tokens of each sequence on one CP rank (seq / cp)
+  int64_t microbatches = 1;          // micro-batches per step
+  int64_t microbatch = 0;            // sequences per micro-batch (rank_batch / microbatches)
+  int stages = 1;                    // pipeline stages (2 pp under dualpipev)
   bool sched_pairs = false;          // the schedule pairs a forward and a backward in one step
   std::vector<int64_t> stage_begin;  // stage s holds blocks [stage_begin[s], stage_begin[s + 1])
   LinkModel link;                    // --link (and the nodes, for the hierarchical all-to-all)
@@ -50,9 +50,9 @@ struct Setup {
   bool bug_kpe = false;              // --bug kpe-per-head
 };
 
-// Declares the flags on L.cli, parses them, fills in the defaults and checks everything against
-// the world size, the data and the memory (L.usage_error_if: one error: line, exit 2 on every
+// Declares the flags on lesson.cli, parses them, fills in the defaults and checks everything against
+// the world size, the data and the memory (lesson.usage_error_if: one error: line, exit 2 on every
 // rank). --print-mesh and --estimate deepseek-v3 print what they show and return nothing.
-std::optional<Setup> parse_options(Lesson& L, Options& o);
+std::optional<Setup> parse_options(Lesson& lesson, Options& opts);
 
 }  // namespace ff::mesh

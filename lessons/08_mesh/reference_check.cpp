@@ -104,20 +104,20 @@ double error_ratio(const Tensor& got, const Tensor& want, double n) {
   return diff / bound;
 }
 
-OneProcess::OneProcess(const Lesson& L, const model::Config& c, const AdamConfig& ac,
+OneProcess::OneProcess(const Lesson& lesson, const model::Config& c, const AdamConfig& ac,
                        int zero_stage, double bias_rate, bool bug_kpe,
                        std::vector<std::string> names, double n_terms, const CharCorpus& corpus,
                        int64_t batch)
     : c(c), bias_rate(bias_rate), bug_kpe(bug_kpe), names(std::move(names)), n_terms(n_terms),
-      corpus(corpus), batch(batch), T(c.seq_len), seed((uint64_t)L.flags.seed), device(L.device),
-      adam_dev(zero_stage == 1 ? Device::cpu : L.device), ref_adam(ac) {
-  if (L.rank() != 0) return;
+      corpus(corpus), batch(batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed), device(lesson.device),
+      adam_dev(zero_stage == 1 ? Device::cpu : lesson.device), ref_adam(ac) {
+  if (lesson.rank() != 0) return;
   ref = model::init_params(c, seed, device);
   ref_named = ref.named_parameters();
   for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
 }
 
-OneProcess::Step OneProcess::step(Lesson& L, int64_t step, bool checking, bool last, double loss_mesh,
+OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh,
                                   const Gathered& g_grad, const Gathered& g_par,
                                   const std::vector<float>& my_bias) {
   double loss_ref = NAN, grad_ratio = 0;
@@ -133,17 +133,17 @@ OneProcess::Step OneProcess::step(Lesson& L, int64_t step, bool checking, bool l
                                        model::positions(T, device));
     out.loss.backward();
     loss_ref = out.loss.to_vector()[0];
-    if (L.dumping() && last) {
+    if (lesson.dumping() && last) {
       // the last step as the mesh ran it: the weights before it, the global batch, the
       // mesh's loss and its mean gradient of every weight (gathered over TP, DP and CP)
       for (size_t k = 0; k < names.size(); k++) {
-        L.dump("last_step." + names[k], *ref_params[k]);
-        L.dump("last_step.grad." + names[k], g_grad.full[k]);
+        lesson.dump("last_step." + names[k], *ref_params[k]);
+        lesson.dump("last_step.grad." + names[k], g_grad.full[k]);
       }
-      for (const model::NamedTensor& n : ref.named_buffers()) L.dump("last_step." + n.name, n.t);
-      L.dump("last_step.inputs", gb.inputs);
-      L.dump("last_step.targets", gb.targets);
-      L.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
+      for (const model::NamedTensor& n : ref.named_buffers()) lesson.dump("last_step." + n.name, n.t);
+      lesson.dump("last_step.inputs", gb.inputs);
+      lesson.dump("last_step.targets", gb.targets);
+      lesson.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
     }
     double lr_ratio = std::fabs(loss_mesh - loss_ref) /
                       (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
@@ -246,7 +246,7 @@ void OneProcess::kpe_verdict(CheckReport& check, bool root) const {
   }
 }
 
-CheckedStep check_step(Lesson& L, OneProcess& twin, CheckComms& comms, const RankModel& here,
+CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
                        const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
                        const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
                        bool last, std::string* disagree) {
@@ -279,32 +279,32 @@ CheckedStep check_step(Lesson& L, OneProcess& twin, CheckComms& comms, const Ran
   }
   // rank 0: one process from the same weights on the whole global batch, and AdamW on the
   // mesh's own mean gradient
-  if (L.rank() == 0) out.twin = twin.step(L, step, checking, last, out.loss_mesh, grads, params, mesh_bias);
+  if (lesson.rank() == 0) out.twin = twin.step(lesson, step, checking, last, out.loss_mesh, grads, params, mesh_bias);
   return out;
 }
 
-Validation validate(Lesson& L, OneProcess& twin, CheckComms& comms, RankModel& here,
-                    const Setup& s, const Options& o, int dp_rank) {
+Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankModel& here,
+                    const Setup& setup, const Options& opts, int dp_rank) {
   Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
   NoGradGuard no_grad;
   here.mm.maps = nullptr;
   Validation out;
-  const int64_t row0 = (int64_t)dp_rank * s.B;
-  for (int64_t k = 0; k < o.val_batches; k++) {
-    CharCorpus::Batch vb = s.corpus.batch(CharCorpus::Split::val, k, o.batch, s.T, row0, row0 + s.B,
-                                          (uint64_t)L.flags.seed);
+  const int64_t row0 = (int64_t)dp_rank * setup.rank_batch;
+  for (int64_t k = 0; k < opts.val_batches; k++) {
+    CharCorpus::Batch vb = setup.corpus.batch(CharCorpus::Split::val, k, opts.batch, setup.seq, row0, row0 + setup.rank_batch,
+                                          (uint64_t)lesson.flags.seed);
     vb = {take_columns(vb.inputs, here.my_columns()), take_columns(vb.targets, here.my_columns())};
-    double loss = here.stages.forward_only(comms.pp, here.sched, vb.inputs.to(L.device), vb.targets.to(L.device));
+    double loss = here.stages.forward_only(comms.pp, here.sched, vb.inputs.to(lesson.device), vb.targets.to(lesson.device));
     comms.world.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
-    loss /= (double)(comms.dp_cp.size() * s.sizes.tp);
+    loss /= (double)(comms.dp_cp.size() * setup.sizes.tp);
     if (k == 0) out.first_mesh = loss;
-    out.mesh += loss / (double)o.val_batches;
-    if (L.rank() == 0) {
-      CharCorpus::Batch gb = s.corpus.batch(CharCorpus::Split::val, k, o.batch, s.T, 0, o.batch,
-                                            (uint64_t)L.flags.seed);
-      out.one_process += model::forward(s.c, twin.model(), gb.inputs.to(L.device), gb.targets.to(L.device),
-                                        model::positions(s.T, L.device)).loss.to_vector()[0] /
-                         (double)o.val_batches;
+    out.mesh += loss / (double)opts.val_batches;
+    if (lesson.rank() == 0) {
+      CharCorpus::Batch gb = setup.corpus.batch(CharCorpus::Split::val, k, opts.batch, setup.seq, 0, opts.batch,
+                                            (uint64_t)lesson.flags.seed);
+      out.one_process += model::forward(setup.c, twin.model(), gb.inputs.to(lesson.device), gb.targets.to(lesson.device),
+                                        model::positions(setup.seq, lesson.device)).loss.to_vector()[0] /
+                         (double)opts.val_batches;
     }
   }
   return out;

@@ -62,7 +62,7 @@ struct Worst {
 // bits) and its own bias update from its own routes (the same bits again).
 class OneProcess {
  public:
-  OneProcess(const Lesson& L, const model::Config& c, const AdamConfig& ac, int zero_stage,
+  OneProcess(const Lesson& lesson, const model::Config& c, const AdamConfig& ac, int zero_stage,
              double bias_rate, bool bug_kpe, std::vector<std::string> names, double n_terms,
              const CharCorpus& corpus, int64_t batch);
   struct Step {
@@ -73,7 +73,7 @@ class OneProcess {
   // Rank 0, after the mesh's step `step` (last: the last one, whose inputs and gradients --dump
   // keeps): loss_mesh its loss, grads and params its mean gradients and new weights gathered
   // (gather_full), mesh_bias its balancing biases.
-  Step step(Lesson& L, int64_t step, bool checking, bool last, double loss_mesh, const Gathered& grads,
+  Step step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh, const Gathered& grads,
             const Gathered& params, const std::vector<float>& mesh_bias);
   model::Params& model() { return ref; }
   // The twin's lines of the check (on rank 0; the other ranks pass): the loss and every mean
@@ -129,7 +129,7 @@ struct CheckedStep {
   double loss_mesh = 0;
   OneProcess::Step twin;
 };
-CheckedStep check_step(Lesson& L, OneProcess& twin, CheckComms& comms, const RankModel& here,
+CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
                        const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
                        const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
                        bool last, std::string* disagree);
@@ -140,7 +140,7 @@ struct Validation {
   double mesh = 0, one_process = 0;
   double first_mesh = 0;  // the mesh's on batch 0 (the dump's)
 };
-Validation validate(Lesson& L, OneProcess& twin, CheckComms& comms, RankModel& here,
-                    const Setup& s, const Options& o, int dp_rank);
+Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankModel& here,
+                    const Setup& setup, const Options& opts, int dp_rank);
 
 }  // namespace ff::mesh

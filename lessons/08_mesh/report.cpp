@@ -14,53 +14,53 @@
 
 namespace ff::mesh {
 
-void print_header(const Lesson& lesson, const Options& o, const Setup& s, const RankModel& here, int edp) {
-  const MeshSizes& sizes = s.sizes;
-  const model::Config& c = s.c;
+void print_header(const Lesson& lesson, const Options& opts, const Setup& setup, const RankModel& here, int edp) {
+  const MeshSizes& sizes = setup.sizes;
+  const model::Config& c = setup.c;
   std::string ep_text;
   if (sizes.ep > 1) {
     ep_text = ", ep " + std::to_string(sizes.ep) + " folded on them (expert-DP " + std::to_string(edp) +
-              ", " + o.a2a + " all-to-all";
-    if (o.a2a == "hierarchical")
-      ep_text += ", " + std::to_string(here.topo.R) + (s.real_nodes ? " ranks per node" : " ranks per virtual node");
+              ", " + opts.a2a + " all-to-all";
+    if (opts.a2a == "hierarchical")
+      ep_text += ", " + std::to_string(here.topo.R) + (setup.real_nodes ? " ranks per node" : " ranks per virtual node");
     ep_text += ")";
   }
   lesson.print("mesh %s: dp %d x %s%stp %d = %d ranks%s, ZeRO-%lld, SP %s%s\n", mesh_name(sizes, 0).c_str(),
                sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
                sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "", sizes.tp,
-               sizes.world(), ep_text.c_str(), (long long)o.zero, o.sp ? "on" : "off",
-               o.bug == "none" ? "" : ("; planted bug: " + o.bug).c_str());
+               sizes.world(), ep_text.c_str(), (long long)opts.zero, opts.sp ? "on" : "off",
+               opts.bug == "none" ? "" : ("; planted bug: " + opts.bug).c_str());
   lesson.print("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
                "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
                (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
                (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk,
                (long long)c.shared, (long long)c.heads, (long long)c.q_lora, (long long)c.kv_lora,
-               (long long)s.full_numel, (long long)here.table.local_numel);
-  if (sizes.pp > 1 || s.M > 1) {
+               (long long)setup.full_numel, (long long)here.table.local_numel);
+  if (sizes.pp > 1 || setup.microbatches > 1) {
     std::string cut;
-    for (int stage = 0; stage < s.S; stage++)
-      cut += (stage ? ", " : "") + std::to_string(s.stage_begin[(size_t)stage + 1] - s.stage_begin[(size_t)stage]);
+    for (int stage = 0; stage < setup.stages; stage++)
+      cut += (stage ? ", " : "") + std::to_string(setup.stage_begin[(size_t)stage + 1] - setup.stage_begin[(size_t)stage]);
     lesson.print("pipeline: %s, %d stages of %s blocks (embedding on the first, head and loss on the "
                  "last), %lld micro-batches of %lld sequences per DP rank%s\n",
-                 o.schedule.c_str(), s.S, cut.c_str(), (long long)s.M, (long long)s.Bm,
-                 !s.sched_pairs ? ""
-                 : o.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
+                 opts.schedule.c_str(), setup.stages, cut.c_str(), (long long)setup.microbatches, (long long)setup.microbatch,
+                 !setup.sched_pairs ? ""
+                 : opts.overlap == "on" ? "; F&B pairs overlapped at the all-to-alls"
                                      : "; F&B pairs one after the other");
   }
-  if (s.link.enabled)
+  if (setup.link.enabled)
     lesson.print("%s (point-to-point messages; the collectives as MPI runs them)\n",
-                 describe(s.link).c_str());
+                 describe(setup.link).c_str());
   lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
-               (long long)o.batch, (long long)s.T, (long long)s.B,
-               sizes.cp > 1 ? (", " + std::to_string(s.Tc) + " tokens of each per CP rank (zigzag)").c_str() : "",
-               o.lr);
+               (long long)opts.batch, (long long)setup.seq, (long long)setup.rank_batch,
+               sizes.cp > 1 ? (", " + std::to_string(setup.seq_per_cp) + " tokens of each per CP rank (zigzag)").c_str() : "",
+               opts.lr);
   lesson.print("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
                 (sizes.pp > 1 ? "    PP bytes" : "")).c_str());
 }
 
-void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
+void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool checking,
                 bool logging, const CheckedStep& checked, double bound, const AxisCounts& last,
                 std::ostringstream& csv) {
   const double loss_mesh = checked.loss_mesh, loss_ref = checked.twin.loss;
@@ -84,27 +84,27 @@ void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool che
   }
   char row[320];
   std::snprintf(row, sizeof row, "step,%d,%d,%lld,%d,%lld,%.9g,%.9g,%.6g,%zu,%zu,,,,,,%d,%zu,%d,%d,%zu,%zu,%zu,0\n",
-                sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp, (long long)step, loss_mesh, loss_ref,
+                sizes.dp, sizes.tp, (long long)opts.zero, (int)opts.sp, (long long)step, loss_mesh, loss_ref,
                 checked.twin.grad_ratio, sum_bytes(last.tp), sum_bytes(last.dp), sizes.cp,
                 sum_bytes(last.cp), sizes.pp, sizes.ep, sum_bytes(last.ep), sum_bytes(last.edp),
                 sum_bytes(last.pp));
   csv << row;
 }
 
-void print_report(const Lesson& lesson, const Options& o, const Setup& s, const AxisCounts& last,
+void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
                   double train_s, std::ostringstream& csv) {
-  const MeshSizes& sizes = s.sizes;
+  const MeshSizes& sizes = setup.sizes;
   const zero::Memory& got = mem.measured;
   const zero::Memory& formula = mem.formula;
   lesson.print("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
   lesson.print("%s", communication_text(last, want, sizes).c_str());
-  if (s.sched_pairs && o.overlap == "on")
+  if (setup.sched_pairs && opts.overlap == "on")
     lesson.print("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
                  "over the whole run\n", overlap::switches());
   lesson.print("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
-               "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)o.zero,
+               "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)opts.zero,
                sizes.cp > 1 ? "dp x cp" : "dp", data_ranks);
   if (sizes.ep > 1)
     lesson.print("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
@@ -115,72 +115,72 @@ void print_report(const Lesson& lesson, const Options& o, const Setup& s, const 
   lesson.print("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)got.grads).c_str(),
                human_bytes((double)formula.grads).c_str());
   lesson.print("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
-               o.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
+               opts.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
   lesson.print("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
                human_bytes((double)got.buffers).c_str());
   lesson.print("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 0)).c_str(),
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str());
-  const double step_s = train_s / (double)std::max<int64_t>(o.steps, 1);
+  const double step_s = train_s / (double)std::max<int64_t>(opts.steps, 1);
   lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
-               step_s * 1e3, s.link.enabled ? "; links modelled" : "", (double)(o.batch * s.T) / step_s);
+               step_s * 1e3, setup.link.enabled ? "; links modelled" : "", (double)(opts.batch * setup.seq) / step_s);
   char row[320];
   std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
-                sizes.tp, (long long)o.zero, (int)o.sp, got.params, got.grads, got.optimizer, got.buffers,
+                sizes.tp, (long long)opts.zero, (int)opts.sp, got.params, got.grads, got.optimizer, got.buffers,
                 formula.params + formula.grads + formula.optimizer, sizes.cp, sizes.pp, sizes.ep);
   csv << row;
 }
 
-void print_estimate(const Lesson& lesson, const Setup& s, const Options& o, const MemoryUse& mem,
+void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
                     int64_t local_numel) {
   estimate::Parallel par;
-  par.tp = s.sizes.tp, par.dp = s.sizes.dp, par.cp = s.sizes.cp, par.ep = s.sizes.ep, par.zero = (int)o.zero;
-  par.sp = o.sp;
+  par.tp = setup.sizes.tp, par.dp = setup.sizes.dp, par.cp = setup.sizes.cp, par.ep = setup.sizes.ep, par.zero = (int)opts.zero;
+  par.sp = opts.sp;
   const estimate::Measured measured{local_numel, (double)mem.measured.params, (double)mem.measured.grads,
                                     (double)mem.measured.optimizer};
-  lesson.print("\n%s", estimate::report(estimate::tiny(s.c, s.B), par, measured).c_str());
+  lesson.print("\n%s", estimate::report(estimate::tiny(setup.c, setup.rank_batch), par, measured).c_str());
 }
 
-void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,
+void rank_rows(Lesson& lesson, Comm& world, const Options& opts, const MeshSizes& sizes,
                const AxisCounts& last, const AxisCounts& want, std::ostringstream& csv) {
   Trace::Category check_traffic(trace(), "check");
   const CollectiveCounts* mine[12] = {&last.tp, &last.dp, &last.cp, &last.ep, &last.edp, &last.pp,
                                       &want.tp, &want.dp, &want.cp, &want.ep, &want.edp, &want.pp};
-  std::vector<uint64_t> bytes(12), all(12 * (size_t)L.size());
+  std::vector<uint64_t> bytes(12), all(12 * (size_t)lesson.size());
   for (size_t i = 0; i < 12; i++) bytes[i] = sum_bytes(*mine[i]);
   world.allgather(bytes.data(), bytes.size() * sizeof(uint64_t), all.data());
-  for (int r = 0; L.rank() == 0 && r < L.size(); r++)
+  for (int r = 0; lesson.rank() == 0 && r < lesson.size(); r++)
     for (int formula = 0; formula < 2; formula++) {
       const uint64_t* x = &all[12 * (size_t)r + 6 * (size_t)formula];
       char row[320];
       std::snprintf(row, sizeof row, "%s,%d,%d,%lld,%d,%lld,,,,%llu,%llu,,,,,,%d,%llu,%d,%d,%llu,%llu,%llu,%d\n",
-                    formula ? "rank_formula" : "rank", sizes.dp, sizes.tp, (long long)o.zero, (int)o.sp,
-                    (long long)(o.steps - 1), (unsigned long long)x[0], (unsigned long long)x[1],
+                    formula ? "rank_formula" : "rank", sizes.dp, sizes.tp, (long long)opts.zero, (int)opts.sp,
+                    (long long)(opts.steps - 1), (unsigned long long)x[0], (unsigned long long)x[1],
                     sizes.cp, (unsigned long long)x[2], sizes.pp, sizes.ep, (unsigned long long)x[3],
                     (unsigned long long)x[4], (unsigned long long)x[5], r);
       csv << row;
     }
 }
 
-void dump_trained(Lesson& L, const Setup& s, int64_t batch, const model::Params& trained,
+void dump_trained(Lesson& lesson, const Setup& setup, int64_t batch, const model::Params& trained,
                   double val_loss0) {
-  const model::Config& c = s.c;
-  const CharCorpus::Batch batch0 = s.corpus.batch(CharCorpus::Split::val, 0, batch, s.T, 0, batch,
-                                                  (uint64_t)L.flags.seed);
-  for (const model::NamedTensor& n : trained.named_parameters()) L.dump(n.name, n.t);
-  for (const model::NamedTensor& n : trained.named_buffers()) L.dump(n.name, n.t);
-  L.dump("val_inputs", batch0.inputs);
-  L.dump("val_targets", batch0.targets);
-  L.dump("val_loss", Tensor::from_vector({(float)val_loss0}, {}));  // of batch 0
+  const model::Config& c = setup.c;
+  const CharCorpus::Batch batch0 = setup.corpus.batch(CharCorpus::Split::val, 0, batch, setup.seq, 0, batch,
+                                                  (uint64_t)lesson.flags.seed);
+  for (const model::NamedTensor& n : trained.named_parameters()) lesson.dump(n.name, n.t);
+  for (const model::NamedTensor& n : trained.named_buffers()) lesson.dump(n.name, n.t);
+  lesson.dump("val_inputs", batch0.inputs);
+  lesson.dump("val_targets", batch0.targets);
+  lesson.dump("val_loss", Tensor::from_vector({(float)val_loss0}, {}));  // of batch 0
   std::ostringstream meta;
   meta << "{\"vocab\": " << c.vocab << ", \"dim\": " << c.dim << ", \"layers\": " << c.layers
        << ", \"dense_layers\": " << c.dense_layers << ", \"heads\": " << c.heads
        << ", \"d_nope\": " << c.d_nope << ", \"d_rope\": " << c.d_rope << ", \"d_v\": " << c.d_v
        << ", \"q_lora\": " << c.q_lora << ", \"kv_lora\": " << c.kv_lora << ", \"ffn\": " << c.ffn
        << ", \"experts\": " << c.experts << ", \"topk\": " << c.topk << ", \"shared\": " << c.shared
-       << ", \"moe_ffn\": " << c.moe_ffn << ", \"seq\": " << s.T << ", \"rope_theta\": " << c.rope_theta
-       << ", \"norm_eps\": " << c.norm_eps << ", \"mesh\": \"" << mesh_name(s.sizes, 0) << "\"}\n";
-  L.dump_text("meta.json", meta.str());
+       << ", \"moe_ffn\": " << c.moe_ffn << ", \"seq\": " << setup.seq << ", \"rope_theta\": " << c.rope_theta
+       << ", \"norm_eps\": " << c.norm_eps << ", \"mesh\": \"" << mesh_name(setup.sizes, 0) << "\"}\n";
+  lesson.dump_text("meta.json", meta.str());
 }
 
 std::string sample_text(const model::Config& c, const model::Params& p, const CharCorpus& corpus,

@@ -20,12 +20,12 @@ namespace ff::mesh {
 
 // The mesh, the model, the pipeline, the links and the batch, then the step table's header
 // (printed by rank 0). edp: the expert-DP size.
-void print_header(const Lesson& lesson, const Options& o, const Setup& s, const RankModel& here, int edp);
+void print_header(const Lesson& lesson, const Options& opts, const Setup& setup, const RankModel& here, int edp);
 
 // Called on rank 0 only (it holds one process's loss and gradients), so it prints with printf:
 // the step's row of the table (the mesh's loss, one process's and their difference against the
 // bound on a checked step, the bytes of each axis), and its CSV row into csv.
-void print_step(const Options& o, const MeshSizes& sizes, int64_t step, bool checking,
+void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool checking,
                 bool logging, const CheckedStep& checked, double bound, const AxisCounts& last,
                 std::ostringstream& csv);
 
@@ -37,21 +37,21 @@ struct MemoryUse {
 // After training, rank 0's: the communication of the last step per axis against the formulas,
 // the memory against its formula, the time per step; the memory's CSV row into csv.
 // data_ranks: the dp x cp size the dense weights are averaged and sharded over.
-void print_report(const Lesson& lesson, const Options& o, const Setup& s, const AxisCounts& last,
+void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
                   double train_s, std::ostringstream& csv);
 // Under --estimate run: the memory model of this run's model and mesh against rank 0's.
-void print_estimate(const Lesson& lesson, const Setup& s, const Options& o, const MemoryUse& mem,
+void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
                     int64_t local_numel);
 // Every rank's bytes per axis in the last step, measured and by the formula: two CSV rows per
 // rank, gathered over `world` into rank 0's csv.
-void rank_rows(Lesson& L, Comm& world, const Options& o, const MeshSizes& sizes,
+void rank_rows(Lesson& lesson, Comm& world, const Options& opts, const MeshSizes& sizes,
                const AxisCounts& last, const AxisCounts& want, std::ostringstream& csv);
 
 // Rank 0, under --dump: the trained model (one process's, the same weights as the mesh's), the
 // validation batch 0 and its loss on the mesh, and meta.json with the model's configuration.
-void dump_trained(Lesson& L, const Setup& s, int64_t batch, const model::Params& trained,
+void dump_trained(Lesson& lesson, const Setup& setup, int64_t batch, const model::Params& trained,
                   double val_loss0);
 
 // Text from the trained model (one process's forward on the gathered weights): each next byte
