@@ -183,6 +183,11 @@ check "05 --train with --balance aux (softmax gate, flat all-to-all) and none eq
   bash -c "$MPIRUN -np 4 $L05 --train 20 --balance aux --a2a flat && $MPIRUN -np 4 $L05 --train 20 --balance none"
 check "05 --train planted bias-update bugs run and are named (ema-zero-init, bias-peek, P=2)" 0 'planted: bias-peek' \
   bash -c "$MPIRUN -np 2 $L05 --train 20 --bug ema-zero-init | grep -q 'planted: ema-zero-init' && $MPIRUN -np 2 $L05 --train 20 --bug bias-peek"
+check "05 --train --balance bias is DeepSeek-V3's: the sequence-wise loss (alpha 0.0001) beside the bias, the bias alone with --seq-alpha 0; both equal one process (P=4)" 0 '^both ok' \
+  bash -c "a=\$($MPIRUN -np 4 $L05 --train 3 --log-every 1) && b=\$($MPIRUN -np 4 $L05 --train 3 --log-every 1 --seq-alpha 0) && \
+           echo \"\$a\" | grep -q 'balance bias + sequence-wise loss (alpha 0.0001)' && echo \"\$a\" | grep -qE '^ +0 +[0-9.]+ +0\.000[1-9]' && \
+           echo \"\$b\" | grep -qE '^ +0 +[0-9.]+ +0\.00000 ' && [ \$(echo \"\$a\$b\" | grep -c '^check: PASS') = 2 ] && echo both ok"
+usage_error "05 bad input: --seq-alpha without --balance bias" $MPIRUN -np 2 $L05 --train 5 --balance aux --seq-alpha 0.01
 usage_error "05 bad input: --data that cannot be read" $MPIRUN -np 2 $L05 --train 5 --data /nonexistent/text.txt
 usage_error "05 bad input: a backward bug with --train" $MPIRUN -np 2 $L05 --train 5 --bug no-renorm
 for bug in bias-grad no-renorm no-shared-grad; do

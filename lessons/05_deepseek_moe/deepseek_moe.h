@@ -29,6 +29,9 @@ struct TrainOptions {
   std::string balance = "bias";  // none | aux | bias
   std::string bug = "none";      // none | ema-zero-init | bias-peek
   double lr = 3e-3, gamma = 0.01, aux_alpha = 0.01, ema = 0.0;
+  // with --balance bias: DeepSeek-V3's complementary sequence-wise balance loss, whose weight
+  // its training sets "to an extremely small value" (alpha = 0.0001, report §4.2)
+  double seq_alpha = 0.0001;
   std::string data = course_data_file("tinyshakespeare.txt");  // found from the executable
 };
 int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config config,

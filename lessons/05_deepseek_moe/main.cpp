@@ -362,6 +362,9 @@ static int deepseek_lesson(Lesson& lesson) {
                         "out --train");
   lesson.usage_error_if(train_bug && train.balance != "bias", "--bug " + bug +
                         " is a bug of the bias update: it needs --balance bias");
+  lesson.usage_error_if(cli.given("--seq-alpha") && train.balance != "bias",
+                        "--seq-alpha weighs the sequence-wise loss beside the bias: it needs "
+                        "--balance bias (--aux-alpha weighs --balance aux's)");
   lesson.usage_error_if(cli.given("--link") && train.steps > 0,
                         "--link times the layer's all-to-alls: leave out --train");
   config.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;

@@ -43,6 +43,8 @@ void declare_flags(Cli& cli, Flags* f) {
   cli.flag("--gamma", &f->train.gamma, "--train: bias update speed", 0.0, 10.0);
   cli.flag("--aux-alpha", &f->train.aux_alpha, "--train: balance loss weight with --balance aux",
            0.0, 100.0);
+  cli.flag("--seq-alpha", &f->train.seq_alpha, "--train: with --balance bias, the weight of "
+           "DeepSeek-V3's sequence-wise balance loss beside the bias (0: the bias alone)", 0.0, 100.0);
   cli.flag("--bias-ema", &f->train.ema, "--train: steer the bias by a smoothed load (0: the "
            "step's own loads, as DeepSeek-V3)", 0.0, 0.999999);
   cli.flag("--log-every", &f->train.log_every, "--train: print every this many steps", 1, 1000000);

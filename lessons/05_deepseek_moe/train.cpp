@@ -158,16 +158,22 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config con
   lesson.usage_error_if(!error.empty(), error);
   const int64_t vocab = corpus.vocab_size(), seq_len = config.seq_len, B_all = options.batch * P;
   const int64_t T_all = B_all * seq_len;
+  // the balancing: aux, the softmax gate and its balance loss; bias, DeepSeek-V3's: the sigmoid
+  // gate, the bias update and a sequence-wise loss of tiny weight beside it
   if (options.balance == "aux") config.gate = dsv3::GateFn::softmax, config.alpha = options.aux_alpha;
+  else if (options.balance == "bias") config.gate = dsv3::GateFn::sigmoid, config.alpha = options.seq_alpha;
   else config.alpha = 0;
-  if (options.balance == "bias") config.gate = dsv3::GateFn::sigmoid;
   const bool ema_bug = options.bug == "ema-zero-init", peek = options.bug == "bias-peek";
+  char seq_loss[64] = "";
+  if (options.balance == "bias" && config.alpha > 0)
+    std::snprintf(seq_loss, sizeof seq_loss, " + sequence-wise loss (alpha %g)", config.alpha);
   lesson.print("== 05 training: %lld steps, %lld sequences of %lld characters per step (%lld per "
                "rank), vocabulary %lld, d=%lld, %lld experts top-%lld, %lld shared, gate %s, "
-               "balance %s%s%s, all-to-all %s, device %s\n",
+               "balance %s%s%s%s, all-to-all %s, device %s\n",
                (long long)options.steps, (long long)B_all, (long long)seq_len, (long long)options.batch,
                (long long)vocab, (long long)config.dim, (long long)config.experts, (long long)config.topk,
                (long long)config.shared, dsv3::gate_name(config.gate), options.balance.c_str(),
+               seq_loss,
                options.bug != "none" ? ", planted: " : "", options.bug != "none" ? options.bug.c_str() : "",
                scheme == Scheme::flat ? "flat" : "hierarchical", device_name(dev));
 
