@@ -109,18 +109,18 @@ ctx::fiber make_half(Pair& p, int h, const std::function<void()>& body) {
 
 }  // namespace
 
-void run_pair(const std::function<void()>& first, const std::function<void()>& second) {
-  FF_CHECK(g_pair == nullptr, "overlap::run_pair inside a pair");
+void run_step(const std::function<void()>& forward, const std::function<void()>& backward) {
+  FF_CHECK(g_pair == nullptr, "overlap::run_step inside a pair");
   Pair p;
   const bool grad = grad_enabled();
   const std::string category = trace().category();
   p.half[0].grad = p.half[1].grad = grad;
   p.half[0].category = category;
   p.half[1].category = "paired backward";
-  for (int h = 0; h < 2; h++) p.half[h].fiber = make_half(p, h, h == 0 ? first : second);
+  for (int h = 0; h < 2; h++) p.half[h].fiber = make_half(p, h, h == 0 ? forward : backward);
   g_pair = &p;
-  // the first half runs until its first all-to-all, then they alternate at each one
-  int h = 0;
+  // the pass kStepOrder[0] runs until its first all-to-all, then they alternate at each one
+  int h = kStepOrder[0] == Pass::forward ? 0 : 1;
   while (!p.half[0].done || !p.half[1].done) {
     if (p.half[h].done) h = 1 - h;
     resume(p, h);

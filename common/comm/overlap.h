@@ -5,10 +5,10 @@
 // The two run as two fibers (Boost.Context) on this thread and take turns at the all-to-alls:
 // when one has posted an all-to-all's sends and receives (a2a_start, common/comm/alltoall.h)
 // it hands the CPU to the other, which runs until it posts one of its own (or ends); then the
-// first finishes its all-to-all, whose messages have moved meanwhile, and goes on. With
-// DeepSeek-V3's block that is its order: the forward's dispatch flies during the backward's
-// experts, the backward's combine during the forward's attention, and so on. While one half is
-// suspended, the other polls its messages between ops.
+// first finishes its all-to-all, whose messages have moved meanwhile, and goes on. The
+// backward starts (kStepOrder below), so with DeepSeek-V3's block the backward's dispatch flies
+// during the forward's attention, the forward's dispatch during the backward's experts, and so
+// on. While one half is suspended, the other polls its messages between ops.
 //
 // The turns are taken at the same points of the program on every rank (each all-to-all's
 // start), so the collectives both halves issue on a communicator (TP's all-gathers, the
@@ -24,11 +24,27 @@
 
 namespace ff::overlap {
 
-// Runs first() and second() interleaved as above; returns when both have ended. An exception
-// in either is rethrown here once both have stopped (the other runs on to its end).
-void run_pair(const std::function<void()>& first, const std::function<void()>& second);
+// DeepSeek-V3's overlapped step (report §3.2.1; seed 003's OverlappedOp.step), the one order
+// lessons 06 and 08 both run: the backward starts, and the two passes take turns at each
+// all-to-all, so that every all-to-all has a compute phase of the other pass to hide behind:
+//   backward  start its dispatch (dy to the experts)
+//   forward   attention and gate; start its dispatch          (hides B's dispatch)
+//   backward  its experts; start its combine                  (hides F's dispatch)
+//   forward   its experts; start its combine                  (hides B's combine)
+//   backward  router, norm and attention                      (hides F's combine)
+//   forward   its output
+// Lesson 06 runs its six phases in this order; run_step below starts the pass kStepOrder[0]
+// and lets the all-to-alls hand over, which gives the same alternation.
+enum class Pass { forward, backward };
+inline constexpr Pass kStepOrder[6] = {Pass::backward, Pass::forward, Pass::backward,
+                                       Pass::forward,  Pass::backward, Pass::forward};
 
-// Inside run_pair: hand the CPU to the other half until it yields back or ends (no-op outside
+// Runs a forward and a backward interleaved as above, the pass kStepOrder[0] first; returns
+// when both have ended. An exception in either is rethrown here once both have stopped (the
+// other runs on to its end).
+void run_step(const std::function<void()>& forward, const std::function<void()>& backward);
+
+// Inside run_step: hand the CPU to the other half until it yields back or ends (no-op outside
 // a pair, or when the other half has ended). a2a_async calls it between start and finish,
 // with poll = one test of its messages: while this half is suspended the other calls poll
 // between its ops (autograd's set_between_ops), since MPI moves messages, and the link model

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "common/comm/overlap.h"
 #include "common/layers/dsv3_moe.h"
 #include "common/layers/expert_parallel.h"
 #include "common/layers/model.h"
@@ -380,13 +381,18 @@ static RunResult run_schedule(Comm& comm, const Setup& setup, Weights& weights, 
         timed(&result.b_s, [&] { backward_pass(bwd); });
       } else {
         // [slide:overlapped-step]
+        // each pass's three phases, taken in DeepSeek-V3's order: overlap::kStepOrder, the
+        // backward first, then turn about (lesson 08's paired steps run the same order)
         timed(&result.fb_s, [&] {
-          runner.b_start(bwd);      // start B's dispatch (dy to the experts)
-          runner.f_attn_gate(fwd);  // F attention + gate; start F's dispatch
-          runner.b_experts(bwd);    // wait B's dispatch; B experts; start B's combine
-          runner.f_experts(fwd);    // wait F's dispatch; F experts; start F's combine
-          runner.b_attn(bwd);       // wait B's combine; B router, norm, attention
-          runner.f_end(fwd);        // wait F's combine; F's output
+          const std::function<void()> phases[2][3] = {
+              {[&] { runner.f_attn_gate(fwd); },  // F attention + gate; start F's dispatch
+               [&] { runner.f_experts(fwd); },    // wait F's dispatch; F experts; start F's combine
+               [&] { runner.f_end(fwd); }},       // wait F's combine; F's output
+              {[&] { runner.b_start(bwd); },      // start B's dispatch (dy to the experts)
+               [&] { runner.b_experts(bwd); },    // wait B's dispatch; B experts; start B's combine
+               [&] { runner.b_attn(bwd); }}};     // wait B's combine; B router, norm, attention
+          int next[2] = {0, 0};
+          for (overlap::Pass pass : overlap::kStepOrder) phases[(int)pass][next[(int)pass]++]();
         });
         // [/slide]
       }

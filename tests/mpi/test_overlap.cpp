@@ -58,19 +58,21 @@ TEST_CASE("overlap: a pair takes turns at each all-to-all and equals the two run
   std::vector<float> f, b;
   std::vector<std::string> log;
   const long before = overlap::switches();
-  overlap::run_pair([&] { f = run_half(c, 1, 3, 11, &log, "F"); },
+  overlap::run_step([&] { f = run_half(c, 1, 3, 11, &log, "F"); },
                     [&] { b = run_half(c, 2, 2, 12, &log, "B"); });
   CHECK(f == f_seq);
   CHECK(b == b_seq);
-  // F starts its first all-to-all, B runs until it starts its own, F finishes, and so on
-  const std::vector<std::string> want = {"F start", "B start", "F finish", "F start", "B finish",
-                                         "B start", "F finish", "F start", "B finish", "F finish"};
+  // DeepSeek-V3's order (overlap::kStepOrder): B starts its first all-to-all, F runs until it
+  // starts its own, B finishes, and so on; once B has ended F runs on alone
+  REQUIRE(overlap::kStepOrder[0] == overlap::Pass::backward);
+  const std::vector<std::string> want = {"B start", "F start", "B finish", "B start", "F finish",
+                                         "F start", "B finish", "F finish", "F start", "F finish"};
   CHECK(log == want);
-  // every start hands over while the other half has not ended: F, B, F, B, F (B then ends)
-  CHECK(overlap::switches() - before == 5);
+  // every start hands over while the other half has not ended: B, F, B, F (F's third alone)
+  CHECK(overlap::switches() - before == 4);
   // outside a pair, yield does nothing
   overlap::yield();
-  CHECK(overlap::switches() - before == 5);
+  CHECK(overlap::switches() - before == 4);
 }
 
 TEST_CASE("overlap: each half keeps its own autograd mode and trace category across the turns") {
@@ -79,7 +81,7 @@ TEST_CASE("overlap: each half keeps its own autograd mode and trace category acr
   bool f_grad_after = false, b_grad_after = true;
   std::string f_cat, b_cat;
   REQUIRE(grad_enabled());
-  overlap::run_pair(
+  overlap::run_step(
       [&] {  // a forward records the tape
         layer(c, x, 21, nullptr, "F");
         f_grad_after = grad_enabled();
@@ -102,17 +104,17 @@ TEST_CASE("overlap: each half keeps its own autograd mode and trace category acr
 TEST_CASE("overlap: the running half polls the suspended half's messages between its ops") {
   Comm c = overlap_comm();
   int polls = 0, polls_in_first = 0;
-  overlap::run_pair(
-      [&] {
-        overlap::yield([&] { polls++; });  // as a2a_async does between start and finish
-        polls_in_first = polls;
-        sum_all(exp(randn({4}, 3).requires_grad_())).backward();  // no poll: nothing suspended
-      },
-      [&] {
+  overlap::run_step(
+      [&] {  // the forward runs while the backward waits on its messages
         Tensor x = randn({4}, 5);
         x.requires_grad_();
         mul(x, x);  // one op: one poll
         exp(x);     // and another
+      },
+      [&] {  // the backward starts (kStepOrder) and hands over at once
+        overlap::yield([&] { polls++; });  // as a2a_async does between start and finish
+        polls_in_first = polls;
+        sum_all(exp(randn({4}, 3).requires_grad_())).backward();  // no poll: nothing suspended
       });
   CHECK(polls_in_first == 2);
   CHECK(polls == 2);
@@ -122,7 +124,7 @@ TEST_CASE("overlap: an error in one half is rethrown once both have ended") {
   Comm c = overlap_comm();
   std::vector<float> x((size_t)c.size(), 1.f);
   bool other_ended = false;
-  CHECK_THROWS_WITH(overlap::run_pair([&] { throw std::runtime_error("the forward failed"); },
+  CHECK_THROWS_WITH(overlap::run_step([&] { throw std::runtime_error("the forward failed"); },
                                       [&] {
                                         layer(c, x, 31, nullptr, "B");
                                         other_ended = true;
