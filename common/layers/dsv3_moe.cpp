@@ -18,7 +18,8 @@ const char* gate_name(GateFn g) { return g == GateFn::sigmoid ? "sigmoid" : "sof
 const char* overflow_name(Overflow o) { return o == Overflow::drop ? "drop" : "next-best"; }
 
 int64_t Config::group_score_k() const {
-  return std::min(group_score_topk, experts / std::max<int64_t>(groups, 1));
+  const int64_t k = group_score_topk > 0 ? group_score_topk : gate == GateFn::sigmoid ? 2 : 1;
+  return std::min(k, experts / std::max<int64_t>(groups, 1));
 }
 
 Params init_params(const Config& c, uint64_t seed, double bias_spread, Device dev) {

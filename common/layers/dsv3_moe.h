@@ -53,14 +53,17 @@ struct Config {
   int64_t experts = 8, topk = 2, dim = 16, ffn = 32;
   int64_t shared = 1;            // S shared experts (0: none), fused width S * ffn
   int64_t groups = 1, topk_groups = 1;
-  int64_t group_score_topk = 2;  // as DeepSeek-V3's code; >= N/G: the sum of the whole group
+  // a group's score sums its top this-many biased affinities; 0: as DeepSeek's code, which sums
+  // the top 2 when the gate has a bias (the sigmoid gate, DeepSeek-V3) and takes the group's
+  // maximum, amax, when it has none (the softmax gate); >= N/G: the sum of the whole group
+  int64_t group_score_topk = 0;
   GateFn gate = GateFn::sigmoid;
   double route_scale = 1.0;
   double alpha = 0.0;            // sequence-wise balance loss weight
   double capacity_factor = 0.0;  // 0: no capacity limit
   Overflow overflow = Overflow::drop;
   int64_t seq_len = 16;          // L: tokens per sequence, for the balance loss
-  int64_t group_score_k() const;  // min(group_score_topk, N / G)
+  int64_t group_score_k() const;  // min(group_score_topk or its default above, N / G)
 };
 
 struct Params {

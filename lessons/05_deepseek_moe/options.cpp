@@ -14,7 +14,8 @@ void declare_flags(Cli& cli, Flags* f) {
   cli.flag("--groups", &f->c.groups, "expert groups G (0: one per virtual node)", 0, 4096);
   cli.flag("--topk-groups", &f->c.topk_groups, "groups a token may use M (at most G; with one group, 1)", 1, 4096);
   cli.flag("--group-score-topk", &f->c.group_score_topk,
-           "a group's score sums its top this-many biased affinities (capped at N/G)", 1, 4096);
+           "a group's score sums its top this-many biased affinities (capped at N/G; 0: as "
+           "DeepSeek's code, 2 with the sigmoid gate, 1 (the group's maximum) with softmax)", 0, 4096);
   cli.flag("--route-scale", &f->c.route_scale, "gates are scaled by this", 0.0, 1000.0);
   cli.flag("--alpha", &f->c.alpha, "weight of the sequence-wise balance loss", 0.0, 100.0);
   cli.flag("--batch", &f->batch, "sequences per rank", 1, 4096);

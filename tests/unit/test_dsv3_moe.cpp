@@ -526,6 +526,29 @@ void check_bookkeeping(const dsv3::Assignment& a) {
   }
 }
 
+TEST_CASE("dsv3: by default a group scores as DeepSeek's code: the top-2 sum with the sigmoid gate, its maximum with softmax") {
+  // inference/model.py's Gate: group_scores = scores.amax(-1) when the gate has no bias (the
+  // softmax gate), scores.topk(2).sum(-1) when it has one (the sigmoid gate, DeepSeek-V3)
+  dsv3::Config c;
+  c.experts = 8, c.groups = 2, c.topk_groups = 1, c.topk = 1;
+  c.gate = GateFn::sigmoid;
+  CHECK(c.group_score_k() == 2);
+  c.gate = GateFn::softmax;
+  CHECK(c.group_score_k() == 1);
+  c.group_score_topk = 3;  // given: taken, capped at N/G
+  CHECK(c.group_score_k() == 3);
+  c.group_score_topk = 9;
+  CHECK(c.group_score_k() == 4);
+  // one token: group 0 holds the larger maximum (0.5), group 1 the larger top-2 sum (0.6)
+  const Tensor scores = Tensor::from_vector({0.5f, 0.f, 0.f, 0.f, 0.3f, 0.3f, 0.f, 0.f}, {1, 8});
+  const Tensor bias = Tensor::zeros({8});
+  c.group_score_topk = 0;
+  c.gate = GateFn::softmax;
+  CHECK(dsv3::select(c, scores, bias).idx.to_index_vector() == std::vector<int64_t>{0});
+  c.gate = GateFn::sigmoid;
+  CHECK(dsv3::select(c, scores, bias).idx.to_index_vector() == std::vector<int64_t>{4});
+}
+
 // ----------------------------------------------------------------------------
 // 7. seed 003's balance loss
 
