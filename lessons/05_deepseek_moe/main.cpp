@@ -183,8 +183,8 @@ static void print_selection_vs_gating(const dsv3::Config& c, const dsv3::Params&
   }
 }
 
-// The group score: DeepSeek-V3's top-2 sum against seed 001's sum of the whole group (how many
-// tokens the two send to different nodes). Called on rank 0 only (it selects every token's
+// The group score: DeepSeek's (the top-2 sum; the maximum with the softmax gate) against seed
+// 001's sum of the whole group (how many tokens the two send to different nodes). Called on rank 0 only (it selects every token's
 // groups again, for the report), so it prints with printf.
 static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, const Tensor& s_all) {
   const int64_t T_all = s_all.size(0), N = c.experts;
@@ -196,8 +196,10 @@ static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, 
     for (int64_t t = 0; t < T_all; t++)
       differ += std::set<int64_t>(a.begin() + t * M, a.begin() + (t + 1) * M) !=
                 std::set<int64_t>(b.begin() + t * M, b.begin() + (t + 1) * M);
-    std::printf("group score: top-%lld sum (DeepSeek-V3's code) and sum of all %lld (seed 001) "
-                "pick different nodes for %lld of %lld tokens\n", (long long)c.group_score_k(),
+    const int64_t k = c.group_score_k();
+    const std::string rule = k == 1 ? "the largest affinity" : "top-" + std::to_string(k) + " sum";
+    std::printf("group score: %s (DeepSeek's code) and sum of all %lld (seed 001) "
+                "pick different nodes for %lld of %lld tokens\n", rule.c_str(),
                 (long long)(N / c.groups), (long long)differ, (long long)T_all);
   }
 }
