@@ -101,10 +101,15 @@ Selection select(const Config& c, const Tensor& s, const Tensor& bias) {
 }
 // [/slide]
 
-Tensor kept_groups_sum_all(const Config& c, const Tensor& s, const Tensor& bias) {
+Tensor kept_groups_seed001(const Config& c, const Tensor& s) {
+  std::vector<float> logits = s.to_vector();
+  for (float& v : logits)
+    v = c.gate == GateFn::sigmoid ? (float)(std::log((double)v) - std::log1p(-(double)v))
+                                  : (float)std::log((double)v);
   Config all = c;
-  all.group_score_topk = c.experts;  // every affinity of the group
-  return select(all, s, bias).kept_groups;
+  all.group_score_topk = c.experts;  // every expert of the group
+  return select(all, Tensor::from_vector(logits, s.shape()).to(s.device()),
+                Tensor::zeros({c.experts}, s.device())).kept_groups;
 }
 
 // Capacity, in three passes over the global slots (slot = t K + j, global token order):

@@ -103,9 +103,12 @@ struct Selection {
   Tensor kept_groups;  // (T, M) int64: the groups a token may use (next-best stays inside)
 };
 Selection select(const Config& c, const Tensor& s, const Tensor& bias);
-// Group scores computed as seed 001 §1.5 writes them (the sum of ALL biased affinities in the
-// group) instead of the top-group_score_topk sum: the top M groups of each token, (T, M).
-Tensor kept_groups_sum_all(const Config& c, const Tensor& s, const Tensor& bias);
+// Group scores computed as seed 001 §1.5 writes them, the sum of the raw router logits
+// (W_g h)_i of ALL the group's experts (no bias, no sigmoid), instead of the top-2 sum of biased
+// affinities: the top M groups of each token, (T, M). The logits are recovered from the
+// affinities s: log(s / (1 - s)) for the sigmoid gate; log s for the softmax gate (the logits
+// up to one constant per token, which shifts every group of N/G experts alike).
+Tensor kept_groups_seed001(const Config& c, const Tensor& s);
 
 // Capacity over all tokens of the EP group, on the host. Inputs are the global (T_all, .)
 // tensors in global token order. Output: the final expert of every slot (a dropped slot keeps

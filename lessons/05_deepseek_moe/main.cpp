@@ -183,14 +183,15 @@ static void print_selection_vs_gating(const dsv3::Config& c, const dsv3::Params&
   }
 }
 
-// The group score: DeepSeek's (the top-2 sum; the maximum with the softmax gate) against seed
-// 001's sum of the whole group (how many tokens the two send to different nodes). Called on rank 0 only (it selects every token's
+// The group score: DeepSeek's (the top-2 sum of biased affinities; the maximum with the softmax
+// gate) against seed 001's sum of the whole group's raw logits (how many tokens the two send
+// to different nodes). Called on rank 0 only (it selects every token's
 // groups again, for the report), so it prints with printf.
 static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, const Tensor& s_all) {
   const int64_t T_all = s_all.size(0), N = c.experts;
   if (c.groups > 1 && c.topk_groups < c.groups) {
     const std::vector<int64_t> a = dsv3::select(c, s_all, full.bias).kept_groups.to_index_vector(),
-                               b = dsv3::kept_groups_sum_all(c, s_all, full.bias).to_index_vector();
+                               b = dsv3::kept_groups_seed001(c, s_all).to_index_vector();
     int64_t differ = 0;
     const int64_t M = c.topk_groups;
     for (int64_t t = 0; t < T_all; t++)
@@ -198,7 +199,7 @@ static void print_group_scores(const dsv3::Config& c, const dsv3::Params& full, 
                 std::set<int64_t>(b.begin() + t * M, b.begin() + (t + 1) * M);
     const int64_t k = c.group_score_k();
     const std::string rule = k == 1 ? "the largest affinity" : "top-" + std::to_string(k) + " sum";
-    std::printf("group score: %s (DeepSeek's code) and sum of all %lld (seed 001) "
+    std::printf("group score: %s (DeepSeek's code) and sum of all %lld logits (seed 001) "
                 "pick different nodes for %lld of %lld tokens\n", rule.c_str(),
                 (long long)(N / c.groups), (long long)differ, (long long)T_all);
   }
