@@ -22,7 +22,8 @@ The math (common/layers/dsv3_moe.h), written out again here rather than imported
   y_t = sum_{j kept} g_tj E_idx_tj(x_t) + H(x_t),  E(u) = (silu(u W1) * (u W3)) W2, H the same
     SwiGLU with the fused (d, S f) shared weights (no H when S = 0)
   aux = alpha * mean over sequences q of L tokens of sum_i f_qi P_qi,
-    f_qi = N / (K L) #{t in q : i in t's selection BEFORE capacity} (a constant),
+    f_qi = N / (K L) #{t in q : i in the top K of t's unbiased s} (a constant; with meta.json's
+    aux_count "selected": i in t's selection before capacity),
     P_qi = (1/L) sum_{t in q} s_ti / sum_j s_tj
 
 Decisions taken on float32 values (the C++) and on float64 ones (here) may differ where two
@@ -313,11 +314,14 @@ def check_dump(d):
         dxs, dWs1, dWs3, dWs2 = swiglu_backward(x, Ws1, Ws3, Ws2, saved, dy)  # ungated
         dx += dxs
 
-    # ---- the balance loss: f from the selection before capacity
+    # ---- the balance loss: f counts each token's top-K of the unbiased s (the report's eq. 18),
+    # or with aux_count "selected" the selection before capacity
     nseq = B
     sn = s / s.sum(1, keepdims=True)                                  # s' = s / Z
     cnt = np.zeros((nseq, N))
-    np.add.at(cnt, (np.repeat(np.arange(T) // L, K), sel.reshape(-1)), 1.0)
+    assert meta["aux_count"] in ("unbiased-topk", "selected"), f"{d}: aux_count {meta['aux_count']!r}"
+    counted = sel if meta["aux_count"] == "selected" else np.argsort(-s, axis=1, kind="stable")[:, :K]
+    np.add.at(cnt, (np.repeat(np.arange(T) // L, K), counted.reshape(-1)), 1.0)
     fq = N / (K * L) * cnt                                            # (B, N)
     Pq = sn.reshape(nseq, L, N).mean(1)
     aux = alpha * (fq * Pq).sum(1).mean()

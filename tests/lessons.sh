@@ -177,6 +177,10 @@ check "05 flat and hierarchical dumps: routing and expert rows byte-identical, y
   bash -c "for a in flat hierarchical; do rm -rf $LOG/d05\$a; $MPIRUN -np 8 $L05 --capacity-factor 0.8 --overflow next-best --a2a \$a --dump $LOG/d05\$a >/dev/null || exit 1; done; \
            for f in x dy topk_idx kept gates router_w bias experts_w1 experts_w2 experts_w3 shared_w1 shared_w2 shared_w3; do cmp $LOG/d05flat/\$f.npy $LOG/d05hierarchical/\$f.npy || exit 1; done; \
            $PYTHON tests/check_dump_05.py $LOG/d05flat $LOG/d05hierarchical"
+check "05 --aux-count selected: the balance loss counts the layer's selection, numpy recomputes the dump, and it differs from the report's count (P=4)" 0 '^aux counts differ' \
+  bash -c "rm -rf $LOG/d05sel && $MPIRUN -np 4 $L05 --aux-count selected --dump $LOG/d05sel >/dev/null && $PYTHON tests/check_dump_05.py $LOG/d05sel >/dev/null && \
+           a=\$($MPIRUN -np 4 $L05 | grep 'balance loss') && b=\$($MPIRUN -np 4 $L05 --aux-count selected | grep 'balance loss') && \
+           [ \"\$a\" != \"\$b\" ] && echo aux counts differ"
 check "05 --train 20 on 8 ranks equals one process over the same global batch (loss every step, parameters), one bias everywhere" 0 '^check: PASS' \
   bash -c "$MPIRUN -np 8 $L05 --train 20 --log-every 5 > $LOG/train05.txt; rc=\$?; cat $LOG/train05.txt; grep -q 'the bias is the same on every rank  *PASS' $LOG/train05.txt && exit \$rc"
 check "05 --train with --balance aux (softmax gate, flat all-to-all) and none equal one process (P=4)" 0 '^check: PASS' \

@@ -210,11 +210,28 @@ Tensor plan_ids(const Config& c, const std::vector<int64_t>& idx, const std::vec
 // ----------------------------------------------------------------------------
 // the sequence-wise balance loss
 
+const char* aux_count_name(AuxCount a) {
+  return a == AuxCount::unbiased_topk ? "unbiased-topk" : "selected";
+}
+
+std::vector<int64_t> unbiased_topk(const std::vector<float>& sv, int64_t T, int64_t N, int64_t K) {
+  std::vector<int64_t> out((size_t)(T * K)), order((size_t)N);
+  for (int64_t t = 0; t < T; t++) {
+    const float* st = &sv[(size_t)(t * N)];
+    for (int64_t i = 0; i < N; i++) order[(size_t)i] = i;
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [st](int64_t a, int64_t b) { return st[a] > st[b] || (st[a] == st[b] && a < b); });
+    std::copy(order.begin(), order.begin() + K, out.begin() + t * K);
+  }
+  return out;
+}
+
 BalanceStats balance_stats(const Config& c, const Tensor& s, const Tensor& idx) {
   const int64_t T = s.size(0), N = c.experts, K = c.topk, L = c.seq_len;
   FF_CHECK(T % L == 0, "balance loss: " << T << " tokens are not whole sequences of " << L);
   const std::vector<float> sv = s.to_vector();
-  const std::vector<int64_t> iv = idx.to_index_vector();
+  const std::vector<int64_t> iv =
+      c.aux_count == AuxCount::selected ? idx.to_index_vector() : unbiased_topk(sv, T, N, K);
   BalanceStats b;
   b.sequences = T / L;
   b.f.assign((size_t)(b.sequences * N), 0.0);

@@ -38,6 +38,9 @@ namespace ff::dsv3 {
 
 enum class GateFn { sigmoid, softmax };
 enum class Overflow { drop, next_best };
+// What the sequence-wise balance loss's f_i counts: the report's (eq. 18) top-K of the unbiased
+// affinities s, or the experts the layer selected (biased, group-limited, before capacity).
+enum class AuxCount { unbiased_topk, selected };
 const char* gate_name(GateFn g);
 const char* overflow_name(Overflow o);
 
@@ -63,6 +66,7 @@ struct Config {
   double capacity_factor = 0.0;  // 0: no capacity limit
   Overflow overflow = Overflow::drop;
   int64_t seq_len = 16;          // L: tokens per sequence, for the balance loss
+  AuxCount aux_count = AuxCount::unbiased_topk;  // what the balance loss's f_i counts
   int64_t group_score_k() const;  // min(group_score_topk or its default above, N / G)
 };
 
@@ -145,7 +149,11 @@ struct BalanceStats {
   std::vector<double> f;             // (sequences * N): f_i of each sequence
   int64_t sequences = 0;
 };
+// f_i counts, per c.aux_count, the top-K of s (the report's) or idx, the layer's selection.
 BalanceStats balance_stats(const Config& c, const Tensor& s, const Tensor& idx);
+const char* aux_count_name(AuxCount a);
+// The top K of each token's unbiased affinities s (T, N) (ties: the lower expert): (T K) indices.
+std::vector<int64_t> unbiased_topk(const std::vector<float>& s, int64_t T, int64_t N, int64_t K);
 double balance_loss(const Config& c, double loss_sum_all, int64_t sequences_all);
 
 // ---- the router's backward: dL/dz (T, N) from dL/dg (T, K) and the balance loss's path through

@@ -42,7 +42,8 @@ struct Flags {
   dsv3::Config c = default_config();
   int64_t batch = 2, R = 2, reps = 5;
   double bias_init = 0.05;
-  std::string gate = "sigmoid", a2a = "hierarchical", overflow = "drop", bug = "none", link_spec;
+  std::string gate = "sigmoid", a2a = "hierarchical", overflow = "drop", bug = "none", link_spec,
+              aux_count = "unbiased-topk";
   TrainOptions train;
   static dsv3::Config default_config() {
     dsv3::Config c;

@@ -265,11 +265,12 @@ static std::string meta_json(const dsv3::Config& c, int P, const std::string& ex
                 "{\"gate\": \"%s\", \"N\": %lld, \"K\": %lld, \"S\": %lld, \"G\": %lld, "
                 "\"M\": %lld, \"group_score_topk\": %lld, \"route_scale\": %.9g, \"alpha\": %.9g, "
                 "\"capacity_factor\": %.9g, \"overflow\": \"%s\", \"seq_len\": %lld, "
-                "\"d\": %lld, \"f\": %lld, \"P\": %d",
+                "\"d\": %lld, \"f\": %lld, \"P\": %d, \"aux_count\": \"%s\"",
                 dsv3::gate_name(c.gate), (long long)c.experts, (long long)c.topk, (long long)c.shared,
                 (long long)c.groups, (long long)c.topk_groups, (long long)c.group_score_k(),
                 c.route_scale, c.alpha, c.capacity_factor, dsv3::overflow_name(c.overflow),
-                (long long)c.seq_len, (long long)c.dim, (long long)c.ffn, P);
+                (long long)c.seq_len, (long long)c.dim, (long long)c.ffn, P,
+                dsv3::aux_count_name(c.aux_count));
   return buf + extra_fields + "}\n";
 }
 
@@ -371,6 +372,7 @@ static int deepseek_lesson(Lesson& lesson) {
   lesson.usage_error_if(cli.given("--link") && train.steps > 0,
                         "--link times the layer's all-to-alls: leave out --train");
   config.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;
+  config.aux_count = flags.aux_count == "selected" ? dsv3::AuxCount::selected : dsv3::AuxCount::unbiased_topk;
   config.overflow = overflow == "drop" ? dsv3::Overflow::drop : dsv3::Overflow::next_best;
   const dsv3::Bug the_bug = bug == "bias-grad"        ? dsv3::Bug::bias_grad
                             : bug == "no-renorm"      ? dsv3::Bug::no_renorm

@@ -18,6 +18,9 @@ void declare_flags(Cli& cli, Flags* f) {
            "DeepSeek's code, 2 with the sigmoid gate, 1 (the group's maximum) with softmax)", 0, 4096);
   cli.flag("--route-scale", &f->c.route_scale, "gates are scaled by this", 0.0, 1000.0);
   cli.flag("--alpha", &f->c.alpha, "weight of the sequence-wise balance loss", 0.0, 100.0);
+  cli.choice("--aux-count", &f->aux_count, {"unbiased-topk", "selected"},
+             "what the balance loss's f_i counts: each token's top-K of the unbiased affinities "
+             "(the report's eq. 18), or the experts the layer selected (biased, group-limited)");
   cli.flag("--batch", &f->batch, "sequences per rank", 1, 4096);
   cli.flag("--tokens", &f->c.seq_len, "tokens per sequence L", 1, 1 << 16);
   cli.flag("--dim", &f->c.dim, "model dimension d", 1, 4096);

@@ -21,8 +21,8 @@ report (arXiv 2412.19437, section 2.1.2 and 2.3), not from the C++:
       gathered; y_t = sum over kept slots of g_tj E_idx_tj(x_t)
   shared experts: S SwiGLUs fused into one of width S f, ungated, added to y
   balance loss (sequence-wise, report eq. 17-20): per sequence of L tokens,
-      f_i = N / (K L) * #{t : i in the router's top-K of t}  (selection BEFORE capacity; a
-      constant), P_i = mean_t s_ti / sum_j s_tj;  L_bal = alpha * mean over sequences of
+      f_i = N / (K L) * #{t : i in the top-K of t's unbiased affinities s}  (the report's
+      eq. 18: no bias, no group limit; a constant), P_i = mean_t s_ti / sum_j s_tj;  L_bal = alpha * mean over sequences of
       sum_i f_i P_i
   loss = sum(y * dy) + L_bal; autograd gives the gradient of every weight and of x.
 
@@ -189,23 +189,26 @@ def layer(c, p, idx_final, kept, sel_idx):
     y = ((gates * kept.to(torch.float64))[..., None] * chosen).sum(1)
     if c.S > 0:
         y = y + (F.silu(x @ p["shared_w1"]) * (x @ p["shared_w3"])) @ p["shared_w2"]
-    # sequence-wise balance loss: f from the selection before capacity, a constant
+    # sequence-wise balance loss (report eq. 18): f counts each token's top-K of the unbiased
+    # affinities s, a constant
     B = T // L
-    count = F.one_hot(sel_idx, N).sum(1).to(torch.float64).view(B, L, N).sum(1)  # (B, N)
+    topk_s = torch.topk(s.detach(), K, dim=-1).indices
+    count = F.one_hot(topk_s, N).sum(1).to(torch.float64).view(B, L, N).sum(1)  # (B, N)
     f = N / (K * L) * count
     P = (s / s.sum(dim=-1, keepdim=True)).view(B, L, N).mean(1)                  # (B, N)
     balance = c.alpha * (f * P).sum(-1).mean()
     return y, balance, gates
 
 
-def seed003_balance(alpha, s, sel_idx):
+def seed003_balance(alpha, s, count_idx):
     """Seed 003's load_balance_sequence_wise, per sequence k (see the module docstring):
-    the k >= 1 terms summed, times alpha, and the k = 0 term alone."""
+    the k >= 1 terms summed, times alpha, and the k = 0 term alone. count_idx: the experts f
+    counts, the same as the report's loss (the top-K of s), so that only the loop differs."""
     B = T // L
     total, k0_term = 0.0, None
     for k in range(B):
         s_k = s[k * L:(k + 1) * L]
-        count_k = F.one_hot(sel_idx[k * L:(k + 1) * L], N).sum((0, 1)).to(torch.float64)
+        count_k = F.one_hot(count_idx[k * L:(k + 1) * L], N).sum((0, 1)).to(torch.float64)
         fi = torch.tensor(float(N), dtype=torch.float64) / (k * L) * count_k  # k = 0: inf
         pi = (s_k / s_k.sum(dim=-1, keepdim=True)).sum(dim=0) / L
         term = (fi * pi).sum() / L
@@ -295,7 +298,7 @@ def main():
               f"cap {cap}, moved {moved}, dropped {dropped}; balance {balance.item():.6f}")
 
         if c.name == "sigmoid_groups":
-            skip_k0, k0_term = seed003_balance(c.alpha, s, sel_idx)
+            skip_k0, k0_term = seed003_balance(c.alpha, s, torch.topk(s, K, dim=-1).indices)
             assert not math.isfinite(k0_term)
             save("seed003_balance_paper", balance)
             save("seed003_balance_skip_k0", np.array(skip_k0))

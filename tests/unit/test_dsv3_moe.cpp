@@ -554,7 +554,7 @@ TEST_CASE("dsv3: by default a group scores as DeepSeek's code: the top-2 sum wit
 
 // Seed 003's load_balance_sequence_wise over sequences k = 1 .. B - 1 (k = 0 divides by 0):
 //   alpha sum_k sum_i (N / (k L) count_ki) P_ki / L
-// with count and P from the layer's s and selection, in double.
+// with count (of the experts in `sel`) and P from the layer's s, in double.
 double seed003_balance_skip_k0(const dsv3::Config& c, const std::vector<float>& s,
                                const std::vector<int64_t>& sel, int64_t T, double* k0_term) {
   const int64_t N = c.experts, K = c.topk, L = c.seq_len, B = T / L;
@@ -1112,7 +1112,9 @@ TEST_CASE("dsv3: seed 003's sequence-wise balance loss is not the report's") {
   const double seed_want = golden("seed003_balance_skip_k0").item();
   const double k0_want = golden("seed003_balance_k0_term").item();
   double k0 = 0;
-  const double seed = seed003_balance_skip_k0(pr.c, fw.s.to_vector(), fw.sel.idx.to_index_vector(),
+  // f counts what the report's loss counts (the top K of s), so that only the seed's loop differs
+  const std::vector<float> s = fw.s.to_vector();
+  const double seed = seed003_balance_skip_k0(pr.c, s, dsv3::unbiased_topk(s, pr.T, pr.c.experts, pr.c.topk),
                                               pr.T, &k0);
   const Slack slack(pr, 1);
   const double tol_paper = balance_tolerance(pr, paper) + slack.balance(paper);
