@@ -192,6 +192,8 @@ check "05 --train --balance bias is DeepSeek-V3's: the sequence-wise loss (alpha
            echo \"\$a\" | grep -q 'balance bias + sequence-wise loss (alpha 0.0001)' && echo \"\$a\" | grep -qE '^ +0 +[0-9.]+ +0\.000[1-9]' && \
            echo \"\$b\" | grep -qE '^ +0 +[0-9.]+ +0\.00000 ' && [ \$(echo \"\$a\$b\" | grep -c '^check: PASS') = 2 ] && echo both ok"
 usage_error "05 bad input: --seq-alpha without --balance bias" $MPIRUN -np 2 $L05 --train 5 --balance aux --seq-alpha 0.01
+usage_error "05 bad input: --seq-alpha without --train" $MPIRUN -np 2 $L05 --seq-alpha 0.01
+usage_error "05 bad input: --aux-count in a run with no balance loss" $MPIRUN -np 2 $L05 --aux-count selected --alpha 0
 usage_error "05 bad input: --data that cannot be read" $MPIRUN -np 2 $L05 --train 5 --data /nonexistent/text.txt
 usage_error "05 bad input: a backward bug with --train" $MPIRUN -np 2 $L05 --train 5 --bug no-renorm
 for bug in bias-grad no-renorm no-shared-grad; do

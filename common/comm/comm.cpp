@@ -107,7 +107,7 @@ Comm Comm::world(int* argc, char*** argv, int thread_level) {
       std::exit(1);
     }
   }
-  if (!Comm::wait_policy_decided()) decide_wait_policy();
+  if (!wait_policy_decided()) decide_wait_policy();
   return Comm(MPI_COMM_WORLD);
 }
 

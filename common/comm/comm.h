@@ -191,7 +191,6 @@ class Comm {
   static Comm world(int* argc, char*** argv, int thread_level = MPI_THREAD_SINGLE);
   static int thread_level_provided();
   static const WaitPolicy& wait_policy();
-  static bool wait_policy_decided();  // Comm::world decides it once
   // This job's real nodes (collective over MPI_COMM_WORLD).
   static NodeLayout node_layout();
   // MPI_Finalize (if initialized and not finalized) then exit(code): the same on every rank.

@@ -20,8 +20,10 @@ void counts_and_displs(const std::vector<size_t>& bytes, const char* op, std::ve
 // The trace's clock, in microseconds.
 double now_us();
 
-// node.cpp: reads FF_WAIT and measures the node; collective over MPI_COMM_WORLD (Comm::world).
+// node.cpp: reads FF_WAIT and measures the node; collective over MPI_COMM_WORLD (Comm::world,
+// once: wait_policy_decided says whether it has).
 void decide_wait_policy();
+bool wait_policy_decided();
 
 // link.cpp: the link model's clock (seconds on steady_clock), and whether a modelled request's
 // time has come.

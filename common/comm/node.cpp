@@ -27,7 +27,7 @@ static WaitPolicy g_wait;  // until Comm::world decides: sleep, safe everywhere
 static bool g_wait_decided = false;
 
 const WaitPolicy& Comm::wait_policy() { return g_wait; }
-bool Comm::wait_policy_decided() { return g_wait_decided; }
+bool detail::wait_policy_decided() { return g_wait_decided; }
 
 // The whole of a small file (a cgroup or proc file); "" if it cannot be read.
 static std::string read_small_file(const std::string& path) {

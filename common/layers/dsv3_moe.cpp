@@ -5,6 +5,7 @@
 #include "common/layers/dsv3_moe.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 
@@ -103,9 +104,12 @@ Selection select(const Config& c, const Tensor& s, const Tensor& bias) {
 
 Tensor kept_groups_seed001(const Config& c, const Tensor& s) {
   std::vector<float> logits = s.to_vector();
-  for (float& v : logits)
-    v = c.gate == GateFn::sigmoid ? (float)(std::log((double)v) - std::log1p(-(double)v))
-                                  : (float)std::log((double)v);
+  for (float& v : logits) {
+    // a saturated affinity (0, or a sigmoid rounded to 1) clamped to the nearest float32 the
+    // logit is finite for, so that no group's sum is infinite or NaN
+    const double a = std::min(std::max((double)v, (double)FLT_MIN), 1.0 - (double)FLT_EPSILON / 2);
+    v = c.gate == GateFn::sigmoid ? (float)(std::log(a) - std::log1p(-a)) : (float)std::log(a);
+  }
   Config all = c;
   all.group_score_topk = c.experts;  // every expert of the group
   return select(all, Tensor::from_vector(logits, s.shape()).to(s.device()),

@@ -6,8 +6,9 @@
 //   s = sigmoid(z)   (--gate softmax: s = softmax(z))          affinities, per expert
 //   selection   on s + b (b: the balancing bias, no gradient):
 //               groups: the N experts in G contiguous groups; a group's score is the sum of
-//               its `group_score_topk` largest biased affinities; keep the top M groups, then
-//               the top K experts inside them -> idx (T, K)
+//               its group_score_k() largest biased affinities (2 with the sigmoid gate, 1 —
+//               the maximum — with softmax); keep the top M groups, then the top K experts
+//               inside them -> idx (T, K)
 //   capacity    (C > 0) cap = ceil(C T K / N) slots per expert over all tokens of the EP group:
 //               overflow slots are dropped, or moved to the token's next-best expert with room
 //   gating      on the UNBIASED s of the final selection:
@@ -56,9 +57,10 @@ struct Config {
   int64_t experts = 8, topk = 2, dim = 16, ffn = 32;
   int64_t shared = 1;            // S shared experts (0: none), fused width S * ffn
   int64_t groups = 1, topk_groups = 1;
-  // a group's score sums its top this-many biased affinities; 0: as DeepSeek's code, which sums
-  // the top 2 when the gate has a bias (the sigmoid gate, DeepSeek-V3) and takes the group's
-  // maximum, amax, when it has none (the softmax gate); >= N/G: the sum of the whole group
+  // a group's score sums its top this-many biased affinities; 0: by the gate, as DeepSeek's code
+  // pairs them — the top 2 for the sigmoid gate, which has the bias there (DeepSeek-V3), the
+  // maximum (amax) for the softmax gate, which has none there (DeepSeek-V2; this layer's softmax
+  // gate still selects on s + b); >= N/G: the sum of the whole group
   int64_t group_score_topk = 0;
   GateFn gate = GateFn::sigmoid;
   double route_scale = 1.0;

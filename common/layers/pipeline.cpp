@@ -32,10 +32,12 @@ void Executor::run() {
     const double start = trace().now_us();
     std::vector<Tensor> outbox(ops.size());
     if (step.paired && opt_.overlap_pairs) {
-      // DeepSeek-V3's order (overlap::kStepOrder, as lesson 06): the backward starts
-      const size_t f = ops[0].kind == Kind::F ? 0 : 1, b = 1 - f;
-      overlap::run_step([&] { outbox[f] = compute(ops[f], inbox[f]); },
-                        [&] { outbox[b] = compute(ops[b], inbox[b]); });
+      // a pair is an F and a B or I (schedule.h); run_step starts them in DeepSeek-V3's
+      // order (overlap::kStepOrder, as lesson 06): the backward first
+      FF_CHECK(ops[0].kind == Kind::F && ops[1].kind != Kind::F,
+               "a paired step is a forward and a backward: " << to_string(step));
+      overlap::run_step([&] { outbox[0] = compute(ops[0], inbox[0]); },
+                        [&] { outbox[1] = compute(ops[1], inbox[1]); });
     }
     else
       for (size_t i = 0; i < ops.size(); i++) outbox[i] = compute(ops[i], inbox[i]);

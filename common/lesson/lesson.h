@@ -38,9 +38,9 @@
 #include "common/comm/nccl.h"
 #include "common/core/autograd.h"
 #include "common/core/check.h"
-#include "common/lesson/check_report.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
+#include "common/lesson/check_report.h"
 #include "common/lesson/cli.h"
 #include "common/util/trace.h"
 

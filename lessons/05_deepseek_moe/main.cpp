@@ -336,9 +336,9 @@ static int deepseek_lesson(Lesson& lesson) {
   ranks_per_node = net.ranks_per_node;
   const bool real_nodes = net.real_nodes;
   const LinkModel& link = net.link;
-  const int nodes = (int)(P / std::max<int64_t>(ranks_per_node, 1));
   lesson.usage_error_if(P % ranks_per_node != 0, "--ranks-per-node " + std::to_string(ranks_per_node) +
                                                      " does not divide the " + std::to_string(P) + " ranks");
+  const int nodes = (int)(P / ranks_per_node);
   if (config.groups == 0) config.groups = nodes;
   if (!cli.given("--topk-groups"))
     config.topk_groups = std::min<int64_t>(config.topk_groups, config.groups);
@@ -366,9 +366,18 @@ static int deepseek_lesson(Lesson& lesson) {
                         "out --train");
   lesson.usage_error_if(train_bug && train.balance != "bias", "--bug " + bug +
                         " is a bug of the bias update: it needs --balance bias");
-  lesson.usage_error_if(cli.given("--seq-alpha") && train.balance != "bias",
-                        "--seq-alpha weighs the sequence-wise loss beside the bias: it needs "
-                        "--balance bias (--aux-alpha weighs --balance aux's)");
+  lesson.usage_error_if(cli.given("--seq-alpha") && (train.steps == 0 || train.balance != "bias"),
+                        "--seq-alpha weighs the sequence-wise loss beside the bias in training: it "
+                        "needs --train STEPS and --balance bias (--aux-alpha weighs --balance aux's, "
+                        "--alpha the layer check's)");
+  // the balance loss's weight in this run: the layer check's --alpha, or training's
+  const double balance_weight = train.steps == 0            ? config.alpha
+                                : train.balance == "aux"    ? train.aux_alpha
+                                : train.balance == "bias"   ? train.seq_alpha
+                                                            : 0.0;
+  lesson.usage_error_if(cli.given("--aux-count") && balance_weight == 0,
+                        "--aux-count chooses what the balance loss counts, and this run has none "
+                        "(its weight is 0): give --alpha, --aux-alpha or --seq-alpha a weight");
   lesson.usage_error_if(cli.given("--link") && train.steps > 0,
                         "--link times the layer's all-to-alls: leave out --train");
   config.gate = gate == "sigmoid" ? dsv3::GateFn::sigmoid : dsv3::GateFn::softmax;

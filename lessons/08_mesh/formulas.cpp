@@ -272,7 +272,7 @@ AxisCounts AxisComms::counts() const {
 }
 
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
-                           int64_t dense_numel, int64_t expert_numel, int W, int edp,
+                           int64_t dense_numel, int64_t expert_numel, int data_ranks, int edp,
                            bool pair_sums) {
   const model::Config& c = setup.c;
   const int pp_rank = here.pp_rank;
@@ -284,7 +284,7 @@ AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Opti
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
   AxisCounts want;
   want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, here.table.replicated_numel);
-  want.dp = formula_dp(c, dense_numel, W, (int)opts.zero, here.held_moe > 0);
+  want.dp = formula_dp(c, dense_numel, data_ranks, (int)opts.zero, here.held_moe > 0);
   want.cp = formula_cp(c, st, setup.microbatch, setup.seq_per_cp, setup.sizes.tp, setup.sizes.cp);
   if (setup.sizes.ep > 1 && expert_numel > 0) want.edp = formula_dp(c, expert_numel, edp, (int)opts.zero, false);
   want.pp = formula_pp(here.sched, pp_rank, here.stages.boundary_shape(0, 0)[0], c.dim);

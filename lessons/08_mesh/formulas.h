@@ -70,10 +70,10 @@ std::string communication_text(const AxisCounts& got, const AxisCounts& want, co
 struct RankModel;
 // What each axis should move in one step of this rank, by the formulas above (EP's depends on
 // the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
-// the two optimizers (over dp x cp, W ranks, and over expert-DP, edp ranks); pair_sums: the
+// the two optimizers (over dp x cp, data_ranks of them, and over expert-DP, edp ranks); pair_sums: the
 // DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
-                           int64_t dense_numel, int64_t expert_numel, int W, int edp,
+                           int64_t dense_numel, int64_t expert_numel, int data_ranks, int edp,
                            bool pair_sums);
 
 std::string human_bytes(double b);

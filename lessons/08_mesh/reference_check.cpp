@@ -287,6 +287,8 @@ Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankMod
                     const Setup& setup, const Options& opts, int dp_rank) {
   Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
   NoGradGuard no_grad;
+  // forward only: no routing maps to record (the EP formula reads the training's), restored after
+  std::vector<dsv3::RoutingMap>* const maps = here.mm.maps;
   here.mm.maps = nullptr;
   Validation out;
   const int64_t row0 = (int64_t)dp_rank * setup.rank_batch;
@@ -307,6 +309,7 @@ Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankMod
                          (double)opts.val_batches;
     }
   }
+  here.mm.maps = maps;
   return out;
 }
 

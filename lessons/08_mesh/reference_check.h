@@ -62,6 +62,8 @@ struct Worst {
 // bits) and its own bias update from its own routes (the same bits again).
 class OneProcess {
  public:
+  OneProcess(const OneProcess&) = delete;  // ref_params point into its own ref_named
+  OneProcess& operator=(const OneProcess&) = delete;
   OneProcess(const Lesson& lesson, const model::Config& c, const AdamConfig& ac, int zero_stage,
              double bias_rate, bool bug_kpe, std::vector<std::string> names, double n_terms,
              const CharCorpus& corpus, int64_t batch);

@@ -67,6 +67,9 @@ void release_other_stages(model::Params* p, const StagePlan& plan, int pp_rank);
 // weight of another pipeline stage). The balancing biases (buffers, not parameters) follow the
 // weights in all_names, as the check gathers them.
 struct ParamTable {
+  ParamTable() = default;
+  ParamTable(const ParamTable&) = delete;  // params point into its own held
+  ParamTable& operator=(const ParamTable&) = delete;
   std::vector<std::string> names;
   std::vector<Shape> full_shapes;
   std::vector<Tensor*> params;

@@ -6,8 +6,9 @@ report (arXiv 2412.19437, section 2.1.2 and 2.3), not from the C++:
 
   s = sigmoid(x router_w)  or  softmax(x router_w)        affinities (T, N), "original_scores"
   selection on s + bias (bias: no gradient): the N experts in G contiguous groups, a group's
-      score = the sum of its topk(group_score_topk) biased affinities; keep the top M groups
-      (masked_fill -inf for the others), then idx = topk(K) of what is left, descending
+      score = the sum of its topk(group_score_topk) biased affinities (each case names its
+      group_score_topk); keep the top M groups (masked_fill -inf for the others), then
+      idx = topk(K) of what is left, descending
   capacity (capacity_factor C > 0): cap = ceil(C T K / N) slots per expert; an expert chosen
       by more slots keeps the cap with the highest unbiased s[t, e] (ties: earlier slot
       t K + j); the rest overflow and are handled in global slot order:
