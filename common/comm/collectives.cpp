@@ -114,6 +114,39 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
   record_blocking(r, wait_one(r));
 }
 
+Request Comm::iallreduce_sum(float* buf, size_t n) {
+  const int count = to_count(n * sizeof(float), "iallreduce") / (int)sizeof(float);
+  Request r = collective("allreduce", n * sizeof(float));
+  if (to_nccl(buf)) r.nccl = nccl_->allreduce(buf, n, NcclComm::Type::f32, NcclComm::Op::sum);
+  else mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm_, &r.req));
+  link_collective(r, 2 * (size_ - 1), n * sizeof(float) / (size_t)size_);
+  return r;
+}
+
+Request Comm::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
+  to_count(count * (size_t)size_ * sizeof(float), "ireduce_scatter");
+  Request r = collective("reduce_scatter", count * (size_t)size_ * sizeof(float));
+  // MPI_Ireduce_scatter with equal counts, not _block: the same algorithm (and so the same
+  // order of the sums, bit for bit) as the blocking reduce_scatter_sum
+  auto counts = std::make_shared<std::vector<int>>((size_t)size_, (int)count);
+  if (to_nccl(send, recv)) r.nccl = nccl_->reduce_scatter_sum(send, recv, *counts);
+  else mpiCheck(MPI_Ireduce_scatter(send, recv, counts->data(), MPI_FLOAT, MPI_SUM, comm_, &r.req));
+  r.keep = counts;
+  link_collective(r, size_ - 1, count * sizeof(float));
+  return r;
+}
+
+Request Comm::iallgather(const void* send, size_t bytes, void* recv) {
+  const int n = to_count(bytes, "iallgather");
+  to_count(bytes * (size_t)size_, "iallgather");
+  Request r = collective("allgather", bytes * (size_t)size_);
+  const void* s = send == static_cast<char*>(recv) + (size_t)rank_ * bytes ? MPI_IN_PLACE : send;
+  if (to_nccl(send, recv)) r.nccl = nccl_->allgather(send, bytes, recv);
+  else mpiCheck(MPI_Iallgather(s, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &r.req));
+  link_collective(r, size_ - 1, bytes);
+  return r;
+}
+
 void Comm::bcast(void* buf, size_t bytes, int root) {
   Request r = collective("bcast", bytes);
   to_count(bytes, "bcast");

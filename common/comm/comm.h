@@ -50,7 +50,9 @@
 // A wait whose request is complete in MPI but not yet in the model keeps waiting (sleeping
 // when the modelled time is more than ~100 us away) until the modelled time; the watchdog's
 // deadline still applies, and the trace flight ends at the modelled completion. Messages to
-// oneself are free; collectives (allreduce, alltoallv, ...) are not modelled. The model and
+// oneself are free; the blocking collectives (allreduce, alltoallv, ...) are not modelled, the
+// non-blocking ones (iallreduce_sum, ireduce_scatter_sum, iallgather) are, as rings: see
+// link_collective. The model and
 // the link state are process-wide: set once per rank (every rank the same), they apply to
 // every Comm, sub-communicators from split included (whose peers are mapped to their world
 // ranks to find the class). Whether or not the model is enabled, every point-to-point send
@@ -135,6 +137,7 @@ struct Request {
   double start_us = 0;  // when it was posted (trace time), for the trace
   bool is_recv = false;  // a receive: the message must fill exactly `bytes`
   bool modelled = false;   // the link model delays its completion (on at its post; not self)
+  double link_cost_s = 0;   // a modelled collective: its time alone on the link (link_collective)
   double link_done_s = -1;  // its modelled completion on the model's clock (a receive's is
                             // known once a wait first sees it complete); < 0: not yet known
   // Set by Comm::test when it saw the request complete in MPI before any wait did (req is then
@@ -145,6 +148,8 @@ struct Request {
   double done_us = -1;
   // On NCCL (req stays MPI_REQUEST_NULL): the completion of its launch; null once retired.
   std::shared_ptr<NcclTicket> nccl = nullptr;
+  // What MPI may read until the request completes (a non-blocking collective's counts).
+  std::shared_ptr<const void> keep = nullptr;
 };
 
 // How this process's waits poll, decided once in Comm::world.
@@ -237,6 +242,14 @@ class Comm {
   // send holds sum(counts) floats on every rank; recv gets counts[rank] floats: this rank's
   // block (blocks laid out back to back in rank order) of the elementwise sum over ranks.
   void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
+  // Non-blocking twins, for a collective that flies while this rank computes (the DP axis's
+  // gradient buckets, common/layers/zero.h): posted and counted now, finished by wait() or
+  // wait_all() (test() progresses it). The buffers must stay untouched until then. On NCCL
+  // when the buffers are device memory. ireduce_scatter_sum gives every rank an equal block of
+  // `count` floats (send holds size() * count).
+  Request iallreduce_sum(float* buf, size_t n);
+  Request ireduce_scatter_sum(const float* send, float* recv, size_t count);
+  Request iallgather(const void* send, size_t bytes, void* recv);
   void bcast(void* buf, size_t bytes, int root);
   void barrier();
   // Byte counts and displacements per peer, as MPI_Alltoallv with MPI_BYTE.
@@ -299,6 +312,13 @@ class Comm {
   [[noreturn]] void report_deadlock(const Request& r) const;
   [[noreturn]] void report_link_overrun(const Request& r, double waited_s) const;
   void link_posted(Request& r);                             // count a send; model its sending
+  // With the model on, a non-blocking collective as a ring over this communicator: `steps`
+  // messages of `chunk` bytes each leave this rank one after another on its outgoing link of
+  // the communicator's slowest class (inter-node when any member is on another node), so it
+  // completes no earlier than steps x (chunk / bandwidth + latency) after its post, queued
+  // behind what that link already carries. A ring all-reduce of n bytes over P ranks is
+  // 2 (P-1) steps of n/P, a reduce-scatter or all-gather P-1 steps.
+  void link_collective(Request& r, int steps, size_t chunk);
   void link_arrived(Request& r, const MPI_Status& status);  // model a receive's arrival
   // Whether a call on these buffers goes to NCCL: enabled, and each non-null one on the device.
   bool to_nccl(const void* a, const void* b = nullptr) const;

@@ -225,6 +225,22 @@ void Comm::link_posted(Request& r) {
   r.link_done_s = charge_link(&g_link.out_free_s[link_index(c)], c, r.bytes, link_now_s());
 }
 
+void Comm::link_collective(Request& r, int steps, size_t chunk) {
+  if (!g_link.model.enabled || r.nccl || steps <= 0) return;  // NCCL's are not modelled
+  LinkClass c = LinkClass::intra;
+  for (int p = 0; p < size_; p++)
+    if (link_class(p) == LinkClass::inter) c = LinkClass::inter;
+  const double now = link_now_s();
+  double done = now;
+  for (int s = 0; s < steps; s++)  // each step's message after the one before it
+    done = charge_link(&g_link.out_free_s[link_index(c)], c, chunk, done);
+  const LinkModel& m = g_link.model;
+  r.link_cost_s = steps * ((double)chunk / (c == LinkClass::intra ? m.intra_bytes_per_s : m.inter_bytes_per_s) +
+                           m.latency_s);
+  r.modelled = true;
+  r.link_done_s = done;
+}
+
 // A modelled receive a wait has just seen complete in MPI: its incoming link is charged from
 // now (the source, for a wildcard receive, as the status says).
 void Comm::link_arrived(Request& r, const MPI_Status& status) {

@@ -157,6 +157,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     Tensor g(found->second);
     if (!t->grad_fn) {                   // a leaf: accumulate into .grad
       accumulate(t->grad, g);
+      if (t->post_accumulate_grad) t->post_accumulate_grad();
       continue;
     }
     Node* node = t->grad_fn.get();
@@ -189,6 +190,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
                                          << shape_str(gk.shape()) << ", input has "
                                          << shape_str(Tensor(weights[k]).shape()));
           accumulate(weights[k]->grad, gk);
+          if (weights[k]->post_accumulate_grad) weights[k]->post_accumulate_grad();
         }
       });
     } else {

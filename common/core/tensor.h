@@ -10,6 +10,7 @@
 //    global tensor and the whole is bit-identical whatever the world size.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;   // accumulated gradient of a leaf
   std::shared_ptr<Node> grad_fn;      // the op that produced this tensor, if any
+  // A leaf's hook, called each time a backward has just accumulated into .grad (PyTorch's
+  // register_post_accumulate_grad_hook): common/layers/zero.h starts a bucket's reduction
+  // there, while the rest of the backward runs. Empty: none.
+  std::function<void()> post_accumulate_grad;
 };
 
 class Tensor {

@@ -18,12 +18,24 @@ Executor::Executor(Comm& comm, const Schedule& s, StageModel& model, ExecutorOpt
     : comm_(comm), s_(s), model_(model), opt_(std::move(opt)), r_(comm.rank()) {
   FF_CHECK(comm.size() == s.P, "pipeline: the schedule has " << s.P << " ranks, the communicator "
                                                              << comm.size());
-  for (const Step& st : s.ranks[(size_t)r_]) w_total_ += st.op.kind == Kind::W;
+  const std::vector<Step>& program = s.ranks[(size_t)r_];
+  const bool split = std::any_of(program.begin(), program.end(), [](const Step& st) { return st.op.kind == Kind::W; });
+  for (size_t i = 0; i < program.size(); i++) {
+    const Step& st = program[i];
+    w_total_ += st.op.kind == Kind::W;
+    const Kind weights = split ? Kind::W : Kind::B;  // the op that adds into the weights' gradients
+    if (st.op.kind == weights || (st.paired && st.with.kind == weights)) last_weight_step_ = i;
+  }
+  FF_CHECK(!opt_.before_last_weight_grads || s.layout == Layout::line,
+           "pipeline: before_last_weight_grads needs one stage per rank (Layout::line)");
 }
 
 // [slide:run]
 void Executor::run() {
-  for (const Step& step : s_.ranks[(size_t)r_]) {
+  const std::vector<Step>& program = s_.ranks[(size_t)r_];
+  for (size_t at = 0; at < program.size(); at++) {
+    const Step& step = program[at];
+    if (at == last_weight_step_ && opt_.before_last_weight_grads) opt_.before_last_weight_grads();
     std::vector<Op> ops = step.paired ? std::vector<Op>{step.op, step.with} : std::vector<Op>{step.op};
     // 1. everything the step needs from other ranks (a pair receives both, as DualPipe does)
     std::vector<Tensor> inbox;

@@ -45,6 +45,12 @@ struct ExecutorOptions {
   // in flight while the other computes (common/comm/overlap.h); else the F, then the B.
   bool overlap_pairs = false;
   bool trace_steps = true;   // a "compute" span per step, named by the step ("F0(3)&B1(1)")
+  // Called once, just before the rank's last step that adds into the weights' gradients (its
+  // last B, or its last W when the schedule splits the backward): from there on, a weight's
+  // next gradient is its last of the batch (lesson 08 arms its gradient buckets there,
+  // common/layers/zero.h). On a layout that holds one stage per rank (Layout::line) only: with
+  // two stages a rank's last such step is the last of one of them, not of both.
+  std::function<void()> before_last_weight_grads;
 };
 
 class Executor {
@@ -83,6 +89,7 @@ class Executor {
   double loss_sum_ = 0;
   int peak_live_ = 0;
   int w_run_ = 0, w_total_ = 0;  // for drop_last_w
+  size_t last_weight_step_ = 0;  // for before_last_weight_grads
   double busy_us_ = 0, end_us_ = 0;
 };
 

@@ -1,7 +1,9 @@
-// common/layers/zero.cpp — data-parallel AdamW, ZeRO-0 and ZeRO-1 (the scheme is in zero.h).
+// common/layers/zero.cpp — data-parallel AdamW, ZeRO-0, -1 and -2, and the gradient buckets
+// (the scheme is in zero.h).
 #include "common/layers/zero.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/core/check.h"
@@ -12,14 +14,23 @@ namespace ff::zero {
 // ---- the formulas (zero.h's table; seed 001 §2.2)
 
 Memory formula(int64_t n, int dp, int stage) {
-  FF_CHECK(n >= 0 && dp >= 1 && (stage == 0 || stage == 1),
-           "zero::formula: needs n >= 0, dp >= 1 and stage 0 or 1, got n " << n << ", dp " << dp
-                                                                          << ", stage " << stage);
+  FF_CHECK(n >= 0 && dp >= 1 && stage >= 0 && stage <= 3,
+           "zero::formula: needs n >= 0, dp >= 1 and stage 0..3, got n " << n << ", dp " << dp
+                                                                        << ", stage " << stage);
   const size_t N = (size_t)n, shard = (N + (size_t)dp - 1) / (size_t)dp;
   Memory m;
-  m.params = 4 * N;
-  m.grads = 4 * N;
+  m.params = 4 * (stage == 3 ? shard : N);
+  m.grads = 4 * (stage >= 2 ? shard : N);
   m.optimizer = 8 * (stage == 0 ? N : shard);
+  return m;
+}
+
+Memory formula(const std::vector<int64_t>& buckets, int dp, int stage) {
+  Memory m;
+  for (int64_t n : buckets) {
+    const Memory b = formula(n, dp, stage);
+    m.params += b.params, m.grads += b.grads, m.optimizer += b.optimizer;
+  }
   return m;
 }
 
@@ -35,9 +46,14 @@ double mixed_precision_bytes(int64_t n, int dp, int stage) {
   }
 }
 
-// ---- helpers shared by both stages
+// ---- helpers
 
 namespace {
+
+double now_s() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
 
 // Checks the parameters and returns N, their total number of elements.
 int64_t total_numel(const std::vector<Tensor*>& params, const char* who) {
@@ -56,12 +72,12 @@ int64_t total_numel(const std::vector<Tensor*>& params, const char* who) {
   return n;
 }
 
-// dst (N) <- every parameter's gradient back to back, in the list's order; zeros where a
-// parameter has none (this rank's batch did not reach it, another rank's may have).
-void flatten_grads(const std::vector<Tensor*>& params, float* dst) {
-  for (const Tensor* p : params) {
-    const Tensor g = p->grad();
-    const size_t n = (size_t)p->numel();
+// dst <- the gradients of params[first, last) back to back; zeros where a parameter has none
+// (this rank's batch did not reach it, another rank's may have).
+void flatten_grads(const std::vector<Tensor*>& params, size_t first, size_t last, float* dst) {
+  for (size_t i = first; i < last; i++) {
+    const Tensor g = params[i]->grad();
+    const size_t n = (size_t)params[i]->numel();
     if (g.defined())
       device_memcpy(dst, Device::cpu, g.raw(), g.device(), n * sizeof(float));
     else
@@ -70,21 +86,7 @@ void flatten_grads(const std::vector<Tensor*>& params, float* dst) {
   }
 }
 
-// dst (N) <- the parameters' values back to back; and the way back.
-void flatten_params(const std::vector<Tensor*>& params, float* dst) {
-  for (const Tensor* p : params) {
-    device_memcpy(dst, Device::cpu, p->raw(), p->device(), (size_t)p->numel() * sizeof(float));
-    dst += p->numel();
-  }
-}
-void unflatten_params(const float* src, const std::vector<Tensor*>& params) {
-  for (const Tensor* p : params) {
-    device_memcpy(p->raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
-    src += p->numel();
-  }
-}
-
-// The mean from the sum. Both stages divide the same way (x / dp, not x * (1/dp), which
+// The mean from the sum. Every stage divides the same way (x / dp, not x * (1/dp), which
 // rounds differently for dp = 3), so equal sums give bitwise-equal means.
 void divide(float* x, int64_t n, int dp) {
   for (int64_t i = 0; i < n; i++) x[i] /= (float)dp;
@@ -102,33 +104,171 @@ void count_params_and_grads(const std::vector<Tensor*>& params, Memory* m) {
 
 }  // namespace
 
+double BucketTimes::hidden_fraction() const {
+  const double can = std::min(window_s, comm_s);
+  if (can <= 0) return 0;
+  return std::clamp((comm_s - exposed_s) / can, 0.0, 1.0);
+}
+
+// ---- the buckets
+
+GradBuckets::GradBuckets(const Comm& group, size_t bucket_bytes, bool scatter, bool free_grads)
+    : group_(group), bucket_bytes_(bucket_bytes), scatter_(scatter), free_grads_(free_grads) {}
+
+GradBuckets::~GradBuckets() {
+  for (Tensor* p : params_) p->impl()->post_accumulate_grad = nullptr;
+}
+
+void GradBuckets::layout(const std::vector<Tensor*>& params) {
+  const int64_t n = total_numel(params, "GradBuckets::layout");
+  if (n_ >= 0) {
+    FF_CHECK(n == n_ && params.size() == params_.size(),
+             "GradBuckets: " << params.size() << " parameters of " << n << " numbers, but the first step had "
+                             << params_.size() << " of " << n_);
+    return;
+  }
+  FF_CHECK(n > 0, "GradBuckets: no parameters");
+  params_ = params;
+  n_ = n;
+  // Cut from the last parameter back: a bucket closes once it holds bucket_bytes (0: never).
+  // Each bucket keeps its parameters in the list's order, so one bucket is the plain layout.
+  const int dp = group_.size();
+  std::vector<std::pair<size_t, size_t>> ranges;  // [first, last), last parameters first
+  size_t last = params.size(), bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    bytes += (size_t)params[i]->numel() * sizeof(float);
+    if ((bucket_bytes_ > 0 && bytes >= bucket_bytes_) || i == 0) {
+      ranges.push_back({i, last});
+      last = i, bytes = 0;
+    }
+  }
+  // buckets_[0] is posted first: it holds the last parameters. Its buffer comes first too.
+  bucket_of_.assign(params.size(), 0);
+  int64_t offset = 0;
+  for (const auto& [first, end] : ranges) {
+    Bucket b;
+    b.first = first, b.last = end, b.offset = offset;
+    for (size_t i = first; i < end; i++) b.numel += params[i]->numel(), bucket_of_[i] = buckets_.size();
+    b.padded = scatter_ ? (b.numel + dp - 1) / dp * dp : b.numel;  // an all-reduce needs no padding
+    offset += b.padded;
+    buckets_.push_back(b);
+  }
+  flat_size_ = offset;
+  for (size_t i = 0; i < params.size(); i++)
+    params[i]->impl()->post_accumulate_grad = [this, i] { ready(i); };
+}
+
+void GradBuckets::ensure_buffers() {
+  if (!flat_.defined()) flat_ = Tensor::zeros({flat_size_});
+  if (scatter_ && !shard_.defined()) shard_ = Tensor::zeros({shard_size()});
+}
+
+void GradBuckets::arm() {
+  FF_CHECK(laid_out(), "GradBuckets::arm before layout");
+  armed_ = true;
+  armed_at_ = now_s();
+  seen_.assign(params_.size(), 0);
+  missing_.clear();
+  for (const Bucket& b : buckets_) missing_.push_back((int)(b.last - b.first));
+}
+
+void GradBuckets::ready(size_t param) {
+  for (Request& r : requests_) group_.test(r);  // MPI moves a collective only inside MPI calls
+  if (!armed_ || seen_[param]) return;
+  seen_[param] = 1;
+  const size_t b = bucket_of_[param];
+  missing_[b]--;
+  // in order: this bucket and every full one after it, once all before them have gone
+  while (next_ < buckets_.size() && (missing_[next_] == 0 || (early_ && missing_[next_] <= 1 &&
+                                                              buckets_[next_].last - buckets_[next_].first > 1)))
+    post(next_++), times_.posted_early++;
+}
+
+void GradBuckets::post(size_t b) {
+  ensure_buffers();
+  const Bucket& k = buckets_[b];
+  float* buf = flat_.data() + k.offset;
+  flatten_grads(params_, k.first, k.last, buf);
+  std::fill(buf + k.numel, buf + k.padded, 0.f);
+  if (free_grads_)  // ZeRO-2: the full gradients are in the buffer; this rank keeps only its shard
+    for (size_t i = k.first; i < k.last; i++) params_[i]->impl()->grad = nullptr;
+  const int dp = group_.size();
+  if (scatter_ && dp == 1)
+    std::memcpy(shard_.data() + k.offset, buf, (size_t)k.padded * sizeof(float));
+  else if (scatter_)
+    requests_.push_back(group_.ireduce_scatter_sum(buf, shard_.data() + k.offset / dp, (size_t)(k.padded / dp)));
+  else if (dp > 1)
+    requests_.push_back(group_.iallreduce_sum(buf, (size_t)k.numel));
+}
+
+void GradBuckets::flush() {
+  FF_CHECK(laid_out(), "GradBuckets::flush before layout");
+  times_.window_s = armed_ ? now_s() - armed_at_ : 0;
+  while (next_ < buckets_.size()) post(next_++);
+  armed_ = false;
+}
+
+void GradBuckets::wait() {
+  const double t0 = now_s();
+  // T_comm: what the collectives take on the link model, one after another (0: not modelled)
+  times_.comm_s = 0;
+  for (const Request& r : requests_) times_.comm_s += r.modelled ? r.link_cost_s : 0;
+  group_.wait_all(requests_);
+  times_.exposed_s = now_s() - t0;
+  times_.buckets = (int)buckets_.size();
+  requests_.clear();
+  next_ = 0;
+}
+
+size_t GradBuckets::bytes_held() const { return storage_bytes(flat_) + storage_bytes(shard_); }
+
+void GradBuckets::flatten_params(float* flat) const {
+  for (const Bucket& b : buckets_) {
+    float* dst = flat + b.offset;
+    for (size_t i = b.first; i < b.last; i++) {
+      const Tensor& p = *params_[i];
+      device_memcpy(dst, Device::cpu, p.raw(), p.device(), (size_t)p.numel() * sizeof(float));
+      dst += p.numel();
+    }
+    std::fill(dst, flat + b.offset + b.padded, 0.f);
+  }
+}
+
+void GradBuckets::unflatten_params(const float* flat) const {
+  for (const Bucket& b : buckets_) {
+    const float* src = flat + b.offset;
+    for (size_t i = b.first; i < b.last; i++) {
+      const Tensor& p = *params_[i];
+      device_memcpy(p.raw(), p.device(), src, Device::cpu, (size_t)p.numel() * sizeof(float));
+      src += p.numel();
+    }
+  }
+}
+
 // ---- ZeRO-0: plain data parallelism
 
-DataParallelAdam::DataParallelAdam(const Comm& dp, AdamConfig config) : dp_(dp), adam_(config) {}
+DataParallelAdam::DataParallelAdam(const Comm& dp, AdamConfig config, size_t bucket_bytes)
+    : adam_(config), buckets_(dp, bucket_bytes, /*scatter=*/false, /*free_grads=*/false) {}
 
 void DataParallelAdam::step(const std::vector<Tensor*>& params) {
-  const int64_t n = total_numel(params, "DataParallelAdam::step");
-  if (!flat_.defined()) flat_ = Tensor::zeros({n});
-  FF_CHECK(flat_.numel() == n, "DataParallelAdam::step: " << n << " numbers, but the first step had "
-                                                          << flat_.numel());
-  // A parameter without a gradient gets one: the mean is written into it below.
-  for (Tensor* p : params)
-    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
-
-  // One all-reduce for all of them: one message per step instead of one per tensor.
-  flatten_grads(params, flat_.data());
-  if (dp_.size() > 1) dp_.allreduce_sum(flat_.data(), (size_t)n);  // a group of one: nothing to sum
-  divide(flat_.data(), n, divisor_ > 0 ? divisor_ : dp_.size());
-
-  // Every .grad() <- its mean; then every rank runs the same AdamW on the same numbers.
+  buckets_.layout(params);
+  // 1. every bucket's all-reduce (those the backward did not post already), then wait
+  buckets_.flush();
+  buckets_.wait();
+  // 2. every .grad() <- its mean (a parameter without one gets one); the same AdamW everywhere
+  const int dp = divisor_ > 0 ? divisor_ : buckets_.group().size();
   std::vector<Tensor> grads;
-  const float* src = flat_.data();
-  for (Tensor* p : params) {
-    Tensor g = p->grad();
-    device_memcpy(g.raw(), g.device(), src, Device::cpu, (size_t)g.numel() * sizeof(float));
-    src += g.numel();
-    grads.push_back(g);
+  for (const GradBuckets::Bucket& b : buckets_.buckets()) {
+    float* src = buckets_.flat().data() + b.offset;
+    divide(src, b.numel, dp);
+    for (size_t i = b.first; i < b.last; i++) {
+      Tensor* p = params[i];
+      if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+      device_memcpy(p->grad().raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
+      src += p->numel();
+    }
   }
+  for (Tensor* p : params) grads.push_back(p->grad());
   adam_.step(params, grads);
 }
 
@@ -136,70 +276,93 @@ Memory DataParallelAdam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);
   m.optimizer = adam_.state_bytes();  // m and v, each shaped like its parameter
-  m.buffers = storage_bytes(flat_);
+  m.buffers = buckets_.bytes_held();
   return m;
 }
 
-// ---- ZeRO-1: optimizer state sharded over the DP group
+// ---- ZeRO-1 and -2: optimizer state (and for -2 the gradients) sharded over the DP group
 
-Zero1Adam::Zero1Adam(const Comm& dp, AdamConfig config, Bug bug)
-    : dp_(dp), adam_(config), bug_(bug) {}
-
-void Zero1Adam::step(const std::vector<Tensor*>& params) {
-  const int64_t n = total_numel(params, "Zero1Adam::step");
-  const int dp = dp_.size();
-  if (n_ < 0) {
-    // The layout: pad N up to a multiple of dp so that every rank owns an equal block
-    // (MPI's reduce-scatter and all-gather with equal counts); the padding stays zero.
-    FF_CHECK(n > 0, "Zero1Adam::step: no parameters");
-    n_ = n;
-    shard_ = (n + dp - 1) / dp;
-    flat_ = Tensor::zeros({shard_ * dp});
-    grad_shard_ = Tensor::zeros({shard_});
-    param_shard_ = Tensor::zeros({shard_});
-  }
-  FF_CHECK(n == n_, "Zero1Adam::step: " << n << " numbers, but the first step had " << n_);
-  float* flat = flat_.data();
-  float* mine = flat + shard_begin();  // this rank's block of the flat buffer
-
-  // 1. reduce-scatter: this rank gets block r of the sum of every rank's gradients.
-  flatten_grads(params, flat);
-  std::fill(flat + n_, flat + shard_ * dp, 0.f);
-  if (dp > 1)
-    dp_.reduce_scatter_sum(flat, grad_shard_.data(), std::vector<int>(dp, (int)shard_));
-  else  // a group of one: its block is the whole buffer
-    std::memcpy(grad_shard_.data(), flat, (size_t)shard_ * sizeof(float));
-  if (bug_ != Bug::no_divide) divide(grad_shard_.data(), shard_, divisor_ > 0 ? divisor_ : dp);
-
-  // 2. AdamW on block r only. The flat buffer's gradients are spent: it now holds the
-  //    parameters (identical on every rank), and block r of them is what this rank updates.
-  //    Adam's m and v take param_shard_'s shape: ceil(N/dp) numbers each.
-  flatten_params(params, flat);
-  std::fill(flat + n_, flat + shard_ * dp, 0.f);
-  std::memcpy(param_shard_.data(), mine, (size_t)shard_ * sizeof(float));
-  adam_.step({&param_shard_}, {grad_shard_});
-  if (bug_ != Bug::stale_shard)
-    std::memcpy(mine, param_shard_.data(), (size_t)shard_ * sizeof(float));
-
-  // 3. all-gather: every rank contributes its updated block (already in place in flat) and
-  //    receives the others'; then the full parameters are copied back into the model.
-  if (dp > 1) dp_.allgather(mine, (size_t)shard_ * sizeof(float), flat);
-  unflatten_params(flat, params);
+ShardedAdam::ShardedAdam(const Comm& dp, AdamConfig config, Bug bug, int stage, size_t bucket_bytes)
+    : adam_(config), bug_(bug), stage_(stage), dp_rank_(dp.rank()),
+      buckets_(dp, bucket_bytes, /*scatter=*/true, /*free_grads=*/stage == 2) {
+  FF_CHECK(stage == 1 || stage == 2, "ShardedAdam: stage 1 or 2, got " << stage);
 }
 
-Memory Zero1Adam::memory(const std::vector<Tensor*>& params) const {
+void ShardedAdam::step(const std::vector<Tensor*>& params) {
+  buckets_.layout(params);
+  const int dp = buckets_.group().size();
+  // 1. reduce-scatter: this rank gets its block of every bucket of the sum of every rank's
+  //    gradients (the buckets the backward did not post already go now)
+  buckets_.flush();
+  buckets_.wait();
+  float* grad_shard = buckets_.shard().data();
+  const int64_t shard = buckets_.shard_size();
+  if (bug_ != Bug::no_divide) divide(grad_shard, shard, divisor_ > 0 ? divisor_ : dp);
+
+  // 2. AdamW on this rank's blocks only. The flat buffer's gradients are spent: it now holds
+  //    the parameters (identical on every rank), and this rank's blocks of them are what it
+  //    updates. Adam's m and v take param_shard_'s shape: ceil(N/dp) numbers each (per bucket).
+  float* flat = buckets_.flat().data();
+  buckets_.flatten_params(flat);
+  if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
+  const auto mine = [&](const GradBuckets::Bucket& b) { return flat + b.offset + b.padded / dp * dp_rank_; };
+  for (const GradBuckets::Bucket& b : buckets_.buckets())
+    std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
+  adam_.step({&param_shard_}, {buckets_.shard()});
+  if (bug_ != Bug::stale_shard)
+    for (const GradBuckets::Bucket& b : buckets_.buckets())
+      std::memcpy(mine(b), param_shard_.data() + b.offset / dp, (size_t)(b.padded / dp) * sizeof(float));
+
+  // 3. all-gather, bucket by bucket: every rank contributes its updated block (already in place
+  //    in flat) and receives the others'; then the full parameters are copied back.
+  if (dp > 1) {
+    std::vector<Request> gathers;
+    for (const GradBuckets::Bucket& b : buckets_.buckets())
+      gathers.push_back(buckets_.group().iallgather(mine(b), (size_t)(b.padded / dp) * sizeof(float), flat + b.offset));
+    buckets_.group().wait_all(gathers);
+  }
+  buckets_.unflatten_params(flat);
+  if (stage_ == 2) buckets_.release_flat();  // the next step's backward allocates it again
+}
+
+Memory ShardedAdam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);
   m.optimizer = adam_.state_bytes();  // m and v shaped like the one tensor it is given, the shard
-  m.buffers = storage_bytes(flat_) + storage_bytes(grad_shard_) + storage_bytes(param_shard_);
+  const size_t grad_shard = storage_bytes(buckets_.shard());
+  m.buffers = buckets_.bytes_held() - grad_shard + storage_bytes(param_shard_);
+  // ZeRO-2 holds its gradients as the shard alone; ZeRO-1's shard is a buffer beside them
+  (stage_ == 2 ? m.grads : m.buffers) += grad_shard;
   return m;
 }
 
-GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug) {
+std::vector<float> ShardedAdam::gather_mean_grad(Comm& check) const {
+  const int dp = check.size();
+  const int64_t shard = shard_size();
+  std::vector<float> all((size_t)(shard * dp)), out((size_t)numel());
+  check.allgather(grad_shard().data(), (size_t)shard * sizeof(float), all.data());
+  // Rank r's shard is its block of every bucket back to back: bucket b's block of rank r sits
+  // at all[r * shard + offset / dp]. A bucket's parameters are params[first, last), whose
+  // place in the parameters' order starts after every parameter before `first`.
+  for (const GradBuckets::Bucket& b : buckets_.buckets()) {
+    int64_t at = 0;
+    for (size_t i = 0; i < b.first; i++) at += buckets_.param_numel(i);
+    const int64_t block = b.padded / dp;
+    for (int64_t j = 0; j < b.numel; j++)
+      out[(size_t)(at + j)] = all[(size_t)((j / block) * shard + b.offset / dp + j % block)];
+  }
+  return out;
+}
+
+GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug, size_t bucket_bytes) {
   if (zero_stage == 0)
-    z0_ = std::make_unique<DataParallelAdam>(group, config);
+    z0_ = std::make_unique<DataParallelAdam>(group, config, bucket_bytes);
   else
-    z1_ = std::make_unique<Zero1Adam>(group, config, bug);
+    z1_ = std::make_unique<ShardedAdam>(group, config, bug, zero_stage, bucket_bytes);
+}
+
+void GroupAdam::layout() {
+  if (!params.empty()) buckets().layout(params);
 }
 
 void GroupAdam::step() {
@@ -213,9 +376,7 @@ std::vector<Tensor> GroupAdam::mean_grads(Comm& check) const {
     for (Tensor* p : params) out.push_back(p->grad());
     return out;
   }
-  std::vector<float> flat((size_t)(z1_->shard_size() * check.size()));
-  check.allgather(z1_->grad_shard().to_vector().data(), (size_t)z1_->shard_size() * sizeof(float),
-                  flat.data());
+  const std::vector<float> flat = z1_->gather_mean_grad(check);
   size_t at = 0;
   for (Tensor* p : params) {
     const size_t n = (size_t)p->numel();
@@ -231,7 +392,7 @@ void sum_grads(const std::vector<Tensor*>& params, Comm& comm) {
   for (Tensor* p : params)
     if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
   std::vector<float> flat((size_t)total_numel(params, "sum_grads"));
-  flatten_grads(params, flat.data());
+  flatten_grads(params, 0, params.size(), flat.data());
   comm.allreduce_sum(flat.data(), flat.size());
   const float* src = flat.data();
   for (Tensor* p : params) {

@@ -1,4 +1,5 @@
-// common/layers/zero.h — data-parallel AdamW: plain DP (ZeRO-0) and ZeRO-1.
+// common/layers/zero.h — data-parallel AdamW: plain DP (ZeRO-0), ZeRO-1 and ZeRO-2, with the
+// gradients reduced in buckets that can fly during the backward.
 //
 // Design rule: every rank of the DP group ends a step with the same full parameters, equal to
 // one process running AdamW on the mean of all ranks' gradients.
@@ -10,7 +11,7 @@
 //     fixed order), divide by dp, and let every rank run the same AdamW on all parameters.
 //     Every rank holds the whole optimizer state: the same m and v, dp times over.
 //
-//   ZeRO-1 (Zero1Adam): the optimizer state is split over the DP ranks instead. The gradients
+//   ZeRO-1 (ShardedAdam): the optimizer state is split over the DP ranks instead. The gradients
 //     are flattened into one buffer padded to a multiple of dp and split into dp equal
 //     blocks; rank r owns block r (the "shard").
 //       1. reduce-scatter: rank r receives block r of the SUM of the gradients (divide by dp);
@@ -23,9 +24,12 @@
 //
 // Memory per rank, for N parameters, everything in float32 (seed 001's mixed-precision
 // 16Φ and 4Φ + 12Φ/dp become 16N and 8N + 8N/dp here):
-//                 parameters   gradients   optimizer (m, v)
-//     ZeRO-0      4N           4N          8N
-//     ZeRO-1      4N           4N          8 * ceil(N/dp)
+//                 parameters   gradients          optimizer (m, v)
+//     ZeRO-0      4N           4N                 8N
+//     ZeRO-1      4N           4N                 8 * ceil(N/dp)
+//     ZeRO-2      4N           4 * ceil(N/dp)     8 * ceil(N/dp)
+// ZeRO-2 (ShardedAdam, stage 2) keeps only its shard of the gradients: it reduce-scatters as
+// ZeRO-1 does and releases the full gradients as soon as they are in the collective's buffer.
 // plus the flat buffers the collectives need (not in the seed's formula): see Memory.
 //
 // The parameters are float32 tensors, on any device, with their gradients in .grad() (a
@@ -68,8 +72,13 @@ inline Memory operator+(Memory a, const Memory& b) {
   return a;
 }
 
-// Seed 001's formula for N parameters in float32 (the table above), for stage 0 or 1; buffers 0.
+// Seed 001's formula for N parameters in float32 (the table above), for stage 0, 1 or 2, and 3
+// (everything sharded: 16 ceil(N/dp)); buffers 0.
 Memory formula(int64_t n, int dp, int stage);
+// The same for N cut into gradient buckets of these sizes, each sharded on its own (padded to a
+// multiple of dp): a shard is the sum of ceil(N_b/dp), a little over ceil(N/dp). One bucket:
+// the formula above.
+Memory formula(const std::vector<int64_t>& buckets, int dp, int stage);
 // Seed 001's own formula, mixed precision (bf16 params and grads, fp32 master copy, m and v):
 // bytes per rank for stage 0..3: 16N, 4N + 12N/dp, 2N + 14N/dp, 16N/dp.
 double mixed_precision_bytes(int64_t n, int dp, int stage);
@@ -81,10 +90,111 @@ enum class Bug {
   stale_shard,  // the all-gather sends this rank's block of the parameters from before the step
 };
 
+// ---- gradient buckets: the reduction over DP, overlapped with the backward
+//
+// PyTorch's DDP and Megatron-LM do not wait for the whole backward before they reduce: the
+// parameters are cut into buckets of about bucket_bytes, the LAST parameters first (a backward
+// produces the last layers' gradients first), and a bucket's collective is posted as soon as its
+// last gradient of the step is in, while the backward goes on with the layers before it. The
+// optimizer waits for all of them. What the backward hid is the overlap.
+//
+// A bucket is one flat buffer (padded to a multiple of dp for a reduce-scatter):
+//   all-reduce      (ZeRO-0): the buffer becomes the sum over the group;
+//   reduce-scatter  (ZeRO-1, -2): rank r receives block r of the sum, its shard of the bucket.
+// Rank r's shard of the model is its block of every bucket, back to back. With one bucket
+// (bucket_bytes 0) that is block r of all the parameters: the layout of seed 001's figure.
+//
+// When a gradient is final: a leaf's post_accumulate_grad hook (common/core/tensor.h) fires
+// each time a backward adds into its .grad. Under gradient accumulation (pipeline micro-batches)
+// only the last backward of the step is the last, so the hooks count only once arm() has been
+// called (lesson 08 arms before the rank's last weight-gradient op). A parameter that gets no
+// gradient in that backward (an expert no token reached) holds its bucket back until flush().
+// Buckets are posted in order, bucket b only after b - 1: MPI's collectives on one
+// communicator must be posted in the same order on every rank, and ranks need not see their
+// gradients complete in the same order.
+struct BucketTimes {     // one step's reduction
+  int buckets = 0;
+  int posted_early = 0;  // posted during the backward (after arm(), before flush())
+  double window_s = 0;   // arm() to flush(): the backward that could hide them (0: never armed)
+  double comm_s = 0;     // the link model's time for the collectives, end to end (0: not modelled)
+  double exposed_s = 0;  // what wait() sat blocked, the communication left in sight
+  // Lesson 06's measure: (T_seq - T_ovl) / min(T_compute, T_comm), with T_seq = window + comm
+  // and T_ovl = window + exposed: the share of what could be hidden that was. 0 when there
+  // was nothing to hide or no window.
+  double hidden_fraction() const;
+};
+
+class GradBuckets {
+ public:
+  // scatter: reduce-scatter (ZeRO-1, -2), else all-reduce. free_grads (ZeRO-2): a bucket's
+  // .grad tensors are released once copied into its buffer, and the buffers after the step.
+  GradBuckets(const Comm& group, size_t bucket_bytes, bool scatter, bool free_grads);
+  ~GradBuckets();
+  GradBuckets(const GradBuckets&) = delete;
+  GradBuckets& operator=(const GradBuckets&) = delete;
+
+  // Fixes the buckets (the first step; later steps must pass the same shapes) and installs
+  // the hooks.
+  void layout(const std::vector<Tensor*>& params);
+  bool laid_out() const { return n_ >= 0; }
+  void arm();    // from now, each parameter's next gradient is its last of this step
+  void flush();  // posts every bucket not yet posted, in order, and disarms
+  void wait();   // waits for every bucket; returns this step's times through times()
+  const BucketTimes& times() const { return times_; }
+  // planted bug: a bucket is posted when all but one of its gradients are in
+  void post_one_early(bool on) { early_ = on; }
+
+  // The layout. N numbers; bucket b holds params [first, last) at flat[offset, offset +
+  // padded), padded a multiple of dp when scattered; this rank's block of it is at shard[offset / dp, +
+  // padded / dp).
+  struct Bucket {
+    size_t first = 0, last = 0;
+    int64_t offset = 0, numel = 0, padded = 0;
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  int64_t numel() const { return n_; }
+  int64_t flat_size() const { return flat_size_; }     // sum of padded
+  int64_t shard_size() const { return flat_size_ / group_.size(); }
+  Tensor& flat() { return flat_; }    // (flat_size): stage 0: the sums after wait()
+  Tensor& shard() { return shard_; }  // (shard_size): stages 1, 2: this rank's blocks of the sums
+  const Tensor& shard() const { return shard_; }
+  Comm& group() { return group_; }
+  size_t bytes_held() const;          // the buffers' storage
+  void release_flat() { flat_ = Tensor(); }  // ZeRO-2, after the step (the backward re-allocates)
+  int64_t param_numel(size_t i) const { return params_[i]->numel(); }
+
+  // The flat buffer <-> the parameters (or their gradients), in the layout's order.
+  void flatten_params(float* flat) const;
+  void unflatten_params(const float* flat) const;
+
+ private:
+  void ready(size_t param);
+  void post(size_t b);
+  void ensure_buffers();
+
+  Comm group_;
+  size_t bucket_bytes_;
+  bool scatter_, free_grads_, early_ = false;
+  std::vector<Tensor*> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // param -> bucket
+  int64_t n_ = -1, flat_size_ = 0;
+  Tensor flat_, shard_;
+  // this step
+  bool armed_ = false;
+  std::vector<char> seen_;         // param's last gradient in
+  std::vector<int> missing_;       // per bucket: params not yet in
+  size_t next_ = 0;                // the next bucket to post
+  std::vector<Request> requests_;  // one per posted bucket
+  double armed_at_ = 0;
+  BucketTimes times_;
+};
+
 // ZeRO-0: all-reduce of the gradients, then the same AdamW step on every rank.
 class DataParallelAdam {
  public:
-  explicit DataParallelAdam(const Comm& dp, AdamConfig config = {});
+  // bucket_bytes: 0, one bucket (one all-reduce for all); else buckets of about that size.
+  explicit DataParallelAdam(const Comm& dp, AdamConfig config = {}, size_t bucket_bytes = 0);
 
   // Averages every gradient over the group (afterwards each .grad() holds the mean, as in
   // PyTorch's DDP), then runs AdamW on all parameters.
@@ -96,59 +206,76 @@ class DataParallelAdam {
   // gradients are summed over a group other than the one the loss is averaged over (lesson
   // 08's experts: summed over expert-DP, averaged over DP x CP).
   void divide_by(int n) { divisor_ = n; }
+  GradBuckets& buckets() { return buckets_; }
 
  private:
-  Comm dp_;
   Adam adam_;
   int divisor_ = 0;  // 0: the group's size
-  Tensor flat_;  // (N): every gradient back to back, the buffer the all-reduce sums in place
+  GradBuckets buckets_;
 };
 
-// ZeRO-1: reduce-scatter of the gradients, AdamW on this rank's shard, all-gather of the
-// parameters. Each .grad() is left as this rank's own (local) gradient.
-class Zero1Adam {
+// ZeRO-1 and ZeRO-2: reduce-scatter of the gradients, AdamW on this rank's shard, all-gather of
+// the parameters.
+//   stage 1: each .grad() is left as this rank's own (local) gradient: 4N bytes held;
+//   stage 2: each bucket's .grad() tensors are released as soon as they are copied into its
+//            buffer, and the flat buffers after the step: a rank holds only its shard of the
+//            gradients (4N/dp) between steps.
+class ShardedAdam {
  public:
-  explicit Zero1Adam(const Comm& dp, AdamConfig config = {}, Bug bug = Bug::none);
+  ShardedAdam(const Comm& dp, AdamConfig config = {}, Bug bug = Bug::none, int stage = 1,
+              size_t bucket_bytes = 0);
 
   void step(const std::vector<Tensor*>& params);
 
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
   void divide_by(int n) { divisor_ = n; }  // as DataParallelAdam::divide_by
+  GradBuckets& buckets() { return buckets_; }
+  const GradBuckets& buckets() const { return buckets_; }
+  int stage() const { return stage_; }
 
-  // The layout, fixed by the first step: N numbers, padded to dp * shard, rank r owning the
-  // flat positions [r * shard, (r + 1) * shard) (those >= N are padding, always zero).
-  int64_t numel() const { return n_; }
-  int64_t shard_size() const { return shard_; }
-  int64_t shard_begin() const { return (int64_t)dp_.rank() * shard_; }
-  // (shard): this rank's block of the mean gradient used by the last step.
-  const Tensor& grad_shard() const { return grad_shard_; }
+  // The layout, fixed by the first step (GradBuckets). With one bucket, rank r owns the flat
+  // positions [r * shard, (r + 1) * shard) (those >= N are padding, always zero).
+  int64_t numel() const { return buckets_.numel(); }
+  int64_t shard_size() const { return buckets_.shard_size(); }
+  int64_t shard_begin() const { return (int64_t)dp_rank_ * shard_size(); }
+  // (shard): this rank's blocks of the mean gradient used by the last step.
+  const Tensor& grad_shard() const { return buckets_.shard(); }
+  // The mean gradient of the last step, whole (N, in the parameters' order), gathered over
+  // `check` (a copy of the group's communicator that keeps the check's traffic apart).
+  std::vector<float> gather_mean_grad(Comm& check) const;
 
  private:
-  Comm dp_;
   Adam adam_;
   Bug bug_;
+  int stage_;
   int divisor_ = 0;
-  int64_t n_ = -1, shard_ = 0;
-  Tensor flat_;         // (dp * shard): the gradients, then (its gradients spent) the parameters
-  Tensor grad_shard_;   // (shard): this rank's block of the mean gradient
-  Tensor param_shard_;  // (shard): this rank's block of the parameters, the tensor AdamW updates
+  int dp_rank_;
+  GradBuckets buckets_;
+  Tensor param_shard_;  // (shard): this rank's blocks of the parameters, the tensor AdamW updates
 };
 
-// AdamW over one group of ranks that hold the same weights, ZeRO-0 or ZeRO-1 (lesson 08: the
+// AdamW over one group of ranks that hold the same weights, ZeRO-0, -1 or -2 (lesson 08: the
 // dense weights over DP x CP, and under EP the experts over expert-DP).
 class GroupAdam {
  public:
-  GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug = Bug::none);
+  GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug = Bug::none,
+            size_t bucket_bytes = 0);
   // A weight of the group, and the caller's number for it (lesson 08: its place among the
   // model's named parameters).
   void add(Tensor* p, size_t key) { params.push_back(p), keys.push_back(key), numel += p->numel(); }
   void divide_by(int n) { z0_ ? z0_->divide_by(n) : z1_->divide_by(n); }
   void step();  // nothing for a group with no weight
+  // Fixes the buckets and installs their hooks before the first step (step() does it too).
+  void layout();
+  void arm() { if (!params.empty()) buckets().arm(); }  // GradBuckets::arm, for a group with weights
   Memory memory() const { return z0_ ? z0_->memory(params) : z1_->memory(params); }
-  // The mean gradient the last step used, per weight (ZeRO-1: every rank's shard, gathered
+  // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered
   // over `check`, a copy of the group's communicator that keeps the check's traffic apart).
   std::vector<Tensor> mean_grads(Comm& check) const;
+  // The gradient buckets (their hooks, arm() and this step's times); nullptr for a group with
+  // no weight before its first step.
+  GradBuckets& buckets() { return z0_ ? z0_->buckets() : z1_->buckets(); }
 
   std::vector<Tensor*> params;  // the group's weights
   std::vector<size_t> keys;     // the caller's number for each
@@ -156,7 +283,7 @@ class GroupAdam {
 
  private:
   std::unique_ptr<DataParallelAdam> z0_;
-  std::unique_ptr<Zero1Adam> z1_;
+  std::unique_ptr<ShardedAdam> z1_;
 };
 
 // Every gradient of params summed over comm, in one flat buffer (a missing gradient counts as

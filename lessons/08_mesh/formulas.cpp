@@ -58,17 +58,38 @@ CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st,
   return f;
 }
 
-CollectiveCounts formula_dp(const model::Config& c, int64_t numel, int dp,
+std::vector<int64_t> bucket_numels(const std::vector<int64_t>& sizes, size_t bucket_bytes) {
+  std::vector<int64_t> out;
+  int64_t numel = 0;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    numel += sizes[i];
+    if ((bucket_bytes > 0 && (size_t)numel * sizeof(float) >= bucket_bytes) || i == 0) out.push_back(numel), numel = 0;
+  }
+  return out;
+}
+
+std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, bool experts) {
+  std::vector<int64_t> sizes;  // the group's weights, in the model's order
+  for (size_t k = 0; k < here.table.names.size(); k++)
+    if (const Tensor* p = here.table.params[k])
+      if ((split_of(here.table.names[k], setup.sizes.ep) == Split::expert) == experts) sizes.push_back(p->numel());
+  if (sizes.empty()) return {};
+  return bucket_numels(sizes, (size_t)(opts.bucket_mb * 1e6));
+}
+
+CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& buckets, int dp,
                             int zero, bool loads) {
   CollectiveCounts f;
   const size_t fl = sizeof(float);
   if (dp == 1) return f;  // a group of one moves nothing
-  if (zero == 0) {
-    f["allreduce"] = {1, (size_t)numel * fl};
-  } else {
-    const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
-    f["reduce_scatter"] = {1, padded * fl};
-    f["allgather"] = {1, padded * fl};
+  for (int64_t numel : buckets) {
+    if (zero == 0) {
+      f["allreduce"].calls++, f["allreduce"].bytes += (size_t)numel * fl;
+    } else {
+      const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
+      f["reduce_scatter"].calls++, f["reduce_scatter"].bytes += padded * fl;
+      f["allgather"].calls++, f["allgather"].bytes += padded * fl;
+    }
   }
   if (loads) {
     f["allreduce"].calls += 1;
@@ -272,7 +293,7 @@ AxisCounts AxisComms::counts() const {
 }
 
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
-                           int64_t dense_numel, int64_t expert_numel, int data_ranks, int edp,
+                           int data_ranks, int edp,
                            bool pair_sums) {
   const model::Config& c = setup.c;
   const int pp_rank = here.pp_rank;
@@ -284,9 +305,10 @@ AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Opti
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
   AxisCounts want;
   want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, here.table.replicated_numel);
-  want.dp = formula_dp(c, dense_numel, data_ranks, (int)opts.zero, here.held_moe > 0);
+  want.dp = formula_dp(c, group_buckets(here, setup, opts, false), data_ranks, (int)opts.zero, here.held_moe > 0);
   want.cp = formula_cp(c, st, setup.microbatch, setup.seq_per_cp, setup.sizes.tp, setup.sizes.cp);
-  if (setup.sizes.ep > 1 && expert_numel > 0) want.edp = formula_dp(c, expert_numel, edp, (int)opts.zero, false);
+  const std::vector<int64_t> expert_buckets = group_buckets(here, setup, opts, true);
+  if (setup.sizes.ep > 1 && !expert_buckets.empty()) want.edp = formula_dp(c, expert_buckets, edp, (int)opts.zero, false);
   want.pp = formula_pp(here.sched, pp_rank, here.stages.boundary_shape(0, 0)[0], c.dim);
   if (pair_sums) {
     const bool loads = here.held_moe > 0;

@@ -31,9 +31,14 @@ struct StageCounts {
 // all-reduce under SP).
 CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st, int64_t n, int P,
                             bool sp, int64_t replicated_numel);
-// DP (or dp x cp, or expert-DP): the gradient all-reduce of ZeRO-0, or ZeRO-1's reduce-scatter
-// and all-gather of `numel` weights over `dp` ranks; loads: the MoE loads' all-reduce too.
-CollectiveCounts formula_dp(const model::Config& c, int64_t numel, int dp, int zero, bool loads);
+// DP (or dp x cp, or expert-DP): per gradient bucket of `buckets` (their numbers of weights),
+// ZeRO-0's all-reduce, or ZeRO-1 and -2's reduce-scatter and all-gather padded to a multiple of
+// dp, over `dp` ranks; loads: the MoE loads' all-reduce too.
+CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& buckets, int dp, int zero,
+                            bool loads);
+// The buckets of weights of these sizes (in the model's order) of about bucket_bytes each,
+// cut from the last weight back (zero.h's rule); bucket_bytes 0: one bucket.
+std::vector<int64_t> bucket_numels(const std::vector<int64_t>& sizes, size_t bucket_bytes);
 // CP: the ring attention's messages, B sequences of n tokens per rank, over P = cp ranks.
 CollectiveCounts formula_cp(const model::Config& c, const StageCounts& st, int64_t B, int64_t n,
                             int tp, int P);
@@ -72,8 +77,10 @@ struct RankModel;
 // the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
 // the two optimizers (over dp x cp, data_ranks of them, and over expert-DP, edp ranks); pair_sums: the
 // DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
+// The buckets of this rank's dense weights (experts false) or experts (true), by --bucket-mb.
+std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, bool experts);
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
-                           int64_t dense_numel, int64_t expert_numel, int data_ranks, int edp,
+                           int data_ranks, int edp,
                            bool pair_sums);
 
 std::string human_bytes(double b);

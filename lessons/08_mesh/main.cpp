@@ -103,6 +103,8 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   here.stages.routes.clear();
   pp::ExecutorOptions executor_options;
   executor_options.overlap_pairs = opts.overlap == "on";
+  // DP's gradient buckets fly from the rank's last backward on (zero.h)
+  if (setup.bucket_overlap) executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(); };
   pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
   executor.run();
   std::vector<float> load = expert_loads(here.stages.routes, setup.c);
@@ -171,10 +173,14 @@ int mesh_lesson(Lesson& lesson) {
   // one EP group), so the mean over the global batch divides it by data_ranks, not by edp (the
   // planted bug ep-grad-mean divides by edp: tp / ep too small or too big).
   Comm& edp = mesh.edp();
-  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug), expert_opt(edp, adam, (int)opts.zero, zero::Bug::none);
+  const size_t bucket_bytes = (size_t)(opts.bucket_mb * 1e6);
+  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes),
+      expert_opt(edp, adam, (int)opts.zero, zero::Bug::none, bucket_bytes);
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k])
       (split_of(table.names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(table.params[k], k);
+  dense_opt.layout(), expert_opt.layout();  // the buckets, and the hooks that post them
+  if (opts.bug == "bucket-early") dense_opt.buckets().post_one_early(true);
   if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
   // [/slide]
   if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
@@ -194,7 +200,7 @@ int mesh_lesson(Lesson& lesson) {
   const AxisComms axes{&mesh.tp(), &data, &mesh.cp(), &edp,
                        {&mesh.ep(), &here.topo.node_comm, &here.topo.rail_comm}, {&mesh.pp(), &pair}};
   AxisCounts want =
-      expected_counts(here, setup, opts, dense_opt.numel, expert_opt.numel, data_ranks, edp.size(), dual);
+      expected_counts(here, setup, opts, data_ranks, edp.size(), dual);
   AxisCounts last;  // what each axis moved in the last step (Comm's counters)
   bool comm_equal = true;
   std::string disagree, comm_detail;
@@ -246,8 +252,9 @@ int mesh_lesson(Lesson& lesson) {
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
   MemoryUse mem;
   mem.measured = dense_opt.memory() + expert_opt.memory();
-  mem.formula = zero::formula(dense_opt.numel, data_ranks, (int)opts.zero) +
-                (sizes.ep > 1 ? zero::formula(expert_opt.numel, edp.size(), (int)opts.zero) : zero::Memory{});
+  mem.formula = zero::formula(group_buckets(here, setup, opts, false), data_ranks, (int)opts.zero) +
+                (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, true), edp.size(), (int)opts.zero)
+                              : zero::Memory{});
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, csv);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel);
@@ -290,10 +297,14 @@ int mesh_lesson(Lesson& lesson) {
   size_t grads_held = 0;
   for (const Tensor* p : table.params)
     if (p && p->grad().defined()) grads_held += p->nbytes();
-  std::snprintf(line, sizeof line, "memory: parameters 4N, gradients 4N (those held), AdamW's m and "
-                "v %s, measured", opts.zero ? "8 ceil(N/dp)" : "8N");
-  check.holds(line, mem.measured.params == mem.formula.params && mem.measured.grads == grads_held &&
-                        grads_held <= mem.formula.grads && mem.measured.optimizer == mem.formula.optimizer);
+  const bool buckets = opts.bucket_mb > 0;
+  std::snprintf(line, sizeof line, "memory: parameters 4N, gradients %s, AdamW's m and v %s, measured",
+                opts.zero == 2 ? (buckets ? "4 sum ceil(N_b/dp)" : "4 ceil(N/dp)") : "4N (those held)",
+                opts.zero == 0 ? "8N" : buckets ? "8 sum ceil(N_b/dp)" : "8 ceil(N/dp)");
+  const bool grads_ok = opts.zero == 2 ? grads_held == 0 && mem.measured.grads == mem.formula.grads
+                                       : mem.measured.grads == grads_held && grads_held <= mem.formula.grads;
+  check.holds(line, mem.measured.params == mem.formula.params && grads_ok &&
+                        mem.measured.optimizer == mem.formula.optimizer);
   one_process.kpe_verdict(check, root);
   // the tolerance from one process's loss (a non-finite mesh loss must not widen it)
   double val_want = root ? val.one_process : val.mesh;

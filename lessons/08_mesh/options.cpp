@@ -46,7 +46,11 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
            "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
   cli.flag("--layers-per-stage", &opts.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
            "an even split, the first stages taking the remainder)", "LIST");
-  cli.flag("--zero", &opts.zero, "ZeRO stage: 0 (all-reduce) or 1 (optimizer state sharded over DP)", 0, 1);
+  cli.flag("--zero", &opts.zero, "ZeRO stage: 0 (all-reduce), 1 (optimizer state sharded over DP) or 2 "
+           "(gradients sharded too)", 0, 2);
+  cli.flag("--bucket-mb", &opts.bucket_mb, "DP's gradient buckets, MB (1e6 bytes) each: each bucket's "
+           "reduction starts as soon as its last gradient is in, during the backward (0: one bucket, "
+           "after the backward)", 0.0, 1e6);
   cli.choice("--sp", sp, {"auto", "on", "off"}, "sequence parallelism (auto: on when tp > 1)");
   cli.toggle("--print-mesh", &opts.print_mesh, "print every group of every axis and exit");
   cli.choice("--estimate", &opts.estimate, {"none", "run", "deepseek-v3"},
@@ -84,7 +88,7 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.flag("--data", &opts.data, "the training text (its distinct bytes are the vocabulary; the default is the course's data/tinyshakespeare.txt, found from the executable)");
   cli.choice("--bug", &opts.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
-              "zero-no-divide", "zero-stale-shard", "local-causal-mask", "local-rope-positions",
+              "zero-no-divide", "zero-stale-shard", "bucket-early", "local-causal-mask", "local-rope-positions",
               "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
@@ -256,8 +260,19 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                         "reduce-scatter takes f's all-reduce's place)");
   lesson.usage_error_if(opts.bug == "ce-local-softmax" && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
-  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero != 1 || sizes.dp * sizes.cp == 1),
-                        "--bug " + opts.bug + " needs --zero 1 and dp x cp > 1");
+  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || sizes.dp * sizes.cp == 1),
+                        "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
+  // the buckets go during the backward when a weight's gradient is final at its last
+  // backward: one stage per rank, and no sum over TP before DP's (SP's replicated weights)
+  std::string bucket_why_not;
+  if (opts.bucket_mb > 0 && opts.sp)
+    bucket_why_not = "sequence parallelism sums the replicated weights' gradients over TP first";
+  else if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
+    bucket_why_not = "--schedule " + opts.schedule + " holds two stages per rank";
+  const bool bucket_overlap = opts.bucket_mb > 0 && bucket_why_not.empty();
+  lesson.usage_error_if(opts.bug == "bucket-early" && (!bucket_overlap || sizes.dp * sizes.cp == 1),
+                        "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1, one stage per rank and "
+                        "--sp off" + (bucket_why_not.empty() ? std::string() : " (here: " + bucket_why_not + ")"));
   lesson.usage_error_if((opts.bug == "local-causal-mask" || opts.bug == "local-rope-positions") && opts.cp == 1,
                         "--bug " + opts.bug + " needs --cp > 1 (with one CP rank local and global positions "
                         "are the same)");
@@ -288,7 +303,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.require_memory(16.0 * 4 * (double)full_numel + act, "--dim, --layers, --batch or --seq");
 
   return Setup{sizes, rank_batch, seq, seq_per_cp, microbatches, microbatch, stages, sched_pairs, stage_begin, link, real_nodes, std::move(corpus),
-               c, full_numel, bug_kpe};
+               c, full_numel, bug_kpe, bucket_overlap, bucket_why_not};
 }
 
 }  // namespace ff::mesh

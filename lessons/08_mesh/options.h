@@ -25,7 +25,7 @@ struct Options {
   int64_t steps = 20, batch = 8, seq = 32, check_every = 1, log_every = 1;
   int64_t dim = 64, layers = 0, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
-  double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8;
+  double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8, bucket_mb = 0;
   int64_t sample = 0, val_batches = 8;
   std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
               bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link;
@@ -48,6 +48,10 @@ struct Setup {
   model::Config c;                   // the model
   int64_t full_numel = 0;            // its parameters
   bool bug_kpe = false;              // --bug kpe-per-head
+  // --bucket-mb > 0 and the buckets can go during the backward: one stage per rank (a line
+  // schedule) and no sum over TP before DP's (sequence parallelism's replicated weights)
+  bool bucket_overlap = false;
+  std::string bucket_why_not;        // else, when buckets are asked for: why they wait
 };
 
 // Declares the flags on lesson.cli, parses them, fills in the defaults and checks everything against

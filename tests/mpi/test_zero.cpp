@@ -102,7 +102,7 @@ Diff diff_params(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 }
 
 // ZeRO-0's mean gradient (its .grad() after a step), flattened and padded like ZeRO-1's.
-std::vector<float> flat_mean(const std::vector<Tensor>& p0, const zero::Zero1Adam& z1, int dp) {
+std::vector<float> flat_mean(const std::vector<Tensor>& p0, const zero::ShardedAdam& z1, int dp) {
   std::vector<float> flat(z1.shard_size() * dp, 0.f);
   int64_t at = 0;
   for (const Tensor& p : p0) {
@@ -125,7 +125,7 @@ Versus zero1_vs_zero0(const std::vector<Shape>& shapes, bool exact, zero::Bug bu
   Comm c = world();
   std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
   zero::DataParallelAdam z0(c, kAdam);
-  zero::Zero1Adam z1(c, kAdam, bug);
+  zero::ShardedAdam z1(c, kAdam, bug);
   Versus v;
   for (int s = 0; s < kSteps; s++) {
     set_grads(p0, c.rank(), s, exact);
@@ -201,7 +201,7 @@ TEST_CASE("zero: ZeRO-1's mean-gradient shard is ZeRO-0's, within the summation 
       CAPTURE(shapes.size());
       std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
       zero::DataParallelAdam z0(c, kAdam);
-      zero::Zero1Adam z1(c, kAdam);
+      zero::ShardedAdam z1(c, kAdam);
       for (int s = 0; s < 2; s++) {
         std::vector<Tensor> mean;
         std::vector<std::vector<float>> bound;
@@ -231,7 +231,7 @@ TEST_CASE("zero: memory per rank, measured against the formula") {
     CAPTURE(shapes.size());
     std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
     zero::DataParallelAdam z0(c, kAdam);
-    zero::Zero1Adam z1(c, kAdam);
+    zero::ShardedAdam z1(c, kAdam);
     set_grads(p0, c.rank(), 0, true);
     set_grads(p1, c.rank(), 0, true);
     CHECK(z1.memory(pointers(p1)).optimizer == 0);  // nothing before the first step
