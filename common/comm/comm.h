@@ -282,6 +282,8 @@ class Comm {
   // a latency that is negative or not finite, or ranks_per_node < 1.
   static void set_link(const LinkModel& m);
   static const LinkModel& link();
+  // The model's clock (seconds, steady): what Request::link_done_s is measured on.
+  static double link_clock_s();
   // The class of the link to peer (a rank of this communicator): self, or intra / inter as
   // this rank's and peer's world ranks share a virtual node of link().ranks_per_node or not
   // (which holds whether or not the model is enabled).

@@ -182,6 +182,7 @@ void Comm::set_link(const LinkModel& m) {
 }
 
 const LinkModel& Comm::link() { return g_link.model; }
+double Comm::link_clock_s() { return link_now_s(); }
 LinkBytes Comm::bytes_sent() { return g_link.sent; }
 void Comm::reset_bytes_sent() { g_link.sent = LinkBytes{}; }
 

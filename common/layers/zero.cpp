@@ -204,18 +204,24 @@ void GradBuckets::post(size_t b) {
 void GradBuckets::flush() {
   FF_CHECK(laid_out(), "GradBuckets::flush before layout");
   times_.window_s = armed_ ? now_s() - armed_at_ : 0;
+  flushed_at_ = Comm::link_clock_s();
   while (next_ < buckets_.size()) post(next_++);
   armed_ = false;
 }
 
 void GradBuckets::wait() {
-  const double t0 = now_s();
-  // T_comm: what the collectives take on the link model, one after another (0: not modelled)
-  times_.comm_s = 0;
-  for (const Request& r : requests_) times_.comm_s += r.modelled ? r.link_cost_s : 0;
+  // T_comm: what the collectives take on the link model, one after another; exposed: how far
+  // the last of them ends after the backward did (0: not modelled)
+  times_.comm_s = times_.exposed_s = 0;
+  for (const Request& r : requests_)
+    if (r.modelled) {
+      times_.comm_s += r.link_cost_s;
+      times_.exposed_s = std::max(times_.exposed_s, r.link_done_s - flushed_at_);
+    }
   group_.wait_all(requests_);
-  times_.exposed_s = now_s() - t0;
   times_.buckets = (int)buckets_.size();
+  last_ = times_;
+  times_ = BucketTimes{};
   requests_.clear();
   next_ = 0;
 }

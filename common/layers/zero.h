@@ -116,12 +116,20 @@ struct BucketTimes {     // one step's reduction
   int buckets = 0;
   int posted_early = 0;  // posted during the backward (after arm(), before flush())
   double window_s = 0;   // arm() to flush(): the backward that could hide them (0: never armed)
-  double comm_s = 0;     // the link model's time for the collectives, end to end (0: not modelled)
-  double exposed_s = 0;  // what wait() sat blocked, the communication left in sight
+  double comm_s = 0;     // the link model's time for the collectives, one after another (0: not
+                         // modelled): what they take when the optimizer waits for them all at once
+  double exposed_s = 0;  // how far the modelled collectives ran past the end of the backward
+                         // (flush()): the communication left in sight. (What wait() sits blocked
+                         // also holds the slowest rank's lateness, which is not communication.)
   // Lesson 06's measure: (T_seq - T_ovl) / min(T_compute, T_comm), with T_seq = window + comm
   // and T_ovl = window + exposed: the share of what could be hidden that was. 0 when there
   // was nothing to hide or no window.
   double hidden_fraction() const;
+  BucketTimes& operator+=(const BucketTimes& o) {  // summed over steps
+    buckets += o.buckets, posted_early += o.posted_early, window_s += o.window_s;
+    comm_s += o.comm_s, exposed_s += o.exposed_s;
+    return *this;
+  }
 };
 
 class GradBuckets {
@@ -140,7 +148,7 @@ class GradBuckets {
   void arm();    // from now, each parameter's next gradient is its last of this step
   void flush();  // posts every bucket not yet posted, in order, and disarms
   void wait();   // waits for every bucket; returns this step's times through times()
-  const BucketTimes& times() const { return times_; }
+  const BucketTimes& times() const { return last_; }  // the last step's
   // planted bug: a bucket is posted when all but one of its gradients are in
   void post_one_early(bool on) { early_ = on; }
 
@@ -186,8 +194,8 @@ class GradBuckets {
   std::vector<int> missing_;       // per bucket: params not yet in
   size_t next_ = 0;                // the next bucket to post
   std::vector<Request> requests_;  // one per posted bucket
-  double armed_at_ = 0;
-  BucketTimes times_;
+  double armed_at_ = 0, flushed_at_ = 0;  // flushed_at_ on the link model's clock
+  BucketTimes times_, last_;
 };
 
 // ZeRO-0: all-reduce of the gradients, then the same AdamW step on every rank.

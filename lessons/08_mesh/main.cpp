@@ -208,6 +208,7 @@ int mesh_lesson(Lesson& lesson) {
   lesson.start_trace();
   Comm::set_link(setup.link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
+  zero::BucketTimes dense_buckets, expert_buckets;  // summed over the steps
   for (int64_t step = 0; step < opts.steps; step++) {
     const bool checking = step % opts.check_every == 0 || step + 1 == opts.steps;
     const bool logging = step % opts.log_every == 0 || step + 1 == opts.steps;
@@ -227,6 +228,8 @@ int mesh_lesson(Lesson& lesson) {
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
     const double local_loss = train_step(opts, setup, mesh, here, pair, {dense_opt, expert_opt}, batch, lesson.device);
+    for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
+      if (!opt->params.empty()) *sum += opt->buckets().times();
 
     train_s += watch.seconds();
     step_span.reset();
@@ -257,6 +260,7 @@ int mesh_lesson(Lesson& lesson) {
                               : zero::Memory{});
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, csv);
+  if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel);
   if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);
   // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory

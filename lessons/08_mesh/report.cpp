@@ -131,6 +131,37 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
   csv << row;
 }
 
+double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, const Setup& setup,
+                     const zero::BucketTimes& dense, const zero::BucketTimes& experts) {
+  zero::BucketTimes all = dense;  // the two groups' collectives share this rank's links
+  all.buckets += experts.buckets, all.posted_early += experts.posted_early;
+  all.comm_s += experts.comm_s, all.exposed_s += experts.exposed_s;
+  all.window_s = std::max(dense.window_s, experts.window_s);
+  const double mine = all.hidden_fraction();
+  std::vector<double> every((size_t)world.size());
+  {
+    Trace::Category check_traffic(trace(), "check");
+    world.allgather(&mine, sizeof mine, every.data());
+  }
+  double worst = 1, mean = 0;
+  for (double f : every) worst = std::min(worst, f), mean += f / (double)every.size();
+  const int64_t steps = std::max<int64_t>(opts.steps, 1);
+  lesson.print("\nDP's gradients in buckets of about %s (rank 0): %lld per step, %.1f of them posted during "
+               "the backward\n", human_bytes(opts.bucket_mb * 1e6).c_str(), (long long)(all.buckets / steps),
+               (double)all.posted_early / (double)steps);
+  if (!setup.bucket_overlap)
+    lesson.print("  all after the backward here: %s\n", setup.bucket_why_not.c_str());
+  else if (!setup.link.enabled)
+    lesson.print("  their hidden fraction needs --link: the link model gives the reductions their time\n");
+  else
+    lesson.print("  per step: reduction %.2f ms on the links, %.2f ms of it exposed, the backward's window "
+                 "%.2f ms: hidden fraction (T_seq - T_ovl) / min(T_compute, T_comm) = %.2f (rank 0), "
+                 "worst %.2f, mean %.2f over the ranks\n",
+                 all.comm_s / (double)steps * 1e3, all.exposed_s / (double)steps * 1e3,
+                 all.window_s / (double)steps * 1e3, mine, worst, mean);
+  return mine;
+}
+
 void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
                     int64_t local_numel) {
   estimate::Parallel par;
