@@ -424,6 +424,23 @@ check "08 planted bug: ZeRO-1 uses the sum as the mean (dp2)" 1 'mean gradient o
   $MPIRUN -np 2 $L08 --tp 1 --bug zero-no-divide --train 2
 check "08 planted bug: ZeRO-1 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --bug zero-stale-shard --train 2
+check "08 ZeRO-2, and DP's gradients in buckets posted during the backward, ZeRO-0/1/2 (P=4: dp4; dp2 x pp2, zb-h1; ep2)" 0 '^check: PASS' \
+  bash -c "for z in 0 1 2; do $MPIRUN -np 4 $L08 --tp 1 --zero \$z --bucket-mb 0.02 --train 3 || exit 1; done && \
+           $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule zb-h1 --zero 2 --bucket-mb 0.02 --train 3 && \
+           $MPIRUN -np 4 $L08 --tp 1 --ep 2 --zero 2 --bucket-mb 0.01 --train 3 && $MPIRUN -np 2 $L08 --tp 1 --zero 2 --train 3"
+check "08 buckets under the link model: every bucket goes during the backward, the hidden fraction printed" 0 \
+  'hidden fraction .* = [01]\.[0-9][0-9] \(rank 0\), worst' \
+  bash -c "out=\$($MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --train 3 --link intra=400MB/s,latency=20us) || exit 1; \
+           echo \"\$out\"; echo \"\$out\" | grep -q '13 per step, 13.0 of them posted during the backward'"
+check "08 buckets where they must wait for the backward (SP's sum over TP first; dualpipev's two stages) say why" 0 \
+  'all after the backward here: --schedule dualpipev holds two stages per rank' \
+  bash -c "$MPIRUN -np 4 $L08 --zero 2 --bucket-mb 0.02 --train 2 | grep 'all after the backward here: sequence parallelism' && \
+           $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule dualpipev --bucket-mb 0.02 --train 2"
+check "08 planted bug: a bucket reduced before its last gradient is in (dp2, ZeRO-1 and ZeRO-2)" 1 'mean gradient of every weight .*FAIL' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --bug bucket-early --train 2; \
+           $MPIRUN -np 2 $L08 --tp 1 --zero 1 --bucket-mb 0.02 --bug bucket-early --train 2"
+check "08 planted bug: ZeRO-2 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --zero 2 --bug zero-stale-shard --train 2
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"
@@ -451,6 +468,10 @@ usage_error "08 bad input: tp x dp is not the world (tp 2, dp 3 on 4 ranks)" $MP
 usage_error "08 bad input: --tp not dividing the world (tp 3 on 4 ranks)" $MPIRUN -np 4 $L08 --tp 3
 usage_error "08 bad input: heads not a multiple of tp" $MPIRUN -np 3 $L08 --tp 3 --batch 3
 usage_error "08 bad input: batch not a multiple of dp" $MPIRUN -np 2 $L08 --tp 1 --batch 7
+usage_error "08 bad input: --zero 4" $MPIRUN -np 2 $L08 --tp 1 --zero 4
+usage_error "08 bad input: --bucket-mb negative" $MPIRUN -np 2 $L08 --tp 1 --bucket-mb -1
+usage_error "08 bad input: --bug bucket-early without buckets" $MPIRUN -np 2 $L08 --tp 1 --bug bucket-early
+usage_error "08 bad input: --bug bucket-early where the buckets wait for the backward (SP)" $MPIRUN -np 4 $L08 --bucket-mb 0.02 --bug bucket-early
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/comm/comm.h"
+#include "common/core/ops.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
 #include "common/layers/zero.h"
@@ -282,4 +283,151 @@ TEST_CASE("zero: planted errors are caught by the ZeRO-1 vs ZeRO-0 comparison") 
     else
       CHECK(sum.grads.count + sum.params.count == 0);
   }
+}
+
+namespace {
+
+// ZeRO-0 (one bucket) against ShardedAdam at `stage` with gradient buckets of bucket_bytes, from
+// the same parameters, for kSteps steps: their parameters and their mean gradients (ZeRO-0's
+// .grad(), ShardedAdam's shards gathered), bitwise (exact gradients, or dp <= 2).
+Versus buckets_vs_zero0(const std::vector<Shape>& shapes, int stage, size_t bucket_bytes, bool exact) {
+  Comm c = world();
+  Comm check = c.split(0, c.rank());
+  std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
+  zero::DataParallelAdam z0(c, kAdam);
+  zero::ShardedAdam z(c, kAdam, zero::Bug::none, stage, bucket_bytes);
+  Versus v;
+  for (int s = 0; s < kSteps; s++) {
+    set_grads(p0, c.rank(), s, exact);
+    set_grads(p1, c.rank(), s, exact);
+    z0.step(pointers(p0));
+    z.step(pointers(p1));
+    Diff d = diff_params(p0, p1);
+    v.params.count += d.count, v.params.max = std::max(v.params.max, d.max);
+    const std::vector<float> mean = z.gather_mean_grad(check);
+    int64_t at = 0;
+    for (const Tensor& p : p0) add_diff(mean.data() + at, p.grad().data(), p.numel(), nullptr, &v.grads), at += p.numel();
+    if (stage == 2)  // ZeRO-2 keeps no full gradient after its step
+      for (const Tensor& p : p1) CHECK_FALSE(p.grad().defined());
+  }
+  return v;
+}
+
+// A list long enough to cut: 10 tensors of 1..10 rows of 3.
+std::vector<Shape> ladder() {
+  std::vector<Shape> s;
+  for (int64_t i = 1; i <= 10; i++) s.push_back({i, 3});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("zero: ZeRO-1 and ZeRO-2, one bucket or many, equal ZeRO-0 bit for bit") {
+  Comm c = world();
+  std::vector<std::vector<Shape>> lists = kLists;
+  lists.push_back(ladder());
+  for (const auto& shapes : lists)
+    for (int stage : {1, 2})
+      for (size_t bucket_bytes : {size_t{0}, size_t{40}, size_t{100}}) {
+        CAPTURE(shapes.size());
+        CAPTURE(stage);
+        CAPTURE(bucket_bytes);
+        for (bool exact : {true, false}) {
+          if (!exact && c.size() > 2) continue;  // several additions: orders may differ (zero.h)
+          Versus v = buckets_vs_zero0(shapes, stage, bucket_bytes, exact);
+          CHECK_MESSAGE(v.params.count == 0, v.params.count << " parameters differ, max " << v.params.max);
+          CHECK_MESSAGE(v.grads.count == 0, v.grads.count << " gradients differ, max " << v.grads.max);
+        }
+      }
+}
+
+TEST_CASE("zero: the buckets cut the parameters from the last one back, each padded on its own") {
+  Comm c = world();
+  const int dp = c.size();
+  std::vector<Tensor> p = make_params(ladder());  // 3, 6, ..., 30 numbers
+  zero::ShardedAdam z(c, kAdam, zero::Bug::none, 2, /*bucket_bytes=*/200);  // 50 numbers
+  set_grads(p, c.rank(), 0, true);
+  z.step(pointers(p));
+  // from the end: 30 + 27 = 57 >= 50 | 24 + 21 + 18 = 63 | 15 + 12 + 9 + 6 + 3 = 45, the
+  // first parameter closing the last bucket whatever its size
+  const auto& b = z.buckets().buckets();
+  REQUIRE(b.size() == 3);
+  CHECK((b[0].first == 8 && b[0].last == 10 && b[0].numel == 57));
+  CHECK((b[1].first == 5 && b[1].last == 8 && b[1].numel == 63));
+  CHECK((b[2].first == 0 && b[2].last == 5 && b[2].numel == 45));
+  int64_t shard = 0;
+  for (const auto& k : b) {
+    CHECK(k.padded % dp == 0);
+    CHECK(k.padded - k.numel < dp);
+    shard += k.padded / dp;
+  }
+  CHECK(z.shard_size() == shard);
+  // ZeRO-2's memory: the gradients are the shard, m and v the shard twice; the formula per bucket
+  const zero::Memory m = z.memory(pointers(p));
+  const zero::Memory f = zero::formula(std::vector<int64_t>{57, 63, 45}, dp, 2);
+  CHECK(m.params == f.params);
+  CHECK(m.grads == 4 * (size_t)shard);
+  CHECK(m.grads == f.grads);
+  CHECK(m.optimizer == f.optimizer);
+  CHECK(m.buffers == 4 * (size_t)shard);  // the parameter shard; the flat buffer is released
+  CHECK(zero::formula(std::vector<int64_t>{165}, dp, 2).grads == zero::formula(165, dp, 2).grads);
+  CHECK(zero::formula(165, dp, 3).params == 4 * (size_t)((165 + dp - 1) / dp));
+}
+
+namespace {
+// One backward through autograd on every rank: loss = sum_i sum(w_i * x_i), x_i from the rank,
+// so d loss / d w_i = x_i; the buckets armed before it (or not) and the bug (or not).
+struct HookRun {
+  std::vector<Tensor> params;
+  std::vector<float> mean;  // the mean gradient the step used, whole
+  zero::BucketTimes times;
+};
+HookRun hooked_step(bool arm, bool early) {
+  Comm c = world();
+  Comm check = c.split(0, c.rank());
+  HookRun run;
+  run.params = make_params(ladder());
+  for (Tensor& p : run.params) p.requires_grad_();
+  zero::ShardedAdam z(c, kAdam, zero::Bug::none, 2, /*bucket_bytes=*/200);
+  z.buckets().layout(pointers(run.params));
+  z.buckets().post_one_early(early);
+  if (arm) z.buckets().arm();
+  Tensor loss;
+  for (size_t i = 0; i < run.params.size(); i++) {
+    const Tensor x = Tensor::from_vector(grad_of(run.params[i].shape(), c.rank(), i, 0, true), run.params[i].shape());
+    const Tensor term = sum_all(mul(run.params[i], x));
+    loss = loss.defined() ? add(loss, term) : term;
+  }
+  loss.backward();
+  z.step(pointers(run.params));
+  run.mean = z.gather_mean_grad(check);
+  run.times = z.buckets().times();
+  return run;
+}
+}  // namespace
+
+TEST_CASE("zero: buckets posted by the backward's hooks give the step of buckets posted after it") {
+  Comm c = world();
+  const HookRun after = hooked_step(/*arm=*/false, false), during = hooked_step(/*arm=*/true, false);
+  CHECK(after.times.posted_early == 0);
+  CHECK(during.times.posted_early == 3);  // every bucket went during the backward
+  CHECK(during.times.buckets == 3);
+  CHECK(after.mean == during.mean);
+  CHECK(diff_params(after.params, during.params).count == 0);
+  // the planted bug: a bucket posted with one gradient still missing. That gradient is
+  // reduced as zeros (ZeRO-2 has released the rest): the mean differs, whatever dp.
+  const HookRun early = hooked_step(/*arm=*/true, /*early=*/true);
+  CHECK(early.mean != during.mean);
+}
+
+TEST_CASE("zero: the buckets' hidden fraction is lesson 06's (T_seq - T_ovl) / min(T_compute, T_comm)") {
+  zero::BucketTimes t;
+  t.window_s = 10, t.comm_s = 4, t.exposed_s = 1;  // T_seq 14, T_ovl 11: 3 of 4 hidden
+  CHECK(t.hidden_fraction() == doctest::Approx(0.75));
+  t.exposed_s = 4;  // nothing hidden
+  CHECK(t.hidden_fraction() == 0.0);
+  t.window_s = 2, t.exposed_s = 2;  // a window shorter than the communication: at most 2 hideable
+  CHECK(t.hidden_fraction() == doctest::Approx(1.0));
+  t.window_s = 0;  // never armed
+  CHECK(t.hidden_fraction() == 0.0);
 }

@@ -3,7 +3,10 @@
 // split of a backward (one weight, as matmul, and several).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 #include <memory>
 
 #include "common/core/autograd.h"
@@ -398,4 +401,41 @@ TEST_CASE("autograd: the between-ops hook runs after each recorded op and each o
   calls = 0;
   sum_all(exp(x)).backward();
   CHECK(calls == 0);  // removed
+}
+
+TEST_CASE("autograd: a leaf's post-accumulate hook fires once per backward, after its .grad holds the sum") {
+  // y = sum(w1 * x) + sum(w1 * w2): w1 is used twice, so its hook must wait for both terms
+  Tensor w1 = leaf({3}, 11), w2 = leaf({3}, 12), x = randn({3}, 13);
+  std::vector<std::string> fired;
+  std::vector<float> seen_w1;
+  w1.impl()->post_accumulate_grad = [&] { fired.push_back("w1"), seen_w1 = w1.grad().to_vector(); };
+  w2.impl()->post_accumulate_grad = [&] { fired.push_back("w2"); };
+  Tensor y = add(sum_all(mul(w1, x)), sum_all(mul(w1, w2)));
+  y.backward();
+  REQUIRE(fired.size() == 2);  // once each, whatever the order
+  CHECK(std::count(fired.begin(), fired.end(), "w1") == 1);
+  CHECK(std::count(fired.begin(), fired.end(), "w2") == 1);
+  std::vector<double> want;  // d/dw1 = x + w2, complete when the hook saw it
+  for (int i = 0; i < 3; i++) want.push_back((double)x.to_vector()[i] + (double)w2.to_vector()[i]);
+  CHECK(compare(Tensor::from_vector(seen_w1, {3}), from_double(want, {3}), kGradAtol, kGradRtol).pass);
+  // a second backward: each fires again, its .grad now the sum of both passes
+  y.backward();
+  CHECK(fired.size() == 4);
+  w1.impl()->post_accumulate_grad = nullptr;
+  w2.impl()->post_accumulate_grad = nullptr;
+}
+
+TEST_CASE("autograd: with the weight gradients deferred, a weight's hook fires when its W runs") {
+  Tensor w = leaf({4, 2}, 21), x = leaf({3, 4}, 22);
+  int fired = 0;
+  w.impl()->post_accumulate_grad = [&] { fired++; };
+  DeferredGrads deferred;
+  Tensor y = sum_all(matmul(x, w));
+  run_backward(y, Tensor::full({}, 1.f), &deferred);
+  CHECK(fired == 0);        // "I" only: w's gradient is not in yet
+  CHECK(!w.grad().defined());
+  deferred.run();           // "W"
+  CHECK(fired == 1);
+  CHECK(w.grad().defined());
+  w.impl()->post_accumulate_grad = nullptr;
 }
