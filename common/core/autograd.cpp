@@ -1,6 +1,7 @@
 // common/core/autograd.cpp — the tape and the reverse walk (a topological sort, as in micrograd).
 #include "common/core/autograd.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -127,9 +128,12 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
                                        << shape_str(root.shape()));
   NoGradGuard no_grad;  // gradients are computed with ops, but never recorded
 
-  // Topological order of the impls reachable from root through grad_fn.
+  // Topological order of the impls reachable from root through grad_fn, and for every leaf the
+  // number of edges into it (the ops that read it): its gradient is final once they have all
+  // had their turn.
   std::vector<TensorImpl*> order;
   std::unordered_set<TensorImpl*> seen;
+  std::unordered_map<TensorImpl*, int> leaf_edges;
   std::vector<std::pair<TensorImpl*, size_t>> stack{{root.impl(), 0}};
   seen.insert(root.impl());
   while (!stack.empty()) {
@@ -137,9 +141,12 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     Node* node = t->grad_fn.get();
     if (node && next < node->inputs.size()) {
       TensorImpl* child = node->inputs[next++].impl();
-      if (child && child->requires_grad && !seen.count(child)) {
-        seen.insert(child);
-        stack.push_back({child, 0});
+      if (child && child->requires_grad) {
+        if (!child->grad_fn) leaf_edges[child]++;
+        if (!seen.count(child)) {
+          seen.insert(child);
+          stack.push_back({child, 0});
+        }
       }
       continue;
     }
@@ -147,19 +154,47 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     stack.pop_back();
   }
 
-  // Reverse walk: order has every tensor after its inputs.
+  // Reverse walk: order has every tensor after its inputs. A leaf is finished as soon as the
+  // last op that reads it has had its turn (whether or not that op sent it a gradient): its
+  // gradient goes into .grad then, and its post_accumulate_grad hook fires, without waiting for
+  // the leaf's own place in the order (which can be anywhere after its readers). A weight whose
+  // gradient a split op defers is finished by the deferred W instead.
   std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
   grads[root.impl()] = grad_output.clone().impl_ptr();
+  const auto edge_done = [&](TensorImpl* leaf) {
+    if (--leaf_edges[leaf] > 0) return;
+    auto found = grads.find(leaf);
+    if (found != grads.end()) {
+      accumulate(leaf->grad, Tensor(found->second));
+      grads.erase(found);
+    }
+    if (leaf->post_accumulate_grad) leaf->post_accumulate_grad();
+  };
+  // every edge of a node into a leaf, once the node has had its turn (skip: the weights whose
+  // gradients were deferred)
+  const auto node_done = [&](Node* node, const std::vector<int>& skip) {
+    for (size_t i = 0; i < node->inputs.size(); i++) {
+      TensorImpl* in = node->inputs[i].impl();
+      if (!in || !in->requires_grad || in->grad_fn) continue;
+      if (std::find(skip.begin(), skip.end(), (int)i) != skip.end()) continue;
+      edge_done(in);
+    }
+  };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     TensorImpl* t = *it;
-    auto found = grads.find(t);
-    if (found == grads.end()) continue;  // no gradient flowed here
-    Tensor g(found->second);
-    if (!t->grad_fn) {                   // a leaf: accumulate into .grad
-      accumulate(t->grad, g);
-      if (t->post_accumulate_grad) t->post_accumulate_grad();
+    if (!t->grad_fn) {  // a leaf: finished by its readers (or the root itself, a lone leaf)
+      if (t == root.impl()) {
+        accumulate(t->grad, Tensor(grads[t]));
+        if (t->post_accumulate_grad) t->post_accumulate_grad();
+      }
       continue;
     }
+    auto found = grads.find(t);
+    if (found == grads.end()) {  // no gradient flowed here: its readers' edges are done all the same
+      node_done(t->grad_fn.get(), {});
+      continue;
+    }
+    Tensor g(found->second);
     Node* node = t->grad_fn.get();
     std::vector<Tensor> in_grads;
     bool split = deferred && !node->weight_inputs.empty();
@@ -210,6 +245,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
       accumulate(grads[in.impl()], in_grads[i]);
     }
     grads.erase(t);  // free intermediate gradients as soon as they are consumed
+    node_done(node, split ? node->weight_inputs : std::vector<int>{});
     if (after_each_op) after_each_op();
     if (g_between_ops) g_between_ops();
   }

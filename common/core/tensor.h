@@ -46,9 +46,12 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;   // accumulated gradient of a leaf
   std::shared_ptr<Node> grad_fn;      // the op that produced this tensor, if any
-  // A leaf's hook, called each time a backward has just accumulated into .grad (PyTorch's
-  // register_post_accumulate_grad_hook): common/layers/zero.h starts a bucket's reduction
-  // there, while the rest of the backward runs. Empty: none.
+  // A leaf's hook, called once per backward that reaches the leaf, as soon as the last op that
+  // read it has had its turn and its gradient is in .grad (PyTorch's
+  // register_post_accumulate_grad_hook); also when none of them sent it a gradient (.grad then
+  // unchanged). A weight whose gradient a split backward defers: when its W has run.
+  // common/layers/zero.h starts a bucket's reduction there, while the rest of the backward
+  // runs. Empty: none.
   std::function<void()> post_accumulate_grad;
 };
 

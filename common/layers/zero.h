@@ -105,10 +105,11 @@ enum class Bug {
 // (bucket_bytes 0) that is block r of all the parameters: the layout of seed 001's figure.
 //
 // When a gradient is final: a leaf's post_accumulate_grad hook (common/core/tensor.h) fires
-// each time a backward adds into its .grad. Under gradient accumulation (pipeline micro-batches)
-// only the last backward of the step is the last, so the hooks count only once arm() has been
-// called (lesson 08 arms before the rank's last weight-gradient op). A parameter that gets no
-// gradient in that backward (an expert no token reached) holds its bucket back until flush().
+// once per backward, as soon as the last op that read it is done, also when that backward sent
+// it nothing (an expert no token reached: zeros in the bucket). Under gradient accumulation
+// (pipeline micro-batches) only the last backward of the step is the last, so the hooks count
+// only once arm() has been called (lesson 08 arms before the rank's last weight-gradient op).
+// A parameter the last backward does not reach at all holds its bucket back until flush().
 // Buckets are posted in order, bucket b only after b - 1: MPI's collectives on one
 // communicator must be posted in the same order on every rank, and ranks need not see their
 // gradients complete in the same order.

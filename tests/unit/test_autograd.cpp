@@ -439,3 +439,28 @@ TEST_CASE("autograd: with the weight gradients deferred, a weight's hook fires w
   CHECK(w.grad().defined());
   w.impl()->post_accumulate_grad = nullptr;
 }
+
+TEST_CASE("autograd: a leaf is finished as soon as its last reader has run, even with no gradient") {
+  // mul(w2, h) reads w2 before h = f(w1): w2's gradient is final right after that op, before the
+  // walk reaches w1, whatever place w2 has in the topological order
+  Tensor w1 = leaf({3}, 31), w2 = leaf({3}, 32), x = randn({3}, 33);
+  std::vector<std::string> fired;
+  bool w1_done_when_w2_fired = true;
+  w1.impl()->post_accumulate_grad = [&] { fired.push_back("w1"); };
+  w2.impl()->post_accumulate_grad = [&] {
+    fired.push_back("w2");
+    w1_done_when_w2_fired = w1.grad().defined();
+  };
+  sum_all(mul(w2, exp(mul(w1, x)))).backward();
+  CHECK(fired == std::vector<std::string>{"w2", "w1"});
+  CHECK_FALSE(w1_done_when_w2_fired);
+  // an op that sends its input no gradient: the leaf is finished all the same, its .grad untouched
+  Tensor w3 = leaf({2}, 34);
+  int w3_fired = 0;
+  w3.impl()->post_accumulate_grad = [&] { w3_fired++; };
+  Tensor stopped = record(Tensor::zeros({2}), "stop", {w3}, [](const Tensor&) { return std::vector<Tensor>{Tensor()}; });
+  add(sum_all(stopped), sum_all(mul(w1, x))).backward();
+  CHECK(w3_fired == 1);
+  CHECK_FALSE(w3.grad().defined());
+  for (Tensor* w : {&w1, &w2, &w3}) w->impl()->post_accumulate_grad = nullptr;
+}
