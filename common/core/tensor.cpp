@@ -31,6 +31,14 @@ int64_t shape_numel(const Shape& s) {
 
 Storage::Storage(size_t b, Device d) : bytes(b), device(d) { ptr = device_malloc(d, b); }
 Storage::~Storage() { device_free(device, ptr); }
+void Storage::release() {
+  device_free(device, ptr);
+  ptr = nullptr, bytes = 0, released = true;
+}
+void Storage::allocate(size_t b) {
+  device_free(device, ptr);
+  ptr = device_malloc(device, b), bytes = b, released = false;
+}
 
 // ---------------------------------------------------------------------------
 // construction
@@ -98,6 +106,9 @@ Device Tensor::device() const {
 
 void* Tensor::raw() const {
   FF_CHECK(impl_, "use of an undefined tensor");
+  FF_CHECK(!impl_->storage->released, "use of a tensor " << shape_str(impl_->shape)
+                                          << " whose storage is released (ZeRO-3 holds a parameter only "
+                                             "around its unit's forward and backward)");
   return impl_->storage->ptr;
 }
 

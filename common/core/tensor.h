@@ -33,6 +33,14 @@ struct Storage {
   Device device = Device::cpu;
   Storage(size_t bytes, Device d);
   ~Storage();
+  // Frees the memory and keeps the object: every tensor sharing the storage sees it gone, and a
+  // later allocate() gives them all new memory (its contents undefined). PyTorch's
+  // storage.resize_(0) and back, as FSDP uses it: ZeRO-3 frees a unit's parameters between
+  // its forward and its backward (common/layers/fsdp.h). Reading a released storage is an
+  // error, not a crash.
+  void release();
+  void allocate(size_t bytes);
+  bool released = false;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 };

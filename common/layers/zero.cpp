@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/core/check.h"
+#include "common/layers/fsdp.h"
 #include "kernels/device.h"
 
 namespace ff::zero {
@@ -360,23 +361,48 @@ std::vector<float> ShardedAdam::gather_mean_grad(Comm& check) const {
   return out;
 }
 
-GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug, size_t bucket_bytes) {
+GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug, size_t bucket_bytes,
+                     int fsdp_units) {
+  FF_CHECK(zero_stage >= 0 && zero_stage <= 3, "GroupAdam: ZeRO stage 0..3, got " << zero_stage);
+  FF_CHECK((zero_stage == 3) == (fsdp_units > 0), "GroupAdam: ZeRO-3 and only ZeRO-3 has units");
   if (zero_stage == 0)
     z0_ = std::make_unique<DataParallelAdam>(group, config, bucket_bytes);
-  else
+  else if (zero_stage < 3)
     z1_ = std::make_unique<ShardedAdam>(group, config, bug, zero_stage, bucket_bytes);
+  else
+    z3_ = std::make_unique<fsdp::ShardGroup>(group, config, fsdp_units);
+}
+
+GroupAdam::~GroupAdam() = default;
+
+void GroupAdam::add(Tensor* p, size_t key, int unit) {
+  params.push_back(p), keys.push_back(key), numel += p->numel();
+  if (z3_) z3_->add(p, unit);
+}
+
+void GroupAdam::divide_by(int n) {
+  if (z0_) z0_->divide_by(n);
+  if (z1_) z1_->divide_by(n);
+  if (z3_) z3_->divide_by(n);
+}
+
+Memory GroupAdam::memory() const {
+  if (z3_) return z3_->memory();
+  return z0_ ? z0_->memory(params) : z1_->memory(params);
 }
 
 void GroupAdam::layout() {
-  if (!params.empty()) buckets().layout(params);
+  if (!params.empty() && !z3_) buckets().layout(params);
 }
 
 void GroupAdam::step() {
   if (params.empty()) return;
+  if (z3_) return z3_->step();
   z0_ ? z0_->step(params) : z1_->step(params);
 }
 
 std::vector<Tensor> GroupAdam::mean_grads(Comm& check) const {
+  if (z3_) return z3_->mean_grads(check);
   std::vector<Tensor> out;
   if (z0_ || params.empty()) {
     for (Tensor* p : params) out.push_back(p->grad());

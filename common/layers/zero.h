@@ -56,6 +56,10 @@
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
 
+namespace ff::fsdp {
+class ShardGroup;
+}
+
 namespace ff::zero {
 
 // Bytes one rank holds.
@@ -264,21 +268,26 @@ class ShardedAdam {
   Tensor param_shard_;  // (shard): this rank's blocks of the parameters, the tensor AdamW updates
 };
 
-// AdamW over one group of ranks that hold the same weights, ZeRO-0, -1 or -2 (lesson 08: the
-// dense weights over DP x CP, and under EP the experts over expert-DP).
+// AdamW over one group of ranks that hold the same weights, ZeRO-0, -1, -2 or -3 (lesson 08: the
+// dense weights over DP x CP, and under EP the experts over expert-DP). ZeRO-3 is
+// common/layers/fsdp.h's ShardGroup: its units are the caller's (add's unit), and an fsdp::Fsdp
+// over the groups gathers and frees them around the model's units.
 class GroupAdam {
  public:
+  // fsdp_units: ZeRO-3's number of units (0 for the other stages)
   GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage, Bug bug = Bug::none,
-            size_t bucket_bytes = 0);
-  // A weight of the group, and the caller's number for it (lesson 08: its place among the
-  // model's named parameters).
-  void add(Tensor* p, size_t key) { params.push_back(p), keys.push_back(key), numel += p->numel(); }
-  void divide_by(int n) { z0_ ? z0_->divide_by(n) : z1_->divide_by(n); }
+            size_t bucket_bytes = 0, int fsdp_units = 0);
+  ~GroupAdam();
+  // A weight of the group, the caller's number for it (lesson 08: its place among the model's
+  // named parameters) and, under ZeRO-3, its unit.
+  void add(Tensor* p, size_t key, int unit = 0);
+  void divide_by(int n);
   void step();  // nothing for a group with no weight
   // Fixes the buckets and installs their hooks before the first step (step() does it too).
   void layout();
-  void arm() { if (!params.empty()) buckets().arm(); }  // GradBuckets::arm, for a group with weights
-  Memory memory() const { return z0_ ? z0_->memory(params) : z1_->memory(params); }
+  void arm() { if (!params.empty() && !z3_) buckets().arm(); }  // GradBuckets::arm (not ZeRO-3's)
+  fsdp::ShardGroup* shards() { return z3_.get(); }  // ZeRO-3's, else nullptr
+  Memory memory() const;
   // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered
   // over `check`, a copy of the group's communicator that keeps the check's traffic apart).
   std::vector<Tensor> mean_grads(Comm& check) const;
@@ -293,6 +302,7 @@ class GroupAdam {
  private:
   std::unique_ptr<DataParallelAdam> z0_;
   std::unique_ptr<ShardedAdam> z1_;
+  std::unique_ptr<fsdp::ShardGroup> z3_;
 };
 
 // Every gradient of params summed over comm, in one flat buffer (a missing gradient counts as

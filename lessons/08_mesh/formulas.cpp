@@ -68,22 +68,46 @@ std::vector<int64_t> bucket_numels(const std::vector<int64_t>& sizes, size_t buc
   return out;
 }
 
-std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, bool experts) {
-  std::vector<int64_t> sizes;  // the group's weights, in the model's order
-  for (size_t k = 0; k < here.table.names.size(); k++)
-    if (const Tensor* p = here.table.params[k])
-      if ((split_of(here.table.names[k], setup.sizes.ep) == Split::expert) == experts) sizes.push_back(p->numel());
-  if (sizes.empty()) return {};
-  return bucket_numels(sizes, (size_t)(opts.bucket_mb * 1e6));
+Group group_of(const std::string& name, const Options& opts, int ep) {
+  const Split s = split_of(name, ep);
+  if (s == Split::expert) return Group::experts;
+  return opts.zero == 3 && opts.sp && s == Split::replicated ? Group::replicated : Group::dense;
 }
 
-CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& buckets, int dp,
-                            int zero, bool loads) {
+int unit_of(const std::string& name, int64_t layers) {
+  if (name == "embed") return 0;
+  if (name.rfind("layers.", 0) == 0) return 1 + std::stoi(name.substr(7));
+  return (int)layers + 1;
+}
+
+std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, Group g) {
+  std::vector<int64_t> sizes;                                // the group's weights, in the model's order
+  std::vector<int64_t> units((size_t)setup.c.layers + 2, 0);  // ZeRO-3: per unit
+  for (size_t k = 0; k < here.table.names.size(); k++)
+    if (const Tensor* p = here.table.params[k])
+      if (group_of(here.table.names[k], opts, setup.sizes.ep) == g) {
+        sizes.push_back(p->numel());
+        units[(size_t)unit_of(here.table.names[k], setup.c.layers)] += p->numel();
+      }
+  if (sizes.empty()) return {};
+  if (opts.zero < 3) return bucket_numels(sizes, (size_t)(opts.bucket_mb * 1e6));
+  std::vector<int64_t> held;
+  for (int64_t n : units)
+    if (n > 0) held.push_back(n);
+  return held;
+}
+
+CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& pieces, int dp,
+                            int zero, bool loads, int64_t M) {
   CollectiveCounts f;
   const size_t fl = sizeof(float);
   if (dp == 1) return f;  // a group of one moves nothing
-  for (int64_t numel : buckets) {
-    if (zero == 0) {
+  for (int64_t numel : pieces) {
+    if (zero == 3) {
+      const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
+      f["allgather"].calls += 2 * M, f["allgather"].bytes += 2 * (size_t)M * padded * fl;
+      f["reduce_scatter"].calls += M, f["reduce_scatter"].bytes += (size_t)M * padded * fl;
+    } else if (zero == 0) {
       f["allreduce"].calls++, f["allreduce"].bytes += (size_t)numel * fl;
     } else {
       const size_t padded = (size_t)((numel + dp - 1) / dp * dp);
@@ -304,11 +328,22 @@ AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Opti
     if (here.plan.holds_stage(here.plan.stage_of_layer(l), pp_rank))
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
   AxisCounts want;
-  want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, here.table.replicated_numel);
-  want.dp = formula_dp(c, group_buckets(here, setup, opts, false), data_ranks, (int)opts.zero, here.held_moe > 0);
+  // under ZeRO-3 SP sums the replicated weights' gradient shards over TP, not the gradients
+  int64_t replicated = here.table.replicated_numel;
+  const std::vector<int64_t> rep_units = group_buckets(here, setup, opts, Group::replicated);
+  if (opts.zero == 3 && opts.sp) {
+    replicated = 0;
+    for (int64_t n : rep_units) replicated += (n + data_ranks - 1) / data_ranks;
+  }
+  want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, replicated);
+  want.dp = formula_dp(c, group_buckets(here, setup, opts, Group::dense), data_ranks, (int)opts.zero,
+                       here.held_moe > 0, st.M);
+  for (const auto& [op, n] : formula_dp(c, rep_units, data_ranks, (int)opts.zero, false, st.M))
+    want.dp[op].calls += n.calls, want.dp[op].bytes += n.bytes;
   want.cp = formula_cp(c, st, setup.microbatch, setup.seq_per_cp, setup.sizes.tp, setup.sizes.cp);
-  const std::vector<int64_t> expert_buckets = group_buckets(here, setup, opts, true);
-  if (setup.sizes.ep > 1 && !expert_buckets.empty()) want.edp = formula_dp(c, expert_buckets, edp, (int)opts.zero, false);
+  const std::vector<int64_t> expert_buckets = group_buckets(here, setup, opts, Group::experts);
+  if (setup.sizes.ep > 1 && !expert_buckets.empty())
+    want.edp = formula_dp(c, expert_buckets, edp, (int)opts.zero, false, st.M);
   want.pp = formula_pp(here.sched, pp_rank, here.stages.boundary_shape(0, 0)[0], c.dim);
   if (pair_sums) {
     const bool loads = here.held_moe > 0;

@@ -31,11 +31,13 @@ struct StageCounts {
 // all-reduce under SP).
 CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st, int64_t n, int P,
                             bool sp, int64_t replicated_numel);
-// DP (or dp x cp, or expert-DP): per gradient bucket of `buckets` (their numbers of weights),
-// ZeRO-0's all-reduce, or ZeRO-1 and -2's reduce-scatter and all-gather padded to a multiple of
-// dp, over `dp` ranks; loads: the MoE loads' all-reduce too.
-CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& buckets, int dp, int zero,
-                            bool loads);
+// DP (or dp x cp, or expert-DP), over `dp` ranks, per piece of `pieces` (their numbers of
+// weights): ZeRO-0's all-reduce of a gradient bucket, or ZeRO-1 and -2's reduce-scatter and
+// all-gather of one padded to a multiple of dp; ZeRO-3's 2M all-gathers (each micro-batch's
+// forward and backward) and M reduce-scatters of a unit, padded likewise (M micro-batches);
+// loads: the MoE loads' all-reduce too.
+CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& pieces, int dp, int zero,
+                            bool loads, int64_t M = 1);
 // The buckets of weights of these sizes (in the model's order) of about bucket_bytes each,
 // cut from the last weight back (zero.h's rule); bucket_bytes 0: one bucket.
 std::vector<int64_t> bucket_numels(const std::vector<int64_t>& sizes, size_t bucket_bytes);
@@ -77,8 +79,16 @@ struct RankModel;
 // the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
 // the two optimizers (over dp x cp, data_ranks of them, and over expert-DP, edp ranks); pair_sums: the
 // DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
-// The buckets of this rank's dense weights (experts false) or experts (true), by --bucket-mb.
-std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, bool experts);
+// The optimizer groups of lesson 08: the dense weights (over DP x CP), under ZeRO-3 with SP the
+// replicated ones apart (their gradient shards summed over TP), the experts (over expert-DP).
+enum class Group { dense, replicated, experts };
+Group group_of(const std::string& name, const Options& opts, int ep);
+// Which ZeRO-3 unit holds the weight: 0 the embedding, 1 + l block l, layers + 1 the final norm
+// and the head.
+int unit_of(const std::string& name, int64_t layers);
+// The pieces of this rank's weights of group g reduced one by one: the gradient buckets by
+// --bucket-mb (ZeRO 0 to 2), the units (ZeRO-3; those with weights here).
+std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, Group g);
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
                            int data_ranks, int edp,
                            bool pair_sums);

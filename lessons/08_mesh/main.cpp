@@ -82,10 +82,13 @@ using namespace ff::mesh;
 
 namespace {
 
-// The two optimizers of a rank: the dense weights' and, under EP, the experts'.
+// The optimizers of a rank: the dense weights' and, under EP, the experts'; under ZeRO-3 with
+// SP the replicated weights' apart (their gradient shards summed over TP); the ZeRO-3 units.
 struct Optimizers {
   zero::GroupAdam& dense;
   zero::GroupAdam& experts;
+  zero::GroupAdam& replicated;
+  fsdp::Fsdp* fsdp;
 };
 
 // [slide:step]
@@ -107,11 +110,15 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   if (setup.bucket_overlap) executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(); };
   pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
   executor.run();
+  if (opt.fsdp) opt.fsdp->end_backward();
   std::vector<float> load = expert_loads(here.stages.routes, setup.c);
   // [slide:sp-grads]
   // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
   //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
-  if (opts.sp) {
+  if (opts.sp && opt.fsdp) {  // ZeRO-3 holds shards of them: the sum of the shards is the shard of the sum
+    opt.replicated.shards()->sum_grad_shards(mesh.tp());
+    if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
+  } else if (opts.sp) {
     std::vector<Tensor*> replicated;
     for (size_t k = 0; k < table.names.size(); k++)
       if (table.params[k] && split_of(table.names[k], setup.sizes.ep) == Split::replicated &&
@@ -135,6 +142,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   // [/slide]
   // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
   opt.dense.step();
+  opt.replicated.step();
   opt.experts.step();
   // 4. the balancing bias from the loads of the whole global batch
   if (mesh.dp_cp().size() > 1 && here.held_moe > 0) mesh.dp_cp().allreduce_sum(load.data(), load.size());
@@ -174,14 +182,33 @@ int mesh_lesson(Lesson& lesson) {
   // planted bug ep-grad-mean divides by edp: tp / ep too small or too big).
   Comm& edp = mesh.edp();
   const size_t bucket_bytes = (size_t)(opts.bucket_mb * 1e6);
-  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes),
-      expert_opt(edp, adam, (int)opts.zero, zero::Bug::none, bucket_bytes);
+  const int units = opts.zero == 3 ? (int)setup.c.layers + 2 : 0;  // ZeRO-3's: embedding, blocks, head
+  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units),
+      expert_opt(edp, adam, (int)opts.zero, zero::Bug::none, bucket_bytes, units),
+      replicated_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units);
   for (size_t k = 0; k < table.names.size(); k++)
-    if (table.params[k])
-      (split_of(table.names[k], sizes.ep) == Split::expert ? expert_opt : dense_opt).add(table.params[k], k);
+    if (table.params[k]) {
+      const Group g = group_of(table.names[k], opts, sizes.ep);
+      (g == Group::experts ? expert_opt : g == Group::replicated ? replicated_opt : dense_opt)
+          .add(table.params[k], k, unit_of(table.names[k], setup.c.layers));
+    }
   dense_opt.layout(), expert_opt.layout();  // the buckets, and the hooks that post them
   if (opts.bug == "bucket-early") dense_opt.buckets().post_one_early(true);
+  // [slide:zero3-units]
+  // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
+  std::vector<fsdp::ShardGroup*> sharded;
+  for (zero::GroupAdam* g : {&dense_opt, &replicated_opt, &expert_opt})
+    if (g->shards()) sharded.push_back(g->shards());
+  std::optional<fsdp::Fsdp> fsdp;
+  if (opts.zero == 3) {
+    for (fsdp::ShardGroup* g : sharded) g->stale_backward = opts.bug == "zero3-stale-gather";
+    fsdp.emplace(sharded, units);
+    fsdp->start();
+    here.mm.fsdp = &*fsdp;
+  }
+  // [/slide]
   if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
+  // (the replicated group, ZeRO-3 under SP only: its own layout, the same on every TP rank)
   // [/slide]
   if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
@@ -227,9 +254,10 @@ int mesh_lesson(Lesson& lesson) {
                                              (uint64_t)lesson.flags.seed);
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
-    const double local_loss = train_step(opts, setup, mesh, here, pair, {dense_opt, expert_opt}, batch, lesson.device);
+    const double local_loss = train_step(opts, setup, mesh, here, pair,
+                                         {dense_opt, expert_opt, replicated_opt, fsdp ? &*fsdp : nullptr}, batch, lesson.device);
     for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
-      if (!opt->params.empty()) *sum += opt->buckets().times();
+      if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
 
     train_s += watch.seconds();
     step_span.reset();
@@ -242,8 +270,13 @@ int mesh_lesson(Lesson& lesson) {
       comm_detail = "step " + std::to_string(step) + ": " + differs;
     }
     // the check: the mesh's loss, mean gradients and new weights against one process's
-    const CheckedStep checked = check_step(lesson, one_process, check_comms, here, dense_opt, expert_opt, sizes,
-                                           local_loss, step, checking, step + 1 == opts.steps, &disagree);
+    if (fsdp) {  // the check reads every weight
+      Trace::Category check_traffic(trace(), "check");
+      fsdp->gather_all();
+    }
+    const CheckedStep checked = check_step(lesson, one_process, check_comms, here, dense_opt, replicated_opt, expert_opt,
+                                           sizes, local_loss, step, checking, step + 1 == opts.steps, &disagree);
+    if (fsdp) fsdp->free_all();
     if (root) {  // one process's loss, the row's reference, is rank 0's: print_step is rank 0's
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
       print_step(opts, sizes, step, checking, logging, checked, bound, last, csv);
@@ -254,9 +287,10 @@ int mesh_lesson(Lesson& lesson) {
   // ---- memory, communication per axis, the estimate, the CSV
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
   MemoryUse mem;
-  mem.measured = dense_opt.memory() + expert_opt.memory();
-  mem.formula = zero::formula(group_buckets(here, setup, opts, false), data_ranks, (int)opts.zero) +
-                (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, true), edp.size(), (int)opts.zero)
+  mem.measured = dense_opt.memory() + replicated_opt.memory() + expert_opt.memory();
+  mem.formula = zero::formula(group_buckets(here, setup, opts, Group::dense), data_ranks, (int)opts.zero) +
+                zero::formula(group_buckets(here, setup, opts, Group::replicated), data_ranks, (int)opts.zero) +
+                (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, Group::experts), edp.size(), (int)opts.zero)
                               : zero::Memory{});
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, csv);
@@ -302,10 +336,12 @@ int mesh_lesson(Lesson& lesson) {
   for (const Tensor* p : table.params)
     if (p && p->grad().defined()) grads_held += p->nbytes();
   const bool buckets = opts.bucket_mb > 0;
-  std::snprintf(line, sizeof line, "memory: parameters 4N, gradients %s, AdamW's m and v %s, measured",
-                opts.zero == 2 ? (buckets ? "4 sum ceil(N_b/dp)" : "4 ceil(N/dp)") : "4N (those held)",
-                opts.zero == 0 ? "8N" : buckets ? "8 sum ceil(N_b/dp)" : "8 ceil(N/dp)");
-  const bool grads_ok = opts.zero == 2 ? grads_held == 0 && mem.measured.grads == mem.formula.grads
+  const char* shard_n = opts.zero == 3 ? "sum ceil(N_u/dp)" : buckets ? "sum ceil(N_b/dp)" : "ceil(N/dp)";
+  std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
+                opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
+                opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
+                opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
+  const bool grads_ok = opts.zero >= 2 ? grads_held == 0 && mem.measured.grads == mem.formula.grads
                                        : mem.measured.grads == grads_held && grads_held <= mem.formula.grads;
   check.holds(line, mem.measured.params == mem.formula.params && grads_ok &&
                         mem.measured.optimizer == mem.formula.optimizer);

@@ -9,6 +9,7 @@
 #include "common/comm/comm.h"
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
+#include "common/layers/fsdp.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/lesson/lesson.h"
@@ -55,6 +56,11 @@ struct MeshModel {
   dsv3::Topology* topo = nullptr;
   dsv3::Scheme scheme = dsv3::Scheme::flat;
   std::vector<dsv3::RoutingMap>* maps = nullptr;
+  // ZeRO-3 (--zero 3): the units gathered before their forward and freed after (fsdp.h): unit 0
+  // the embedding, 1 + l block l, layers + 1 the final norm and head. nullptr: every weight held.
+  fsdp::Fsdp* fsdp = nullptr;
+  void enter_unit(int u) const { if (fsdp) fsdp->before_forward(u); }
+  Tensor leave_unit(int u, const Tensor& y) const { return fsdp ? fsdp->after_forward(u, y) : y; }
 
   // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
   // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
@@ -122,9 +128,10 @@ struct MeshModel {
   // The first stage: this rank's token rows, embedded (rows, d).
   Tensor embed(const Tensor& inputs, const Tokens& k) const {
     const std::vector<int64_t> ids = inputs.to_index_vector();
-    return embedding(p.embed, Tensor::from_indices(
-                                  std::vector<int64_t>(ids.begin() + k.r0, ids.begin() + k.r0 + k.rows),
-                                  {k.rows}, device));
+    enter_unit(0);
+    return leave_unit(0, embedding(p.embed, Tensor::from_indices(
+                                                std::vector<int64_t>(ids.begin() + k.r0, ids.begin() + k.r0 + k.rows),
+                                                {k.rows}, device)));
   }
 
   // [slide:mesh-forward]
@@ -135,6 +142,7 @@ struct MeshModel {
     dsv3::Config mc = c.moe_config();
     mc.seq_len = k.T;
     for (int64_t l = l0; l < l1; l++) {
+      enter_unit(1 + (int)l);
       const model::Block& b = p.layers[(size_t)l];
       // [slide:mla-f]
       // attention: the latents from the replicated down-projections (each rank's own tokens
@@ -164,6 +172,7 @@ struct MeshModel {
         }
         routes->push_back({l - c.dense_layers, route});
       }
+      x = leave_unit(1 + (int)l, x);
     }
     return x;
   }
@@ -172,9 +181,11 @@ struct MeshModel {
   // The last stage: the LM head split over the vocabulary, every token's logits of this
   // rank's columns, and the mean loss over the B T tokens (the same on every TP rank).
   Tensor head_loss(const Tensor& x, const Tensor& targets) {
+    const int unit = (int)c.layers + 1;
+    enter_unit(unit);
     Tensor logits = matmul(enter(rmsnorm(x, p.norm, c.norm_eps)), p.head);   // (B T, V_r)
-    return vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
-                                        ce_local_softmax);
+    return leave_unit(unit, vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
+                                                         ce_local_softmax));
   }
 
 };

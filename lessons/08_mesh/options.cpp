@@ -46,8 +46,9 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
            "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
   cli.flag("--layers-per-stage", &opts.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
            "an even split, the first stages taking the remainder)", "LIST");
-  cli.flag("--zero", &opts.zero, "ZeRO stage: 0 (all-reduce), 1 (optimizer state sharded over DP) or 2 "
-           "(gradients sharded too)", 0, 2);
+  cli.flag("--zero", &opts.zero, "ZeRO stage: 0 (all-reduce), 1 (optimizer state sharded over DP), 2 "
+           "(gradients sharded too) or 3 (FSDP: parameters too, each layer gathered for its forward and "
+           "its backward)", 0, 3);
   cli.flag("--bucket-mb", &opts.bucket_mb, "DP's gradient buckets, MB (1e6 bytes) each: each bucket's "
            "reduction starts as soon as its last gradient is in, during the backward (0: one bucket, "
            "after the backward)", 0.0, 1e6);
@@ -88,7 +89,7 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.flag("--data", &opts.data, "the training text (its distinct bytes are the vocabulary; the default is the course's data/tinyshakespeare.txt, found from the executable)");
   cli.choice("--bug", &opts.bug,
              {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
-              "zero-no-divide", "zero-stale-shard", "bucket-early", "local-causal-mask", "local-rope-positions",
+              "zero-no-divide", "zero-stale-shard", "bucket-early", "zero3-stale-gather", "local-causal-mask", "local-rope-positions",
               "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"},
              "plant a known mistake (the check must FAIL)");
   cli.epilog(
@@ -260,8 +261,15 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                         "reduce-scatter takes f's all-reduce's place)");
   lesson.usage_error_if(opts.bug == "ce-local-softmax" && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
-  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || sizes.dp * sizes.cp == 1),
+  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
                         "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
+  lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
+                        "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
+                        "one's starts: no split backward, one stage per rank)");
+  lesson.usage_error_if(opts.bug == "zero3-stale-gather" && opts.zero != 3, "--bug zero3-stale-gather needs --zero 3");
+  lesson.usage_error_if(opts.zero == 3 && opts.bucket_mb > 0,
+                        "--bucket-mb is for --zero 0, 1 and 2 (ZeRO-3 reduces each layer's gradients as "
+                        "soon as its backward ends)");
   // the buckets go during the backward when a weight's gradient is final at its last
   // backward: one stage per rank, and no sum over TP before DP's (SP's replicated weights)
   std::string bucket_why_not;

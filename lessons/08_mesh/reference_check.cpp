@@ -110,7 +110,7 @@ OneProcess::OneProcess(const Lesson& lesson, const model::Config& c, const AdamC
                        int64_t batch)
     : c(c), bias_rate(bias_rate), bug_kpe(bug_kpe), names(std::move(names)), n_terms(n_terms),
       corpus(corpus), batch(batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed), device(lesson.device),
-      adam_dev(zero_stage == 1 ? Device::cpu : lesson.device), ref_adam(ac) {
+      adam_dev(zero_stage >= 1 ? Device::cpu : lesson.device), ref_adam(ac) {
   if (lesson.rank() != 0) return;
   ref = model::init_params(c, seed, device);
   ref_named = ref.named_parameters();
@@ -247,7 +247,7 @@ void OneProcess::kpe_verdict(CheckReport& check, bool root) const {
 }
 
 CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
-                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
+                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& replicated_opt, const zero::GroupAdam& expert_opt,
                        const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
                        bool last, std::string* disagree) {
   Trace::Category check_traffic(trace(), "check");
@@ -258,8 +258,8 @@ CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, cons
   out.loss_mesh /= (double)(comms.dp_cp.size() * sizes.tp);
   // the mean gradient each rank's optimizer used, and the weights after its step
   std::vector<Tensor> mean_grads(table.params.size());
-  for (const zero::GroupAdam* opt : {&dense_opt, &expert_opt}) {
-    const std::vector<Tensor> mg = opt->mean_grads(opt == &dense_opt ? comms.dp_cp : comms.edp);
+  for (const zero::GroupAdam* opt : {&dense_opt, &replicated_opt, &expert_opt}) {
+    const std::vector<Tensor> mg = opt->mean_grads(opt == &expert_opt ? comms.edp : comms.dp_cp);
     for (size_t i = 0; i < mg.size(); i++) mean_grads[opt->keys[i]] = mg[i];
   }
   std::vector<Tensor> now, held_grads;

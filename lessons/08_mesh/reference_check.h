@@ -132,7 +132,7 @@ struct CheckedStep {
   OneProcess::Step twin;
 };
 CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
-                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& expert_opt,
+                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& replicated_opt, const zero::GroupAdam& expert_opt,
                        const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
                        bool last, std::string* disagree);
 
