@@ -110,7 +110,8 @@ class Fsdp {
   // For the check: every unit gathered, and freed again.
   void gather_all();
   void free_all();
-  // The most weight bytes gathered at once since start(), over every group.
+  // The most weight bytes gathered at once since start(), over every group (gather_all's not
+  // counted).
   size_t peak_gathered_bytes() const { return peak_; }
   int64_t unit_gathers() const { return gathers_; }  // unit gathers so far (forward and backward)
 

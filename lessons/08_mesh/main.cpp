@@ -236,6 +236,7 @@ int mesh_lesson(Lesson& lesson) {
   Comm::set_link(setup.link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
   zero::BucketTimes dense_buckets, expert_buckets;  // summed over the steps
+  int64_t gathers_in_step = 0;                      // ZeRO-3's unit gathers in the last step
   for (int64_t step = 0; step < opts.steps; step++) {
     const bool checking = step % opts.check_every == 0 || step + 1 == opts.steps;
     const bool logging = step % opts.log_every == 0 || step + 1 == opts.steps;
@@ -254,12 +255,14 @@ int mesh_lesson(Lesson& lesson) {
                                              (uint64_t)lesson.flags.seed);
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
+    const int64_t gathers_before = fsdp ? fsdp->unit_gathers() : 0;
     const double local_loss = train_step(opts, setup, mesh, here, pair,
                                          {dense_opt, expert_opt, replicated_opt, fsdp ? &*fsdp : nullptr}, batch, lesson.device);
     for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
       if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
 
     train_s += watch.seconds();
+    if (fsdp) gathers_in_step = fsdp->unit_gathers() - gathers_before;
     step_span.reset();
     // what each axis moved against the formulas (EP's from this step's routing)
     last = axes.counts();
@@ -292,8 +295,10 @@ int mesh_lesson(Lesson& lesson) {
                 zero::formula(group_buckets(here, setup, opts, Group::replicated), data_ranks, (int)opts.zero) +
                 (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, Group::experts), edp.size(), (int)opts.zero)
                               : zero::Memory{});
+  Zero3Use zero3;
+  if (fsdp) zero3 = {fsdp->peak_gathered_bytes(), gathers_in_step};
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
-               train_s, csv);
+               train_s, zero3, csv);
   if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel);
   if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);

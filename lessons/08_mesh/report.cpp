@@ -94,7 +94,7 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, std::ostringstream& csv) {
+                  double train_s, const Zero3Use& zero3, std::ostringstream& csv) {
   const MeshSizes& sizes = setup.sizes;
   const zero::Memory& got = mem.measured;
   const zero::Memory& formula = mem.formula;
@@ -110,17 +110,32 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
     lesson.print("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
                  "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, data_ranks,
                  (long long)expert_opt.numel, edp);
-  lesson.print("  parameters %10s   formula 4N            %10s\n", human_bytes((double)got.params).c_str(),
+  const bool z3 = opts.zero == 3, z2 = opts.zero >= 2, pieces = z3 || opts.bucket_mb > 0;
+  const char* shard = z3 ? "S_u" : pieces ? "S_b" : "ceil(N/dp)";  // S: the sum over units or buckets
+  const std::string p_label = z3 ? std::string("4 ") + shard : "4N";
+  const std::string g_label = z2 ? std::string("4 ") + shard : "4N";
+  const std::string o_label = opts.zero ? std::string("8 ") + shard : "8N";
+  lesson.print("  parameters %10s   formula %-13s %10s\n", human_bytes((double)got.params).c_str(), p_label.c_str(),
                human_bytes((double)formula.params).c_str());
-  lesson.print("  gradients  %10s   formula 4N            %10s\n", human_bytes((double)got.grads).c_str(),
+  lesson.print("  gradients  %10s   formula %-13s %10s\n", human_bytes((double)got.grads).c_str(), g_label.c_str(),
                human_bytes((double)formula.grads).c_str());
   lesson.print("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
-               opts.zero ? "8 ceil(N/dp)" : "8N", human_bytes((double)formula.optimizer).c_str());
+               o_label.c_str(), human_bytes((double)formula.optimizer).c_str());
+  if (pieces)
+    lesson.print("  (%s = sum of ceil(N_%c/dp) over the %s, each sharded on its own)\n", shard, z3 ? 'u' : 'b',
+                 z3 ? "units (a layer each)" : "gradient buckets");
   lesson.print("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
                human_bytes((double)got.buffers).c_str());
-  lesson.print("  seed 001's mixed precision for the same N: ZeRO-0 %s, ZeRO-1 %s (16N, 4N + 12N/dp)\n",
+  if (z3)
+    lesson.print("  between steps ZeRO-3 holds no whole weight; during one, at most %s of them gathered at "
+                 "once (the largest units in use), %lld unit gathers per step\n",
+                 human_bytes((double)zero3.peak_bytes).c_str(), (long long)zero3.gathers_per_step);
+  lesson.print("  seed 001's mixed precision for the same N: ZeRO-0 %s, -1 %s, -2 %s, -3 %s "
+               "(16N, 4N + 12N/dp, 2N + 14N/dp, 16N/dp)\n",
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 0)).c_str(),
-               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str());
+               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 2)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 3)).c_str());
   const double step_s = train_s / (double)std::max<int64_t>(opts.steps, 1);
   lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
                step_s * 1e3, setup.link.enabled ? "; links modelled" : "", (double)(opts.batch * setup.seq) / step_s);

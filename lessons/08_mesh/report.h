@@ -33,6 +33,11 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
 struct MemoryUse {
   zero::Memory measured, formula;
 };
+// ZeRO-3's: the most weight bytes gathered at once, and unit gathers per step.
+struct Zero3Use {
+  size_t peak_bytes = 0;
+  int64_t gathers_per_step = 0;
+};
 
 // After training, rank 0's: the communication of the last step per axis against the formulas,
 // the memory against its formula, the time per step; the memory's CSV row into csv.
@@ -40,7 +45,7 @@ struct MemoryUse {
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, std::ostringstream& csv);
+                  double train_s, const Zero3Use& zero3, std::ostringstream& csv);
 // --bucket-mb: DP's gradient buckets, summed over the steps, on every rank; rank 0 prints how
 // many there were, how many went during the backward, and under --link the hidden fraction of
 // their reduction (lesson 06's measure) on rank 0, worst and mean over the ranks (gathered
