@@ -441,6 +441,15 @@ check "08 planted bug: a bucket reduced before its last gradient is in (dp2, ZeR
            $MPIRUN -np 2 $L08 --tp 1 --zero 1 --bucket-mb 0.02 --bug bucket-early --train 2"
 check "08 planted bug: ZeRO-2 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --zero 2 --bug zero-stale-shard --train 2
+check "08 ZeRO-3: dp2, dp4 with pp2 and 4 micro-batches, the 16-rank mesh (SP: replicated shards summed over TP), dp2 x ep2" 0 '^check: PASS' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --zero 3 --train 3 && $MPIRUN -np 4 $L08 --tp 1 --pp 2 --microbatches 4 --zero 3 --train 3 && \
+           $MPIRUN -np 16 $L08 --zero 3 --train 2 && $MPIRUN -np 4 $L08 --tp 1 --ep 2 --zero 3 --train 3"
+check "08 ZeRO-3's memory at dp4: parameters, gradients, m and v each sharded (measured = formula), the peak gathered printed" 0 \
+  'memory: parameters 4 sum ceil\(N_u/dp\), gradients 4 sum ceil\(N_u/dp\).*PASS' \
+  bash -c "out=\$($MPIRUN -np 4 $L08 --tp 1 --zero 3 --train 2) || exit 1; echo \"\$out\"; \
+           echo \"\$out\" | grep -q 'between steps ZeRO-3 holds no whole weight; during one, at most'"
+check "08 planted bug: ZeRO-3's backward runs on freed weights, not gathered again (dp2)" 1 'mean gradient of every weight .*FAIL' \
+  $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bug zero3-stale-gather --train 2
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"
@@ -472,6 +481,9 @@ usage_error "08 bad input: --zero 4" $MPIRUN -np 2 $L08 --tp 1 --zero 4
 usage_error "08 bad input: --bucket-mb negative" $MPIRUN -np 2 $L08 --tp 1 --bucket-mb -1
 usage_error "08 bad input: --bug bucket-early without buckets" $MPIRUN -np 2 $L08 --tp 1 --bug bucket-early
 usage_error "08 bad input: --bug bucket-early where the buckets wait for the backward (SP)" $MPIRUN -np 4 $L08 --bucket-mb 0.02 --bug bucket-early
+usage_error "08 bad input: --zero 3 with a split backward (zb-h1)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule zb-h1 --zero 3
+usage_error "08 bad input: --zero 3 with --bucket-mb" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bucket-mb 1
+usage_error "08 bad input: --bug zero3-stale-gather without --zero 3" $MPIRUN -np 2 $L08 --tp 1 --bug zero3-stale-gather
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30
