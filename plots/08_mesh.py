@@ -8,14 +8,15 @@ usage: 08_mesh.py LOSS_CSV MEMORY_CSV OUTDIR
               formula_total; the kind=step rows are used: loss_mesh every step, loss_ref (one
               process's loss from the mesh's own weights) on the checked steps, tp_bytes and
               dp_bytes (payload bytes of rank 0's collectives on each axis in that step)
-  MEMORY_CSV  the same columns from short runs with --tp 1 at several DP sizes, ZeRO-0 and
-              ZeRO-1; the kind=memory rows are used: the bytes rank 0 allocated for parameters,
-              gradients, AdamW's m and v and the collectives' flat buffers, and seed 001's fp32
-              formula (4N + 4N + 8N, or 4N + 4N + 8 ceil(N/dp) under ZeRO-1)
+  MEMORY_CSV  the same columns from short runs with --tp 1 at several DP sizes, ZeRO-0 to
+              ZeRO-3; the kind=memory rows are used: the bytes rank 0 held between steps for
+              parameters, gradients, AdamW's m and v and the collectives' flat buffers, and seed
+              001's fp32 formula (4N + 4N + 8N; ZeRO-1 8N/dp for m and v, ZeRO-2 also 4N/dp for
+              the gradients, ZeRO-3 also 4N/dp for the parameters, each ceil'd per piece)
 writes OUTDIR/08_mesh_loss.png (the loss curves of every run overlaid, and below, on a log
 scale, each mesh's distance from the one-process run step by step, with the lesson's check:
 the mesh's loss against one process's from the same weights), 08_mesh_memory.png (memory
-per rank, measured and the formula, against DP for ZeRO-0 and ZeRO-1) and 08_mesh_comm.png
+per rank, measured and the formula, against DP for ZeRO-0 to ZeRO-3) and 08_mesh_comm.png
 (payload bytes per step on the TP and the DP axis for each run of LOSS_CSV).
 If a run appears twice in a CSV (the same key, its steps starting again), the last one counts."""
 import csv
@@ -177,14 +178,16 @@ fig.tight_layout()
 fig.savefig(f"{out}/08_mesh_loss.png")
 plt.close(fig)
 
-# ---- 2. memory per rank against DP, ZeRO-0 and ZeRO-1, measured and the formula
+# ---- 2. memory per rank against DP, ZeRO-0 to ZeRO-3, measured and the formula
 mem = load_memory(memory_csv)
 if not mem:
     sys.exit(f"error: {memory_csv} has no kind=memory rows")
-PART = [("mem_params", "parameters (4N)", "#4c72b0"), ("mem_grads", "gradients (4N)", "#55a868"),
-        ("mem_optimizer", "AdamW m, v (8N, ZeRO-1: 8N/dp)", "#dd8452")]
-BUF = ("mem_buffers", "the optimizer's flat buffers (ZeRO-0: 4N, ZeRO-1: 4N + 8N/dp),\n"
-       "not in the formula", "#bbbbbb")
+PART = [("mem_params", "parameters (4N; ZeRO-3: 4N/dp)", "#4c72b0"),
+        ("mem_grads", "gradients (4N; ZeRO-2, -3: 4N/dp)", "#55a868"),
+        ("mem_optimizer", "AdamW m, v (8N; ZeRO-1, -2, -3: 8N/dp)", "#dd8452")]
+BUF = ("mem_buffers", "the collectives' flat buffers,\nnot in the formula", "#bbbbbb")
+STAGE = {0: "everything on every rank", 1: "m, v split over DP", 2: "+ gradients split",
+         3: "+ parameters split"}
 zeros = sorted({k[2] for k in mem})
 fig, ax = plt.subplots(**FIG)
 xs, labels, x = [], [], 0.0
@@ -206,23 +209,22 @@ for z in zeros:
         ax.bar(x, v, 0.7, bottom=bottom, facecolor="white", edgecolor=BUF[2], hatch="//", lw=1)
         formula = number(r["formula_total"]) / KIB
         ax.plot([x - 0.45, x + 0.45], [formula, formula], color="black", lw=3)
-        ax.text(x, bottom + v + top * 0.01, f"{(bottom + v) / KIB:.2f} MiB", ha="center", va="bottom",
-                fontsize=12)
+        ax.text(x, bottom + v + top * 0.01, f"{(bottom + v) / KIB:.2f}\nMiB", ha="center", va="bottom",
+                fontsize=11)
         xs.append(x)
         dp, tp = k[0], k[1]
         labels.append(f"DP {dp}" + (f" \u00d7 TP {tp}" if tp > 1 else ""))
         x += 1
-    ax.text((start + x - 1) / 2, -0.11, f"ZeRO-{z}" + (" (AdamW's m, v split over DP)" if z else
-                                                      " (AdamW's m, v on every rank)"),
-            ha="center", va="top", fontsize=16, weight="bold", transform=ax.get_xaxis_transform())
+    ax.text((start + x - 1) / 2, -0.11, f"ZeRO-{z}\n({STAGE.get(z, '')})",
+            ha="center", va="top", fontsize=14, weight="bold", transform=ax.get_xaxis_transform())
     x += 0.8
 ax.set_xticks(xs)
 ax.set_xticklabels(labels)
 ax.set_ylim(0, top * 1.42)
 ax.set_ylabel("KiB allocated by rank 0 (float32)")
-n_params = {round(number(r["mem_params"]) / 4) for r in mem.values()}
-ax.set_title(f"Lesson 08: rank 0's memory against DP (TP 1, N = "
-             f"{', '.join(map(str, sorted(n_params)))} parameters), measured vs formula")
+n_params = {round(number(r["mem_params"]) / 4) for k, r in mem.items() if k[2] < 3}  # ZeRO-3's are shards
+ax.set_title(f"Lesson 08: rank 0's memory by ZeRO stage and DP (TP 1, N = "
+             f"{', '.join(map(str, sorted(n_params)))}), measured vs formula")
 handles = [Patch(color=c, label=l) for _, l, c in PART]
 handles.append(Patch(facecolor="white", edgecolor=BUF[2], hatch="//", label=BUF[1]))
 handles.append(Line2D([], [], color="black", lw=3, label="seed 001's formula: params + grads + AdamW"))

@@ -104,7 +104,7 @@ plots_07() {
 }
 
 # Lesson 08: the loss of one process and of four DP x TP meshes over 200 steps (the mesh against one
-# process from the same weights every 50), rank 0's memory against DP for ZeRO-0 and ZeRO-1, and
+# process from the same weights every 50), rank 0's memory against DP for ZeRO-0 to ZeRO-3, and
 # the bytes per step on each mesh axis.
 plots_08() {
   echo "+ lesson 08 at P=1, 2 and 4"
@@ -119,7 +119,7 @@ plots_08() {
   run08 2 --tp 2
   run08 4 --tp 2
   run08 4 --tp 4
-  for z in 0 1; do
+  for z in 0 1 2 3; do
     for dp in 1 2 4; do
       $MPIRUN -np $dp "$L08" --tp 1 --zero $z --train 1 --batch 8 --csv "$DATA/08_memory.csv" >/dev/null
     done
