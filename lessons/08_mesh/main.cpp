@@ -300,7 +300,7 @@ int mesh_lesson(Lesson& lesson) {
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, zero3, csv);
   if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
-  if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel);
+  if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel, last);
   if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);
   // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory
   // and, per rank, one of the bytes it sent per axis in the last step and one of the formula's

@@ -178,13 +178,25 @@ double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, con
 }
 
 void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
-                    int64_t local_numel) {
+                    int64_t local_numel, const AxisCounts& last) {
   estimate::Parallel par;
   par.tp = setup.sizes.tp, par.dp = setup.sizes.dp, par.cp = setup.sizes.cp, par.ep = setup.sizes.ep, par.zero = (int)opts.zero;
   par.sp = opts.sp;
   const estimate::Measured measured{local_numel, (double)mem.measured.params, (double)mem.measured.grads,
                                     (double)mem.measured.optimizer};
   lesson.print("\n%s", estimate::report(estimate::tiny(setup.c, setup.rank_batch), par, measured).c_str());
+  // what the DP axis moved in this run's last step, next to the seed's PP vs ZeRO-3 volumes
+  const auto moved = [&](const char* op) {
+    const auto it = last.dp.find(op);
+    return it == last.dp.end() ? CollectiveCount{} : it->second;
+  };
+  lesson.print("this run's DP axis, rank 0, last step (fp32 payload): all-gather %lld x, %s; reduce-scatter %lld x, "
+               "%s; all-reduce %lld x, %s (ZeRO-%lld%s)\n",
+               (long long)moved("allgather").calls, human_bytes((double)moved("allgather").bytes).c_str(),
+               (long long)moved("reduce_scatter").calls, human_bytes((double)moved("reduce_scatter").bytes).c_str(),
+               (long long)moved("allreduce").calls, human_bytes((double)moved("allreduce").bytes).c_str(),
+               (long long)opts.zero, opts.zero == 3 ? ": every unit gathered for each micro-batch's forward and "
+                                                      "backward, its gradients reduce-scattered once each" : "");
 }
 
 void rank_rows(Lesson& lesson, Comm& world, const Options& opts, const MeshSizes& sizes,

@@ -54,7 +54,7 @@ double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, con
                      const zero::BucketTimes& dense, const zero::BucketTimes& experts);
 // Under --estimate run: the memory model of this run's model and mesh against rank 0's.
 void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
-                    int64_t local_numel);
+                    int64_t local_numel, const AxisCounts& last);
 // Every rank's bytes per axis in the last step, measured and by the formula: two CSV rows per
 // rank, gathered over `world` into rank 0's csv.
 void rank_rows(Lesson& lesson, Comm& world, const Options& opts, const MeshSizes& sizes,
