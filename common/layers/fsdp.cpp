@@ -235,6 +235,7 @@ void Fsdp::unuse(int unit) {
 
 void Fsdp::before_forward(int unit) { use(unit); }
 
+// [slide:fsdp-hooks]
 Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   unuse(unit);
   if (!grad_enabled() || !y.requires_grad()) return y;
@@ -252,6 +253,7 @@ Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   });
   return out;
 }
+// [/slide]
 
 void Fsdp::weight_done(int unit) {
   if (++done_[(size_t)unit] < weights_[(size_t)unit]) return;

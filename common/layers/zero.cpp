@@ -173,6 +173,7 @@ void GradBuckets::arm() {
   for (const Bucket& b : buckets_) missing_.push_back((int)(b.last - b.first));
 }
 
+// [slide:bucket-ready]
 void GradBuckets::ready(size_t param) {
   for (Request& r : requests_) group_.test(r);  // MPI moves a collective only inside MPI calls
   if (!armed_ || seen_[param]) return;
@@ -184,6 +185,7 @@ void GradBuckets::ready(size_t param) {
                                                               buckets_[next_].last - buckets_[next_].first > 1)))
     post(next_++), times_.posted_early++;
 }
+// [/slide]
 
 void GradBuckets::post(size_t b) {
   ensure_buffers();

@@ -174,27 +174,27 @@ int mesh_lesson(Lesson& lesson) {
   const zero::Bug zero_bug = opts.bug == "zero-no-divide"     ? zero::Bug::no_divide
                              : opts.bug == "zero-stale-shard" ? zero::Bug::stale_shard
                                                            : zero::Bug::none;
-  // [slide:ep-optimizers]
-  // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
-  // over expert-DP, the ranks of the stage holding the same experts (edp = dp cp tp / ep).
-  // Their summed gradient holds every token of the stage once (each reached its expert through
-  // one EP group), so the mean over the global batch divides it by data_ranks, not by edp (the
-  // planted bug ep-grad-mean divides by edp: tp / ep too small or too big).
-  Comm& edp = mesh.edp();
   const size_t bucket_bytes = (size_t)(opts.bucket_mb * 1e6);
   const int units = opts.zero == 3 ? (int)setup.c.layers + 2 : 0;  // ZeRO-3's: embedding, blocks, head
+  // [slide:ep-optimizers]
+  // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
+  // over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
+  // summed gradient holds every token of the stage once, so the mean divides it by data_ranks,
+  // not by edp (the planted bug ep-grad-mean: off by tp / ep).
+  Comm& edp = mesh.edp();
   zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units),
       expert_opt(edp, adam, (int)opts.zero, zero::Bug::none, bucket_bytes, units),
-      replicated_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units);
+      replicated_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units);  // ZeRO-3 + SP only
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k]) {
       const Group g = group_of(table.names[k], opts, sizes.ep);
       (g == Group::experts ? expert_opt : g == Group::replicated ? replicated_opt : dense_opt)
           .add(table.params[k], k, unit_of(table.names[k], setup.c.layers));
     }
+  if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
+  // [/slide]
   dense_opt.layout(), expert_opt.layout();  // the buckets, and the hooks that post them
   if (opts.bug == "bucket-early") dense_opt.buckets().post_one_early(true);
-  // [slide:zero3-units]
   // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
   std::vector<fsdp::ShardGroup*> sharded;
   for (zero::GroupAdam* g : {&dense_opt, &replicated_opt, &expert_opt})
@@ -206,10 +206,6 @@ int mesh_lesson(Lesson& lesson) {
     fsdp->start();
     here.mm.fsdp = &*fsdp;
   }
-  // [/slide]
-  if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
-  // (the replicated group, ZeRO-3 under SP only: its own layout, the same on every TP rank)
-  // [/slide]
   if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
   const bool dual = here.sched.layout == pp::Layout::dual;
