@@ -85,17 +85,53 @@ namespace {
 // The optimizers of a rank: the dense weights' and, under EP, the experts'; under ZeRO-3 with
 // SP the replicated weights' apart (their gradient shards summed over TP); the ZeRO-3 units.
 struct Optimizers {
-  zero::GroupAdam& dense;
-  zero::GroupAdam& experts;
-  zero::GroupAdam& replicated;
-  fsdp::Fsdp* fsdp;
+  Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam);
+  zero::GroupAdam dense, experts, replicated;
+  std::optional<fsdp::Fsdp> fsdp;
 };
+
+zero::Bug zero_bug(const std::string& bug) {
+  return bug == "zero-no-divide" ? zero::Bug::no_divide : bug == "zero-stale-shard" ? zero::Bug::stale_shard : zero::Bug::none;
+}
+int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embedding, blocks, head
+  return opts.zero == 3 ? (int)setup.c.layers + 2 : 0;
+}
+
+// [slide:ep-optimizers]
+// Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
+// over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
+// summed gradient holds every token of the stage once, so the mean divides it by data_ranks,
+// not by edp (the planted bug ep-grad-mean: off by tp / ep).
+Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam)
+    : dense(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
+      experts(mesh.edp(), adam, (int)opts.zero, zero::Bug::none, (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
+      replicated(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), 0, zero3_units(opts, setup)) {  // ZeRO-3 + SP
+  const ParamTable& table = here.table;
+  for (size_t k = 0; k < table.names.size(); k++)
+    if (table.params[k]) {
+      const Group g = group_of(table.names[k], opts, setup.sizes.ep);
+      (g == Group::experts ? experts : g == Group::replicated ? replicated : dense)
+          .add(table.params[k], k, unit_of(table.names[k], setup.c.layers));
+    }
+  if (opts.bug != "ep-grad-mean") experts.divide_by(mesh.dp_cp().size());
+  // [/slide]
+  dense.layout(), experts.layout();  // the buckets, and the hooks that post them
+  if (opts.bug == "bucket-early") dense.buckets().post_one_early(true);
+  if (opts.zero < 3) return;
+  // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
+  std::vector<fsdp::ShardGroup*> sharded;
+  for (zero::GroupAdam* g : {&dense, &replicated, &experts})
+    if (g->shards()) sharded.push_back(g->shards()), g->shards()->stale_backward = opts.bug == "zero3-stale-gather";
+  fsdp.emplace(sharded, zero3_units(opts, setup));
+  fsdp->start();
+  here.mm.fsdp = &*fsdp;
+}
 
 // [slide:step]
 // One training step of this rank on its share of the global batch (its DP rows, its CP
 // columns); returns its share of the loss (on the last pipeline stage; 0 elsewhere).
 double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, Comm& pair,
-                  Optimizers opt, const CharCorpus::Batch& batch, Device device) {
+                  Optimizers& opt, const CharCorpus::Batch& batch, Device device) {
   const ParamTable& table = here.table;
   const bool dual = here.sched.layout == pp::Layout::dual;
   // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens), its
@@ -171,41 +207,10 @@ int mesh_lesson(Lesson& lesson) {
   const ParamTable& table = here.table;
   AdamConfig adam;
   adam.lr = opts.lr;
-  const zero::Bug zero_bug = opts.bug == "zero-no-divide"     ? zero::Bug::no_divide
-                             : opts.bug == "zero-stale-shard" ? zero::Bug::stale_shard
-                                                           : zero::Bug::none;
-  const size_t bucket_bytes = (size_t)(opts.bucket_mb * 1e6);
-  const int units = opts.zero == 3 ? (int)setup.c.layers + 2 : 0;  // ZeRO-3's: embedding, blocks, head
-  // [slide:ep-optimizers]
-  // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
-  // over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
-  // summed gradient holds every token of the stage once, so the mean divides it by data_ranks,
-  // not by edp (the planted bug ep-grad-mean: off by tp / ep).
   Comm& edp = mesh.edp();
-  zero::GroupAdam dense_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units),
-      expert_opt(edp, adam, (int)opts.zero, zero::Bug::none, bucket_bytes, units),
-      replicated_opt(data, adam, (int)opts.zero, zero_bug, bucket_bytes, units);  // ZeRO-3 + SP only
-  for (size_t k = 0; k < table.names.size(); k++)
-    if (table.params[k]) {
-      const Group g = group_of(table.names[k], opts, sizes.ep);
-      (g == Group::experts ? expert_opt : g == Group::replicated ? replicated_opt : dense_opt)
-          .add(table.params[k], k, unit_of(table.names[k], setup.c.layers));
-    }
-  if (opts.bug != "ep-grad-mean") expert_opt.divide_by(data_ranks);
-  // [/slide]
-  dense_opt.layout(), expert_opt.layout();  // the buckets, and the hooks that post them
-  if (opts.bug == "bucket-early") dense_opt.buckets().post_one_early(true);
-  // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
-  std::vector<fsdp::ShardGroup*> sharded;
-  for (zero::GroupAdam* g : {&dense_opt, &replicated_opt, &expert_opt})
-    if (g->shards()) sharded.push_back(g->shards());
-  std::optional<fsdp::Fsdp> fsdp;
-  if (opts.zero == 3) {
-    for (fsdp::ShardGroup* g : sharded) g->stale_backward = opts.bug == "zero3-stale-gather";
-    fsdp.emplace(sharded, units);
-    fsdp->start();
-    here.mm.fsdp = &*fsdp;
-  }
+  Optimizers opt(opts, setup, mesh, here, adam);
+  zero::GroupAdam &dense_opt = opt.dense, &expert_opt = opt.experts, &replicated_opt = opt.replicated;
+  std::optional<fsdp::Fsdp>& fsdp = opt.fsdp;
   if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
   const bool dual = here.sched.layout == pp::Layout::dual;
@@ -252,8 +257,7 @@ int mesh_lesson(Lesson& lesson) {
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
     const int64_t gathers_before = fsdp ? fsdp->unit_gathers() : 0;
-    const double local_loss = train_step(opts, setup, mesh, here, pair,
-                                         {dense_opt, expert_opt, replicated_opt, fsdp ? &*fsdp : nullptr}, batch, lesson.device);
+    const double local_loss = train_step(opts, setup, mesh, here, pair, opt, batch, lesson.device);
     for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
       if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
 

@@ -102,6 +102,31 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
       "Expect: per step the loss of the mesh next to one process's; check: PASS.");
 }
 
+// --zero, --bucket-mb and their planted bugs against the mesh and the schedule; returns whether
+// the gradient buckets can go during the backward (else *why_not says why, when asked for).
+static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshSizes& sizes, std::string* why_not) {
+  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
+                        "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
+  lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
+                        "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
+                        "one's starts: no split backward, one stage per rank)");
+  lesson.usage_error_if(opts.bug == "zero3-stale-gather" && opts.zero != 3, "--bug zero3-stale-gather needs --zero 3");
+  lesson.usage_error_if(opts.zero == 3 && opts.bucket_mb > 0,
+                        "--bucket-mb is for --zero 0, 1 and 2 (ZeRO-3 reduces each layer's gradients as "
+                        "soon as its backward ends)");
+  // the buckets go during the backward when a weight's gradient is final at its last
+  // backward: one stage per rank, and no sum over TP before DP's (SP's replicated weights)
+  if (opts.bucket_mb > 0 && opts.sp)
+    *why_not = "sequence parallelism sums the replicated weights' gradients over TP first";
+  else if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
+    *why_not = "--schedule " + opts.schedule + " holds two stages per rank";
+  const bool overlap = opts.bucket_mb > 0 && why_not->empty();
+  lesson.usage_error_if(opts.bug == "bucket-early" && (!overlap || sizes.dp * sizes.cp == 1),
+                        "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1, one stage per rank and "
+                        "--sp off" + (why_not->empty() ? std::string() : " (here: " + *why_not + ")"));
+  return overlap;
+}
+
 std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   Cli& cli = lesson.cli;
   std::string sp = "auto";
@@ -261,26 +286,8 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                         "reduce-scatter takes f's all-reduce's place)");
   lesson.usage_error_if(opts.bug == "ce-local-softmax" && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
-  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
-                        "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
-  lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
-                        "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
-                        "one's starts: no split backward, one stage per rank)");
-  lesson.usage_error_if(opts.bug == "zero3-stale-gather" && opts.zero != 3, "--bug zero3-stale-gather needs --zero 3");
-  lesson.usage_error_if(opts.zero == 3 && opts.bucket_mb > 0,
-                        "--bucket-mb is for --zero 0, 1 and 2 (ZeRO-3 reduces each layer's gradients as "
-                        "soon as its backward ends)");
-  // the buckets go during the backward when a weight's gradient is final at its last
-  // backward: one stage per rank, and no sum over TP before DP's (SP's replicated weights)
   std::string bucket_why_not;
-  if (opts.bucket_mb > 0 && opts.sp)
-    bucket_why_not = "sequence parallelism sums the replicated weights' gradients over TP first";
-  else if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
-    bucket_why_not = "--schedule " + opts.schedule + " holds two stages per rank";
-  const bool bucket_overlap = opts.bucket_mb > 0 && bucket_why_not.empty();
-  lesson.usage_error_if(opts.bug == "bucket-early" && (!bucket_overlap || sizes.dp * sizes.cp == 1),
-                        "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1, one stage per rank and "
-                        "--sp off" + (bucket_why_not.empty() ? std::string() : " (here: " + bucket_why_not + ")"));
+  const bool bucket_overlap = check_data_parallel(lesson, opts, sizes, &bucket_why_not);
   lesson.usage_error_if((opts.bug == "local-causal-mask" || opts.bug == "local-rope-positions") && opts.cp == 1,
                         "--bug " + opts.bug + " needs --cp > 1 (with one CP rank local and global positions "
                         "are the same)");
