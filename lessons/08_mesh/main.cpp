@@ -97,15 +97,15 @@ int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embeddi
   return opts.zero == 3 ? (int)setup.c.layers + 2 : 0;
 }
 
-// [slide:ep-optimizers]
-// Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
-// over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
-// summed gradient holds every token of the stage once, so the mean divides it by data_ranks,
-// not by edp (the planted bug ep-grad-mean: off by tp / ep).
 Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam)
     : dense(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
       experts(mesh.edp(), adam, (int)opts.zero, zero::Bug::none, (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
       replicated(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), 0, zero3_units(opts, setup)) {  // ZeRO-3 + SP
+  // [slide:ep-optimizers]
+  // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
+  // over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
+  // summed gradient holds every token of the stage once, so the mean divides it by data_ranks,
+  // not by edp (the planted bug ep-grad-mean: off by tp / ep).
   const ParamTable& table = here.table;
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k]) {
