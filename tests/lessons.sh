@@ -450,6 +450,11 @@ check "08 ZeRO-3's memory at dp4: parameters, gradients, m and v each sharded (m
            echo \"\$out\" | grep -q 'between steps ZeRO-3 holds no whole weight; during one, at most'"
 check "08 planted bug: ZeRO-3's backward runs on freed weights, not gathered again (dp2)" 1 'mean gradient of every weight .*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bug zero3-stale-gather --train 2
+check "08 --overlap compare: the pairs one after the other and overlapped give the same gradients, the hidden fraction per rank" 0 \
+  'overlapped pairs. gradients = one after the other.s, bit for bit, every step   PASS' \
+  bash -c "out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule dualpipev --layers 4 --dense-layers 0 --train 2 \
+           --ranks-per-node 4 --link intra=50MB/s,latency=50us --overlap compare) || exit 1; echo \"\$out\"; \
+           echo \"\$out\" | grep -Eq '^hidden fraction of the paired steps: worst -?[0-9.]+, mean'"
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"
@@ -484,6 +489,7 @@ usage_error "08 bad input: --bug bucket-early where the buckets wait for the bac
 usage_error "08 bad input: --zero 3 with a split backward (zb-h1)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule zb-h1 --zero 3
 usage_error "08 bad input: --zero 3 with --bucket-mb" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bucket-mb 1
 usage_error "08 bad input: --bug zero3-stale-gather without --zero 3" $MPIRUN -np 2 $L08 --tp 1 --bug zero3-stale-gather
+usage_error "08 bad input: --overlap compare without paired steps (1f1b)" $MPIRUN -np 2 $L08 --tp 1 --overlap compare
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30

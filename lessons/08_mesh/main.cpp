@@ -127,11 +127,35 @@ Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, Rank
   here.mm.fsdp = &*fsdp;
 }
 
+// --overlap compare: the step's forward and backward twice more before it with its paired F&B
+// steps one after the other: without the link model (their compute, T_compute) and with it
+// (T_seq); the gradients kept aside (train_step compares the overlapped run's with them, bit
+// for bit). Lesson 06's measure then takes T_comm = T_seq - T_compute.
+void sequential_passes(const Setup& setup, Mesh& mesh, RankModel& here, const CharCorpus::Batch& batch,
+                       Device device, PairCompare* compare) {
+  for (int pass = 0; pass < 2; pass++) {
+    Comm::set_link(pass == 0 ? LinkModel{} : setup.link);  // every rank, between two steps' messages
+    for (Tensor* p : here.table.params)
+      if (p) p->zero_grad();
+    here.stages.inputs = batch.inputs.to(device), here.stages.targets = batch.targets.to(device);
+    here.stages.routes.clear();
+    pp::ExecutorOptions one_after_other;
+    one_after_other.overlap_pairs = false;
+    pp::Executor executor(mesh.pp(), here.sched, here.stages, one_after_other);
+    executor.run();
+    (pass == 0 ? compare->step_compute : compare->step_seq) = executor.paired_wall_s();
+  }
+  compare->grads.clear();
+  for (Tensor* p : here.table.params)
+    compare->grads.push_back(p && p->grad().defined() ? p->grad().to_vector() : std::vector<float>());
+  here.maps.clear();
+}
+
 // [slide:step]
 // One training step of this rank on its share of the global batch (its DP rows, its CP
 // columns); returns its share of the loss (on the last pipeline stage; 0 elsewhere).
 double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, Comm& pair,
-                  Optimizers& opt, const CharCorpus::Batch& batch, Device device) {
+                  Optimizers& opt, const CharCorpus::Batch& batch, Device device, PairCompare* compare) {
   const ParamTable& table = here.table;
   const bool dual = here.sched.layout == pp::Layout::dual;
   // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens), its
@@ -141,11 +165,12 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   here.stages.inputs = batch.inputs.to(device), here.stages.targets = batch.targets.to(device);
   here.stages.routes.clear();
   pp::ExecutorOptions executor_options;
-  executor_options.overlap_pairs = opts.overlap == "on";
+  executor_options.overlap_pairs = opts.overlap != "off";
   // DP's gradient buckets fly from the rank's last backward on (zero.h)
   if (setup.bucket_overlap) executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(); };
   pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
   executor.run();
+  if (compare) compare->overlapped(executor.paired_wall_s(), table.params);
   if (opt.fsdp) opt.fsdp->end_backward();
   std::vector<float> load = expert_loads(here.stages.routes, setup.c);
   // [slide:sp-grads]
@@ -237,6 +262,8 @@ int mesh_lesson(Lesson& lesson) {
   Comm::set_link(setup.link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
   zero::BucketTimes dense_buckets, expert_buckets;  // summed over the steps
+  std::optional<PairCompare> compare;               // --overlap compare
+  if (opts.overlap == "compare") compare.emplace();
   int64_t gathers_in_step = 0;                      // ZeRO-3's unit gathers in the last step
   for (int64_t step = 0; step < opts.steps; step++) {
     const bool checking = step % opts.check_every == 0 || step + 1 == opts.steps;
@@ -257,7 +284,13 @@ int mesh_lesson(Lesson& lesson) {
     batch = {take_columns(batch.inputs, here.my_columns()), take_columns(batch.targets, here.my_columns())};
 
     const int64_t gathers_before = fsdp ? fsdp->unit_gathers() : 0;
-    const double local_loss = train_step(opts, setup, mesh, here, pair, opt, batch, lesson.device);
+    if (compare) {  // --overlap compare: the pairs one after the other first, their traffic forgotten
+      sequential_passes(setup, mesh, here, batch, lesson.device, &*compare);
+      compare->timing = step > 0 || opts.steps == 1;  // step 0 warms up
+      axes.reset();
+    }
+    const double local_loss = train_step(opts, setup, mesh, here, pair, opt, batch, lesson.device,
+                                         compare ? &*compare : nullptr);
     for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
       if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
 
@@ -299,6 +332,7 @@ int mesh_lesson(Lesson& lesson) {
   if (fsdp) zero3 = {fsdp->peak_gathered_bytes(), gathers_in_step};
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, zero3, csv);
+  if (compare) print_pair_overlap(lesson, check_comms.world, setup, *compare);
   if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel, last);
   if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);
@@ -350,6 +384,9 @@ int mesh_lesson(Lesson& lesson) {
                                        : mem.measured.grads == grads_held && grads_held <= mem.formula.grads;
   check.holds(line, mem.measured.params == mem.formula.params && grads_ok &&
                         mem.measured.optimizer == mem.formula.optimizer);
+  if (compare)
+    check.holds(("the overlapped pairs' gradients = one after the other's, bit for bit, every step" +
+                 (compare->equal ? std::string() : ": not " + compare->first_differs)).c_str(), compare->equal);
   one_process.kpe_verdict(check, root);
   // the tolerance from one process's loss (a non-finite mesh loss must not widen it)
   double val_want = root ? val.one_process : val.mesh;

@@ -39,9 +39,10 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.choice("--schedule", &opts.schedule, {"1f1b", "zb-h1", "dualpipe", "dualpipev"},
              "--pp: the pipeline schedule (lesson 07; dualpipe: two directions, every stage on two "
              "ranks; dualpipev: two stages per rank, a V)");
-  cli.choice("--overlap", &opts.overlap, {"on", "off"},
+  cli.choice("--overlap", &opts.overlap, {"on", "off", "compare"},
              "--schedule dualpipe/dualpipev: a paired step's forward and backward interleaved, each "
-             "one's all-to-alls in flight while the other computes (lesson 06), or one after the other");
+             "one's all-to-alls in flight while the other computes (lesson 06), or one after the other; "
+             "compare: every step both, the gradients compared bit for bit and the hidden fraction printed");
   cli.flag("--microbatches", &opts.microbatches, "micro-batches per step, each batch / dp / M sequences "
            "(0: 1 without PP, else 2 pp, or pp when the sequences of a DP rank do not split in 2 pp)", 0, 4096);
   cli.flag("--layers-per-stage", &opts.layers_per_stage, "--pp: blocks of each stage, e.g. 1,2,1 (default: "
@@ -243,6 +244,8 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.usage_error_if(!sched_err.empty(), "--schedule " + opts.schedule + ": " + sched_err);
   const int stages = (opts.schedule == "dualpipev" ? 2 : 1) * (int)opts.pp;  // stages
   const bool sched_pairs = opts.schedule == "dualpipe" || opts.schedule == "dualpipev";  // F&B steps
+  lesson.usage_error_if(opts.overlap == "compare" && !sched_pairs,
+                        "--overlap compare needs a schedule with paired F&B steps (--schedule dualpipe or dualpipev)");
   std::vector<int64_t> stage_begin{0};
   if (opts.layers_per_stage.empty()) {
     if (opts.layers == 0) opts.layers = std::max<int64_t>(2, opts.dense_layers + stages);  // an MoE on every stage

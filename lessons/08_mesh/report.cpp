@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -144,6 +145,44 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
                 sizes.tp, (long long)opts.zero, (int)opts.sp, got.params, got.grads, got.optimizer, got.buffers,
                 formula.params + formula.grads + formula.optimizer, sizes.cp, sizes.pp, sizes.ep);
   csv << row;
+}
+
+void PairCompare::overlapped(double ovl_wall_s, const std::vector<Tensor*>& params) {
+  if (timing) compute += step_compute, seq += step_seq, ovl += ovl_wall_s, timed_steps++;
+  for (size_t k = 0; k < params.size() && equal; k++) {
+    const std::vector<float> now = params[k] && params[k]->grad().defined() ? params[k]->grad().to_vector()
+                                                                            : std::vector<float>();
+    if (now.size() != grads[k].size() ||
+        (!now.empty() && std::memcmp(now.data(), grads[k].data(), now.size() * sizeof(float)) != 0))
+      equal = false, first_differs = "weight " + std::to_string(k);
+  }
+}
+
+void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, const PairCompare& c) {
+  const double mine[3] = {c.compute, c.seq, c.ovl};
+  std::vector<double> all(3 * (size_t)world.size());
+  {
+    Trace::Category check_traffic(trace(), "check");
+    world.allgather(mine, sizeof mine, all.data());
+  }
+  lesson.print("\nthe paired F&B steps (--overlap compare), per rank, ms per step: one after the other without "
+               "the link model (T_compute) and with it (T_seq),\noverlapped (T_ovl), T_comm = T_seq - T_compute, "
+               "and the hidden fraction (T_seq - T_ovl) / min(T_compute, T_comm)\n"
+               "  rank  T_compute   T_comm    T_seq    T_ovl  hidden\n");
+  double worst = 1e300, mean = 0;
+  int counted = 0;
+  const double steps = (double)std::max<int64_t>(c.timed_steps, 1);
+  for (int r = 0; r < world.size(); r++) {
+    const double compute = all[3 * (size_t)r], seq = all[3 * (size_t)r + 1], ovl = all[3 * (size_t)r + 2];
+    const double comm = seq - compute, hideable = std::min(compute, comm);
+    const double hidden = hideable > 0 ? (seq - ovl) / hideable : 0;
+    lesson.print("  %4d  %9.2f  %7.2f  %7.2f  %7.2f  %5.0f%%\n", r, compute / steps * 1e3, comm / steps * 1e3,
+                 seq / steps * 1e3, ovl / steps * 1e3, 100 * hidden);
+    if (hideable > 0) worst = std::min(worst, hidden), mean += hidden, counted++;
+  }
+  if (counted > 0)
+    lesson.print("hidden fraction of the paired steps: worst %.2f, mean %.2f over the ranks%s\n", worst,
+                 mean / counted, setup.link.enabled ? "" : " (links not modelled: --link gives the messages their time)");
 }
 
 double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, const Setup& setup,

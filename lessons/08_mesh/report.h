@@ -33,6 +33,25 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
 struct MemoryUse {
   zero::Memory measured, formula;
 };
+// --overlap compare: every step's paired F&B steps run one after the other without the link
+// model and with it (the gradients kept aside), then overlapped (the run trained with), all timed.
+struct PairCompare {
+  std::vector<std::vector<float>> grads;  // this step's, one after the other
+  double step_compute = 0, step_seq = 0;  // this step's paired steps one after the other, seconds:
+                                          // without the link model, and with it
+  bool timing = false;                    // this step's times count (step 0 warms up)
+  double compute = 0, seq = 0, ovl = 0;   // T_compute, T_seq, T_ovl summed over the steps that count
+  int64_t timed_steps = 0;
+  bool equal = true;
+  std::string first_differs;
+  // After the overlapped run: its paired steps' wall, and its gradients against grads
+  void overlapped(double ovl_wall_s, const std::vector<Tensor*>& params);
+};
+// Rank 0 prints every rank's compute, communication, one-after-the-other and overlapped time of
+// the paired steps per step and the hidden fraction (T_seq - T_ovl) / min(T_compute, T_comm),
+// lesson 06's measure, worst and mean over the ranks (gathered over `world`).
+void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, const PairCompare& c);
+
 // ZeRO-3's: the most weight bytes gathered at once, and unit gathers per step.
 struct Zero3Use {
   size_t peak_bytes = 0;
