@@ -432,12 +432,15 @@ check "08 buckets under the link model: every bucket goes during the backward, t
   'hidden fraction .* = [01]\.[0-9][0-9] \(rank 0\), worst' \
   bash -c "out=\$($MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --train 3 --link intra=400MB/s,latency=20us) || exit 1; \
            echo \"\$out\"; echo \"\$out\" | grep -q '13 per step, 13.0 of them posted during the backward'"
-check "08 buckets where they must wait for the backward (SP's sum over TP first; dualpipev's two stages) say why" 0 \
+check "08 buckets under SP (the replicated weights' reductions summed over TP after DP's), ZeRO-0/1/2 on dp2 x tp2, and the 16-rank mesh" 0 '^check: PASS' \
+  bash -c "for z in 0 1 2; do $MPIRUN -np 4 $L08 --zero \$z --bucket-mb 0.02 --train 3 | grep -q ', 10.0 of them posted during the backward' || exit 1; done && \
+           $MPIRUN -np 16 $L08 --zero 2 --bucket-mb 0.02 --train 2"
+check "08 buckets where they must wait for the backward (dualpipev: two stages per rank) say why" 0 \
   'all after the backward here: --schedule dualpipev holds two stages per rank' \
-  bash -c "$MPIRUN -np 4 $L08 --zero 2 --bucket-mb 0.02 --train 2 | grep 'all after the backward here: sequence parallelism' && \
-           $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule dualpipev --bucket-mb 0.02 --train 2"
-check "08 planted bug: a bucket reduced before its last gradient is in (dp2, ZeRO-1 and ZeRO-2)" 1 'mean gradient of every weight .*FAIL' \
-  bash -c "$MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --bug bucket-early --train 2; \
+  $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule dualpipev --bucket-mb 0.02 --train 2
+check "08 planted bug: a bucket reduced before its last gradient is in (dp2 ZeRO-1, dp2 ZeRO-2, dp2 x tp2 SP ZeRO-0)" 1 'mean gradient of every weight .*FAIL' \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --bug bucket-early --train 2 | grep -q 'gradient of every weight .*FAIL' && \
+           $MPIRUN -np 4 $L08 --zero 0 --bucket-mb 0.02 --bug bucket-early --train 2 | grep -q 'gradient of every weight .*FAIL' && \
            $MPIRUN -np 2 $L08 --tp 1 --zero 1 --bucket-mb 0.02 --bug bucket-early --train 2"
 check "08 planted bug: ZeRO-2 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --zero 2 --bug zero-stale-shard --train 2
@@ -485,7 +488,7 @@ usage_error "08 bad input: batch not a multiple of dp" $MPIRUN -np 2 $L08 --tp 1
 usage_error "08 bad input: --zero 4" $MPIRUN -np 2 $L08 --tp 1 --zero 4
 usage_error "08 bad input: --bucket-mb negative" $MPIRUN -np 2 $L08 --tp 1 --bucket-mb -1
 usage_error "08 bad input: --bug bucket-early without buckets" $MPIRUN -np 2 $L08 --tp 1 --bug bucket-early
-usage_error "08 bad input: --bug bucket-early where the buckets wait for the backward (SP)" $MPIRUN -np 4 $L08 --bucket-mb 0.02 --bug bucket-early
+usage_error "08 bad input: --bug bucket-early where the buckets wait for the backward (dualpipev)" $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule dualpipev --bucket-mb 0.02 --bug bucket-early
 usage_error "08 bad input: --zero 3 with a split backward (zb-h1)" $MPIRUN -np 2 $L08 --tp 1 --pp 2 --schedule zb-h1 --zero 3
 usage_error "08 bad input: --zero 3 with --bucket-mb" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bucket-mb 1
 usage_error "08 bad input: --bug zero3-stale-gather without --zero 3" $MPIRUN -np 2 $L08 --tp 1 --bug zero3-stale-gather

@@ -264,6 +264,7 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
   // 1. every bucket's all-reduce (those the backward did not post already), then wait
   buckets_.flush();
   buckets_.wait();
+  if (sum_over_ && sum_over_->size() > 1) sum_over_->allreduce_sum(buckets_.flat().data(), (size_t)buckets_.flat_size());
   // 2. every .grad() <- its mean (a parameter without one gets one); the same AdamW everywhere
   const int dp = divisor_ > 0 ? divisor_ : buckets_.group().size();
   std::vector<Tensor> grads;
@@ -306,6 +307,7 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   buckets_.wait();
   float* grad_shard = buckets_.shard().data();
   const int64_t shard = buckets_.shard_size();
+  if (sum_over_ && sum_over_->size() > 1) sum_over_->allreduce_sum(grad_shard, (size_t)shard);
   if (bug_ != Bug::no_divide) divide(grad_shard, shard, divisor_ > 0 ? divisor_ : dp);
 
   // 2. AdamW on this rank's blocks only. The flat buffer's gradients are spent: it now holds
@@ -380,6 +382,12 @@ GroupAdam::~GroupAdam() = default;
 void GroupAdam::add(Tensor* p, size_t key, int unit) {
   params.push_back(p), keys.push_back(key), numel += p->numel();
   if (z3_) z3_->add(p, unit);
+}
+
+void GroupAdam::sum_after_reduce(Comm* c) {
+  FF_CHECK(!z3_, "GroupAdam::sum_after_reduce: ZeRO-3 sums its shards itself (ShardGroup::sum_grad_shards)");
+  if (z0_) z0_->sum_after_reduce(c);
+  if (z1_) z1_->sum_after_reduce(c);
 }
 
 void GroupAdam::divide_by(int n) {

@@ -219,11 +219,15 @@ class DataParallelAdam {
   // gradients are summed over a group other than the one the loss is averaged over (lesson
   // 08's experts: summed over expert-DP, averaged over DP x CP).
   void divide_by(int n) { divisor_ = n; }
+  // The reduced gradients summed over `c` too, before the divide (weights each rank of c saw
+  // only part of the tokens of: lesson 08's replicated weights under SP, summed over TP).
+  void sum_after_reduce(Comm* c) { sum_over_ = c; }
   GradBuckets& buckets() { return buckets_; }
 
  private:
   Adam adam_;
   int divisor_ = 0;  // 0: the group's size
+  Comm* sum_over_ = nullptr;
   GradBuckets buckets_;
 };
 
@@ -243,6 +247,9 @@ class ShardedAdam {
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
   void divide_by(int n) { divisor_ = n; }  // as DataParallelAdam::divide_by
+  // As DataParallelAdam's: the reduced shards summed over c (a sum of shards is the shard of
+  // the sum, as long as every rank of c cuts the same buckets).
+  void sum_after_reduce(Comm* c) { sum_over_ = c; }
   GradBuckets& buckets() { return buckets_; }
   const GradBuckets& buckets() const { return buckets_; }
   int stage() const { return stage_; }
@@ -263,6 +270,7 @@ class ShardedAdam {
   Bug bug_;
   int stage_;
   int divisor_ = 0;
+  Comm* sum_over_ = nullptr;
   int dp_rank_;
   GradBuckets buckets_;
   Tensor param_shard_;  // (shard): this rank's blocks of the parameters, the tensor AdamW updates
@@ -282,6 +290,7 @@ class GroupAdam {
   // named parameters) and, under ZeRO-3, its unit.
   void add(Tensor* p, size_t key, int unit = 0);
   void divide_by(int n);
+  void sum_after_reduce(Comm* c);  // ZeRO-0 to -2 (DataParallelAdam::sum_after_reduce)
   void step();  // nothing for a group with no weight
   // Fixes the buckets and installs their hooks before the first step (step() does it too).
   void layout();

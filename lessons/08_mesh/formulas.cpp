@@ -71,7 +71,9 @@ std::vector<int64_t> bucket_numels(const std::vector<int64_t>& sizes, size_t buc
 Group group_of(const std::string& name, const Options& opts, int ep) {
   const Split s = split_of(name, ep);
   if (s == Split::expert) return Group::experts;
-  return opts.zero == 3 && opts.sp && s == Split::replicated ? Group::replicated : Group::dense;
+  // under SP the replicated weights' gradients are partial sums over TP: with ZeRO-3 or the
+  // buckets they form their own group, reduced over DP first, then summed over TP
+  return opts.sp && (opts.zero == 3 || opts.bucket_mb > 0) && s == Split::replicated ? Group::replicated : Group::dense;
 }
 
 int unit_of(const std::string& name, int64_t layers) {
@@ -328,10 +330,11 @@ AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Opti
     if (here.plan.holds_stage(here.plan.stage_of_layer(l), pp_rank))
       st.L++, (l < c.dense_layers ? st.D : st.moe)++;
   AxisCounts want;
-  // under ZeRO-3 SP sums the replicated weights' gradient shards over TP, not the gradients
+  // under ZeRO-3 or with the buckets, SP sums the replicated weights' reduced gradients over TP
+  // (ZeRO-0: the bucket sums; ZeRO-1 to -3: this rank's shards), not the gradients
   int64_t replicated = here.table.replicated_numel;
   const std::vector<int64_t> rep_units = group_buckets(here, setup, opts, Group::replicated);
-  if (opts.zero == 3 && opts.sp) {
+  if (!rep_units.empty() && opts.zero > 0) {
     replicated = 0;
     for (int64_t n : rep_units) replicated += (n + data_ranks - 1) / data_ranks;
   }

@@ -100,7 +100,8 @@ int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embeddi
 Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam)
     : dense(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
       experts(mesh.edp(), adam, (int)opts.zero, zero::Bug::none, (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
-      replicated(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), 0, zero3_units(opts, setup)) {  // ZeRO-3 + SP
+      replicated(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6),
+                 zero3_units(opts, setup)) {  // under SP, with ZeRO-3 or buckets
   // [slide:ep-optimizers]
   // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
   // over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
@@ -115,7 +116,8 @@ Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, Rank
     }
   if (opts.bug != "ep-grad-mean") experts.divide_by(mesh.dp_cp().size());
   // [/slide]
-  dense.layout(), experts.layout();  // the buckets, and the hooks that post them
+  dense.layout(), experts.layout(), replicated.layout();  // the buckets, and the hooks that post them
+  if (opts.zero < 3 && !replicated.params.empty()) replicated.sum_after_reduce(&mesh.tp());  // SP's sum
   if (opts.bug == "bucket-early") dense.buckets().post_one_early(true);
   if (opts.zero < 3) return;
   // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
@@ -167,7 +169,8 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   pp::ExecutorOptions executor_options;
   executor_options.overlap_pairs = opts.overlap != "off";
   // DP's gradient buckets fly from the rank's last backward on (zero.h)
-  if (setup.bucket_overlap) executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(); };
+  if (setup.bucket_overlap)
+    executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(), opt.replicated.arm(); };
   pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
   executor.run();
   if (compare) compare->overlapped(executor.paired_wall_s(), table.params);
@@ -176,8 +179,11 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   // [slide:sp-grads]
   // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
   //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
-  if (opts.sp && opt.fsdp) {  // ZeRO-3 holds shards of them: the sum of the shards is the shard of the sum
-    opt.replicated.shards()->sum_grad_shards(mesh.tp());
+  if (opts.sp && !opt.replicated.params.empty()) {
+    // ZeRO-3 and the buckets reduce them over DP first: the sum over TP of the reduced
+    // gradients (ZeRO-1 to -3: of the shards) is the reduction of the sum. The buckets' optimizer
+    // step does it (sum_after_reduce); ZeRO-3's shards are summed here.
+    if (opt.fsdp) opt.replicated.shards()->sum_grad_shards(mesh.tp());
     if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
   } else if (opts.sp) {
     std::vector<Tensor*> replicated;
@@ -291,7 +297,8 @@ int mesh_lesson(Lesson& lesson) {
     }
     const double local_loss = train_step(opts, setup, mesh, here, pair, opt, batch, lesson.device,
                                          compare ? &*compare : nullptr);
-    for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&expert_buckets, &expert_opt}})
+    for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&dense_buckets, &replicated_opt},
+                            std::pair{&expert_buckets, &expert_opt}})
       if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
 
     train_s += watch.seconds();

@@ -116,15 +116,14 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
                         "--bucket-mb is for --zero 0, 1 and 2 (ZeRO-3 reduces each layer's gradients as "
                         "soon as its backward ends)");
   // the buckets go during the backward when a weight's gradient is final at its last
-  // backward: one stage per rank, and no sum over TP before DP's (SP's replicated weights)
-  if (opts.bucket_mb > 0 && opts.sp)
-    *why_not = "sequence parallelism sums the replicated weights' gradients over TP first";
-  else if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
+  // backward: one stage per rank (under SP the replicated weights are their own group, summed
+  // over TP after DP's reduction)
+  if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
     *why_not = "--schedule " + opts.schedule + " holds two stages per rank";
   const bool overlap = opts.bucket_mb > 0 && why_not->empty();
   lesson.usage_error_if(opts.bug == "bucket-early" && (!overlap || sizes.dp * sizes.cp == 1),
-                        "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1, one stage per rank and "
-                        "--sp off" + (why_not->empty() ? std::string() : " (here: " + *why_not + ")"));
+                        "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1 and one stage per rank" +
+                            (why_not->empty() ? std::string() : " (here: " + *why_not + ")"));
   return overlap;
 }
 
