@@ -95,7 +95,9 @@ Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inp
                     std::function<std::vector<Tensor>(const Tensor& grad_output)> input_backward,
                     std::function<Tensor(const Tensor& grad_output)> weight_backward);
 
-// Runs the reverse walk from `root`, seeded with `grad_output` (same shape as root).
+// Runs the reverse walk from `root`, seeded with `grad_output` (same shape as root). A leaf is
+// finished, its gradient added into .grad and its post_accumulate_grad hook called, as soon as
+// the last op that read it has had its turn (tensor.h).
 // With `deferred`, every splittable op whose weights are all leaves that require grad
 // computes only its input gradients now and leaves its weight gradients in *deferred (the "I"
 // of a zero-bubble schedule; deferred->run() is its "W"). after_each_op, when given, is called
