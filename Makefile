@@ -30,7 +30,7 @@ CXXFLAGS ?= $(OPT) -g
 SANFLAGS ?=
 FLAGS    := $(CXXFLAGS) $(SANFLAGS) -std=c++17 -Wall -Wextra -I. -MMD -MP -DOMPI_SKIP_MPICXX
 LDFLAGS  ?=
-LDLIBS   := -lboost_context
+LDLIBS   := -lboost_context -lz
 # Debian's python, which has matplotlib, numpy and torch (not whatever python3 is first on PATH)
 PYTHON   ?= /usr/bin/python3
 # mpirun: oversubscribe small machines, allow root in containers, keep the output quiet, let a

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(openmpi-bin libopenmpi-dev doctest-dev libboost-context-dev
-          python3-matplotlib python3-numpy)
+          nlohmann-json3-dev zlib1g-dev python3-matplotlib python3-numpy)
 # PyTorch is needed only to regenerate the golden data (make reference) and as the reference
 # make bench times lesson 08's training step against, Chromium only to render the slides to
 # PDF and PNG (make slides), OpenBLAS only as the reference make bench times the cpu matmul

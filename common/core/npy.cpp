@@ -196,7 +196,7 @@ class HeaderParser {
 // ---------------------------------------------------------------------------
 // reading
 
-NpyArray read_npy(const std::string& path) {
+NpyInfo read_npy_info(const std::string& path) {
   NPY_CHECK(host_is_little_endian(), "this reader assumes a little-endian host");
   struct stat st;
   NPY_CHECK(::stat(path.c_str(), &st) == 0, "cannot open .npy file: " << std::strerror(errno));
@@ -241,10 +241,23 @@ NpyArray read_npy(const std::string& path) {
   NPY_CHECK(need == have, "trailing garbage: " << have - need << " bytes after the data of shape "
                                                << shape_repr(h.shape) << " of " << h.descr);
 
+  NpyInfo info;
+  info.descr = h.descr;
+  info.shape = h.shape;
+  info.data_offset = kPreludeLen + header_len;
+  info.data_bytes = need;
+  return info;
+}
+
+NpyArray read_npy(const std::string& path) {
+  const NpyInfo info = read_npy_info(path);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  NPY_CHECK(f, "cannot open .npy file: " << std::strerror(errno));
+  NPY_CHECK(std::fseek(f.get(), (long)info.data_offset, SEEK_SET) == 0, "seek error: " << std::strerror(errno));
   NpyArray a;
-  a.descr = h.descr;
-  a.shape = h.shape;
-  a.data.resize((size_t)need);
+  a.descr = info.descr;
+  a.shape = info.shape;
+  a.data.resize((size_t)info.data_bytes);
   NPY_CHECK(std::fread(a.data.data(), 1, a.data.size(), f.get()) == a.data.size(),
             "read error in the data: " << std::strerror(errno));
   return a;
@@ -276,7 +289,7 @@ Tensor load_npy(const std::string& path) {
 
 // The header exactly as numpy (1.22 and later) writes it: keys sorted, spare spaces after
 // the dict so the first dimension can grow in place, then padding to kAlign and '\n'.
-static std::string header_bytes(const std::string& descr, const std::vector<int64_t>& shape) {
+std::string npy_header(const std::string& descr, const std::vector<int64_t>& shape) {
   std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " +
                      shape_repr(shape) + ", }";
   if (!shape.empty()) dict += std::string(kGrowthDigits - std::to_string(shape[0]).size(), ' ');
@@ -306,7 +319,7 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
   }
   NPY_CHECK(need == data.size(), "write_npy: shape " << shape_repr(shape) << " of " << descr << " needs "
                                                      << need << " bytes, got " << data.size());
-  std::string header = header_bytes(descr, shape);
+  std::string header = npy_header(descr, shape);
   NPY_CHECK(header.size() - kPreludeLen <= 0xffff, "header too long for .npy version 1.0");
 
   // Checked and atomic: a reader never sees a truncated .npy (common/util/files.h).

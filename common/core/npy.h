@@ -43,6 +43,16 @@ struct NpyArray {
 size_t npy_itemsize(const std::string& descr);
 
 NpyArray read_npy(const std::string& path);
+// The header only, checked as read_npy checks it (the data must be exactly what the shape says):
+// where the data start, for a reader or writer of parts of them (lesson 08's checkpoints).
+struct NpyInfo {
+  std::string descr;
+  std::vector<int64_t> shape;
+  uint64_t data_offset = 0, data_bytes = 0;
+};
+NpyInfo read_npy_info(const std::string& path);
+// The header write_npy writes for (descr, shape), the data starting right after it.
+std::string npy_header(const std::string& descr, const std::vector<int64_t>& shape);
 // data must hold exactly numel(shape) * itemsize(descr) bytes.
 void write_npy(const std::string& path, const std::string& descr,
                const std::vector<int64_t>& shape, const std::vector<char>& data);

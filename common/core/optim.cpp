@@ -52,6 +52,12 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   }
 }
 
+void Adam::restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t) {
+  FF_CHECK(m.size() == v.size() && t >= 0, "Adam::restore: " << m.size() << " m and " << v.size()
+                                                                << " v tensors, step " << t);
+  m_ = std::move(m), v_ = std::move(v), t_ = t;
+}
+
 size_t Adam::state_bytes() const {
   size_t b = 0;
   for (const std::vector<Tensor>* state : {&m_, &v_})

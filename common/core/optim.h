@@ -34,6 +34,12 @@ class Adam {
   void step(const std::vector<Tensor*>& params, const std::vector<Tensor>& grads);
 
   int64_t steps() const { return t_; }
+  // The state, for a checkpoint: m and v per parameter (none before the first step).
+  const std::vector<Tensor>& exp_avg() const { return m_; }
+  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  // A resumed run's state, before its first step: m[i] and v[i] shaped like the i-th
+  // parameter that step will pass, t the steps already taken.
+  void restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t);
   // Bytes of the m and v tensors this optimizer holds (allocated at the first step).
   size_t state_bytes() const;
   AdamConfig& config() { return config_; }  // e.g. to follow a learning-rate schedule

@@ -229,6 +229,19 @@ void GradBuckets::wait() {
   next_ = 0;
 }
 
+void GradBuckets::for_each_shard_run(const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const {
+  const int dp = group_.size(), r = group_.rank();
+  for (const Bucket& b : buckets_) {
+    const int64_t block = b.padded / dp, lo = r * block, hi = std::min(b.numel, lo + block);
+    int64_t start = 0;  // the bucket-relative position of params[i]'s first element
+    for (size_t i = b.first; i < b.last && start < hi; i++) {
+      const int64_t n = params_[i]->numel(), a = std::max(lo, start), z = std::min(hi, start + n);
+      if (a < z) fn(i, a - start, b.offset / dp + (a - lo), z - a);
+      start += n;
+    }
+  }
+}
+
 size_t GradBuckets::bytes_held() const { return storage_bytes(flat_) + storage_bytes(shard_); }
 
 void GradBuckets::flatten_params(float* flat) const {

@@ -49,6 +49,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -176,6 +177,10 @@ class GradBuckets {
   void release_flat() { flat_ = Tensor(); }  // ZeRO-2, after the step (the backward re-allocates)
   int64_t param_numel(size_t i) const { return params_[i]->numel(); }
 
+  // This rank's shard, run by run: fn(param, local, at, count) for `count` numbers of
+  // params()[param] from its element `local` on, held at shard()[at] (a checkpoint maps them
+  // to the full tensors).
+  void for_each_shard_run(const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const;
   // The flat buffer <-> the parameters (or their gradients), in the layout's order.
   void flatten_params(float* flat) const;
   void unflatten_params(const float* flat) const;
@@ -215,6 +220,7 @@ class DataParallelAdam {
 
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
+  const Adam& adam() const { return adam_; }
   // The summed gradient is divided by n instead of the group's size: for weights whose
   // gradients are summed over a group other than the one the loss is averaged over (lesson
   // 08's experts: summed over expert-DP, averaged over DP x CP).
@@ -246,6 +252,7 @@ class ShardedAdam {
 
   Memory memory(const std::vector<Tensor*>& params) const;
   Adam& adam() { return adam_; }
+  const Adam& adam() const { return adam_; }
   void divide_by(int n) { divisor_ = n; }  // as DataParallelAdam::divide_by
   // As DataParallelAdam's: the reduced shards summed over c (a sum of shards is the shard of
   // the sum, as long as every rank of c cuts the same buckets).
@@ -296,6 +303,10 @@ class GroupAdam {
   void layout();
   void arm() { if (!params.empty() && !z3_) buckets().arm(); }  // GradBuckets::arm (not ZeRO-3's)
   fsdp::ShardGroup* shards() { return z3_.get(); }  // ZeRO-3's, else nullptr
+  // The stage's AdamW (ZeRO-0: m and v per weight; ZeRO-1, -2: one shard tensor laid out by
+  // sharded()->buckets()); nullptr under ZeRO-3.
+  Adam* adam() { return z0_ ? &z0_->adam() : z1_ ? &z1_->adam() : nullptr; }
+  const ShardedAdam* sharded() const { return z1_.get(); }
   Memory memory() const;
   // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered
   // over `check`, a copy of the group's communicator that keeps the check's traffic apart).

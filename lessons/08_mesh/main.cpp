@@ -70,6 +70,7 @@
 #include "common/layers/zero.h"
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
+#include "lessons/08_mesh/checkpoint.h"
 #include "lessons/08_mesh/formulas.h"
 #include "lessons/08_mesh/mesh_model.h"
 #include "lessons/08_mesh/options.h"
@@ -253,6 +254,15 @@ int mesh_lesson(Lesson& lesson) {
   const double n_terms = (double)(opts.batch * setup.seq);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
   OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, setup.bug_kpe, table.names, n_terms, setup.corpus, opts.batch);
+  // --resume: every rank's slices of the checkpoint, on this mesh; the check's twin reads it whole
+  int64_t first_step = 0;
+  if (!opts.resume.empty()) {
+    const CheckpointInfo got = resume_checkpoint(lesson, opts.resume, opts, setup, mesh, here,
+                                                 {{&dense_opt, &replicated_opt, &expert_opt}});
+    one_process.resume(checkpoint_dir(opts.resume), got.adam_steps);
+    first_step = got.steps_done;
+    lesson.print("resumed from %s: %lld steps done\n", checkpoint_dir(opts.resume).c_str(), (long long)first_step);
+  }
   print_header(lesson, opts, setup, here, edp.size());
 
   // ---- training: every step trained, its traffic per axis counted, and checked
@@ -271,7 +281,7 @@ int mesh_lesson(Lesson& lesson) {
   std::optional<PairCompare> compare;               // --overlap compare
   if (opts.overlap == "compare") compare.emplace();
   int64_t gathers_in_step = 0;                      // ZeRO-3's unit gathers in the last step
-  for (int64_t step = 0; step < opts.steps; step++) {
+  for (int64_t step = first_step; step < opts.steps; step++) {
     const bool checking = step % opts.check_every == 0 || step + 1 == opts.steps;
     const bool logging = step % opts.log_every == 0 || step + 1 == opts.steps;
     {  // the ranks start each step together (the check before it ends on rank 0 last), so a
@@ -324,6 +334,9 @@ int mesh_lesson(Lesson& lesson) {
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
       print_step(opts, sizes, step, checking, logging, checked, bound, last, csv);
     }
+    if (!opts.save.empty() && ((opts.save_every > 0 && (step + 1) % opts.save_every == 0) || step + 1 == opts.steps))
+      save_checkpoint(lesson, opts.save, opts.keep, opts, setup, mesh, here, {{&dense_opt, &replicated_opt, &expert_opt}},
+                      step + 1);
   }
   Comm::set_link(LinkModel{});
 

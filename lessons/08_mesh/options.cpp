@@ -58,7 +58,14 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.choice("--estimate", &opts.estimate, {"none", "run", "deepseek-v3"},
              "memory and communication model: run (this model and mesh, after training, next to "
              "the measured bytes) or deepseek-v3 (671B; prints and exits)");
-  cli.flag("--train", &opts.steps, "training steps", 1, 1000000);
+  cli.flag("--train", &opts.steps, "training steps, in all (with --resume: those before the checkpoint "
+           "too; 0: none, to sample or validate a checkpoint)", 0, 1000000);
+  cli.flag("--save", &opts.save, "write checkpoints into this directory (DIR/step-NNNNNN: every weight, "
+           "AdamW's state and the biases as full tensors, .npy, with a manifest.json)", "DIR");
+  cli.flag("--save-every", &opts.save_every, "--save: a checkpoint every N steps (0: after the last step only)", 0, 1000000);
+  cli.flag("--keep", &opts.keep, "--save: keep the newest K checkpoints (0: all)", 0, 1000000);
+  cli.flag("--resume", &opts.resume, "go on from a checkpoint (a step-NNNNNN directory, or a --save "
+           "directory: its newest), on this run's mesh, whatever the mesh it was saved from", "DIR");
   cli.flag("--batch", &opts.batch, "global batch: sequences per step, split over DP", 1, 4096);
   cli.flag("--seq", &opts.seq, "tokens per sequence", 2, 1024);
   cli.flag("--dim", &opts.dim, "model width d", 1, 4096);
@@ -108,6 +115,15 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
 static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshSizes& sizes, std::string* why_not) {
   lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
                         "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
+  const bool checkpoints = !opts.save.empty() || !opts.resume.empty();
+  lesson.usage_error_if(opts.steps == 0 && opts.resume.empty(), "--train 0 needs --resume (a model to validate or sample)");
+  lesson.usage_error_if(checkpoints && opts.zero == 3, "--save and --resume run with --zero 0, 1 or 2 (ZeRO-3's "
+                        "shards are not written yet)");
+  lesson.usage_error_if(checkpoints && opts.bug != "none", "--save and --resume run without --bug");
+  if (!opts.save.empty()) {
+    const std::string err = check_output_path(opts.save, PathKind::dir);
+    lesson.usage_error_if(!err.empty(), "--save: " + err);
+  }
   lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
                         "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
                         "one's starts: no split backward, one stage per rank)");

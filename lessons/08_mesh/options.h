@@ -26,9 +26,9 @@ struct Options {
   int64_t dim = 64, layers = 0, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8, bucket_mb = 0;
-  int64_t sample = 0, val_batches = 8;
+  int64_t sample = 0, val_batches = 8, save_every = 0, keep = 2;
   std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
-              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link;
+              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link, save, resume;
 };
 
 // What the flags and the world size decide, every check passed.

@@ -1,6 +1,8 @@
 // lessons/08_mesh/reference_check.cpp — gathering the mesh for the check (reference_check.h).
 #include "lessons/08_mesh/reference_check.h"
 
+#include "common/core/npy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -115,6 +117,19 @@ OneProcess::OneProcess(const Lesson& lesson, const model::Config& c, const AdamC
   ref = model::init_params(c, seed, device);
   ref_named = ref.named_parameters();
   for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
+}
+
+void OneProcess::resume(const std::string& dir, int64_t adam_steps) {
+  if (ref_params.empty()) return;  // not rank 0
+  std::vector<Tensor> m, v;
+  for (size_t k = 0; k < names.size(); k++) {
+    ref_params[k]->detach().copy_from(load_npy(dir + "/" + names[k] + ".npy").to(device));
+    m.push_back(load_npy(dir + "/" + names[k] + ".exp_avg.npy").to(adam_dev));
+    v.push_back(load_npy(dir + "/" + names[k] + ".exp_avg_sq.npy").to(adam_dev));
+  }
+  for (model::NamedTensor& b : ref.named_buffers()) b.t.copy_from(load_npy(dir + "/" + b.name + ".npy").to(device));
+  for (Tensor* p : ref_params) ref_adam_params.push_back(p->detach().to(adam_dev).clone());
+  if (adam_steps > 0) ref_adam.restore(m, v, adam_steps);
 }
 
 OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh,

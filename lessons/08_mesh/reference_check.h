@@ -78,6 +78,9 @@ class OneProcess {
   Step step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh, const Gathered& grads,
             const Gathered& params, const std::vector<float>& mesh_bias);
   model::Params& model() { return ref; }
+  // Rank 0, a resumed run: the weights, biases and AdamW state of the checkpoint in directory
+  // `dir` (its full tensors, read whole: this is the check's one process, not the training).
+  void resume(const std::string& dir, int64_t adam_steps);
   // The twin's lines of the check (on rank 0; the other ranks pass): the loss and every mean
   // gradient within the bound, AdamW and the bias bit for bit; and, under --bug kpe-per-head
   // only, the unchanged forward and the copies of W_kr.

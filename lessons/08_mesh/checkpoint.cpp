@@ -1,0 +1,526 @@
+// lessons/08_mesh/checkpoint.cpp — lesson 08's checkpoints (the format and the scheme are in
+// checkpoint.h).
+#include "lessons/08_mesh/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/core/npy.h"
+#include "common/layers/tensor_parallel.h"
+#include "common/util/files.h"
+
+namespace ff::mesh {
+
+namespace {
+
+constexpr const char* kFormat = "fivefold lesson 08 checkpoint";
+constexpr int kVersion = 1;
+
+std::string sys_error(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Every rank's error (the lowest rank's that has one) on every rank; "" when none has.
+std::string agree(Comm& world, const std::string& mine) {
+  const int has = mine.empty() ? world.size() : world.rank();
+  int first = has;
+  world.allreduce(&first, 1, MPI_INT, MPI_MIN);
+  if (first == world.size()) return "";
+  std::string msg = world.rank() == first ? mine : std::string();
+  uint64_t n = msg.size();
+  world.bcast(&n, sizeof n, first);
+  msg.resize(n);
+  if (n) world.bcast(&msg[0], n, first);
+  return msg;
+}
+
+std::string step_name(int64_t steps_done) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%06lld", (long long)steps_done);
+  return buf;
+}
+
+// The step-* directories of dir with a manifest, oldest first.
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("step-", 0) == 0 && ::access((dir + "/" + n + "/manifest.json").c_str(), R_OK) == 0)
+        out.push_back(n);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string remove_tree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "" : sys_error("cannot stat", path);
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = opendir(path.c_str())) {
+      std::vector<std::string> names;
+      while (dirent* e = readdir(d))
+        if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.push_back(e->d_name);
+      closedir(d);
+      for (const std::string& n : names) {
+        const std::string err = remove_tree(path + "/" + n);
+        if (!err.empty()) return err;
+      }
+    }
+    if (::rmdir(path.c_str()) != 0) return sys_error("cannot remove", path);
+  } else if (::unlink(path.c_str()) != 0) {
+    return sys_error("cannot remove", path);
+  }
+  return "";
+}
+
+std::string fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return sys_error("cannot open", path);
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok ? "" : sys_error("cannot flush", path);
+}
+
+// One file of a checkpoint: its name in the directory (without .npy) and full shape.
+struct FileSpec {
+  std::string file;
+  Shape shape;
+};
+
+// What this rank reads or writes of one file: elements [lo, hi) of a local tensor that holds
+// `region` of the full tensor, from or into host memory at `host` (its element lo).
+struct Piece {
+  std::string file;
+  Shape full;
+  Region region;
+  int64_t lo = 0, hi = 0;
+  float* host = nullptr;
+};
+
+// The checkpoint's files in the model's order: every weight, its m and v, every bias.
+std::vector<FileSpec> files_of(const ParamTable& table) {
+  std::vector<FileSpec> out;
+  for (size_t k = 0; k < table.names.size(); k++) {
+    out.push_back({table.names[k], table.full_shapes[k]});
+    out.push_back({table.names[k] + ".exp_avg", table.full_shapes[k]});
+    out.push_back({table.names[k] + ".exp_avg_sq", table.full_shapes[k]});
+  }
+  for (size_t k = table.names.size(); k < table.all_names.size(); k++)
+    out.push_back({table.all_names[k], table.all_shapes[k]});
+  return out;
+}
+
+// Where each of this rank's pieces of the checkpoint are, and which it writes (exactly one
+// rank per number) — the plan save and resume share. The host buffers live in `store`.
+struct Plan {
+  std::vector<Piece> pieces;
+  std::vector<bool> writes;              // per piece: this rank writes it on save
+  std::vector<std::vector<float>> store;  // host copies the pieces point into
+  // after a resume: the tensors to fill from store, in order
+  std::vector<std::pair<Tensor, size_t>> params;  // (this rank's tensor, its store index)
+};
+
+struct Who {  // this rank, as the writer rules see it
+  MeshCoords co;
+  MeshSizes sizes;
+  int data_rank = 0, edp_rank = 0, pp_rank = 0;
+  const StagePlan* plan = nullptr;
+  // the copy of a stage that writes it: DualPipe's two copies, the direction-0 one
+  bool stage_writer(const std::string& name) const {
+    if (!plan->holds(name, pp_rank)) return false;
+    return plan->sched.layout != pp::Layout::dual || plan->sched.stage_of(pp_rank, 0) == plan->stage_of(name);
+  }
+  // a weight (or ZeRO-0's m and v of it): one rank among those holding the same numbers
+  bool writes_whole(const std::string& name) const {
+    if (!stage_writer(name)) return false;
+    const Split s = split_of(name, sizes.ep);
+    if (s == Split::expert) return edp_rank == 0;
+    return data_rank == 0 && (s != Split::replicated || co.tp == 0);
+  }
+  // ZeRO-1 and -2's blocks of m and v: every rank of the group holds a different block
+  bool writes_block(const std::string& name) const {
+    if (!stage_writer(name)) return false;
+    const Split s = split_of(name, sizes.ep);
+    return s == Split::expert || s != Split::replicated || co.tp == 0;
+  }
+};
+
+size_t add_store(Plan* p, int64_t n) {
+  p->store.emplace_back((size_t)n, 0.f);
+  return p->store.size() - 1;
+}
+
+// The plan: weights and biases whole per local tensor; m and v per local tensor (ZeRO-0) or per
+// run of this rank's shard (ZeRO-1, -2). `fill`: copy the tensors' values into the store (save).
+Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int zero, bool fill) {
+  Plan plan;
+  const ParamTable& table = here.table;
+  auto region = [&](size_t k) { return region_of(table.names[k], table.full_shapes[k], who.co, who.sizes); };
+  auto piece = [&](const std::string& file, const Shape& full, Region r, int64_t lo, int64_t hi, size_t s, int64_t at,
+                   bool writes) {
+    plan.pieces.push_back({file, full, r, lo, hi, plan.store[s].data() + at});
+    plan.writes.push_back(writes);
+  };
+  // the weights
+  for (size_t k = 0; k < table.names.size(); k++) {
+    if (!table.params[k]) continue;
+    const Tensor& t = *table.params[k];
+    const size_t s = add_store(&plan, t.numel());
+    if (fill) plan.store[s] = t.to_vector();
+    piece(table.names[k], table.full_shapes[k], region(k), 0, t.numel(), s, 0, who.writes_whole(table.names[k]));
+    plan.params.push_back({t, s});
+  }
+  // the balancing biases (every rank of a stage holds them whole)
+  std::map<std::string, Tensor> biases;
+  for (const model::NamedTensor& b : here.mm.p.named_buffers())
+    if (b.t.defined()) biases[b.name] = b.t;
+  for (size_t k = table.names.size(); k < table.all_names.size(); k++) {
+    auto it = biases.find(table.all_names[k]);
+    if (it == biases.end()) continue;
+    const size_t s = add_store(&plan, it->second.numel());
+    if (fill) plan.store[s] = it->second.to_vector();
+    const bool writes = who.stage_writer(table.all_names[k]) && who.data_rank == 0 && who.co.tp == 0 && who.co.ep == 0;
+    piece(table.all_names[k], table.all_shapes[k], Region{}, 0, it->second.numel(), s, 0, writes);
+    plan.params.push_back({it->second, s});
+  }
+  // AdamW's m and v
+  for (zero::GroupAdam* g : state.groups) {
+    if (g->params.empty()) continue;
+    Adam* adam = g->adam();
+    const bool have = adam && !adam->exp_avg().empty();
+    for (int mv = 0; mv < 2; mv++) {
+      const char* suffix = mv == 0 ? ".exp_avg" : ".exp_avg_sq";
+      if (zero == 0) {
+        for (size_t i = 0; i < g->params.size(); i++) {
+          const size_t k = g->keys[i];
+          const size_t s = add_store(&plan, g->params[i]->numel());
+          if (fill && have) plan.store[s] = (mv == 0 ? adam->exp_avg() : adam->exp_avg_sq())[i].to_vector();
+          piece(table.names[k] + suffix, table.full_shapes[k], region(k), 0, g->params[i]->numel(), s, 0,
+                who.writes_whole(table.names[k]));
+        }
+      } else {
+        const zero::GradBuckets& b = g->sharded()->buckets();
+        const size_t s = add_store(&plan, b.shard_size());
+        if (fill && have) plan.store[s] = (mv == 0 ? adam->exp_avg() : adam->exp_avg_sq())[0].to_vector();
+        b.for_each_shard_run([&](size_t i, int64_t local, int64_t at, int64_t count) {
+          const size_t k = g->keys[i];
+          piece(table.names[k] + suffix, table.full_shapes[k], region(k), local, local + count, s, at,
+                who.writes_block(table.names[k]));
+        });
+      }
+    }
+  }
+  return plan;
+}
+
+Who who_am_i(Mesh& mesh, RankModel& here, const Setup& setup) {
+  Who w;
+  w.co = mesh.coords(), w.sizes = setup.sizes;
+  w.data_rank = mesh.dp_cp().rank(), w.edp_rank = mesh.edp().rank(), w.pp_rank = here.pp_rank;
+  w.plan = &here.plan;
+  return w;
+}
+
+nlohmann::json model_json(const model::Config& c) {
+  return {{"vocab", c.vocab},     {"dim", c.dim},         {"layers", c.layers}, {"dense_layers", c.dense_layers},
+          {"heads", c.heads},     {"d_nope", c.d_nope},   {"d_rope", c.d_rope}, {"d_v", c.d_v},
+          {"q_lora", c.q_lora},   {"kv_lora", c.kv_lora}, {"ffn", c.ffn},       {"experts", c.experts},
+          {"topk", c.topk},       {"shared", c.shared},   {"moe_ffn", c.moe_ffn}};
+}
+
+// The CRC-32 (zlib's) of a file's bytes, and its size.
+std::string crc_of(const std::string& path, uint32_t* crc, uint64_t* size) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return sys_error("cannot read", path);
+  std::vector<unsigned char> buf(1 << 20);
+  uLong c = crc32(0L, Z_NULL, 0);
+  *size = 0;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) c = crc32(c, buf.data(), (uInt)n), *size += n;
+  const bool bad = std::ferror(f);
+  std::fclose(f);
+  if (bad) return sys_error("read error in", path);
+  *crc = (uint32_t)c;
+  return "";
+}
+
+// pwrite / pread every run of the pieces, file by file. write: the writer's pieces only.
+std::string transfer(const std::string& dir, const Plan& plan, bool write,
+                     const std::map<std::string, uint64_t>& data_offset) {
+  std::map<std::string, int> fds;
+  std::string err;
+  for (size_t i = 0; i < plan.pieces.size() && err.empty(); i++) {
+    if (write && !plan.writes[i]) continue;
+    const Piece& p = plan.pieces[i];
+    const std::string path = dir + "/" + p.file + ".npy";
+    int& fd = fds[p.file];
+    if (fd == 0) {
+      fd = ::open(path.c_str(), write ? O_WRONLY : O_RDONLY);
+      if (fd < 0) {
+        err = sys_error("cannot open", path);
+        fd = -1;
+        break;
+      }
+    }
+    const uint64_t base = data_offset.at(p.file);
+    for_each_run(p.full, p.region, p.lo, p.hi, [&](int64_t full_at, int64_t local_at, int64_t count) {
+      if (!err.empty()) return;
+      char* mem = reinterpret_cast<char*>(p.host + (local_at - p.lo));
+      size_t left = (size_t)count * sizeof(float);
+      off_t off = (off_t)(base + (uint64_t)full_at * sizeof(float));
+      while (left > 0) {
+        const ssize_t n = write ? ::pwrite(fd, mem, left, off) : ::pread(fd, mem, left, off);
+        if (n <= 0) {
+          if (n < 0 && errno == EINTR) continue;
+          if (n == 0) errno = write ? ENOSPC : EIO;
+          err = sys_error(write ? "cannot write" : "cannot read", path);
+          return;
+        }
+        mem += n, left -= (size_t)n, off += n;
+      }
+    });
+  }
+  for (auto& [file, fd] : fds) {
+    if (fd <= 0) continue;
+    if (write && err.empty() && ::fsync(fd) != 0) err = sys_error("cannot flush", dir + "/" + file + ".npy");
+    ::close(fd);
+  }
+  return err;
+}
+
+}  // namespace
+
+Region region_of(const std::string& name, const Shape& full, const MeshCoords& co, const MeshSizes& sizes) {
+  const Split s = split_of(name, sizes.ep);
+  Region r;
+  if (s == Split::replicated) return r;
+  if (s == Split::expert) {
+    const int64_t per = full[0] / sizes.ep;
+    return {0, co.ep * per, (co.ep + 1) * per};
+  }
+  r.dim = s == Split::column ? 1 : 0;
+  split_range(full[(size_t)r.dim], sizes.tp, co.tp, &r.begin, &r.end);
+  return r;
+}
+
+void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
+                  const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  if (lo >= hi) return;
+  if (r.dim <= 0) {  // the whole, or rows [begin, end): contiguous in the full tensor
+    const int64_t inner = r.dim < 0 ? 0 : shape_numel(full) / full[0];
+    fn(r.dim < 0 ? lo : r.begin * inner + lo, lo, hi - lo);
+    return;
+  }
+  // columns [begin, end) of a matrix: one run per row
+  const int64_t cols = full[1], w = r.end - r.begin;
+  for (int64_t at = lo; at < hi;) {
+    const int64_t row = at / w, col = at % w, n = std::min(hi - at, w - col);
+    fn(row * cols + r.begin + col, at, n);
+    at += n;
+  }
+}
+
+void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const Options& opts,
+                     const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
+                     int64_t steps_done) {
+  Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
+  Comm& world = lesson.comm;
+  const bool root = world.rank() == 0;
+  const std::vector<FileSpec> files = files_of(here.table);
+  const std::string tmp = dir + "/.tmp-" + step_name(steps_done), final_dir = dir + "/" + step_name(steps_done);
+  std::map<std::string, uint64_t> data_offset;
+  for (const FileSpec& f : files) data_offset[f.file] = npy_header("<f4", f.shape).size();
+  // 1. rank 0: the directory, and every file at its size with its header
+  std::string err;
+  if (root) {
+    err = check_output_path(dir, PathKind::dir);
+    if (err.empty()) err = remove_tree(tmp);
+    if (err.empty() && ::mkdir(tmp.c_str(), 0755) != 0) err = sys_error("cannot create", tmp);
+    for (size_t i = 0; i < files.size() && err.empty(); i++) {
+      const std::string path = tmp + "/" + files[i].file + ".npy";
+      const std::string header = npy_header("<f4", files[i].shape);
+      const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+      if (fd < 0) {
+        err = sys_error("cannot create", path);
+        break;
+      }
+      if (::write(fd, header.data(), header.size()) != (ssize_t)header.size() ||
+          ::ftruncate(fd, (off_t)(header.size() + (size_t)shape_numel(files[i].shape) * sizeof(float))) != 0)
+        err = sys_error("cannot write", path);
+      ::close(fd);
+    }
+  }
+  err = agree(world, err);
+  lesson.usage_error_if(!err.empty(), "--save: " + err);
+  // 2. every rank: its slices, straight into the files, flushed
+  Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/true);
+  err = agree(world, transfer(tmp, plan, /*write=*/true, data_offset));
+  lesson.usage_error_if(!err.empty(), "--save: " + err);
+  // 3. rank 0: the manifest last, then the rename that makes it visible, then the old ones go
+  if (root) {
+    nlohmann::json m;
+    m["format"] = kFormat, m["version"] = kVersion, m["steps_done"] = steps_done;
+    int64_t adam_steps = 0;
+    for (zero::GroupAdam* g : state.groups)
+      if (g->adam() && !g->params.empty()) adam_steps = std::max(adam_steps, g->adam()->steps());
+    m["adam_steps"] = adam_steps;
+    m["seed"] = lesson.flags.seed, m["batch"] = opts.batch, m["seq"] = setup.seq;
+    m["model"] = model_json(setup.c);
+    m["mesh"] = {{"dp", setup.sizes.dp}, {"pp", setup.sizes.pp}, {"cp", setup.sizes.cp}, {"tp", setup.sizes.tp},
+                 {"ep", setup.sizes.ep}, {"zero", opts.zero}, {"schedule", opts.schedule}, {"sp", opts.sp}};
+    for (const FileSpec& f : files) {
+      if (!err.empty()) break;
+      uint32_t crc = 0;
+      uint64_t size = 0;
+      err = crc_of(tmp + "/" + f.file + ".npy", &crc, &size);
+      m["tensors"][f.file] = {{"shape", f.shape}, {"dtype", "<f4"}, {"bytes", size}, {"crc32", crc}};
+    }
+    if (err.empty()) {
+      try {
+        write_text_file(tmp + "/manifest.json", m.dump(1) + "\n");
+      } catch (const Error& e) {
+        err = e.what();
+      }
+    }
+    if (err.empty()) err = fsync_path(tmp + "/manifest.json", O_RDONLY);
+    if (err.empty()) err = fsync_path(tmp, O_RDONLY | O_DIRECTORY);
+    if (err.empty()) err = remove_tree(final_dir);
+    if (err.empty() && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = sys_error("cannot rename into", final_dir);
+    if (err.empty()) err = fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    const std::vector<std::string> done = complete_checkpoints(dir);
+    for (size_t i = 0; err.empty() && keep > 0 && i + (size_t)keep < done.size(); i++) err = remove_tree(dir + "/" + done[i]);
+  }
+  err = agree(world, err);
+  lesson.usage_error_if(!err.empty(), "--save: " + err);
+}
+
+std::string checkpoint_dir(const std::string& path) {
+  if (::access((path + "/manifest.json").c_str(), F_OK) == 0) return path;
+  const std::vector<std::string> done = complete_checkpoints(path);
+  return done.empty() ? std::string() : path + "/" + done.back();
+}
+
+namespace {
+
+// The manifest, checked against the flags and the files (on the calling rank); "" or the error.
+std::string check_manifest(const std::string& dir, const model::Config& c, const std::vector<FileSpec>& files,
+                           bool crcs, nlohmann::json* out) {
+  const std::string path = dir + "/manifest.json";
+  nlohmann::json m;
+  try {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return sys_error("cannot read", path);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    std::fclose(f);
+    m = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return path + ": not a readable manifest (" + std::string(e.what()) + ")";
+  }
+  if (!m.contains("format") || m["format"] != kFormat)
+    return path + ": not a lesson 08 checkpoint (format \"" + std::string(kFormat) + "\" expected)";
+  if (!m.contains("version") || m["version"] != kVersion)
+    return path + ": format version " + m.value("version", nlohmann::json()).dump() + ", this build reads version " +
+           std::to_string(kVersion);
+  const nlohmann::json want = model_json(c);
+  for (auto it = want.begin(); it != want.end(); ++it)
+    if (!m["model"].contains(it.key()) || m["model"][it.key()] != it.value())
+      return path + ": the checkpoint's model has " + it.key() + " = " + m["model"].value(it.key(), nlohmann::json()).dump() +
+             ", the flags " + it.value().dump() + " (a checkpoint resumes the same model on any mesh)";
+  for (const FileSpec& f : files) {
+    const std::string file = dir + "/" + f.file + ".npy";
+    if (!m["tensors"].contains(f.file)) return path + ": no entry for " + file;
+    const nlohmann::json& t = m["tensors"][f.file];
+    if (t["shape"] != nlohmann::json(f.shape)) return file + ": the manifest's shape " + t["shape"].dump() + " is not the model's";
+    NpyInfo info;
+    try {
+      info = read_npy_info(file);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (info.descr != "<f4" || info.shape != f.shape)
+      return file + ": holds " + info.descr + " of shape " + nlohmann::json(info.shape).dump() + ", the model's is <f4 of " +
+             nlohmann::json(f.shape).dump();
+    if (crcs) {
+      uint32_t crc = 0;
+      uint64_t size = 0;
+      const std::string err = crc_of(file, &crc, &size);
+      if (!err.empty()) return err;
+      if (size != t["bytes"].get<uint64_t>() || crc != t["crc32"].get<uint32_t>())
+        return file + ": checksum mismatch (CRC-32 " + std::to_string(crc) + ", the manifest says " + t["crc32"].dump() +
+               "): the file is damaged";
+    }
+  }
+  *out = m;
+  return "";
+}
+
+}  // namespace
+
+CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
+                                 const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state) {
+  Comm& world = lesson.comm;
+  const std::vector<FileSpec> files = files_of(here.table);
+  const std::string dir = checkpoint_dir(path);
+  std::string err = dir.empty() ? "--resume " + path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
+  lesson.usage_error_if(!(err = agree(world, err)).empty(), err);
+  // rank 0 checks every file's CRC-32; the others their headers
+  nlohmann::json m;
+  err = agree(world, check_manifest(dir, setup.c, files, world.rank() == 0, &m));
+  lesson.usage_error_if(!err.empty(), "--resume: " + err);
+  CheckpointInfo info;
+  info.steps_done = m["steps_done"].get<int64_t>();
+  info.adam_steps = m["adam_steps"].get<int64_t>();
+  lesson.usage_error_if(info.steps_done > opts.steps,
+                        "--resume: the checkpoint has " + std::to_string(info.steps_done) + " steps done, more than --train " +
+                            std::to_string(opts.steps) + " (--train counts every step, those before the checkpoint too)");
+  std::map<std::string, uint64_t> data_offset;
+  for (const FileSpec& f : files) data_offset[f.file] = npy_header("<f4", f.shape).size();
+  // every rank: its slices, into its weights, biases and AdamW state
+  Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/false);
+  err = agree(world, transfer(dir, plan, /*write=*/false, data_offset));
+  lesson.usage_error_if(!err.empty(), "--resume: " + err);
+  for (auto& [t, s] : plan.params) {
+    Tensor target = t;
+    target.detach().copy_from(Tensor::from_vector(plan.store[s], t.shape(), t.device()));
+  }
+  if (info.adam_steps > 0) {  // the m and v pieces come after the weights' and biases', group by group
+    size_t s = plan.params.size();
+    for (zero::GroupAdam* g : state.groups) {
+      if (g->params.empty()) continue;
+      std::vector<Tensor> mv[2];
+      for (int k = 0; k < 2; k++) {
+        if (opts.zero == 0) {
+          for (Tensor* p : g->params) mv[k].push_back(Tensor::from_vector(plan.store[s++], p->shape(), p->device()));
+        } else {
+          mv[k].push_back(Tensor::from_vector(plan.store[s++], {g->sharded()->buckets().shard_size()}));
+        }
+      }
+      g->adam()->restore(mv[0], mv[1], info.adam_steps);
+    }
+  }
+  return info;
+}
+
+std::vector<Tensor> read_full(const std::string& checkpoint, const std::vector<std::string>& files) {
+  std::vector<Tensor> out;
+  for (const std::string& f : files) out.push_back(load_npy(checkpoint + "/" + f + ".npy"));
+  return out;
+}
+
+}  // namespace ff::mesh

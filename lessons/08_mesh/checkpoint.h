@@ -1,0 +1,85 @@
+// lessons/08_mesh/checkpoint.h — lesson 08's checkpoints: the model written down independently
+// of the mesh, saved by every rank at once, resumed on any mesh.
+//
+// A checkpoint is a directory, step-NNNNNN, of numpy files, one per FULL (unsharded) tensor:
+//   NAME.npy             every weight, by its stable name (model::Params::named_parameters)
+//   NAME.exp_avg.npy     AdamW's m for it, NAME.exp_avg_sq.npy its v (PyTorch's names)
+//   BIAS.npy             every MoE layer's balancing bias (named_buffers)
+//   manifest.json        the format and its version, the steps done, AdamW's step count, the
+//                        seed (the data position: step s's batch is drawn from the seed and s),
+//                        the model's configuration, the mesh it was written from, and every
+//                        file's shape, dtype, bytes and CRC-32; written last
+// Why full tensors and not each rank's shards: a shard only means something on the mesh that
+// cut it; a full tensor means the same on any mesh, in PyTorch, in numpy. Each rank still writes
+// only what it owns, straight into the full files at the right offsets (pwrite): rank 0 creates
+// every file at its final size with its header, every rank writes its slices (a TP rank its
+// columns or rows, an EP rank its experts, a ZeRO rank its block of m and v, exactly one rank per
+// number: a replicated weight is written by the first rank holding it), each flushes its file
+// descriptors (fsync), and rank 0 writes the manifest last. Nobody gathers the model.
+// Atomic: all of it goes into .tmp-step-NNNNNN, renamed to step-NNNNNN once complete (a rename
+// within a directory is atomic); the previous checkpoints stay until then, the oldest beyond
+// --keep are removed after. A run killed at any moment leaves every step-* directory complete.
+// Resuming reads the same way backwards: each rank reads from the full files only the slices its
+// own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage 0 to 2), checked against the
+// manifest's CRC-32 and shapes first.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/core/optim.h"
+#include "common/core/tensor.h"
+#include "common/layers/zero.h"
+#include "common/lesson/lesson.h"
+#include "lessons/08_mesh/mesh_model.h"
+#include "lessons/08_mesh/options.h"
+#include "lessons/08_mesh/sharding.h"
+
+namespace ff::mesh {
+
+// Where in a full tensor a rank's tensor sits: the whole (dim -1), or [begin, end) along dim.
+struct Region {
+  int dim = -1;
+  int64_t begin = 0, end = 0;
+};
+Region region_of(const std::string& name, const Shape& full, const MeshCoords& co, const MeshSizes& sizes);
+// fn(full_at, local_at, count) for the runs of a local tensor's elements [lo, hi) that are
+// contiguous in the full tensor (row-major both): one run for a whole tensor or a split along
+// dim 0, one per row for columns.
+void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
+                  const std::function<void(int64_t, int64_t, int64_t)>& fn);
+
+// What a checkpoint holds besides the tensors.
+struct CheckpointInfo {
+  int64_t steps_done = 0;  // training steps taken; the next step's batch is step steps_done's
+  int64_t adam_steps = 0;  // AdamW's t
+};
+
+// The optimizer groups whose state a checkpoint holds (lesson 08's dense, replicated, experts).
+struct StateGroups {
+  std::vector<zero::GroupAdam*> groups;
+};
+
+// Collective over the world: writes the checkpoint of the mesh after `steps_done` steps under
+// dir/step-NNNNNN (see above) and keeps the newest `keep`. Any failure (a full disk, a
+// non-writable directory) is one `error:` line naming the file, exit 2 on every rank, the
+// previous checkpoints intact.
+void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const Options& opts,
+                     const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
+                     int64_t steps_done);
+
+// The checkpoint --resume names: the directory itself when it holds a manifest, else its newest
+// complete step-* (a --save directory). Collective: reads and checks the manifest and every
+// file's CRC-32, shape and the model's configuration against the flags (a mismatch or a
+// damaged checkpoint: one `error:` line naming the file or the field, exit 2 on every rank),
+// then gives every rank's weights, balancing biases and AdamW state their slices.
+CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
+                                 const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state);
+
+// The full tensors of a checkpoint, for one process (the check's twin on rank 0): name -> values.
+std::vector<Tensor> read_full(const std::string& checkpoint, const std::vector<std::string>& files);
+// The checkpoint directory resume_checkpoint reads (the newest step-* of a --save directory).
+std::string checkpoint_dir(const std::string& path);
+
+}  // namespace ff::mesh
