@@ -458,6 +458,28 @@ check "08 --overlap compare: the pairs one after the other and overlapped give t
   bash -c "out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule dualpipev --layers 4 --dense-layers 0 --train 2 \
            --ranks-per-node 4 --link intra=50MB/s,latency=50us --overlap compare) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -Eq '^hidden fraction of the paired steps: worst -?[0-9.]+, mean'"
+# checkpoints: saved on one mesh, resumed on the same one (every dumped number the same bits as
+# the run never stopped), on others (the check passes), after a rank killed mid-save
+check "08 checkpoint: saved after 3 steps on dp2 x tp2 and resumed, the dump equals an uninterrupted 6-step run's bit for bit" 0 '^same bits: [0-9]+ files' \
+  bash -c "d=$LOG/ck08a; rm -rf \$d; $MPIRUN -np 4 $L08 --train 6 --dump \$d/whole >/dev/null && \
+           $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
+           $MPIRUN -np 4 $L08 --train 6 --resume \$d/ck --dump \$d/resumed | grep -q 'resumed from .*step-000003: 3 steps done' && \
+           n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
+check "08 checkpoint: saved on 16 ranks (ZeRO-2, buckets), resumed on 4 (dp2 x tp2), 1, and 4 (pp2, zb-h1): the check passes" 0 '^resharded ok' \
+  bash -c "d=$LOG/ck08b; rm -rf \$d; $MPIRUN -np 16 $L08 --layers 3 --zero 2 --bucket-mb 0.02 --train 2 --save \$d >/dev/null && \
+           $MPIRUN -np 4 $L08 --layers 3 --train 4 --resume \$d | grep -q '^check: PASS' && \
+           $MPIRUN -np 1 $L08 --layers 3 --train 4 --resume \$d | grep -q '^check: PASS' && \
+           $MPIRUN -np 4 $L08 --layers 3 --tp 1 --pp 2 --schedule zb-h1 --zero 0 --train 4 --resume \$d | grep -q '^check: PASS' && echo 'resharded ok'"
+check "08 checkpoint: a rank killed with SIGKILL during a save leaves the previous checkpoint, and resuming from it equals the uninterrupted run" 0 '^same bits: [0-9]+ files' \
+  bash -c "d=$LOG/ck08c; rm -rf \$d; $MPIRUN -np 4 $L08 --train 5 --dump \$d/whole >/dev/null && \
+           { FF_TEST_KILL_IN_SAVE=1:4 $MPIRUN -x FF_TEST_KILL_IN_SAVE -np 4 $L08 --train 5 --save-every 2 --save \$d/ck >/dev/null 2>&1; test \$? -ne 0; } && \
+           test -d \$d/ck/step-000002 && test ! -e \$d/ck/step-000004 && \
+           $MPIRUN -np 4 $L08 --train 5 --resume \$d/ck --dump \$d/resumed | grep -q 'step-000002: 2 steps done' && \
+           n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
+check "08 checkpoint: --keep 2 keeps the newest two, --train 0 samples a resumed model" 0 '^kept: step-000004 step-000006' \
+  bash -c "d=$LOG/ck08d; rm -rf \$d; $MPIRUN -np 2 $L08 --tp 1 --train 6 --save-every 2 --keep 2 --save \$d >/dev/null && \
+           $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d --sample 20 | grep -q '^training: no step in this run' && \
+           echo kept: \$(ls \$d)"
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"
@@ -493,6 +515,20 @@ usage_error "08 bad input: --zero 3 with a split backward (zb-h1)" $MPIRUN -np 2
 usage_error "08 bad input: --zero 3 with --bucket-mb" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --bucket-mb 1
 usage_error "08 bad input: --bug zero3-stale-gather without --zero 3" $MPIRUN -np 2 $L08 --tp 1 --bug zero3-stale-gather
 usage_error "08 bad input: --overlap compare without paired steps (1f1b)" $MPIRUN -np 2 $L08 --tp 1 --overlap compare
+usage_error "08 bad input: --resume of a directory with no checkpoint" $MPIRUN -np 2 $L08 --tp 1 --resume $LOG/no-such-checkpoint
+usage_error "08 bad input: --save into a path that cannot be a directory" $MPIRUN -np 2 $L08 --tp 1 --save /proc/no-such-dir
+usage_error "08 bad input: --train 0 without --resume" $MPIRUN -np 2 $L08 --tp 1 --train 0
+usage_error "08 bad input: --save with --zero 3 (not yet)" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --save $LOG/ck08z
+usage_error "08 bad input: --resume of a checkpoint missing a file (named)" \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e1 >/dev/null && c=$LOG/ck08e1/step-000001 && rm \$c/head.exp_avg.npy && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
+usage_error "08 bad input: --resume of a truncated file (named)" \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e2 >/dev/null && c=$LOG/ck08e2/step-000001 && truncate -s -4 \$c/embed.npy && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
+usage_error "08 bad input: --resume of a file whose CRC-32 differs from the manifest (named)" \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e3 >/dev/null && c=$LOG/ck08e3/step-000001 && printf \'\\\\001\' | dd of=\$c/norm.npy bs=1 seek=200 conv=notrunc 2>/dev/null && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
+usage_error "08 bad input: --resume of a manifest of another format version" \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e4 >/dev/null && c=$LOG/ck08e4/step-000001 && sed -i 's/\"version\": 1/\"version\": 2/' \$c/manifest.json && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
+usage_error "08 bad input: --resume with another model (--dim 32: the field named)" \
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e5 >/dev/null && c=$LOG/ck08e5/step-000001 && $MPIRUN -np 2 $L08 --tp 1 --dim 32 --train 2 --resume \$c"
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30

@@ -154,6 +154,19 @@ void sequential_passes(const Setup& setup, Mesh& mesh, RankModel& here, const Ch
   here.maps.clear();
 }
 
+// --resume: every rank's slices of the checkpoint, on this mesh; the check's twin reads it whole.
+// Returns the steps done before this run (0 without --resume).
+int64_t resume_if_asked(Lesson& lesson, Options& opts, const Setup& setup, Mesh& mesh, RankModel& here,
+                        Optimizers& opt, OneProcess& one_process) {
+  if (opts.resume.empty()) return 0;
+  const CheckpointInfo got = resume_checkpoint(lesson, opts.resume, opts, setup, mesh, here,
+                                               {{&opt.dense, &opt.replicated, &opt.experts}});
+  one_process.resume(checkpoint_dir(opts.resume), got.adam_steps);
+  if (opts.steps == 0) opts.steps = got.steps_done;  // --train 0: no step, the model as it was saved
+  lesson.print("resumed from %s: %lld steps done\n", checkpoint_dir(opts.resume).c_str(), (long long)got.steps_done);
+  return got.steps_done;
+}
+
 // [slide:step]
 // One training step of this rank on its share of the global batch (its DP rows, its CP
 // columns); returns its share of the loss (on the last pipeline stage; 0 elsewhere).
@@ -254,15 +267,7 @@ int mesh_lesson(Lesson& lesson) {
   const double n_terms = (double)(opts.batch * setup.seq);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
   OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, setup.bug_kpe, table.names, n_terms, setup.corpus, opts.batch);
-  // --resume: every rank's slices of the checkpoint, on this mesh; the check's twin reads it whole
-  int64_t first_step = 0;
-  if (!opts.resume.empty()) {
-    const CheckpointInfo got = resume_checkpoint(lesson, opts.resume, opts, setup, mesh, here,
-                                                 {{&dense_opt, &replicated_opt, &expert_opt}});
-    one_process.resume(checkpoint_dir(opts.resume), got.adam_steps);
-    first_step = got.steps_done;
-    lesson.print("resumed from %s: %lld steps done\n", checkpoint_dir(opts.resume).c_str(), (long long)first_step);
-  }
+  const int64_t first_step = resume_if_asked(lesson, opts, setup, mesh, here, opt, one_process);
   print_header(lesson, opts, setup, here, edp.size());
 
   // ---- training: every step trained, its traffic per axis counted, and checked
@@ -351,7 +356,7 @@ int mesh_lesson(Lesson& lesson) {
   Zero3Use zero3;
   if (fsdp) zero3 = {fsdp->peak_gathered_bytes(), gathers_in_step};
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
-               train_s, zero3, csv);
+               train_s, opts.steps - first_step, zero3, csv);
   if (compare) print_pair_overlap(lesson, check_comms.world, setup, *compare);
   if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel, last);
@@ -400,7 +405,9 @@ int mesh_lesson(Lesson& lesson) {
                 opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
                 opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
                 opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
-  const bool grads_ok = opts.zero >= 2 ? grads_held == 0 && mem.measured.grads == mem.formula.grads
+  const bool trained = opts.steps > first_step;  // (--resume --train 0: no gradient yet)
+  const bool grads_ok = opts.zero >= 2 ? grads_held == 0 && (mem.measured.grads == mem.formula.grads ||
+                                                             (!trained && mem.measured.grads == 0))
                                        : mem.measured.grads == grads_held && grads_held <= mem.formula.grads;
   check.holds(line, mem.measured.params == mem.formula.params && grads_ok &&
                         mem.measured.optimizer == mem.formula.optimizer);

@@ -95,7 +95,7 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, const Zero3Use& zero3, std::ostringstream& csv) {
+                  double train_s, int64_t trained_steps, const Zero3Use& zero3, std::ostringstream& csv) {
   const MeshSizes& sizes = setup.sizes;
   const zero::Memory& got = mem.measured;
   const zero::Memory& formula = mem.formula;
@@ -137,9 +137,12 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str(),
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 2)).c_str(),
                human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 3)).c_str());
-  const double step_s = train_s / (double)std::max<int64_t>(opts.steps, 1);
-  lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
-               step_s * 1e3, setup.link.enabled ? "; links modelled" : "", (double)(opts.batch * setup.seq) / step_s);
+  const double step_s = train_s / (double)std::max<int64_t>(trained_steps, 1);
+  if (trained_steps == 0)
+    lesson.print("\ntraining: no step in this run (--train 0)\n");
+  else
+    lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",
+                 step_s * 1e3, setup.link.enabled ? "; links modelled" : "", (double)(opts.batch * setup.seq) / step_s);
   char row[320];
   std::snprintf(row, sizeof row, "memory,%d,%d,%lld,%d,,,,,,,%zu,%zu,%zu,%zu,%zu,%d,,%d,%d,,,,0\n", sizes.dp,
                 sizes.tp, (long long)opts.zero, (int)opts.sp, got.params, got.grads, got.optimizer, got.buffers,

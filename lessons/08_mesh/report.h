@@ -64,7 +64,7 @@ struct Zero3Use {
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, const Zero3Use& zero3, std::ostringstream& csv);
+                  double train_s, int64_t trained_steps, const Zero3Use& zero3, std::ostringstream& csv);
 // --bucket-mb: DP's gradient buckets, summed over the steps, on every rank; rank 0 prints how
 // many there were, how many went during the backward, and under --link the hidden fraction of
 // their reduction (lesson 06's measure) on rank 0, worst and mean over the ranks (gathered
