@@ -480,6 +480,11 @@ check "08 checkpoint: --keep 2 keeps the newest two, --train 0 samples a resumed
   bash -c "d=$LOG/ck08d; rm -rf \$d; $MPIRUN -np 2 $L08 --tp 1 --train 6 --save-every 2 --keep 2 --save \$d >/dev/null && \
            $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d --sample 20 | grep -q '^training: no step in this run' && \
            echo kept: \$(ls \$d)"
+check "08 checkpoint into PyTorch: tests/reference/model.py loaded from a checkpoint gives lesson 08's validation loss" 0 \
+  '^validation batch 0: PyTorch .*: ok' \
+  bash -c "d=$LOG/ck08p; rm -rf \$d; $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
+           $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d/ck --dump \$d/dump >/dev/null && \
+           $PYTHON tests/reference/load_checkpoint.py \$d/ck/step-000003 \$d/dump"
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"

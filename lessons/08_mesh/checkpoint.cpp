@@ -240,7 +240,8 @@ nlohmann::json model_json(const model::Config& c) {
   return {{"vocab", c.vocab},     {"dim", c.dim},         {"layers", c.layers}, {"dense_layers", c.dense_layers},
           {"heads", c.heads},     {"d_nope", c.d_nope},   {"d_rope", c.d_rope}, {"d_v", c.d_v},
           {"q_lora", c.q_lora},   {"kv_lora", c.kv_lora}, {"ffn", c.ffn},       {"experts", c.experts},
-          {"topk", c.topk},       {"shared", c.shared},   {"moe_ffn", c.moe_ffn}};
+          {"topk", c.topk},       {"shared", c.shared},   {"moe_ffn", c.moe_ffn},
+          {"route_scale", c.route_scale}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
 }
 
 // The CRC-32 (zlib's) of a file's bytes, and its size.
