@@ -153,7 +153,7 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build build-lessons run-bin found deps deps-slides test lessons run plots slides lecture reference sanitize bench gpu-check clean help
+.PHONY: all build build-lessons run-bin found deps deps-slides deps-test test lessons run plots slides lecture reference sanitize bench gpu-check clean help
 .DEFAULT_GOAL := all
 
 all: deps
@@ -194,6 +194,9 @@ deps:
 # make test and make slides also build the decks, with Marp from the npm registry
 deps-slides:
 	@FIVEFOLD_WITH_SLIDES=1 bash scripts/install-deps.sh
+# make test also loads a lesson 08 checkpoint into the PyTorch reference model
+deps-test:
+	@FIVEFOLD_WITH_SLIDES=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
 
 # ---- the core library
 $(BUILD)/obj/%.o: %.cpp
@@ -314,7 +317,7 @@ bench: deps
 	  --check-every 100 --link intra=100MB/s,inter=100MB/s,latency=20us) || { echo "$$out"; exit 1; }; \
 	  echo "$$out" | sed -n "s/^DP's gradients in buckets of about/  --bucket-mb $$mb: buckets of about/p; s/^  per step: /    /p"; done
 
-test: deps-slides
+test: deps-test
 	@$(MAKE) $(SUBMAKE_FLAGS) build
 	@bash scripts/run-tests.sh
 

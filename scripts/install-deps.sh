@@ -5,8 +5,9 @@ set -euo pipefail
 
 packages=(openmpi-bin libopenmpi-dev doctest-dev libboost-context-dev
           nlohmann-json3-dev zlib1g-dev python3-matplotlib python3-numpy)
-# PyTorch is needed only to regenerate the golden data (make reference) and as the reference
-# make bench times lesson 08's training step against, Chromium only to render the slides to
+# PyTorch regenerates the golden data (make reference), is the reference make bench times
+# lesson 08's training step against, and loads a lesson 08 checkpoint in make test
+# (tests/reference/load_checkpoint.py); Chromium only to render the slides to
 # PDF and PNG (make slides), OpenBLAS only as the reference make bench times the cpu matmul
 # against (linked into the bench alone: the lessons stay BLAS-free).
 if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
