@@ -433,14 +433,17 @@ check "08 buckets under the link model: every bucket goes during the backward, t
   bash -c "out=\$($MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --train 3 --link intra=400MB/s,latency=20us) || exit 1; \
            echo \"\$out\"; echo \"\$out\" | grep -q '13 per step, 13.0 of them posted during the backward'"
 check "08 buckets under SP (the replicated weights' reductions summed over TP after DP's), ZeRO-0/1/2 on dp2 x tp2, and the 16-rank mesh" 0 '^check: PASS' \
-  bash -c "for z in 0 1 2; do $MPIRUN -np 4 $L08 --zero \$z --bucket-mb 0.02 --train 3 | grep -q ', 10.0 of them posted during the backward' || exit 1; done && \
+  bash -c "for z in 0 1 2; do out=\$($MPIRUN -np 4 $L08 --zero \$z --bucket-mb 0.02 --train 3) || exit 1; \
+           echo \"\$out\" | grep -q ', 10.0 of them posted during the backward' || exit 1; done && \
            $MPIRUN -np 16 $L08 --zero 2 --bucket-mb 0.02 --train 2"
 check "08 buckets where they must wait for the backward (dualpipev: two stages per rank) say why" 0 \
   'all after the backward here: --schedule dualpipev holds two stages per rank' \
   $MPIRUN -np 4 $L08 --tp 1 --pp 2 --schedule dualpipev --bucket-mb 0.02 --train 2
 check "08 planted bug: a bucket reduced before its last gradient is in (dp2 ZeRO-1, dp2 ZeRO-2, dp2 x tp2 SP ZeRO-0)" 1 'mean gradient of every weight .*FAIL' \
-  bash -c "$MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --bug bucket-early --train 2 | grep -q 'gradient of every weight .*FAIL' && \
-           $MPIRUN -np 4 $L08 --zero 0 --bucket-mb 0.02 --bug bucket-early --train 2 | grep -q 'gradient of every weight .*FAIL' && \
+  bash -c "out=\$($MPIRUN -np 2 $L08 --tp 1 --zero 2 --bucket-mb 0.02 --bug bucket-early --train 2); \
+           echo \"\$out\" | grep -q 'gradient of every weight .*FAIL' || exit 0; \
+           out=\$($MPIRUN -np 4 $L08 --zero 0 --bucket-mb 0.02 --bug bucket-early --train 2); \
+           echo \"\$out\" | grep -q 'gradient of every weight .*FAIL' || exit 0; \
            $MPIRUN -np 2 $L08 --tp 1 --zero 1 --bucket-mb 0.02 --bug bucket-early --train 2"
 check "08 planted bug: ZeRO-2 all-gathers a stale shard (dp2)" 1 'AdamW step .*first differs.*FAIL' \
   $MPIRUN -np 2 $L08 --tp 1 --zero 2 --bug zero-stale-shard --train 2
@@ -534,6 +537,7 @@ usage_error "08 bad input: --resume of a manifest of another format version" \
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e4 >/dev/null && c=$LOG/ck08e4/step-000001 && sed -i 's/\"version\": 1/\"version\": 2/' \$c/manifest.json && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
 usage_error "08 bad input: --resume with another model (--dim 32: the field named)" \
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e5 >/dev/null && c=$LOG/ck08e5/step-000001 && $MPIRUN -np 2 $L08 --tp 1 --dim 32 --train 2 --resume \$c"
+usage_error "08 bad input: --bug sp-norm-grad with --bucket-mb (the bug is not planted there)" $MPIRUN -np 4 $L08 --bucket-mb 0.02 --bug sp-norm-grad
 usage_error "08 bad input: --sp on with tp 1" $MPIRUN -np 2 $L08 --tp 1 --sp on
 usage_error "08 bad input: SP with tokens not a multiple of tp" $MPIRUN -np 4 $L08 --tp 4 --batch 1 --seq 31
 usage_error "08 bad input: --seq not a multiple of 2 x cp" $MPIRUN -np 2 $L08 --tp 1 --cp 2 --seq 30

@@ -126,8 +126,9 @@ Request Comm::iallreduce_sum(float* buf, size_t n) {
 Request Comm::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
   to_count(count * (size_t)size_ * sizeof(float), "ireduce_scatter");
   Request r = collective("reduce_scatter", count * (size_t)size_ * sizeof(float));
-  // MPI_Ireduce_scatter with equal counts, not _block: the same algorithm (and so the same
-  // order of the sums, bit for bit) as the blocking reduce_scatter_sum
+  // MPI_Ireduce_scatter with equal counts, not _block: the very call the blocking
+  // reduce_scatter_sum posts (then waits on), so the two sum in the same order, bit for bit.
+  // (Open MPI's blocking MPI_Reduce_scatter may sum in another order for P >= 3.)
   auto counts = std::make_shared<std::vector<int>>((size_t)size_, (int)count);
   if (to_nccl(send, recv)) r.nccl = nccl_->reduce_scatter_sum(send, recv, *counts);
   else mpiCheck(MPI_Ireduce_scatter(send, recv, counts->data(), MPI_FLOAT, MPI_SUM, comm_, &r.req));

@@ -158,7 +158,13 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
   // last op that reads it has had its turn (whether or not that op sent it a gradient): its
   // gradient goes into .grad then, and its post_accumulate_grad hook fires, without waiting for
   // the leaf's own place in the order (which can be anywhere after its readers). A weight whose
-  // gradient a split op defers is finished by the deferred W instead.
+  // gradient a split op defers has W's pending: its hook fires when the last of them has run
+  // (after its readers' edges are all done, and its other gradients are in .grad).
+  struct Pending {
+    int ws = 0;               // deferred W's of this backward still to run for the leaf
+    bool edges_done = false;  // every reader had its turn
+  };
+  std::unordered_map<TensorImpl*, std::shared_ptr<Pending>> pending;
   std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
   grads[root.impl()] = grad_output.clone().impl_ptr();
   const auto edge_done = [&](TensorImpl* leaf) {
@@ -168,16 +174,18 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
       accumulate(leaf->grad, Tensor(found->second));
       grads.erase(found);
     }
+    auto p = pending.find(leaf);
+    if (p != pending.end() && p->second->ws > 0) {
+      p->second->edges_done = true;  // the last W fires the hook
+      return;
+    }
     if (leaf->post_accumulate_grad) leaf->post_accumulate_grad();
   };
-  // every edge of a node into a leaf, once the node has had its turn (skip: the weights whose
-  // gradients were deferred)
-  const auto node_done = [&](Node* node, const std::vector<int>& skip) {
+  // every edge of a node into a leaf, once the node has had its turn
+  const auto node_done = [&](Node* node) {
     for (size_t i = 0; i < node->inputs.size(); i++) {
       TensorImpl* in = node->inputs[i].impl();
-      if (!in || !in->requires_grad || in->grad_fn) continue;
-      if (std::find(skip.begin(), skip.end(), (int)i) != skip.end()) continue;
-      edge_done(in);
+      if (in && in->requires_grad && !in->grad_fn) edge_done(in);
     }
   };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -191,7 +199,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     }
     auto found = grads.find(t);
     if (found == grads.end()) {  // no gradient flowed here: its readers' edges are done all the same
-      node_done(t->grad_fn.get(), {});
+      node_done(t->grad_fn.get());
       continue;
     }
     Tensor g(found->second);
@@ -208,8 +216,16 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
       SplitGrads s = node->split_backward(g);
       in_grads = std::move(s.inputs);
       std::vector<std::shared_ptr<TensorImpl>> weights;
-      for (int w : node->weight_inputs) weights.push_back(node->inputs[(size_t)w].impl_ptr());
-      deferred->pending_.push_back([weights, ws = node->weight_inputs, n_inputs = node->inputs.size(),
+      std::vector<std::shared_ptr<Pending>> waits;  // each weight's pending W's, this one among them
+      for (int w : node->weight_inputs) {
+        TensorImpl* leaf = node->inputs[(size_t)w].impl();
+        weights.push_back(node->inputs[(size_t)w].impl_ptr());
+        std::shared_ptr<Pending>& p = pending[leaf];
+        if (!p) p = std::make_shared<Pending>();
+        p->ws++;
+        waits.push_back(p);
+      }
+      deferred->pending_.push_back([weights, waits, ws = node->weight_inputs, n_inputs = node->inputs.size(),
                                     name = node->name, fn = std::move(s.weights)] {
         std::vector<Tensor> w = fn();
         FF_CHECK(w.size() == ws.size(), "weight backward of " << name << " returned " << w.size()
@@ -219,13 +235,16 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
         apply_planted_bug(name, grads);
         for (size_t k = 0; k < ws.size(); k++) {
           const Tensor& gk = grads[(size_t)ws[k]];
-          if (!gk.defined()) continue;
-          FF_CHECK(gk.shape() == Tensor(weights[k]).shape(),
-                   "weight backward of " << name << ": gradient " << ws[k] << " has shape "
-                                         << shape_str(gk.shape()) << ", input has "
-                                         << shape_str(Tensor(weights[k]).shape()));
-          accumulate(weights[k]->grad, gk);
-          if (weights[k]->post_accumulate_grad) weights[k]->post_accumulate_grad();
+          if (gk.defined()) {
+            FF_CHECK(gk.shape() == Tensor(weights[k]).shape(),
+                     "weight backward of " << name << ": gradient " << ws[k] << " has shape "
+                                           << shape_str(gk.shape()) << ", input has "
+                                           << shape_str(Tensor(weights[k]).shape()));
+            accumulate(weights[k]->grad, gk);
+          }
+          // the leaf's last W, its readers all done: finished (with or without a gradient)
+          if (--waits[k]->ws == 0 && waits[k]->edges_done && weights[k]->post_accumulate_grad)
+            weights[k]->post_accumulate_grad();
         }
       });
     } else {
@@ -245,7 +264,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
       accumulate(grads[in.impl()], in_grads[i]);
     }
     grads.erase(t);  // free intermediate gradients as soon as they are consumed
-    node_done(node, split ? node->weight_inputs : std::vector<int>{});
+    node_done(node);
     if (after_each_op) after_each_op();
     if (g_between_ops) g_between_ops();
   }

@@ -15,8 +15,8 @@
 //                        per micro-batch), free the full gradients and the weights.
 //   step:                AdamW on the shards; nothing to gather after it (the next forward does).
 // Per step and unit, over M micro-batches: 2M all-gathers of the unit (forward, backward) and M
-// reduce-scatters, against ZeRO-1's one reduce-scatter and one all-gather of everything: 1.5x
-// the traffic for 1/dp of the parameters.
+// reduce-scatters, against ZeRO-1's one reduce-scatter and one all-gather of everything whatever
+// M: 1.5 M times the traffic, for 1/dp of the parameters.
 //
 // "Freed" is real: the weights' Storage is released (Storage::release, PyTorch's resize_(0)), so
 // every tensor that shares it, the autograd tape's captures included, sees it gone; reading it

@@ -206,6 +206,8 @@ void GradBuckets::post(size_t b) {
 
 void GradBuckets::flush() {
   FF_CHECK(laid_out(), "GradBuckets::flush before layout");
+  if (flushed_) return;  // this step's already
+  flushed_ = true;
   times_.window_s = armed_ ? now_s() - armed_at_ : 0;
   flushed_at_ = Comm::link_clock_s();
   while (next_ < buckets_.size()) post(next_++);
@@ -225,6 +227,7 @@ void GradBuckets::wait() {
   times_.buckets = (int)buckets_.size();
   last_ = times_;
   times_ = BucketTimes{};
+  flushed_ = false;
   requests_.clear();
   next_ = 0;
 }

@@ -47,6 +47,7 @@
 // after the mean is elementwise and the same on both paths, so equal mean gradients give
 // bitwise-equal parameters (tests/mpi/test_zero.cpp checks both statements).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -117,7 +118,10 @@ enum class Bug {
 // A parameter the last backward does not reach at all holds its bucket back until flush().
 // Buckets are posted in order, bucket b only after b - 1: MPI's collectives on one
 // communicator must be posted in the same order on every rank, and ranks need not see their
-// gradients complete in the same order.
+// gradients complete in the same order. Two GradBuckets on copies of one communicator (lesson
+// 08's dense and replicated weights, both over DP x CP) interleave their posts as their hooks
+// fire: the same on every rank only because every rank of the group runs the same backward
+// graph. A group whose graphs could differ gives each GradBuckets its own communicator.
 struct BucketTimes {     // one step's reduction
   int buckets = 0;
   int posted_early = 0;  // posted during the backward (after arm(), before flush())
@@ -131,6 +135,16 @@ struct BucketTimes {     // one step's reduction
   // and T_ovl = window + exposed: the share of what could be hidden that was. 0 when there
   // was nothing to hide or no window.
   double hidden_fraction() const;
+  // Two groups' reductions in the same step, side by side (lesson 08's dense weights and its
+  // experts): their collectives share this rank's links, so their times on the links add up,
+  // while the backward that hides them and what stays exposed past it are one.
+  static BucketTimes concurrent(const BucketTimes& a, const BucketTimes& b) {
+    BucketTimes t;
+    t.buckets = a.buckets + b.buckets, t.posted_early = a.posted_early + b.posted_early;
+    t.window_s = std::max(a.window_s, b.window_s), t.exposed_s = std::max(a.exposed_s, b.exposed_s);
+    t.comm_s = a.comm_s + b.comm_s;
+    return t;
+  }
   BucketTimes& operator+=(const BucketTimes& o) {  // summed over steps
     buckets += o.buckets, posted_early += o.posted_early, window_s += o.window_s;
     comm_s += o.comm_s, exposed_s += o.exposed_s;
@@ -152,7 +166,7 @@ class GradBuckets {
   void layout(const std::vector<Tensor*>& params);
   bool laid_out() const { return n_ >= 0; }
   void arm();    // from now, each parameter's next gradient is its last of this step
-  void flush();  // posts every bucket not yet posted, in order, and disarms
+  void flush();  // posts every bucket not yet posted, in order, and disarms (once a step)
   void wait();   // waits for every bucket; returns this step's times through times()
   const BucketTimes& times() const { return last_; }  // the last step's
   // planted bug: a bucket is posted when all but one of its gradients are in
@@ -199,7 +213,7 @@ class GradBuckets {
   int64_t n_ = -1, flat_size_ = 0;
   Tensor flat_, shard_;
   // this step
-  bool armed_ = false;
+  bool armed_ = false, flushed_ = false;
   std::vector<char> seen_;         // param's last gradient in
   std::vector<int> missing_;       // per bucket: params not yet in
   size_t next_ = 0;                // the next bucket to post
@@ -302,6 +316,9 @@ class GroupAdam {
   // Fixes the buckets and installs their hooks before the first step (step() does it too).
   void layout();
   void arm() { if (!params.empty() && !z3_) buckets().arm(); }  // GradBuckets::arm (not ZeRO-3's)
+  // GradBuckets::flush: the backward is over, every bucket goes (step() does it too; lesson 08
+  // flushes every group before any waits, so that no group's window holds another's wait)
+  void flush() { if (!params.empty() && !z3_) buckets().flush(); }
   fsdp::ShardGroup* shards() { return z3_.get(); }  // ZeRO-3's, else nullptr
   // The stage's AdamW (ZeRO-0: m and v per weight; ZeRO-1, -2: one shard tensor laid out by
   // sharded()->buckets()); nullptr under ZeRO-3.

@@ -8,8 +8,11 @@
 //   ranks of a DP x PP x CP x TP mesh with EP folded onto it (common/comm/mesh.h, Megatron-LM's
 //   order: tp fastest, pp slowest).
 //     DP  each DP rank takes B / dp of the global batch's sequences; the gradients are averaged
-//         over DP by the optimizer: ZeRO-0 (one all-reduce, AdamW everywhere) or ZeRO-1
-//         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather).
+//         over DP by the optimizer: ZeRO-0 (all-reduce, AdamW everywhere), ZeRO-1
+//         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather), ZeRO-2 (the full
+//         gradients released too) or ZeRO-3 (the parameters sharded too, each layer gathered
+//         around its forward and its backward: common/layers/fsdp.h); with --bucket-mb the
+//         gradients reduced in buckets while the backward runs (common/layers/zero.h).
 //     TP  the attention heads are split over the TP ranks (W_uq, W_uk, W_uv by columns, W_o by
 //         rows); the down-projections W_dq, W_dkv, W_kr and the latent norms stay replicated
 //         (seed 002), so TP's all-reduce in the backward carries the per-token latents
@@ -221,7 +224,9 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
     if (here.held_moe > 0) pair.allreduce_sum(load.data(), load.size());
   }
   // [/slide]
-  // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards)
+  // 3. the optimizer over DP: the mean gradient, AdamW (ZeRO-0 everywhere, ZeRO-1 on shards);
+  //    every group's remaining buckets posted before any group waits
+  opt.dense.flush(), opt.replicated.flush(), opt.experts.flush();
   opt.dense.step();
   opt.replicated.step();
   opt.experts.step();
@@ -244,7 +249,7 @@ int mesh_lesson(Lesson& lesson) {
   Mesh mesh(lesson.comm, sizes);
   CheckComms check_comms(lesson.comm, mesh);  // the check's traffic, counted apart
   // DP and CP ranks hold the same weights and see different tokens: the gradients are averaged
-  // over both (mesh.dp_cp(), of data_ranks ranks), and ZeRO-1 shards the optimizer over them
+  // over both (mesh.dp_cp(), of data_ranks ranks), and ZeRO shards over them
   Comm& data = mesh.dp_cp();
   const int data_ranks = data.size();
   const model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
@@ -282,7 +287,7 @@ int mesh_lesson(Lesson& lesson) {
   lesson.start_trace();
   Comm::set_link(setup.link);  // the training's messages only: the model is switched off after it
   double train_s = 0;
-  zero::BucketTimes dense_buckets, expert_buckets;  // summed over the steps
+  zero::BucketTimes bucket_times;                   // the groups' together, summed over the steps
   std::optional<PairCompare> compare;               // --overlap compare
   if (opts.overlap == "compare") compare.emplace();
   int64_t gathers_in_step = 0;                      // ZeRO-3's unit gathers in the last step
@@ -312,9 +317,12 @@ int mesh_lesson(Lesson& lesson) {
     }
     const double local_loss = train_step(opts, setup, mesh, here, pair, opt, batch, lesson.device,
                                          compare ? &*compare : nullptr);
-    for (auto [sum, opt] : {std::pair{&dense_buckets, &dense_opt}, std::pair{&dense_buckets, &replicated_opt},
-                            std::pair{&expert_buckets, &expert_opt}})
-      if (!opt->params.empty() && opts.zero < 3) *sum += opt->buckets().times();
+    if (opts.zero < 3) {
+      zero::BucketTimes step_times;
+      for (zero::GroupAdam* g : {&dense_opt, &replicated_opt, &expert_opt})
+        if (!g->params.empty()) step_times = zero::BucketTimes::concurrent(step_times, g->buckets().times());
+      bucket_times += step_times;
+    }
 
     train_s += watch.seconds();
     if (fsdp) gathers_in_step = fsdp->unit_gathers() - gathers_before;
@@ -358,7 +366,7 @@ int mesh_lesson(Lesson& lesson) {
   print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
                train_s, opts.steps - first_step, zero3, csv);
   if (compare) print_pair_overlap(lesson, check_comms.world, setup, *compare);
-  if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, dense_buckets, expert_buckets);
+  if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, bucket_times);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel, last);
   if (!lesson.flags.csv.empty()) rank_rows(lesson, check_comms.world, opts, sizes, last, want, csv);
   // one file for the figures: a row per step (loss, the check, bytes per axis), one for memory

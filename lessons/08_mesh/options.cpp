@@ -300,6 +300,9 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.usage_error_if(bug_kpe && opts.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
                         "not a TP one)");
   lesson.usage_error_if(opts.bug == "sp-norm-grad" && !opts.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
+  lesson.usage_error_if(opts.bug == "sp-norm-grad" && (opts.bucket_mb > 0 || opts.zero == 3),
+                        "--bug sp-norm-grad runs without --bucket-mb and --zero 3 (there the replicated weights' "
+                        "reductions are summed over TP after DP's, and the bug forgets the sum before it)");
   lesson.usage_error_if(opts.bug == "f-no-allreduce" && (opts.tp == 1 || opts.sp),
                         "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                         "reduce-scatter takes f's all-reduce's place)");

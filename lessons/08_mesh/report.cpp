@@ -189,11 +189,7 @@ void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, c
 }
 
 double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, const Setup& setup,
-                     const zero::BucketTimes& dense, const zero::BucketTimes& experts) {
-  zero::BucketTimes all = dense;  // the two groups' collectives share this rank's links
-  all.buckets += experts.buckets, all.posted_early += experts.posted_early;
-  all.comm_s += experts.comm_s, all.exposed_s += experts.exposed_s;
-  all.window_s = std::max(dense.window_s, experts.window_s);
+                     const zero::BucketTimes& all) {
   const double mine = all.hidden_fraction();
   std::vector<double> every((size_t)world.size());
   {

@@ -65,12 +65,13 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
                   const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
                   const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
                   double train_s, int64_t trained_steps, const Zero3Use& zero3, std::ostringstream& csv);
-// --bucket-mb: DP's gradient buckets, summed over the steps, on every rank; rank 0 prints how
+// --bucket-mb: DP's gradient buckets (every group's, side by side: BucketTimes::concurrent),
+// summed over the steps, on every rank; rank 0 prints how
 // many there were, how many went during the backward, and under --link the hidden fraction of
 // their reduction (lesson 06's measure) on rank 0, worst and mean over the ranks (gathered
 // over `world`). Returns this rank's hidden fraction.
 double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, const Setup& setup,
-                     const zero::BucketTimes& dense, const zero::BucketTimes& experts);
+                     const zero::BucketTimes& all);
 // Under --estimate run: the memory model of this run's model and mesh against rank 0's.
 void print_estimate(const Lesson& lesson, const Setup& setup, const Options& opts, const MemoryUse& mem,
                     int64_t local_numel, const AxisCounts& last);

@@ -71,7 +71,8 @@ TEST_CASE("fsdp: ZeRO-3 trains a two-unit model as ZeRO-0 does") {
     else CHECK(worst < 1e-5);          // the sums' orders may differ
   }
   f.free_all();
-  CHECK(f.peak_gathered_bytes() <= 2 * 7 * sizeof(float) * 2);  // never both units and more
+  // never both units at once: the larger, unit 1 (w1 and w2, 14 numbers), is the most gathered
+  CHECK(f.peak_gathered_bytes() == 14 * sizeof(float));
 }
 
 TEST_CASE("fsdp: the backward on freed weights (the planted bug) changes the gradients") {

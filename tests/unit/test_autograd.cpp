@@ -464,3 +464,33 @@ TEST_CASE("autograd: a leaf is finished as soon as its last reader has run, even
   CHECK_FALSE(w3.grad().defined());
   for (Tensor* w : {&w1, &w2, &w3}) w->impl()->post_accumulate_grad = nullptr;
 }
+
+TEST_CASE("autograd: a weight read by split and plain ops, deferred, gets every gradient and one hook after the last") {
+  // y = sum(x @ W) + sum(W * W) + sum(v @ W): two matmuls split (W deferred), one plain reader
+  for (int pass = 0; pass < 2; pass++) {
+    Tensor W = leaf({4, 3}, 41), x = randn({2, 4}, 42), v = randn({5, 4}, 43);
+    int fired = 0;
+    std::vector<float> at_hook;
+    W.impl()->post_accumulate_grad = [&] { fired++, at_hook = W.grad().to_vector(); };
+    Tensor y = add(add(sum_all(matmul(x, W)), sum_all(mul(W, W))), sum_all(matmul(v, W)));
+    if (pass == 0) {
+      y.backward();
+    } else {
+      DeferredGrads deferred;
+      run_backward(y, Tensor::full({}, 1.f), &deferred);
+      CHECK(fired == 0);  // two W's to come
+      deferred.run();
+    }
+    CAPTURE(pass);
+    CHECK(fired == 1);
+    // d/dW = x^T 1 + 2 W + v^T 1: every term in, when the hook saw it and after
+    std::vector<double> want;
+    const std::vector<float> w = W.to_vector(), xs = x.to_vector(), vs = v.to_vector();
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 3; j++)
+        want.push_back((double)xs[i] + xs[4 + i] + 2.0 * w[i * 3 + j] + vs[i] + vs[4 + i] + vs[8 + i] + vs[12 + i] + vs[16 + i]);
+    CHECK(compare(W.grad(), from_double(want, {4, 3}), kGradAtol, kGradRtol).pass);
+    CHECK(compare(Tensor::from_vector(at_hook, {4, 3}), from_double(want, {4, 3}), kGradAtol, kGradRtol).pass);
+    W.impl()->post_accumulate_grad = nullptr;
+  }
+}
