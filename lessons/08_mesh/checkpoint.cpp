@@ -20,6 +20,7 @@
 #include "common/core/npy.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/util/files.h"
+#include "lessons/08_mesh/formulas.h"
 
 namespace ff::mesh {
 
@@ -416,6 +417,10 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   }
   err = agree(world, err);
   lesson.usage_error_if(!err.empty(), "--save: " + err);
+  uint64_t bytes = 0;
+  for (const FileSpec& f : files) bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
+  lesson.print("checkpoint after %lld steps: %s (%zu files, %s)\n", (long long)steps_done, final_dir.c_str(),
+               files.size() + 1, human_bytes((double)bytes).c_str());
 }
 
 std::string checkpoint_dir(const std::string& path) {

@@ -45,6 +45,8 @@
 //   whole global batch from the same weights) within 4 n eps max|want|; the AdamW step equals
 //   one process's on the same gradients bit for bit; the balancing bias likewise; every
 //   replica of a weight holds the same bits; the communication per axis equals its formula.
+// Checkpoints: --save DIR writes the model as full tensors (every rank its own slices, in place),
+//   --resume DIR goes on from one on any mesh (checkpoint.h).
 // Run:  make run L=08                    (16 ranks: DP 2 x PP 2 x CP 2 x TP 2, EP 2 folded)
 //       make run L=08 NP=32                              (the same with DP 4)
 //       make run L=08 NP=4                               (DP 2 x TP 2, SP, ZeRO-1)
