@@ -320,6 +320,7 @@ Region region_of(const std::string& name, const Shape& full, const MeshCoords& c
   return r;
 }
 
+// [slide:ckpt-runs]
 void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
                   const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   if (lo >= hi) return;
@@ -336,6 +337,7 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
     at += n;
   }
 }
+// [/slide]
 
 void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const Options& opts,
                      const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
