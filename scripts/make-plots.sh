@@ -125,6 +125,13 @@ plots_08() {
     done
   done
   $PYTHON plots/08_mesh.py "$DATA/08_loss.csv" "$DATA/08_memory.csv" "$OUT"
+  # checkpoints: 100 steps on DP 2 x TP 2; the same stopped after 50 with --save; resumed on one process
+  rm -rf "$DATA/08_ck" "$DATA"/08_ck_*.csv
+  ck08() { local np=$1 csv=$2; shift 2; $MPIRUN -np $np "$L08" --check-every 25 --csv "$DATA/$csv" "$@" >/dev/null; }
+  ck08 4 08_ck_whole.csv --train 100
+  ck08 4 08_ck_first.csv --train 50 --save "$DATA/08_ck"
+  ck08 1 08_ck_resumed.csv --train 100 --resume "$DATA/08_ck"
+  $PYTHON plots/08_checkpoint.py "$DATA/08_ck_whole.csv" "$DATA/08_ck_first.csv" "$DATA/08_ck_resumed.csv" "$OUT"
 
   # Lesson 08 part 2: the default 32-rank 5D mesh (dp 4 x pp 2 x cp 2 x tp 2, ep 2 folded): its groups
   # on every axis, its loss against one process's over 50 steps (two runs from the same seed; the
