@@ -312,6 +312,8 @@ bench: deps
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh --dim 256 --batch 16 --seq 64
 	@echo "lesson 08: dualpipev's F&B pairs overlapped at their all-to-alls vs one after the other (--overlap compare), links modelled: the hidden fraction (target >= 0.7)"
 	bash tests/bench/bench_08_overlap.sh $(BUILD)/bin/08_mesh 5
+	@echo "lesson 08: checkpoint write and read throughput against a plain copy of the same bytes (d 256, 4 blocks, DP 2 x TP 2)"
+	bash tests/bench/bench_08_checkpoint.sh $(BUILD)/bin/08_mesh 3
 	@echo "lesson 08: DP's gradient reduction in buckets during the backward: one bucket (posted when the backward ends), 4 and 13 (dp 4, ZeRO-2, links modelled at 100 MB/s), the hidden fraction"
 	@for mb in 100 0.1 0.02; do out=$$($(MPIRUN) -np 4 $(BUILD)/bin/08_mesh --tp 1 --zero 2 --bucket-mb $$mb --train 10 \
 	  --check-every 100 --link intra=100MB/s,inter=100MB/s,latency=20us) || { echo "$$out"; exit 1; }; \

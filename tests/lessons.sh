@@ -466,22 +466,22 @@ check "08 --overlap compare: the pairs one after the other and overlapped give t
 check "08 checkpoint: saved after 3 steps on dp2 x tp2 and resumed, the dump equals an uninterrupted 6-step run's bit for bit" 0 '^same bits: [0-9]+ files' \
   bash -c "d=$LOG/ck08a; rm -rf \$d; $MPIRUN -np 4 $L08 --train 6 --dump \$d/whole >/dev/null && \
            $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
-           $MPIRUN -np 4 $L08 --train 6 --resume \$d/ck --dump \$d/resumed | grep -q 'resumed from .*step-000003: 3 steps done' && \
+           $MPIRUN -np 4 $L08 --train 6 --resume \$d/ck --dump \$d/resumed | grep 'resumed from .*step-000003: 3 steps done' >/dev/null && \
            n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
 check "08 checkpoint: saved on 16 ranks (ZeRO-2, buckets), resumed on 4 (dp2 x tp2), 1, and 4 (pp2, zb-h1): the check passes" 0 '^resharded ok' \
   bash -c "d=$LOG/ck08b; rm -rf \$d; $MPIRUN -np 16 $L08 --layers 3 --zero 2 --bucket-mb 0.02 --train 2 --save \$d >/dev/null && \
-           $MPIRUN -np 4 $L08 --layers 3 --train 4 --resume \$d | grep -q '^check: PASS' && \
-           $MPIRUN -np 1 $L08 --layers 3 --train 4 --resume \$d | grep -q '^check: PASS' && \
-           $MPIRUN -np 4 $L08 --layers 3 --tp 1 --pp 2 --schedule zb-h1 --zero 0 --train 4 --resume \$d | grep -q '^check: PASS' && echo 'resharded ok'"
+           $MPIRUN -np 4 $L08 --layers 3 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && \
+           $MPIRUN -np 1 $L08 --layers 3 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && \
+           $MPIRUN -np 4 $L08 --layers 3 --tp 1 --pp 2 --schedule zb-h1 --zero 0 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && echo 'resharded ok'"
 check "08 checkpoint: a rank killed with SIGKILL during a save leaves the previous checkpoint, and resuming from it equals the uninterrupted run" 0 '^same bits: [0-9]+ files' \
   bash -c "d=$LOG/ck08c; rm -rf \$d; $MPIRUN -np 4 $L08 --train 5 --dump \$d/whole >/dev/null && \
            { FF_TEST_KILL_IN_SAVE=1:4 $MPIRUN -x FF_TEST_KILL_IN_SAVE -np 4 $L08 --train 5 --save-every 2 --save \$d/ck >/dev/null 2>&1; test \$? -ne 0; } && \
            test -d \$d/ck/step-000002 && test ! -e \$d/ck/step-000004 && \
-           $MPIRUN -np 4 $L08 --train 5 --resume \$d/ck --dump \$d/resumed | grep -q 'step-000002: 2 steps done' && \
+           $MPIRUN -np 4 $L08 --train 5 --resume \$d/ck --dump \$d/resumed | grep 'step-000002: 2 steps done' >/dev/null && \
            n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
 check "08 checkpoint: --keep 2 keeps the newest two, --train 0 samples a resumed model" 0 '^kept: step-000004 step-000006' \
   bash -c "d=$LOG/ck08d; rm -rf \$d; $MPIRUN -np 2 $L08 --tp 1 --train 6 --save-every 2 --keep 2 --save \$d >/dev/null && \
-           $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d --sample 20 | grep -q '^training: no step in this run' && \
+           $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d --sample 20 | grep '^training: no step in this run' >/dev/null && \
            echo kept: \$(ls \$d)"
 check "08 checkpoint into PyTorch: tests/reference/model.py loaded from a checkpoint gives lesson 08's validation loss" 0 \
   '^validation batch 0: PyTorch .*: ok' \

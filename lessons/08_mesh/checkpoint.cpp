@@ -343,6 +343,7 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
                      const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
                      int64_t steps_done) {
   Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
+  const Stopwatch watch;
   Comm& world = lesson.comm;
   const bool root = world.rank() == 0;
   const std::vector<FileSpec> files = files_of(here.table);
@@ -421,8 +422,9 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   lesson.usage_error_if(!err.empty(), "--save: " + err);
   uint64_t bytes = 0;
   for (const FileSpec& f : files) bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
-  lesson.print("checkpoint after %lld steps: %s (%zu files, %s)\n", (long long)steps_done, final_dir.c_str(),
-               files.size() + 1, human_bytes((double)bytes).c_str());
+  const double s = watch.seconds();
+  lesson.print("checkpoint after %lld steps: %s (%zu files, %s) in %.1f ms, %.0f MB/s\n", (long long)steps_done,
+               final_dir.c_str(), files.size() + 1, human_bytes((double)bytes).c_str(), s * 1e3, (double)bytes / s / 1e6);
 }
 
 std::string checkpoint_dir(const std::string& path) {
@@ -492,6 +494,7 @@ std::string check_manifest(const std::string& dir, const model::Config& c, const
 
 CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
                                  const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state) {
+  const Stopwatch watch;
   Comm& world = lesson.comm;
   const std::vector<FileSpec> files = files_of(here.table);
   const std::string dir = checkpoint_dir(path);
@@ -532,6 +535,9 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
       g->adam()->restore(mv[0], mv[1], info.adam_steps);
     }
   }
+  world.barrier();  // every rank has read its slices
+  info.seconds = watch.seconds();
+  for (const FileSpec& f : files) info.bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
   return info;
 }
 

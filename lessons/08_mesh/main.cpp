@@ -168,7 +168,9 @@ int64_t resume_if_asked(Lesson& lesson, Options& opts, const Setup& setup, Mesh&
                                                {{&opt.dense, &opt.replicated, &opt.experts}});
   one_process.resume(checkpoint_dir(opts.resume), got.adam_steps);
   if (opts.steps == 0) opts.steps = got.steps_done;  // --train 0: no step, the model as it was saved
-  lesson.print("resumed from %s: %lld steps done\n", checkpoint_dir(opts.resume).c_str(), (long long)got.steps_done);
+  lesson.print("resumed from %s: %lld steps done (%s checked and read in %.1f ms, %.0f MB/s)\n",
+               checkpoint_dir(opts.resume).c_str(), (long long)got.steps_done, human_bytes((double)got.bytes).c_str(),
+               got.seconds * 1e3, (double)got.bytes / got.seconds / 1e6);
   return got.steps_done;
 }
 
