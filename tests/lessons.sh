@@ -473,6 +473,13 @@ check "08 checkpoint: saved on 16 ranks (ZeRO-2, buckets), resumed on 4 (dp2 x t
            $MPIRUN -np 4 $L08 --layers 3 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && \
            $MPIRUN -np 1 $L08 --layers 3 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && \
            $MPIRUN -np 4 $L08 --layers 3 --tp 1 --pp 2 --schedule zb-h1 --zero 0 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && echo 'resharded ok'"
+check "08 checkpoint under ZeRO-3: resumed on the same mesh bit for bit, and on 16 ranks (ZeRO-3, SP) and on one process" 0 '^same bits: [0-9]+ files' \
+  bash -c "d=$LOG/ck08z; rm -rf \$d; $MPIRUN -np 4 $L08 --zero 3 --train 4 --dump \$d/whole >/dev/null && \
+           $MPIRUN -np 4 $L08 --zero 3 --train 2 --save \$d/ck >/dev/null && \
+           $MPIRUN -np 16 $L08 --layers 2 --zero 3 --train 4 --resume \$d/ck | grep '^check: PASS' >/dev/null && \
+           $MPIRUN -np 1 $L08 --train 4 --resume \$d/ck | grep '^check: PASS' >/dev/null && \
+           $MPIRUN -np 4 $L08 --zero 3 --train 4 --resume \$d/ck --dump \$d/resumed >/dev/null && \
+           n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
 check "08 checkpoint: a rank killed with SIGKILL during a save leaves the previous checkpoint, and resuming from it equals the uninterrupted run" 0 '^same bits: [0-9]+ files' \
   bash -c "d=$LOG/ck08c; rm -rf \$d; $MPIRUN -np 4 $L08 --train 5 --dump \$d/whole >/dev/null && \
            { FF_TEST_KILL_IN_SAVE=1:4 $MPIRUN -x FF_TEST_KILL_IN_SAVE -np 4 $L08 --train 5 --save-every 2 --save \$d/ck >/dev/null 2>&1; test \$? -ne 0; } && \
@@ -526,7 +533,6 @@ usage_error "08 bad input: --overlap compare without paired steps (1f1b)" $MPIRU
 usage_error "08 bad input: --resume of a directory with no checkpoint" $MPIRUN -np 2 $L08 --tp 1 --resume $LOG/no-such-checkpoint
 usage_error "08 bad input: --save into a path that cannot be a directory" $MPIRUN -np 2 $L08 --tp 1 --save /proc/no-such-dir
 usage_error "08 bad input: --train 0 without --resume" $MPIRUN -np 2 $L08 --tp 1 --train 0
-usage_error "08 bad input: --save with --zero 3 (not yet)" $MPIRUN -np 2 $L08 --tp 1 --zero 3 --save $LOG/ck08z
 usage_error "08 bad input: --resume of a checkpoint missing a file (named)" \
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e1 >/dev/null && c=$LOG/ck08e1/step-000001 && rm \$c/head.exp_avg.npy && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
 usage_error "08 bad input: --resume of a truncated file (named)" \

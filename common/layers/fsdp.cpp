@@ -190,6 +190,23 @@ zero::Memory ShardGroup::memory() const {
   return m;
 }
 
+void ShardGroup::for_each_shard_run(const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const {
+  const int dp = group_.size(), r = group_.rank();
+  int64_t shard_at = 0;  // where the unit's block starts in this rank's shard
+  for (size_t u = 0; u < units_.size(); u++) {
+    const Unit& unit = units_[u];
+    const int64_t block = unit.padded / dp, lo = r * block, hi = std::min(unit.numel, lo + block);
+    int64_t start = 0;  // the unit-relative position of a weight's first element
+    for (size_t i = 0; i < order_.size() && start < hi; i++) {
+      if (unit_of_[i] != (int)u) continue;
+      const int64_t n = order_[i]->numel(), a = std::max(lo, start), z = std::min(hi, start + n);
+      if (a < z) fn(i, a - start, shard_at + (a - lo), z - a);
+      start += n;
+    }
+    shard_at += block;
+  }
+}
+
 size_t ShardGroup::unit_bytes(int unit) const { return (size_t)units_[(size_t)unit].numel * sizeof(float); }
 
 // ---- the units' schedule

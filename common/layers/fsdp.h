@@ -28,6 +28,7 @@
 // collectives then come in the same order on every rank).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ class ShardGroup {
   int64_t numel() const;
   const std::vector<Tensor*>& params() const { return order_; }  // in add() order
   int unit_of(size_t i) const { return unit_of_[i]; }           // params()[i]'s unit
+  // This rank's shards, run by run: fn(i, local, at, count) for `count` numbers of params()[i]
+  // from its element `local` on, held at param_shard()[at] (and at the same place of AdamW's m
+  // and v): a checkpoint maps them to the full tensors.
+  void for_each_shard_run(const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const;
+  Tensor& param_shard() { return all_params_; }  // every unit's block of the weights, back to back
+  int64_t shard_size() const { return all_params_.defined() ? all_params_.numel() : 0; }
+  Adam& adam() { return adam_; }
   void zero_fill(int unit);  // the planted bug's "gather": the unit's weights allocated as zeros
   // The mean gradient of the last step, whole, per weight in add() order (gathered over check).
   std::vector<Tensor> mean_grads(Comm& check) const;

@@ -395,6 +395,8 @@ GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage
 
 GroupAdam::~GroupAdam() = default;
 
+Adam* GroupAdam::adam() { return z0_ ? &z0_->adam() : z1_ ? &z1_->adam() : &z3_->adam(); }
+
 void GroupAdam::add(Tensor* p, size_t key, int unit) {
   params.push_back(p), keys.push_back(key), numel += p->numel();
   if (z3_) z3_->add(p, unit);

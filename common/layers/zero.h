@@ -321,8 +321,8 @@ class GroupAdam {
   void flush() { if (!params.empty() && !z3_) buckets().flush(); }
   fsdp::ShardGroup* shards() { return z3_.get(); }  // ZeRO-3's, else nullptr
   // The stage's AdamW (ZeRO-0: m and v per weight; ZeRO-1, -2: one shard tensor laid out by
-  // sharded()->buckets()); nullptr under ZeRO-3.
-  Adam* adam() { return z0_ ? &z0_->adam() : z1_ ? &z1_->adam() : nullptr; }
+  // sharded()->buckets(); ZeRO-3: one laid out by shards()).
+  Adam* adam();
   const ShardedAdam* sharded() const { return z1_.get(); }
   Memory memory() const;
   // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/core/npy.h"
+#include "common/layers/fsdp.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/util/files.h"
 #include "lessons/08_mesh/formulas.h"
@@ -177,8 +178,21 @@ Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int ze
     plan.pieces.push_back({file, full, r, lo, hi, plan.store[s].data() + at});
     plan.writes.push_back(writes);
   };
-  // the weights
-  for (size_t k = 0; k < table.names.size(); k++) {
+  // the weights: whole local tensors; under ZeRO-3 this rank's shards of them (the tensors are
+  // released between uses), run by run
+  for (zero::GroupAdam* g : state.groups) {
+    fsdp::ShardGroup* shards = zero == 3 ? g->shards() : nullptr;
+    if (!shards || g->params.empty()) continue;
+    const size_t s = add_store(&plan, shards->shard_size());
+    if (fill) plan.store[s] = shards->param_shard().to_vector();
+    shards->for_each_shard_run([&](size_t i, int64_t local, int64_t at, int64_t count) {
+      const size_t k = g->keys[i];
+      piece(table.names[k], table.full_shapes[k], region(k), local, local + count, s, at,
+            who.writes_block(table.names[k]));
+    });
+    plan.params.push_back({shards->param_shard(), s});
+  }
+  for (size_t k = 0; k < table.names.size() && zero < 3; k++) {
     if (!table.params[k]) continue;
     const Tensor& t = *table.params[k];
     const size_t s = add_store(&plan, t.numel());
@@ -215,10 +229,14 @@ Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int ze
                 who.writes_whole(table.names[k]));
         }
       } else {
-        const zero::GradBuckets& b = g->sharded()->buckets();
-        const size_t s = add_store(&plan, b.shard_size());
+        const auto runs = [&](const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) {
+          if (zero == 3) g->shards()->for_each_shard_run(fn);
+          else g->sharded()->buckets().for_each_shard_run(fn);
+        };
+        const int64_t shard = zero == 3 ? g->shards()->shard_size() : g->sharded()->buckets().shard_size();
+        const size_t s = add_store(&plan, shard);
         if (fill && have) plan.store[s] = (mv == 0 ? adam->exp_avg() : adam->exp_avg_sq())[0].to_vector();
-        b.for_each_shard_run([&](size_t i, int64_t local, int64_t at, int64_t count) {
+        runs([&](size_t i, int64_t local, int64_t at, int64_t count) {
           const size_t k = g->keys[i];
           piece(table.names[k] + suffix, table.full_shapes[k], region(k), local, local + count, s, at,
                 who.writes_block(table.names[k]));
@@ -529,7 +547,8 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
         if (opts.zero == 0) {
           for (Tensor* p : g->params) mv[k].push_back(Tensor::from_vector(plan.store[s++], p->shape(), p->device()));
         } else {
-          mv[k].push_back(Tensor::from_vector(plan.store[s++], {g->sharded()->buckets().shard_size()}));
+          const int64_t shard = opts.zero == 3 ? g->shards()->shard_size() : g->sharded()->buckets().shard_size();
+          mv[k].push_back(Tensor::from_vector(plan.store[s++], {shard}));
         }
       }
       g->adam()->restore(mv[0], mv[1], info.adam_steps);

@@ -13,14 +13,15 @@
 // cut it; a full tensor means the same on any mesh, in PyTorch, in numpy. Each rank still writes
 // only what it owns, straight into the full files at the right offsets (pwrite): rank 0 creates
 // every file at its final size with its header, every rank writes its slices (a TP rank its
-// columns or rows, an EP rank its experts, a ZeRO rank its block of m and v, exactly one rank per
+// columns or rows, an EP rank its experts, a ZeRO rank its block of m and v (ZeRO-3: of the
+// weights too), exactly one rank per
 // number: a replicated weight is written by the first rank holding it), each flushes its file
 // descriptors (fsync), and rank 0 writes the manifest last. Nobody gathers the model.
 // Atomic: all of it goes into .tmp-step-NNNNNN, renamed to step-NNNNNN once complete (a rename
 // within a directory is atomic); the previous checkpoints stay until then, the oldest beyond
 // --keep are removed after. A run killed at any moment leaves every step-* directory complete.
 // Resuming reads the same way backwards: each rank reads from the full files only the slices its
-// own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage 0 to 2), checked against the
+// own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage), checked against the
 // manifest's CRC-32 and shapes first.
 #pragma once
 #include <cstdint>

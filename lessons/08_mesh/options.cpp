@@ -117,8 +117,6 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
                         "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
   const bool checkpoints = !opts.save.empty() || !opts.resume.empty();
   lesson.usage_error_if(opts.steps == 0 && opts.resume.empty(), "--train 0 needs --resume (a model to validate or sample)");
-  lesson.usage_error_if(checkpoints && opts.zero == 3, "--save and --resume run with --zero 0, 1 or 2 (ZeRO-3's "
-                        "shards are not written yet)");
   lesson.usage_error_if(checkpoints && opts.bug != "none", "--save and --resume run without --bug");
   if (!opts.save.empty()) {
     const std::string err = check_output_path(opts.save, PathKind::dir);
