@@ -486,6 +486,10 @@ check "08 checkpoint: a rank killed with SIGKILL during a save leaves the previo
            test -d \$d/ck/step-000002 && test ! -e \$d/ck/step-000004 && \
            $MPIRUN -np 4 $L08 --train 5 --resume \$d/ck --dump \$d/resumed | grep 'step-000002: 2 steps done' >/dev/null && \
            n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
+check "08 checkpoint: a full disk during a save (a rank's writes failing with ENOSPC) is one error naming the file, exit 2; the previous checkpoint resumes" 0 '^previous intact' \
+  bash -c "d=$LOG/ck08f; rm -rf \$d; out=\$(FF_TEST_FULL_DISK_IN_SAVE=1:4 $MPIRUN -x FF_TEST_FULL_DISK_IN_SAVE -np 4 $L08 --train 4 --save-every 2 --save \$d 2>&1); \
+           test \$? -eq 2 || exit 1; echo \"\$out\" | tail -n 1 | grep -E '^error: --save: cannot write .*/\\.tmp-step-000004/.*\\.npy: No space left on device' || exit 1; \
+           test ! -e \$d/step-000004 && $MPIRUN -np 4 $L08 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && echo 'previous intact'"
 check "08 checkpoint: --keep 2 keeps the newest two, --train 0 samples a resumed model" 0 '^kept: step-000004 step-000006' \
   bash -c "d=$LOG/ck08d; rm -rf \$d; $MPIRUN -np 2 $L08 --tp 1 --train 6 --save-every 2 --keep 2 --save \$d >/dev/null && \
            $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d --sample 20 | grep '^training: no step in this run' >/dev/null && \

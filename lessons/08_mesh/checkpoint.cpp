@@ -280,8 +280,9 @@ std::string crc_of(const std::string& path, uint32_t* crc, uint64_t* size) {
 }
 
 // pwrite / pread every run of the pieces, file by file. write: the writer's pieces only.
+// full_disk: every write fails as on a full disk (ENOSPC, as /dev/full's do): the test's.
 std::string transfer(const std::string& dir, const Plan& plan, bool write,
-                     const std::map<std::string, uint64_t>& data_offset) {
+                     const std::map<std::string, uint64_t>& data_offset, bool full_disk = false) {
   std::map<std::string, int> fds;
   std::string err;
   for (size_t i = 0; i < plan.pieces.size() && err.empty(); i++) {
@@ -304,7 +305,8 @@ std::string transfer(const std::string& dir, const Plan& plan, bool write,
       size_t left = (size_t)count * sizeof(float);
       off_t off = (off_t)(base + (uint64_t)full_at * sizeof(float));
       while (left > 0) {
-        const ssize_t n = write ? ::pwrite(fd, mem, left, off) : ::pread(fd, mem, left, off);
+        ssize_t n = write ? (full_disk ? -1 : ::pwrite(fd, mem, left, off)) : ::pread(fd, mem, left, off);
+        if (write && full_disk) errno = ENOSPC;
         if (n <= 0) {
           if (n < 0 && errno == EINTR) continue;
           if (n == 0) errno = write ? ENOSPC : EIO;
@@ -392,14 +394,18 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   lesson.usage_error_if(!err.empty(), "--save: " + err);
   // 2. every rank: its slices, straight into the files, flushed
   Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/true);
-  err = transfer(tmp, plan, /*write=*/true, data_offset);
-  // For the test of a crash during a save (tests/lessons.sh): FF_TEST_KILL_IN_SAVE=R:S kills rank
-  // R with SIGKILL once its slices of the checkpoint after S steps are written, the manifest not.
-  if (const char* kill_at = std::getenv("FF_TEST_KILL_IN_SAVE")) {
+  // For the tests of a crash and of a full disk during a save (tests/lessons.sh):
+  // FF_TEST_KILL_IN_SAVE=R:S kills rank R with SIGKILL once its slices of the checkpoint after S
+  // steps are written (the manifest not), FF_TEST_FULL_DISK_IN_SAVE=R:S makes rank R's writes
+  // of that checkpoint fail as on a full disk.
+  const auto test_hook = [&](const char* name) {
+    const char* at = std::getenv(name);
     int r = -1;
     long long s = -1;
-    if (std::sscanf(kill_at, "%d:%lld", &r, &s) == 2 && r == world.rank() && s == steps_done) ::raise(SIGKILL);
-  }
+    return at && std::sscanf(at, "%d:%lld", &r, &s) == 2 && r == world.rank() && s == steps_done;
+  };
+  err = transfer(tmp, plan, /*write=*/true, data_offset, test_hook("FF_TEST_FULL_DISK_IN_SAVE"));
+  if (test_hook("FF_TEST_KILL_IN_SAVE")) ::raise(SIGKILL);
   err = agree(world, err);
   lesson.usage_error_if(!err.empty(), "--save: " + err);
   // 3. rank 0: the manifest last, then the rename that makes it visible, then the old ones go
