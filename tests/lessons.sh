@@ -463,11 +463,14 @@ check "08 --overlap compare: the pairs one after the other and overlapped give t
            echo \"\$out\" | grep -Eq '^hidden fraction of the paired steps: worst -?[0-9.]+, mean'"
 # checkpoints: saved on one mesh, resumed on the same one (every dumped number the same bits as
 # the run never stopped), on others (the check passes), after a rank killed mid-save
-check "08 checkpoint: saved after 3 steps on dp2 x tp2 and resumed, the dump equals an uninterrupted 6-step run's bit for bit" 0 '^same bits: [0-9]+ files' \
-  bash -c "d=$LOG/ck08a; rm -rf \$d; $MPIRUN -np 4 $L08 --train 6 --dump \$d/whole >/dev/null && \
-           $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
-           $MPIRUN -np 4 $L08 --train 6 --resume \$d/ck --dump \$d/resumed | grep 'resumed from .*step-000003: 3 steps done' >/dev/null && \
-           n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && echo \"same bits: \$n files\""
+check "08 checkpoint: saved after 3 steps on dp2 x tp2 and resumed, every step's loss and the dump equal an uninterrupted 6-step run's bit for bit" 0 '^same bits: [0-9]+ files, 6 steps' \
+  bash -c "d=$LOG/ck08a; rm -rf \$d; mkdir -p \$d; $MPIRUN -np 4 $L08 --train 6 --dump \$d/whole --csv \$d/whole.csv >/dev/null && \
+           $MPIRUN -np 4 $L08 --train 3 --save \$d/ck --csv \$d/parts.csv >/dev/null && \
+           $MPIRUN -np 4 $L08 --train 6 --resume \$d/ck --dump \$d/resumed --csv \$d/parts.csv | grep 'resumed from .*step-000003: 3 steps done' >/dev/null && \
+           grep '^step,' \$d/whole.csv | cut -d, -f6-8 > \$d/whole.steps && grep '^step,' \$d/parts.csv | cut -d, -f6-8 > \$d/parts.steps && \
+           cmp \$d/whole.steps \$d/parts.steps && \
+           n=0 && for f in \$d/whole/*.npy; do cmp \$f \$d/resumed/\$(basename \$f) || exit 1; n=\$((n + 1)); done && \
+           echo \"same bits: \$n files, \$(wc -l < \$d/whole.steps) steps\""
 check "08 checkpoint: saved on 16 ranks (ZeRO-2, buckets), resumed on 4 (dp2 x tp2), 1, and 4 (pp2, zb-h1): the check passes" 0 '^resharded ok' \
   bash -c "d=$LOG/ck08b; rm -rf \$d; $MPIRUN -np 16 $L08 --layers 3 --zero 2 --bucket-mb 0.02 --train 2 --save \$d >/dev/null && \
            $MPIRUN -np 4 $L08 --layers 3 --train 4 --resume \$d | grep '^check: PASS' >/dev/null && \
