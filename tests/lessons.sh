@@ -460,7 +460,7 @@ check "08 --overlap compare: the pairs one after the other and overlapped give t
   'overlapped pairs. gradients = one after the other.s, bit for bit, every step   PASS' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule dualpipev --layers 4 --dense-layers 0 --train 2 \
            --ranks-per-node 4 --link intra=50MB/s,latency=50us --overlap compare) || exit 1; echo \"\$out\"; \
-           echo \"\$out\" | grep -Eq '^hidden fraction of the paired steps: worst -?[0-9.]+, mean'"
+           echo \"\$out\" | grep -Eq '^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)'"
 # checkpoints: saved on one mesh, resumed on the same one (every dumped number the same bits as
 # the run never stopped), on others (the check passes), after a rank killed mid-save
 check "08 checkpoint: saved after 3 steps on dp2 x tp2 and resumed, every step's loss and the dump equal an uninterrupted 6-step run's bit for bit" 0 '^same bits: [0-9]+ files, 6 steps' \

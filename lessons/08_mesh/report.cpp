@@ -186,6 +186,9 @@ void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, c
   if (counted > 0)
     lesson.print("hidden fraction of the paired steps: worst %.2f, mean %.2f over the ranks%s\n", worst,
                  mean / counted, setup.link.enabled ? "" : " (links not modelled: --link gives the messages their time)");
+  else
+    lesson.print("hidden fraction of the paired steps: n/a (no rank's communication measured above the noise of its "
+                 "compute: --link with slower links gives the messages their time)\n");
 }
 
 double print_buckets(const Lesson& lesson, Comm& world, const Options& opts, const Setup& setup,
