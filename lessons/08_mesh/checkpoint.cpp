@@ -461,7 +461,7 @@ namespace {
 
 // The manifest, checked against the flags and the files (on the calling rank); "" or the error.
 std::string check_manifest(const std::string& dir, const model::Config& c, const std::vector<FileSpec>& files,
-                           bool crcs, nlohmann::json* out) {
+                           int crc_rank, int crc_ranks, nlohmann::json* out) {
   const std::string path = dir + "/manifest.json";
   nlohmann::json m;
   try {
@@ -486,7 +486,8 @@ std::string check_manifest(const std::string& dir, const model::Config& c, const
     if (!m["model"].contains(it.key()) || m["model"][it.key()] != it.value())
       return path + ": the checkpoint's model has " + it.key() + " = " + m["model"].value(it.key(), nlohmann::json()).dump() +
              ", the flags " + it.value().dump() + " (a checkpoint resumes the same model on any mesh)";
-  for (const FileSpec& f : files) {
+  for (size_t i = 0; i < files.size(); i++) {
+    const FileSpec& f = files[i];
     const std::string file = dir + "/" + f.file + ".npy";
     if (!m["tensors"].contains(f.file)) return path + ": no entry for " + file;
     const nlohmann::json& t = m["tensors"][f.file];
@@ -500,7 +501,7 @@ std::string check_manifest(const std::string& dir, const model::Config& c, const
     if (info.descr != "<f4" || info.shape != f.shape)
       return file + ": holds " + info.descr + " of shape " + nlohmann::json(info.shape).dump() + ", the model's is <f4 of " +
              nlohmann::json(f.shape).dump();
-    if (crcs) {
+    if ((int)(i % (size_t)crc_ranks) == crc_rank) {  // the ranks share the CRC-32s, a file each in turn
       uint32_t crc = 0;
       uint64_t size = 0;
       const std::string err = crc_of(file, &crc, &size);
@@ -524,9 +525,9 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   const std::string dir = checkpoint_dir(path);
   std::string err = dir.empty() ? "--resume " + path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
   lesson.usage_error_if(!(err = agree(world, err)).empty(), err);
-  // rank 0 checks every file's CRC-32; the others their headers
+  // every rank checks every file's header, and every P-th file's CRC-32
   nlohmann::json m;
-  err = agree(world, check_manifest(dir, setup.c, files, world.rank() == 0, &m));
+  err = agree(world, check_manifest(dir, setup.c, files, world.rank(), world.size(), &m));
   lesson.usage_error_if(!err.empty(), "--resume: " + err);
   CheckpointInfo info;
   info.steps_done = m["steps_done"].get<int64_t>();

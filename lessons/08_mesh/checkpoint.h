@@ -55,7 +55,7 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
 struct CheckpointInfo {
   int64_t steps_done = 0;  // training steps taken; the next step's batch is step steps_done's
   int64_t adam_steps = 0;  // AdamW's t
-  double seconds = 0;      // the resume: checked (rank 0: every CRC-32) and read by every rank
+  double seconds = 0;      // the resume: checked (the CRC-32s shared by the ranks) and read
   uint64_t bytes = 0;      // the checkpoint's files
 };
 
