@@ -138,6 +138,13 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
+Comm Comm::duplicate_counted() const {
+  Comm c = split(0, rank_);
+  c.counts_ = counts_;
+  c.label_ = label_;
+  return c;
+}
+
 void Comm::set_timeout(double seconds) {
   timeout_s_ = seconds;
   if (nccl_) nccl_->set_timeout(seconds);

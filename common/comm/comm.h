@@ -258,6 +258,10 @@ class Comm {
   // Ranks with the same color form a new Comm, ordered by key (MPI_Comm_split); with NCCL
   // enabled, the matching NCCL communicator too (ncclCommSplit).
   Comm split(int color, int key) const;
+  // The same ranks as a new communicator, counted (and labelled) as this one: two streams of
+  // collectives over one group that must not depend on each other's order on every rank (lesson
+  // 08's dense and replicated gradient buckets, each posting as its hooks fire). Collective.
+  Comm duplicate_counted() const;
 
   // ---- NCCL (common/comm/nccl.h)
   // Collective: sets up NCCL on this communicator, so that calls on buffers of `device` go to

@@ -118,10 +118,9 @@ enum class Bug {
 // A parameter the last backward does not reach at all holds its bucket back until flush().
 // Buckets are posted in order, bucket b only after b - 1: MPI's collectives on one
 // communicator must be posted in the same order on every rank, and ranks need not see their
-// gradients complete in the same order. Two GradBuckets on copies of one communicator (lesson
-// 08's dense and replicated weights, both over DP x CP) interleave their posts as their hooks
-// fire: the same on every rank only because every rank of the group runs the same backward
-// graph. A group whose graphs could differ gives each GradBuckets its own communicator.
+// gradients complete in the same order. Two GradBuckets over the same ranks interleave their
+// posts as their hooks fire, so each needs its own communicator (Comm::duplicate_counted:
+// lesson 08's dense and replicated weights, both over DP x CP).
 struct BucketTimes {     // one step's reduction
   int buckets = 0;
   int posted_early = 0;  // posted during the backward (after arm(), before flush())

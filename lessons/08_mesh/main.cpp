@@ -106,8 +106,9 @@ int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embeddi
 Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam)
     : dense(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
       experts(mesh.edp(), adam, (int)opts.zero, zero::Bug::none, (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)),
-      replicated(mesh.dp_cp(), adam, (int)opts.zero, zero_bug(opts.bug), (size_t)(opts.bucket_mb * 1e6),
-                 zero3_units(opts, setup)) {  // under SP, with ZeRO-3 or buckets
+      replicated(mesh.dp_cp().duplicate_counted(), adam, (int)opts.zero, zero_bug(opts.bug),
+                 (size_t)(opts.bucket_mb * 1e6), zero3_units(opts, setup)) {  // under SP, with ZeRO-3 or buckets:
+                 // its own communicator, so that its buckets' order and the dense ones' never mix
   // [slide:ep-optimizers]
   // Two optimizers: the dense weights averaged over DP x CP (data_ranks); under EP the experts
   // over expert-DP (the stage's ranks holding the same experts, edp = dp cp tp / ep). Their
