@@ -295,10 +295,6 @@ class Comm {
   // Bytes of every point-to-point send (isend, issend, send, ssend, sendrecv, tensor sends)
   // this process has posted on any Comm since the start or the last reset, per class.
   static LinkBytes bytes_sent();
-  // Seconds this process has sat blocked in waits (every wait, blocking calls' included) since
-  // it started: lesson 08 takes the difference around a step to split it into compute and
-  // communication.
-  static double waited_s();
   static void reset_bytes_sent();
 
   // ---- tensors (float32 or int64; staged through the host when not on cpu, except cuda

@@ -154,18 +154,7 @@ static void check_received(const Request& r, const MPI_Status& status, int rank)
                                         << " bytes, got " << got);
 }
 
-// Time this process sat in waits (wait_one, and wait_all's MPI part), for Comm::waited_s.
-static double g_waited_s = 0;
-namespace {
-struct WaitClock {
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  ~WaitClock() { g_waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
-};
-}  // namespace
-double Comm::waited_s() { return g_waited_s; }
-
 MPI_Status Comm::wait_one(Request& r) {
-  const WaitClock clock;
   MPI_Status status;
   std::memset(&status, 0, sizeof status);
   status.MPI_SOURCE = MPI_PROC_NULL;
@@ -326,7 +315,6 @@ void Comm::wait_all(std::vector<Request>& rs) {
         if ((r.nccl != nullptr) == (pass == 1)) wait(r);
     return;
   }
-  const WaitClock clock;
   std::vector<MPI_Request> handles;  // the pending requests, for MPI_Testsome
   std::vector<size_t> where;         // handles[i] is rs[where[i]].req
   // Completed in MPI, not yet in the link model: (index in rs, its status). Requests test()

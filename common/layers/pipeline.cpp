@@ -41,7 +41,7 @@ void Executor::run() {
     std::vector<Tensor> inbox;
     for (const Op& op : ops) inbox.push_back(receive_for(op));
     // 2. compute, timed
-    const double start = trace().now_us(), waited0 = Comm::waited_s();
+    const double start = trace().now_us();
     std::vector<Tensor> outbox(ops.size());
     if (step.paired && opt_.overlap_pairs) {
       // a pair is an F and a B or I (schedule.h); run_step starts them in DeepSeek-V3's
@@ -56,7 +56,7 @@ void Executor::run() {
     if (opt_.after_compute) opt_.after_compute(step, start);
     const double end = trace().now_us();
     busy_us_ += end - start;
-    if (step.paired) paired_wall_s_ += (end - start) * 1e-6, paired_waited_s_ += Comm::waited_s() - waited0;
+    if (step.paired) paired_wall_s_ += (end - start) * 1e-6;
     end_us_ = end;
     if (opt_.trace_steps) trace().add(to_string(step), "compute", start, end);
     // 3. send the results on (non-blocking: the next op does not wait for the neighbour)

@@ -64,11 +64,9 @@ class Executor {
   int peak_live() const { return peak_live_; }      // most micro-batches held at once
   double busy_us() const { return busy_us_; }       // time inside ops
   double end_us() const { return end_us_; }         // when the last op ended (trace clock)
-  // The paired steps (F&B) alone: their compute's wall time, and the part of it this rank sat
-  // blocked in waits (Comm::waited_s), seconds. One after the other, wall - waited is their
-  // compute and waited their communication; overlapped, the wall is what they cost.
+  // The paired steps (F&B) alone: their compute's wall time, seconds (lesson 08's --overlap
+  // compare times them one after the other and overlapped).
   double paired_wall_s() const { return paired_wall_s_; }
-  double paired_waited_s() const { return paired_waited_s_; }
 
  private:
   struct Live {  // what a micro-batch leaves on this stage between its F and its B (or W)
@@ -96,7 +94,7 @@ class Executor {
   int w_run_ = 0, w_total_ = 0;  // for drop_last_w
   size_t last_weight_step_ = 0;  // for before_last_weight_grads
   double busy_us_ = 0, end_us_ = 0;
-  double paired_wall_s_ = 0, paired_waited_s_ = 0;
+  double paired_wall_s_ = 0;
 };
 
 }  // namespace ff::pp

@@ -567,10 +567,4 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   return info;
 }
 
-std::vector<Tensor> read_full(const std::string& checkpoint, const std::vector<std::string>& files) {
-  std::vector<Tensor> out;
-  for (const std::string& f : files) out.push_back(load_npy(checkpoint + "/" + f + ".npy"));
-  return out;
-}
-
 }  // namespace ff::mesh

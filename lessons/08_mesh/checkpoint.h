@@ -80,8 +80,6 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
 CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
                                  const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state);
 
-// The full tensors of a checkpoint, for one process (the check's twin on rank 0): name -> values.
-std::vector<Tensor> read_full(const std::string& checkpoint, const std::vector<std::string>& files);
 // The checkpoint directory resume_checkpoint reads (the newest step-* of a --save directory).
 std::string checkpoint_dir(const std::string& path);
 
