@@ -115,29 +115,35 @@ std::vector<float> flat_mean(const std::vector<Tensor>& p0, const zero::ShardedA
 }
 
 // Runs ZeRO-0 and ZeRO-1 (with `bug`) side by side from the same parameters for kSteps steps
-// and counts, bitwise, ZeRO-1's parameters and mean-gradient shard that differ from ZeRO-0's.
+// and counts, bitwise, ZeRO-1's (or with stage and bucket_bytes, ZeRO-2's, in buckets)
+// parameters and mean gradient that differ from ZeRO-0's.
 // The gradient matters: AdamW is nearly invariant to the gradient's scale (m / sqrt(v)), so a
 // gradient dp times too large moves the parameters only through eps, below float rounding
 // for dp = 2 or 4; the mean gradient itself is off by a factor dp.
 struct Versus {
   Diff params, grads;
 };
-Versus zero1_vs_zero0(const std::vector<Shape>& shapes, bool exact, zero::Bug bug) {
+Versus sharded_vs_zero0(const std::vector<Shape>& shapes, bool exact, zero::Bug bug, int stage = 1,
+                        size_t bucket_bytes = 0) {
   Comm c = world();
+  Comm check = c.split(0, c.rank());
   std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
   zero::DataParallelAdam z0(c, kAdam);
-  zero::ShardedAdam z1(c, kAdam, bug);
+  zero::ShardedAdam z(c, kAdam, bug, stage, bucket_bytes);
   Versus v;
   for (int s = 0; s < kSteps; s++) {
     set_grads(p0, c.rank(), s, exact);
     set_grads(p1, c.rank(), s, exact);
     z0.step(pointers(p0));
-    z1.step(pointers(p1));
+    z.step(pointers(p1));
     Diff d = diff_params(p0, p1);
     v.params.count += d.count, v.params.max = std::max(v.params.max, d.max);
-    std::vector<float> mean = flat_mean(p0, z1, c.size());
-    add_diff(z1.grad_shard().data(), mean.data() + z1.shard_begin(), z1.shard_size(), nullptr,
-             &v.grads);
+    // the mean gradient ShardedAdam used (every rank's shard, gathered) against ZeRO-0's .grad()
+    const std::vector<float> mean = z.gather_mean_grad(check);
+    int64_t at = 0;
+    for (const Tensor& p : p0) add_diff(mean.data() + at, p.grad().data(), p.numel(), nullptr, &v.grads), at += p.numel();
+    if (stage == 2)  // ZeRO-2 keeps no full gradient after its step
+      for (const Tensor& p : p1) CHECK_FALSE(p.grad().defined());
   }
   return v;
 }
@@ -183,11 +189,11 @@ TEST_CASE("zero: ZeRO-1 equals ZeRO-0 over several steps (padding, mixed shapes)
   for (const auto& shapes : kLists) {
     CAPTURE(shapes.size());
     // Exact gradients: both reductions give the same mean, so the parameters are bitwise equal.
-    Versus v = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::none);
+    Versus v = sharded_vs_zero0(shapes, /*exact=*/true, zero::Bug::none);
     CHECK_MESSAGE(v.params.count == 0, v.params.count << " parameters differ, max " << v.params.max);
     CHECK_MESSAGE(v.grads.count == 0, v.grads.count << " gradients differ, max " << v.grads.max);
     if (c.size() <= 2) {  // one addition per element: bitwise for any gradients
-      Versus g = zero1_vs_zero0(shapes, /*exact=*/false, zero::Bug::none);
+      Versus g = sharded_vs_zero0(shapes, /*exact=*/false, zero::Bug::none);
       CHECK_MESSAGE(g.params.count == 0, g.params.count << " parameters differ, max " << g.params.max);
       CHECK_MESSAGE(g.grads.count == 0, g.grads.count << " gradients differ, max " << g.grads.max);
     }
@@ -269,13 +275,13 @@ TEST_CASE("zero: planted errors are caught by the ZeRO-1 vs ZeRO-0 comparison") 
     CAPTURE(shapes.size());
     // A stale shard: the all-gather sends the block from before the step. Caught at any dp
     // (at dp 1 the whole update is lost).
-    Versus stale = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::stale_shard);
+    Versus stale = sharded_vs_zero0(shapes, /*exact=*/true, zero::Bug::stale_shard);
     CHECK_MESSAGE(stale.params.count > 0, "a stale shard went unnoticed");
     // No divide: the step uses dp times the mean gradient, which the gradient comparison sees
-    // (the parameters may not: see zero1_vs_zero0). At dp 1 the sum is the mean: no bug.
+    // (the parameters may not: see sharded_vs_zero0). At dp 1 the sum is the mean: no bug.
     // Counted over the group: a rank that owns only padding (the one-number list) has no
     // gradient to get wrong.
-    Versus sum = zero1_vs_zero0(shapes, /*exact=*/true, zero::Bug::no_divide);
+    Versus sum = sharded_vs_zero0(shapes, /*exact=*/true, zero::Bug::no_divide);
     float wrong = (float)sum.grads.count;
     c.allreduce_sum(&wrong, 1);
     if (c.size() > 1)
@@ -286,32 +292,6 @@ TEST_CASE("zero: planted errors are caught by the ZeRO-1 vs ZeRO-0 comparison") 
 }
 
 namespace {
-
-// ZeRO-0 (one bucket) against ShardedAdam at `stage` with gradient buckets of bucket_bytes, from
-// the same parameters, for kSteps steps: their parameters and their mean gradients (ZeRO-0's
-// .grad(), ShardedAdam's shards gathered), bitwise (exact gradients, or dp <= 2).
-Versus buckets_vs_zero0(const std::vector<Shape>& shapes, int stage, size_t bucket_bytes, bool exact) {
-  Comm c = world();
-  Comm check = c.split(0, c.rank());
-  std::vector<Tensor> p0 = make_params(shapes), p1 = make_params(shapes);
-  zero::DataParallelAdam z0(c, kAdam);
-  zero::ShardedAdam z(c, kAdam, zero::Bug::none, stage, bucket_bytes);
-  Versus v;
-  for (int s = 0; s < kSteps; s++) {
-    set_grads(p0, c.rank(), s, exact);
-    set_grads(p1, c.rank(), s, exact);
-    z0.step(pointers(p0));
-    z.step(pointers(p1));
-    Diff d = diff_params(p0, p1);
-    v.params.count += d.count, v.params.max = std::max(v.params.max, d.max);
-    const std::vector<float> mean = z.gather_mean_grad(check);
-    int64_t at = 0;
-    for (const Tensor& p : p0) add_diff(mean.data() + at, p.grad().data(), p.numel(), nullptr, &v.grads), at += p.numel();
-    if (stage == 2)  // ZeRO-2 keeps no full gradient after its step
-      for (const Tensor& p : p1) CHECK_FALSE(p.grad().defined());
-  }
-  return v;
-}
 
 // A list long enough to cut: 10 tensors of 1..10 rows of 3.
 std::vector<Shape> ladder() {
@@ -334,7 +314,7 @@ TEST_CASE("zero: ZeRO-1 and ZeRO-2, one bucket or many, equal ZeRO-0 bit for bit
         CAPTURE(bucket_bytes);
         for (bool exact : {true, false}) {
           if (!exact && c.size() > 2) continue;  // several additions: orders may differ (zero.h)
-          Versus v = buckets_vs_zero0(shapes, stage, bucket_bytes, exact);
+          Versus v = sharded_vs_zero0(shapes, exact, zero::Bug::none, stage, bucket_bytes);
           CHECK_MESSAGE(v.params.count == 0, v.params.count << " parameters differ, max " << v.params.max);
           CHECK_MESSAGE(v.grads.count == 0, v.grads.count << " gradients differ, max " << v.grads.max);
         }
