@@ -2,6 +2,7 @@
 // dsv3_ep.h; lesson 05 teaches it).
 #include "common/layers/dsv3_ep.h"
 
+#include <cstring>
 #include <memory>
 #include <numeric>
 
@@ -31,7 +32,7 @@ static void flat_dispatch(Comm& comm, A2A how, const Params& mine, const Tensor&
                           EPForward& f) {
   const int64_t d = x.size(1);
   Tensor xk = slice(moe::permute(x, f.plan), 0, 0, f.kept_rows);
-  f.routes = ep::gather_routes(comm, f.plan.group_sizes.to_index_vector(), f.map.N);
+  f.routes = ep::routes_from_counts(comm.size(), comm.rank(), f.map.N, f.map.counts());
   const ep::Routes& R = f.routes;
   Tensor recv = ep::exchange_rows(comm, how, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
   f.order = R.regroup_order();
@@ -198,6 +199,51 @@ static Tensor hier_combine(Topology& topo, const Tensor& x, EPForward& f) {
 }
 
 // ----------------------------------------------------------------------------
+// The routing map's inputs from every rank, in one allgather: each rank's affinities (T N
+// floats), choices (T K) and kept groups (T M) packed into one message, so that the forward
+// waits on its EP peers once per layer (DeepEP likewise settles its layout in one notify step
+// before the dispatch). Concatenated in rank order, as three allgathers would give them.
+struct RoutingInputs {
+  std::vector<float> s;
+  std::vector<int64_t> idx, groups;
+};
+
+static RoutingInputs gather_routing_inputs(Comm& comm, const Tensor& s, const Tensor& idx,
+                                           const Tensor& groups) {
+  const std::vector<float> sv = s.to_vector();
+  const std::vector<int64_t> iv = idx.to_index_vector(), gv = groups.to_index_vector();
+  const size_t sb = sv.size() * sizeof(float), ib = iv.size() * sizeof(int64_t),
+               gb = gv.size() * sizeof(int64_t), block = sb + ib + gb;
+  std::vector<char> mine(block), every(block * (size_t)comm.size());
+  std::memcpy(mine.data(), sv.data(), sb);
+  std::memcpy(mine.data() + sb, iv.data(), ib);
+  std::memcpy(mine.data() + sb + ib, gv.data(), gb);
+  comm.allgather(mine.data(), block, every.data());
+  RoutingInputs all;
+  all.s.resize(sv.size() * (size_t)comm.size());
+  all.idx.resize(iv.size() * (size_t)comm.size());
+  all.groups.resize(gv.size() * (size_t)comm.size());
+  for (size_t p = 0; p < (size_t)comm.size(); p++) {  // memcpy: the int64 parts need not be aligned
+    const char* b = every.data() + p * block;
+    std::memcpy(all.s.data() + p * sv.size(), b, sb);
+    std::memcpy(all.idx.data() + p * iv.size(), b + sb, ib);
+    std::memcpy(all.groups.data() + p * gv.size(), b + sb + ib, gb);
+  }
+  return all;
+}
+
+std::vector<std::vector<int64_t>> RoutingMap::counts() const {
+  std::vector<std::vector<int64_t>> c((size_t)P, std::vector<int64_t>((size_t)N, 0));
+  for (int p = 0; p < P; p++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < K; j++) {
+        const int64_t e = expert(p, t, j);
+        if (e >= 0) c[(size_t)p][(size_t)e]++;
+      }
+  return c;
+}
+
+// ----------------------------------------------------------------------------
 // The forward: route (every rank its own tokens), the routing map, capacity, gates, then the
 // experts through the chosen all-to-all, the shared experts beside them.
 EPForward ep_forward(Comm& comm, Topology& topo, Scheme scheme, const Config& c, const Params& full,
@@ -211,10 +257,8 @@ EPForward ep_forward(Comm& comm, Topology& topo, Scheme scheme, const Config& c,
   // the routing map: everybody's affinities and choices, then capacity over all of them
   RoutingMap& m = f.map;
   m.P = P, m.T = T, m.N = N, m.K = K, m.E = N / P;
-  const std::vector<float> s_all = allgather_vec(comm, f.s.to_vector());
-  const std::vector<int64_t> idx_all = allgather_vec(comm, f.sel.idx.to_index_vector()),
-                             groups_all = allgather_vec(comm, f.sel.kept_groups.to_index_vector());
-  m.assign = assign_capacity(c, s_all, full.bias.to_vector(), idx_all, groups_all, T * P);
+  const RoutingInputs all = gather_routing_inputs(comm, f.s, f.sel.idx, f.sel.kept_groups);
+  m.assign = assign_capacity(c, all.s, full.bias.to_vector(), all.idx, all.groups, T * P);
   std::vector<int64_t> my_idx(m.assign.idx.begin() + r * T * K, m.assign.idx.begin() + (r + 1) * T * K);
   f.idx = Tensor::from_indices(my_idx, {T, K}, dev);
   f.gates = gates(c, f.s, f.idx);

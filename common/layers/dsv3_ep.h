@@ -35,7 +35,7 @@ Topology make_topology(Comm& comm, int R);
 
 // The routing map: every slot of every rank's tokens, after capacity. Every rank routes its
 // own tokens; then one allgather gives every rank the affinities, the selections and the kept
-// groups of ALL tokens (T N + T K + T M numbers per rank). Capacity is global (cap =
+// groups of ALL tokens (T N + T K + T M numbers per rank, one message). Capacity is global (cap =
 // ceil(C T K / N) over the EP group), so every rank runs the same deterministic assignment on
 // the same global data and keeps its own rows; and the hierarchical all-to-all's senders,
 // forwarders and receivers all read who needs what from it. (DeepEP exchanges per-rank counts
@@ -57,6 +57,9 @@ struct RoutingMap {
     }
     return false;
   }
+  // counts[p][e]: kept slots of rank p's tokens routed to expert e — what lesson 04 gathers
+  // from every rank, read here off the map.
+  std::vector<std::vector<int64_t>> counts() const;
 };
 
 enum class Scheme { flat, hierarchical };

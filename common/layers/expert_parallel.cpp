@@ -51,15 +51,20 @@ std::vector<int64_t> Routes::local_group_sizes() const {
   return g;
 }
 
+Routes routes_from_counts(int P, int rank, int64_t N, std::vector<std::vector<int64_t>> counts) {
+  Routes R;
+  R.P = P, R.rank = rank, R.N = N, R.E = N / P;
+  R.counts = std::move(counts);
+  return R;
+}
+
 Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N) {
   const int P = comm.size();
-  Routes R;
-  R.P = P, R.rank = comm.rank(), R.N = N, R.E = N / P;
   std::vector<int64_t> all((size_t)(P * N));
   comm.allgather(mine.data(), (size_t)N * sizeof(int64_t), all.data());
-  R.counts.assign((size_t)P, {});
-  for (int p = 0; p < P; p++) R.counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
-  return R;
+  std::vector<std::vector<int64_t>> counts((size_t)P);
+  for (int p = 0; p < P; p++) counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
+  return routes_from_counts(P, comm.rank(), N, std::move(counts));
 }
 
 Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& sb,

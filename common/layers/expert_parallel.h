@@ -29,6 +29,9 @@ struct Routes {
 };
 // The routes from this rank's per-expert counts (the first N entries of `mine`): one allgather.
 Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N);
+// The routes from every rank's counts, when each rank can work them out alone (lesson 05's
+// routing map holds every rank's choices, so no allgather of counts is needed).
+Routes routes_from_counts(int P, int rank, int64_t N, std::vector<std::vector<int64_t>> counts);
 
 // Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
 Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& send_bytes,

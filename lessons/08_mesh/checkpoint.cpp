@@ -567,4 +567,27 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   return info;
 }
 
+std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,
+                                    Device dev) {
+  const std::string dir = checkpoint_dir(path);
+  if (dir.empty()) return path + ": no checkpoint there (no manifest.json, no complete step-* directory)";
+  std::vector<FileSpec> files;
+  try {
+    const model::Params shapes = model::init_params(c, 0);
+    for (const auto& list : {shapes.named_parameters(), shapes.named_buffers()})
+      for (const model::NamedTensor& n : list) files.push_back({n.name, n.t.shape()});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  nlohmann::json m;
+  const std::string err = check_manifest(dir, c, files, 0, 1, &m);
+  if (!err.empty()) return err;
+  try {
+    *out = model::load_params(c, dir, "", dev);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace ff::mesh

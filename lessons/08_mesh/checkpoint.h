@@ -83,4 +83,12 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
 // The checkpoint directory resume_checkpoint reads (the newest step-* of a --save directory).
 std::string checkpoint_dir(const std::string& path);
 
+// A checkpoint's weights whole, on the calling process (lesson 09 serves the model lesson 08
+// trained): the manifest checked against c as --resume checks it (format, version, every field
+// of the model), every weight's and balancing bias's shape and CRC-32, then read into *out
+// (model::load_params). "" or the error line (naming the file or the field); AdamW's state is
+// not read.
+std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,
+                                    Device dev = Device::cpu);
+
 }  // namespace ff::mesh

@@ -161,9 +161,9 @@ CollectiveCounts formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t
 // [/slide]
 
 // [slide:ep-formula]
-// EP: per MoE layer, the routing map's all-gathers (every rank's affinities T N floats, choices
-// T K and kept groups T M int64; flat also the per-expert counts, N int64; the model has no
-// balance loss, so no all-reduce of it); then the rows, counted from the routing map. Flat (lesson 04):
+// EP: per MoE layer, the routing map's all-gather (every rank's affinities T N floats, choices
+// T K and kept groups T M int64, one message; the per-expert counts are read off the map; the
+// model has no balance loss, so no all-reduce of it); then the rows, counted from the routing map. Flat (lesson 04):
 // one row of d floats per routing slot whose expert lives on another rank, each way, in the
 // forward (dispatch x, combine E(x)) and again in the backward (dy out, dx back).
 // Hierarchical (lesson 05): per hop (rail: one row per token and remote node; fan: one per row
@@ -185,9 +185,8 @@ CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps,
   };
   for (const dsv3::RoutingMap& m : maps) {
     const bool flat = scheme == dsv3::Scheme::flat;
-    f["allgather"].calls += flat ? 4 : 3;
-    f["allgather"].bytes += (size_t)m.P * ((size_t)(m.T * m.N) * fl + (size_t)(m.T * (m.K + groups_kept)) * ix +
-                                           (flat ? (size_t)m.N * ix : 0));
+    f["allgather"].calls += 1;
+    f["allgather"].bytes += (size_t)m.P * ((size_t)(m.T * m.N) * fl + (size_t)(m.T * (m.K + groups_kept)) * ix);
     if (flat) {
       std::vector<int64_t> to((size_t)m.P, 0), from((size_t)m.P, 0);
       for (int p = 0; p < m.P; p++)
