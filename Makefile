@@ -244,6 +244,9 @@ RING_02      := $(BUILD)/obj/lessons/02_ring_attention/ring.o
 SCHEDULES_07 := $(BUILD)/obj/lessons/07_dualpipe/schedules.o
 uses_06_overlap := $(SCHEDULES_07)
 uses_08_mesh    := $(RING_02) $(SCHEDULES_07)
+# lesson 09 reads lesson 08's checkpoints (lessons/08_mesh/checkpoint.h): lesson 08's files but its main
+uses_09_inference := $(filter-out %/main.o,$(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/08_mesh/*.cpp))) \
+                     $(uses_08_mesh)
 lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) $(uses_$(1)) \
               $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
               $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))

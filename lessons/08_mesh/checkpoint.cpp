@@ -459,11 +459,10 @@ std::string checkpoint_dir(const std::string& path) {
 
 namespace {
 
-// The manifest, checked against the flags and the files (on the calling rank); "" or the error.
-std::string check_manifest(const std::string& dir, const model::Config& c, const std::vector<FileSpec>& files,
-                           int crc_rank, int crc_ranks, nlohmann::json* out) {
+// dir/manifest.json parsed, of this format; "" or the error.
+std::string read_manifest(const std::string& dir, nlohmann::json* out) {
   const std::string path = dir + "/manifest.json";
-  nlohmann::json m;
+  nlohmann::json& m = *out;
   try {
     std::FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) return sys_error("cannot read", path);
@@ -478,6 +477,16 @@ std::string check_manifest(const std::string& dir, const model::Config& c, const
   }
   if (!m.contains("format") || m["format"] != kFormat)
     return path + ": not a lesson 08 checkpoint (format \"" + std::string(kFormat) + "\" expected)";
+  return "";
+}
+
+// The manifest, checked against the flags and the files (on the calling rank); "" or the error.
+std::string check_manifest(const std::string& dir, const model::Config& c, const std::vector<FileSpec>& files,
+                           int crc_rank, int crc_ranks, nlohmann::json* out) {
+  const std::string path = dir + "/manifest.json";
+  nlohmann::json m;
+  const std::string err = read_manifest(dir, &m);
+  if (!err.empty()) return err;
   if (!m.contains("version") || m["version"] != kVersion)
     return path + ": format version " + m.value("version", nlohmann::json()).dump() + ", this build reads version " +
            std::to_string(kVersion);
@@ -565,6 +574,25 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   info.seconds = watch.seconds();
   for (const FileSpec& f : files) info.bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
   return info;
+}
+
+std::string checkpoint_model(const std::string& path, model::Config* c) {
+  const std::string dir = checkpoint_dir(path);
+  if (dir.empty()) return path + ": no checkpoint there (no manifest.json, no complete step-* directory)";
+  nlohmann::json m;
+  const std::string err = read_manifest(dir, &m);
+  if (!err.empty()) return err;
+  try {
+    const nlohmann::json& j = m.at("model");
+    c->vocab = j.at("vocab"), c->dim = j.at("dim"), c->layers = j.at("layers"), c->dense_layers = j.at("dense_layers");
+    c->heads = j.at("heads"), c->d_nope = j.at("d_nope"), c->d_rope = j.at("d_rope"), c->d_v = j.at("d_v");
+    c->q_lora = j.at("q_lora"), c->kv_lora = j.at("kv_lora"), c->ffn = j.at("ffn"), c->experts = j.at("experts");
+    c->topk = j.at("topk"), c->shared = j.at("shared"), c->moe_ffn = j.at("moe_ffn");
+    c->route_scale = j.at("route_scale"), c->rope_theta = j.at("rope_theta"), c->norm_eps = j.at("norm_eps");
+  } catch (const std::exception& e) {
+    return dir + "/manifest.json: no readable model (" + std::string(e.what()) + ")";
+  }
+  return "";
 }
 
 std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,

@@ -88,6 +88,9 @@ std::string checkpoint_dir(const std::string& path);
 // of the model), every weight's and balancing bias's shape and CRC-32, then read into *out
 // (model::load_params). "" or the error line (naming the file or the field); AdamW's state is
 // not read.
+// The model a checkpoint holds, from its manifest (the newest step-* of a --save directory):
+// every field model_json writes; the rest of *c is left as it was. "" or the error line.
+std::string checkpoint_model(const std::string& path, model::Config* c);
 std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,
                                     Device dev = Device::cpu);
 

@@ -1,0 +1,186 @@
+// Lesson 09 — inference: lesson 08's model served from a cache, one token per step.
+//
+// What: prefill a batch of prompts through the training forward, then decode greedily, one
+//   token per sequence per step, each layer attending to what it cached of the earlier tokens.
+//   Three caches give one answer (attention_cache.h): per-head K and V (kv), MLA's latents
+//   c_kv and k_pe (latent: K and V re-expanded every step), and the latents with W_uk folded
+//   into the query and W_uv into the output (absorbed: no per-head K or V at all).
+// Why: decoding a token costs one pass over the weights and the cache; the cache is what grows
+//   with the context and the batch. MLA keeps r_kv + d_r numbers per token and layer where
+//   multi-head attention keeps H (d_n + d_r + d_v): 576 against 40,960 for DeepSeek-V3.
+// Run:  make run L=09
+//       make run L=09 ARGS="--cache absorbed --batch 8 --new 64"
+//       make run L=08 NP=1 ARGS="--train 600 --save /tmp/ck" && make run L=09 ARGS="--checkpoint /tmp/ck"
+// Expect: the cache bytes per token of each kind (this model's, measured, and DeepSeek-V3's),
+//   decode speed, the generated text, and for every cache the logits of every position against
+//   the full-sequence training forward, the greedy tokens against its argmax, "check: PASS".
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/lesson/lesson.h"
+#include "lessons/08_mesh/checkpoint.h"
+#include "lessons/09_inference/attention_cache.h"
+#include "lessons/09_inference/decoder.h"
+#include "lessons/09_inference/options.h"
+
+using namespace ff;
+using namespace ff::infer;
+
+namespace {
+
+// One cache's run: every sequence's tokens (prompt, then generated) and the logits of every
+// position but the last (prefill's, then one row per decode step), and the decode's time.
+struct Run {
+  CacheKind kind;
+  std::vector<std::vector<int64_t>> tokens;
+  std::vector<std::vector<float>> logits;  // per sequence, (len - 1) x V
+  double decode_s = 0;
+  int64_t steps = 0, cache_bytes = 0, cached_tokens = 0;
+};
+
+// [slide:generate]
+Run generate(const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind, int64_t new_tokens) {
+  const int64_t B = (int64_t)s.prompts.size(), V = c.vocab;
+  Run run{kind, s.prompts, std::vector<std::vector<float>>((size_t)B), 0, 0, 0, 0};
+  Decoder dec(c, p, kind, B, s.capacity, s.bug);
+  std::vector<int64_t> next((size_t)B);
+  for (int64_t b = 0; b < B; b++) {  // prefill: every prompt position's logits, the first new token
+    const Tensor z = dec.prefill(b, s.prompts[(size_t)b]);
+    run.logits[(size_t)b] = z.to_vector();
+    next[(size_t)b] = argmax_rows(slice(z, 0, z.size(0) - 1, z.size(0)))[0];
+  }
+  const Stopwatch watch;
+  for (int64_t k = 1; k < new_tokens; k++) {  // decode: feed the last new token, get the next
+    for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
+    const Tensor z = dec.step(next);                                         // (B, V)
+    const std::vector<float> zv = z.to_vector();
+    next = argmax_rows(z);
+    for (int64_t b = 0; b < B; b++)
+      run.logits[(size_t)b].insert(run.logits[(size_t)b].end(), zv.begin() + b * V, zv.begin() + (b + 1) * V);
+    run.steps++;
+  }
+  run.decode_s = watch.seconds();
+  for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
+  run.cache_bytes = dec.cache_bytes(), run.cached_tokens = dec.cached_tokens();
+  return run;
+}
+// [/slide]
+
+// The full-sequence training forward of each sequence but its last token: (len - 1) x V.
+std::vector<std::vector<float>> reference_logits(const model::Config& c, const model::Params& p,
+                                                 const std::vector<std::vector<int64_t>>& tokens) {
+  NoGradGuard no_grad;
+  std::vector<std::vector<float>> out;
+  for (const std::vector<int64_t>& seq : tokens) {
+    const int64_t T = (int64_t)seq.size() - 1;
+    const Tensor in = Tensor::from_indices(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, T});
+    out.push_back(model::forward(c, p, in, in, model::positions(T)).logits.to_vector());
+  }
+  return out;
+}
+
+void print_cache_sizes(Lesson& L, const model::Config& c, const std::vector<Run>& runs) {
+  model::Config v3;  // DeepSeek-V3's attention (config_671B.json): 128 heads, r_kv 512, d_r 64
+  v3.heads = 128, v3.d_nope = 128, v3.d_rope = 64, v3.d_v = 128, v3.kv_lora = 512, v3.layers = 61;
+  L.print("cache per token per layer: numbers kept (bytes measured in this run's caches / tokens / layers)\n");
+  L.print("  %-9s %28s %14s %26s\n", "cache", "this model", "measured", "DeepSeek-V3 (61 layers)");
+  for (const Run& r : runs) {
+    const int64_t n = cache_floats_per_token(c, r.kind), v = cache_floats_per_token(v3, r.kind);
+    const double measured = (double)r.cache_bytes / (double)r.cached_tokens / (double)c.layers;
+    L.print("  %-9s %9lld floats = %5lld B %11.0f B %9lld = %6.1f KiB bf16/token\n", cache_name(r.kind),
+            (long long)n, (long long)(4 * n), measured, (long long)v, 2.0 * v * 61 / 1024);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "09_inference", [](Lesson& L) {
+    L.cli.summary("Lesson 09: inference. Lesson 08's model prefilled and decoded from a cache: per-head K and V, "
+                  "MLA's latents, or the latents with W_uk and W_uv absorbed; every position's logits checked against "
+                  "the full-sequence training forward.");
+    Options opts;
+    const Setup s = parse_options(L, opts);
+    const model::Config& c = s.c;
+
+    // ---- the weights: a lesson 08 checkpoint, or the same model from the seed
+    model::Params p;
+    if (!opts.checkpoint.empty()) {
+      const std::string err = mesh::load_checkpoint_weights(opts.checkpoint, c, &p);
+      L.usage_error_if(!err.empty(), "--checkpoint: " + err);
+      L.print("weights: %s (lesson 08's checkpoint)\n", mesh::checkpoint_dir(opts.checkpoint).c_str());
+    } else {
+      p = model::init_params(c, (uint64_t)L.flags.seed);
+      L.print("weights: initialised from --seed %lld (untrained: give --checkpoint DIR for lesson 08's)\n",
+              (long long)L.flags.seed);
+    }
+    L.print("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld), %lld heads, "
+            "r_kv %lld, d_nope %lld, d_rope %lld, d_v %lld\n",
+            (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
+            (long long)(c.layers - c.dense_layers), (long long)c.experts, (long long)c.topk, (long long)c.heads,
+            (long long)c.kv_lora, (long long)c.d_nope, (long long)c.d_rope, (long long)c.d_v);
+    L.print("batch: %zu prompts of %zu to %zu bytes, %lld new tokens each (greedy)\n\n", s.prompts.size(),
+            std::min_element(s.prompts.begin(), s.prompts.end(), [](auto& a, auto& b) { return a.size() < b.size(); })->size(),
+            std::max_element(s.prompts.begin(), s.prompts.end(), [](auto& a, auto& b) { return a.size() < b.size(); })->size(),
+            (long long)opts.new_tokens);
+    L.start_trace();
+
+    // ---- decode with each cache
+    std::vector<Run> runs;
+    for (CacheKind kind : s.kinds) runs.push_back(generate(c, p, s, kind, opts.new_tokens));
+    print_cache_sizes(L, c, runs);
+    L.print("\ndecode speed (this process, batch %zu):\n", s.prompts.size());
+    for (const Run& r : runs)
+      L.print("  %-9s %lld steps in %.1f ms: %.0f tokens/s\n", cache_name(r.kind), (long long)r.steps, r.decode_s * 1e3,
+              r.steps > 0 ? (double)(r.steps * (int64_t)s.prompts.size()) / r.decode_s : 0.0);
+    L.print("\ngenerated (%s cache):\n", cache_name(runs[0].kind));
+    for (size_t b = 0; b < std::min<size_t>(s.prompts.size(), 4); b++)
+      L.print("  [%zu] %s\n", b, s.corpus.decode(runs[0].tokens[b]).c_str());
+
+    // ---- the check: every position's logits against the full-sequence training forward
+    L.print("\n");
+    CheckReport check(L.comm);
+    for (const Run& r : runs) {
+      const std::vector<std::vector<float>> want = reference_logits(c, p, r.tokens);
+      double worst = 0, zmax = 0;
+      for (size_t b = 0; b < want.size(); b++)
+        for (size_t i = 0; i < want[b].size(); i++) {
+          worst = std::max(worst, (double)std::fabs(r.logits[b][i] - want[b][i]));
+          zmax = std::max(zmax, (double)std::fabs(want[b][i]));
+        }
+      // [slide:bound]
+      // The caches change only how the attention's sums associate: the scores (d_n + d_r terms;
+      // absorbed, r_kv after a d_n), the values (one term per cached token), absorbed's W_uv
+      // after the sum (r_kv). A sum of n terms re-associated moves by at most n eps of the sum of
+      // its terms' magnitudes (Higham, gamma_n); to first order, per layer, and the logits are
+      // of the size max|z|: tol = layers n eps max|z|, n the longest of those sums.
+      const double n = (double)std::max(s.capacity, c.kv_lora + c.d_nope + c.d_rope);
+      const double tol = (double)c.layers * n * FLT_EPSILON * zmax;
+      // [/slide]
+      char what[200];
+      std::snprintf(what, sizeof what, "logits, %s cache vs the training forward, every position: max|diff| %.1e <= %.1e",
+                    cache_name(r.kind), worst, tol);
+      check.holds(what, worst <= tol);
+      // greedy: each generated token is the reference's argmax there (a near-tie within tol excused)
+      bool greedy = true;
+      const int64_t V = c.vocab;
+      for (size_t b = 0; b < want.size(); b++) {
+        const size_t n = s.prompts[b].size();
+        for (size_t t = n; t < r.tokens[b].size(); t++) {
+          const float* z = &want[b][(t - 1) * (size_t)V];
+          const float best = *std::max_element(z, z + V);
+          greedy = greedy && z[r.tokens[b][t]] >= best - (float)(2 * tol);
+        }
+      }
+      check.holds((std::string("greedy tokens, ") + cache_name(r.kind) + " cache = the training forward's argmax, every step").c_str(), greedy);
+    }
+    for (size_t k = 1; k < runs.size(); k++)
+      check.holds((std::string("generated bytes, ") + cache_name(runs[k].kind) + " cache = " + cache_name(runs[0].kind) + " cache's").c_str(),
+                  runs[k].tokens == runs[0].tokens);
+    return L.finish(check);
+  });
+}

@@ -1,0 +1,127 @@
+// lessons/09_inference/options.cpp — lesson 09's flags (options.h).
+#include "lessons/09_inference/options.h"
+
+#include <algorithm>
+
+#include "common/util/files.h"
+#include "lessons/08_mesh/checkpoint.h"
+
+namespace ff::infer {
+
+namespace {
+
+struct ModelFlag {
+  const char* name;
+  int64_t* value;
+  int64_t model::Config::*field;
+};
+
+}  // namespace
+
+Setup parse_options(Lesson& lesson, Options& opts) {
+  Cli& cli = lesson.cli;
+  opts.data = course_data_file("tinyshakespeare.txt");
+  cli.flag("--checkpoint", &opts.checkpoint, "a lesson 08 checkpoint (its directory, or a --save directory: the "
+           "newest step-*) to serve; the model is the checkpoint's (model flags given must agree). Default: the "
+           "same model initialised from --seed");
+  cli.choice("--cache", &opts.cache, {"kv", "latent", "absorbed", "all"},
+             "what each layer keeps per token: kv (per-head K and V), latent (c_kv and k_pe, K and V re-expanded "
+             "each step), absorbed (the latent cache, W_uk folded into the query and W_uv into the output); all: "
+             "each of the three");
+  cli.flag("--prompts", &opts.prompts, "the prompts, separated by |; --batch takes them in turn", "TEXT");
+  cli.flag("--batch", &opts.batch, "sequences decoded together (different lengths: each its own positions)", 1, 256);
+  cli.flag("--new", &opts.new_tokens, "tokens generated per sequence (greedy)", 1, 4096);
+  cli.choice("--bug", &opts.bug, {"none", "rope-off-by-one", "absorb-transposed", "cache-skip-layer"},
+             "plant a bug the check must catch: rope-off-by-one (decode rotates by position + 1), "
+             "absorb-transposed (W_uk folded as (r_kv, d_n, H)), cache-skip-layer (the last layer never "
+             "caches a decoded token)");
+  cli.flag("--data", &opts.data, "the text whose distinct bytes are the vocabulary (lesson 08's; the default is "
+           "the course's data/tinyshakespeare.txt, found from the executable)");
+  const ModelFlag model_flags[] = {
+      {"--dim", &opts.dim, &model::Config::dim},          {"--layers", &opts.layers, &model::Config::layers},
+      {"--dense-layers", &opts.dense_layers, &model::Config::dense_layers},
+      {"--heads", &opts.heads, &model::Config::heads},    {"--d-nope", &opts.d_nope, &model::Config::d_nope},
+      {"--d-rope", &opts.d_rope, &model::Config::d_rope}, {"--d-v", &opts.d_v, &model::Config::d_v},
+      {"--q-lora", &opts.q_lora, &model::Config::q_lora}, {"--kv-lora", &opts.kv_lora, &model::Config::kv_lora},
+      {"--ffn", &opts.ffn, &model::Config::ffn},          {"--experts", &opts.experts, &model::Config::experts},
+      {"--topk", &opts.topk, &model::Config::topk},       {"--shared", &opts.shared, &model::Config::shared},
+      {"--moe-ffn", &opts.moe_ffn, &model::Config::moe_ffn}};
+  for (const ModelFlag& f : model_flags)
+    cli.flag(f.name, f.value, std::string("model: as lesson 08's ") + f.name, f.name == std::string("--dense-layers") ||
+             f.name == std::string("--shared") ? 0 : 1, 16384);
+  cli.epilog(
+      "examples:\n"
+      "  make run L=09\n"
+      "  make run L=09 ARGS=\"--cache absorbed --batch 8 --new 64\"\n"
+      "  make run L=08 NP=1 ARGS=\"--train 600 --save /tmp/ck\" && make run L=09 ARGS=\"--checkpoint /tmp/ck\"\n");
+  lesson.parse();
+
+  Setup s;
+  const std::string err = CharCorpus::try_load(opts.data, &s.corpus);
+  lesson.usage_error_if(!err.empty(), "--data: " + err);
+  // the model: the flags', or the checkpoint's (then every model flag given must agree)
+  model::Config& c = s.c;
+  for (const ModelFlag& f : model_flags) c.*f.field = *f.value;
+  c.vocab = s.corpus.vocab_size();
+  if (!opts.checkpoint.empty()) {
+    model::Config saved;
+    const std::string bad = mesh::checkpoint_model(opts.checkpoint, &saved);
+    lesson.usage_error_if(!bad.empty(), "--checkpoint: " + bad);
+    for (const ModelFlag& f : model_flags)
+      lesson.usage_error_if(cli.given(f.name) && saved.*f.field != *f.value,
+                            std::string("--checkpoint: the checkpoint's model has ") + (f.name + 2) + " = " +
+                                std::to_string(saved.*f.field) + ", the flags " + std::to_string(*f.value));
+    lesson.usage_error_if(saved.vocab != c.vocab,
+                          "--checkpoint: the checkpoint's model has a vocabulary of " + std::to_string(saved.vocab) +
+                              " bytes, --data " + opts.data + " " + std::to_string(c.vocab));
+    c = saved;
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    lesson.usage_error_if(true, e.what());
+  }
+  // the prompts, each byte in the vocabulary
+  std::vector<std::string> texts;
+  for (size_t at = 0;;) {
+    const size_t bar = opts.prompts.find('|', at);
+    texts.push_back(opts.prompts.substr(at, bar == std::string::npos ? std::string::npos : bar - at));
+    if (bar == std::string::npos) break;
+    at = bar + 1;
+  }
+  for (const std::string& t : texts) {
+    lesson.usage_error_if(t.empty(), "--prompts: an empty prompt (each needs at least one byte; | separates them)");
+    for (unsigned char ch : t)
+      lesson.usage_error_if(s.corpus.vocab().find((char)ch) == std::string::npos,
+                            "--prompts: the byte " + std::to_string((int)ch) + " ('" + std::string(1, (char)ch) +
+                                "') is not in the vocabulary of " + opts.data + " (" +
+                                std::to_string(s.corpus.vocab_size()) + " distinct bytes)");
+  }
+  int64_t longest = 0;
+  for (int64_t b = 0; b < opts.batch; b++) {
+    s.prompts.push_back(s.corpus.encode(texts[(size_t)b % texts.size()]));
+    longest = std::max<int64_t>(longest, (int64_t)s.prompts.back().size());
+  }
+  s.capacity = longest + opts.new_tokens;
+  for (const char* k : {"kv", "latent", "absorbed"})
+    if (opts.cache == "all" || opts.cache == k)
+      s.kinds.push_back(k == std::string("kv") ? CacheKind::kv : k == std::string("latent") ? CacheKind::latent
+                                                                                           : CacheKind::absorbed);
+  s.bug = opts.bug == "rope-off-by-one" ? Bug::rope_off_by_one
+          : opts.bug == "absorb-transposed" ? Bug::absorb_transposed
+          : opts.bug == "cache-skip-layer" ? Bug::cache_skip_layer : Bug::none;
+  lesson.usage_error_if(s.bug == Bug::absorb_transposed && opts.cache != "absorbed" && opts.cache != "all",
+                        "--bug absorb-transposed lives in the absorbed attention: it needs --cache absorbed or all");
+  // memory: the weights, the largest cache, and the reference forward's scores (H T^2 per layer)
+  const double weights = 4.0 * (double)c.layers *
+                             (double)(c.dim * (c.q_lora + c.kv_lora + c.d_rope) +
+                                      c.q_lora * c.heads * c.qk_head_dim() + c.kv_lora * c.heads * (c.d_nope + c.d_v) +
+                                      c.heads * c.d_v * c.dim + 3 * c.dim * std::max(c.ffn, (c.experts + c.shared) * c.moe_ffn)) +
+                         8.0 * (double)(c.vocab * c.dim);
+  const double cache = 4.0 * (double)(opts.batch * s.capacity * c.layers * cache_floats_per_token(c, CacheKind::kv));
+  const double reference = 4.0 * 4 * (double)(c.heads * s.capacity * s.capacity + s.capacity * c.dim * 8);
+  lesson.require_memory(weights + 2 * cache + reference, "--batch, --new or the model's sizes");
+  return s;
+}
+
+}  // namespace ff::infer
