@@ -16,16 +16,16 @@ const char* cache_name(CacheKind k) {
   return k == CacheKind::kv ? "kv" : k == CacheKind::latent ? "latent" : "absorbed";
 }
 
-int64_t cache_floats_per_token(const model::Config& c, CacheKind k) {
-  return k == CacheKind::kv ? c.heads * (c.qk_head_dim() + c.d_v) : c.kv_lora + c.d_rope;
+int64_t cache_floats_per_token(const model::Config& c, CacheKind k, int64_t H) {
+  return k == CacheKind::kv ? H * (c.qk_head_dim() + c.d_v) : c.kv_lora + c.d_rope;
 }
 
 // ----------------------------------------------------------------------------
 // the cache
 
-LayerCache::LayerCache(const model::Config& c, CacheKind kind, int64_t B, int64_t capacity)
+LayerCache::LayerCache(const model::Config& c, int64_t heads, CacheKind kind, int64_t B, int64_t capacity)
     : capacity_(capacity), len_((size_t)B, 0) {
-  if (kind == CacheKind::kv) wa_ = c.heads * c.qk_head_dim(), wb_ = c.heads * c.d_v;
+  if (kind == CacheKind::kv) wa_ = heads * c.qk_head_dim(), wb_ = heads * c.d_v;
   else wa_ = c.kv_lora, wb_ = c.d_rope;
   a_.assign((size_t)(B * capacity * wa_), 0.f);
   b_.assign((size_t)(B * capacity * wb_), 0.f);
@@ -69,7 +69,7 @@ void cache_rows(const model::Config& c, const model::Attention& a, const model::
     return;
   }
   // what MHA keeps: every head's key [k_nope | k_pe] (k_pe repeated per head) and value
-  const int64_t n = l.c_kv.size(0), H = c.heads;
+  const int64_t n = l.c_kv.size(0), H = a.w_o.size(0) / c.d_v;
   Tensor k_nope = reshape(matmul(l.c_kv, a.w_uk), {n, H, c.d_nope});
   Tensor k_pe = reshape(concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {n, 1, c.d_rope})), 1),
                         {n, H, c.d_rope});
@@ -104,7 +104,7 @@ Tensor per_head(const Tensor& t, int64_t H) {
 Tensor decode_attention(const model::Config& c, const model::Attention& a, const Tensor& u,
                         const std::vector<int64_t>& positions, LayerCache& cache, CacheKind kind,
                         Bug bug, bool append) {
-  const int64_t B = u.size(0), H = c.heads, dn = c.d_nope, dr = c.d_rope, r = c.kv_lora;
+  const int64_t B = u.size(0), H = a.w_o.size(0) / c.d_v, dn = c.d_nope, dr = c.d_rope, r = c.kv_lora;
   const Device dev = u.device();
   std::vector<int64_t> pos(positions);
   if (bug == Bug::rope_off_by_one)

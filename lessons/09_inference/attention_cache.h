@@ -38,15 +38,18 @@ enum class Bug {
   cache_skip_layer,     // the last layer never appends the decoded token to its cache
 };
 
-// Numbers kept per token per layer: kv H (d_n + d_r + d_v), latent and absorbed r_kv + d_r.
-int64_t cache_floats_per_token(const model::Config& c, CacheKind k);
+// Numbers kept per token per layer for H heads: kv H (d_n + d_r + d_v), latent and absorbed
+// r_kv + d_r (whatever H).
+int64_t cache_floats_per_token(const model::Config& c, CacheKind k, int64_t H);
 
 // One layer's cache for a batch of B sequences: row j of sequence b is token j's, up to len[b];
 // room for `capacity` tokens each, allocated once (what decoding at a given length costs).
+// `heads`: the heads this rank computes (all of them, or a tensor-parallel rank's share: a kv
+// cache splits with the heads, a latent cache is the same on every rank).
 class LayerCache {
  public:
   LayerCache() = default;
-  LayerCache(const model::Config& c, CacheKind kind, int64_t B, int64_t capacity);
+  LayerCache(const model::Config& c, int64_t heads, CacheKind kind, int64_t B, int64_t capacity);
   // Appends one token's row to sequence b: kv K (H (d_n + d_r)) and V (H d_v); latent and
   // absorbed c_kv (r_kv) and k_pe (d_r).
   void append(int64_t b, const float* first, const float* second);
@@ -70,14 +73,16 @@ class LayerCache {
 // The attention of one new token per sequence, MLA's: u (B, d) the normed hidden states of
 // the new tokens, positions (B) theirs (each sequence's length before this step). Appends the
 // new tokens to `cache` (all three kinds from the same latents), then attends each query to
-// its sequence's cached tokens, the new one included. Returns (B, d): o W_o.
+// its sequence's cached tokens, the new one included. Returns (B, d): o W_o. The heads are
+// those of a's up-projections (w_o has H d_v rows): all of them, or a TP rank's, whose result
+// is then its partial sum of o W_o (model::attention_heads' convention).
 Tensor decode_attention(const model::Config& c, const model::Attention& a, const Tensor& u,
                         const std::vector<int64_t>& positions, LayerCache& cache, CacheKind kind,
                         Bug bug, bool append = true);
 
 // The cache rows of n tokens from their latents (prefill fills the cache with these; decode
-// appends one per step): kv the per-head K and V, latent and absorbed c_kv and k_pe as they are.
-// l from model::attention_latents.
+// appends one per step): kv the per-head K and V (of a's heads), latent and absorbed c_kv and
+// k_pe as they are. l from model::attention_latents.
 void cache_rows(const model::Config& c, const model::Attention& a, const model::Latents& l, CacheKind kind,
                 Tensor* first, Tensor* second);
 

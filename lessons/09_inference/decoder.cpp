@@ -4,24 +4,63 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
+#include "common/layers/tensor_parallel.h"
+#include "common/lesson/lesson.h"
 
 namespace ff::infer {
 
-Decoder::Decoder(const model::Config& c, const model::Params& p, CacheKind kind, int64_t B, int64_t capacity,
-                 Bug bug)
-    : c_(c), p_(p), kind_(kind), bug_(bug), len_((size_t)B, 0) {
-  for (int64_t i = 0; i < c.layers; i++) caches_.emplace_back(c, kind, B, capacity);
+Decoder::Decoder(const model::Config& c, const model::Params& full, CacheKind kind, int64_t B, int64_t capacity,
+                 Bug bug, Comm* comm, MoeComm how)
+    : c_(c), full_(full), kind_(kind), bug_(bug), comm_(comm), how_(how), len_((size_t)B, 0) {
+  const int P = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  FF_CHECK(c.heads % P == 0, "decoder: " << c.heads << " heads over " << P << " ranks");
+  heads_ = c.heads / P;
+  // [slide:shards]
+  for (const model::Block& blk : full.layers) {
+    model::Attention a = blk.attn;  // the down-projections whole; the up-projections by head
+    if (P > 1) {
+      a.w_uq = tp::column_shard(blk.attn.w_uq, r, P);
+      a.w_uk = tp::column_shard(blk.attn.w_uk, r, P);
+      a.w_uv = tp::column_shard(blk.attn.w_uv, r, P);
+      a.w_o = tp::row_shard(blk.attn.w_o, r, P);
+    }
+    attn_.push_back(a);
+    model::DenseFFN f = blk.ffn;
+    if (!blk.moe && P > 1) {
+      f.w1 = tp::column_shard(blk.ffn.w1, r, P);
+      f.w3 = tp::column_shard(blk.ffn.w3, r, P);
+      f.w2 = tp::row_shard(blk.ffn.w2, r, P);
+    }
+    dense_.push_back(f);
+    experts_.push_back(blk.moe && P > 1 ? moe_shard(blk.experts, how, r, P) : blk.experts);
+    caches_.emplace_back(c, heads_, kind, B, capacity);
+  }
+  // [/slide]
 }
 
-Tensor Decoder::ffn(const model::Block& blk, const Tensor& u) const {
-  if (!blk.moe) return model::dense_ffn(blk.ffn, u);
+Tensor Decoder::reduced(const Tensor& partial, bool count) {
+  if (!comm_ || comm_->size() == 1) return partial;
+  Tensor t = partial;
+  const Stopwatch watch;
+  comm_->allreduce_sum(t);
+  if (count) reduce_comm_s_ += watch.seconds();
+  return t;
+}
+
+Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
+  const model::Block& blk = full_.layers[layer];
+  if (!blk.moe) return reduced(model::dense_ffn(dense_[layer], u), count);
   dsv3::Config mc = c_.moe_config();
   mc.seq_len = u.size(0);  // no balance loss at inference: only the routing is used
-  return model::moe_ffn(mc, blk.experts, u);
+  if (!comm_ || comm_->size() == 1) return model::moe_ffn(mc, blk.experts, u);  // lesson 05's layer
+  double s = 0;
+  Tensor y = moe_decode(*comm_, how_, mc, experts_[layer], u, &s);
+  if (count) moe_comm_s_ += s;
+  return y;
 }
 
 Tensor Decoder::logits(const Tensor& x) const {
-  return matmul(rmsnorm(x, p_.norm, c_.norm_eps), p_.head);
+  return matmul(rmsnorm(x, full_.norm, c_.norm_eps), full_.head);
 }
 
 // [slide:prefill]
@@ -29,19 +68,19 @@ Tensor Decoder::prefill(int64_t b, const std::vector<int64_t>& prompt) {
   NoGradGuard no_grad;
   const int64_t n = (int64_t)prompt.size();
   FF_CHECK(n >= 1 && len_[(size_t)b] == 0, "prefill: sequence " << b << " needs a prompt and an empty cache");
-  const Device dev = p_.embed.device();
+  const Device dev = full_.embed.device();
   const Tensor pos = model::positions(n, dev);
-  Tensor x = embedding(p_.embed, Tensor::from_indices(prompt, {n}, dev));      // (n, d)
-  for (size_t i = 0; i < p_.layers.size(); i++) {
-    const model::Block& blk = p_.layers[i];
-    const model::Latents l = model::attention_latents(c_, blk.attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
+  Tensor x = embedding(full_.embed, Tensor::from_indices(prompt, {n}, dev));   // (n, d)
+  for (size_t i = 0; i < full_.layers.size(); i++) {
+    const model::Block& blk = full_.layers[i];
+    const model::Latents l = model::attention_latents(c_, attn_[i], rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
     Tensor first, second;  // this layer's cache rows of the whole prompt
-    cache_rows(c_, blk.attn, l, kind_, &first, &second);
+    cache_rows(c_, attn_[i], l, kind_, &first, &second);
     const std::vector<float> f = first.to_vector(), s = second.to_vector();
     for (int64_t t = 0; t < n; t++)
       caches_[i].append(b, &f[(size_t)(t * first.size(1))], &s[(size_t)(t * second.size(1))]);
-    x = add(x, model::attention_heads(c_, c_.heads, blk.attn, l, 1, pos));
-    x = add(x, ffn(blk, rmsnorm(x, blk.ffn_norm, c_.norm_eps)));
+    x = add(x, reduced(model::attention_heads(c_, heads_, attn_[i], l, 1, pos), false));
+    x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), false));
   }
   len_[(size_t)b] = n;
   return logits(x);
@@ -53,14 +92,15 @@ Tensor Decoder::step(const std::vector<int64_t>& tokens) {
   NoGradGuard no_grad;
   const int64_t B = (int64_t)len_.size();
   FF_CHECK((int64_t)tokens.size() == B, "step: " << tokens.size() << " tokens for " << B << " sequences");
-  const Device dev = p_.embed.device();
-  Tensor x = embedding(p_.embed, Tensor::from_indices(tokens, {B}, dev));       // (B, d)
-  for (size_t i = 0; i < p_.layers.size(); i++) {
-    const model::Block& blk = p_.layers[i];
-    const bool append = !(bug_ == Bug::cache_skip_layer && i + 1 == p_.layers.size());
-    x = add(x, decode_attention(c_, blk.attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), len_, caches_[i], kind_,
-                                bug_, append));
-    x = add(x, ffn(blk, rmsnorm(x, blk.ffn_norm, c_.norm_eps)));
+  const Device dev = full_.embed.device();
+  Tensor x = embedding(full_.embed, Tensor::from_indices(tokens, {B}, dev));    // (B, d)
+  for (size_t i = 0; i < full_.layers.size(); i++) {
+    const model::Block& blk = full_.layers[i];
+    const bool append = !(bug_ == Bug::cache_skip_layer && i + 1 == full_.layers.size());
+    const Tensor o = decode_attention(c_, attn_[i], rmsnorm(x, blk.attn_norm, c_.norm_eps), len_, caches_[i],
+                                      kind_, bug_, append);
+    x = add(x, reduced(o, true));
+    x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), true));
   }
   for (int64_t& n : len_) n++;
   return logits(x);

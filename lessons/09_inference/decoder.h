@@ -1,5 +1,6 @@
 // lessons/09_inference/decoder.h — lesson 08's model served: prefill a batch of prompts, then
-// decode one token per sequence per step from the caches (attention_cache.h).
+// decode one token per sequence per step from the caches (attention_cache.h), on one process or
+// over the P ranks of a communicator.
 //
 //   prefill   each prompt through the training forward's own pieces (model::attention_latents,
 //             attention_heads, the FFNs: the same ops as model::forward), every layer's cache
@@ -7,41 +8,67 @@
 //   step      the batch's next tokens, one per sequence, each at its own position: per layer
 //             the decode attention over the cache (the new token appended), the FFN on B rows
 //             (the MoE routes each of them on its own), the head: logits (B, V).
+//
+// Over P ranks (seed 002's layout: activations replicated, weights split):
+//   attention  heads split (tensor parallelism): rank r holds heads [r H/P, (r+1) H/P) of
+//              W_uq, W_uk, W_uv (their columns) and of W_o (its rows); the down-projections
+//              W_dq, W_dkv, W_kr stay whole on every rank (seed 002's "fully replicated W_A":
+//              the RMSNorm of the latents needs all of them). Each rank's o W_o is a partial
+//              sum, all-reduced. A kv cache holds this rank's heads only; a latent cache is
+//              the same c_kv and k_pe on every rank (the latents are per token, not per head).
+//   dense FFN  W1, W3 by columns, W2 by rows; one all-reduce.
+//   MoE        experts split (expert parallelism), moved as moe_decode.h says.
+//   embedding and head whole on every rank (they are small here).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "common/comm/comm.h"
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
 #include "lessons/09_inference/attention_cache.h"
+#include "lessons/09_inference/moe_decode.h"
 
 namespace ff::infer {
 
 class Decoder {
  public:
-  // B sequences of at most `capacity` tokens each (prompt and decoded).
-  Decoder(const model::Config& c, const model::Params& p, CacheKind kind, int64_t B, int64_t capacity,
-          Bug bug = Bug::none);
+  // B sequences of at most `capacity` tokens each (prompt and decoded). comm: the ranks the
+  // model is split over (heads and experts); nullptr or one rank: all of it here.
+  Decoder(const model::Config& c, const model::Params& full, CacheKind kind, int64_t B, int64_t capacity,
+          Bug bug = Bug::none, Comm* comm = nullptr, MoeComm how = MoeComm::alltoall);
   // Sequence b's prompt (at least one token): its logits at every position (n, V).
   Tensor prefill(int64_t b, const std::vector<int64_t>& prompt);
   // One token per sequence (B), each appended at its sequence's next position: logits (B, V).
   Tensor step(const std::vector<int64_t>& tokens);
 
   int64_t len(int64_t b) const { return len_[(size_t)b]; }
-  // What the caches hold now, every layer: bytes and tokens.
+  // What this rank's caches hold now, every layer: bytes and tokens.
   int64_t cache_bytes() const;
   int64_t cached_tokens() const;
   CacheKind kind() const { return kind_; }
+  int64_t heads_here() const { return heads_; }
+  // Seconds of the steps (not prefill) spent in communication: the MoE's, the all-reduces'.
+  double moe_comm_s() const { return moe_comm_s_; }
+  double reduce_comm_s() const { return reduce_comm_s_; }
 
  private:
-  Tensor ffn(const model::Block& blk, const Tensor& u) const;
+  Tensor ffn(size_t layer, const Tensor& u, bool count);
+  Tensor reduced(const Tensor& partial, bool count);  // all-reduced over the ranks (P > 1)
   Tensor logits(const Tensor& x) const;
   model::Config c_;
-  const model::Params& p_;
+  const model::Params& full_;
   CacheKind kind_;
   Bug bug_;
-  std::vector<LayerCache> caches_;  // one per layer
-  std::vector<int64_t> len_;        // tokens of each sequence so far
+  Comm* comm_;
+  MoeComm how_;
+  int64_t heads_;                        // this rank's
+  std::vector<model::Attention> attn_;   // this rank's heads, per layer
+  std::vector<model::DenseFFN> dense_;   // this rank's columns (dense layers)
+  std::vector<dsv3::Params> experts_;    // this rank's experts (MoE layers)
+  std::vector<LayerCache> caches_;       // one per layer
+  std::vector<int64_t> len_;             // tokens of each sequence so far
+  double moe_comm_s_ = 0, reduce_comm_s_ = 0;
 };
 
 // Index of the largest logit of each row of (n, V) logits (the first on a tie).

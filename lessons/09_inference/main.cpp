@@ -38,21 +38,24 @@ struct Run {
   CacheKind kind;
   std::vector<std::vector<int64_t>> tokens;
   std::vector<std::vector<float>> logits;  // per sequence, (len - 1) x V
-  double decode_s = 0;
-  int64_t steps = 0, cache_bytes = 0, cached_tokens = 0;
+  double decode_s = 0, moe_comm_s = 0, reduce_comm_s = 0;
+  int64_t steps = 0, cache_bytes = 0, cached_tokens = 0, heads_here = 0;
 };
 
 // [slide:generate]
-Run generate(const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind, int64_t new_tokens) {
+Run generate(Comm& comm, const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
+             int64_t new_tokens) {
   const int64_t B = (int64_t)s.prompts.size(), V = c.vocab;
-  Run run{kind, s.prompts, std::vector<std::vector<float>>((size_t)B), 0, 0, 0, 0};
-  Decoder dec(c, p, kind, B, s.capacity, s.bug);
+  Run run;
+  run.kind = kind, run.tokens = s.prompts, run.logits.resize((size_t)B);
+  Decoder dec(c, p, kind, B, s.capacity, s.bug, &comm, s.moe_comm);
   std::vector<int64_t> next((size_t)B);
   for (int64_t b = 0; b < B; b++) {  // prefill: every prompt position's logits, the first new token
     const Tensor z = dec.prefill(b, s.prompts[(size_t)b]);
     run.logits[(size_t)b] = z.to_vector();
     next[(size_t)b] = argmax_rows(slice(z, 0, z.size(0) - 1, z.size(0)))[0];
   }
+  comm.barrier();
   const Stopwatch watch;
   for (int64_t k = 1; k < new_tokens; k++) {  // decode: feed the last new token, get the next
     for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
@@ -65,7 +68,8 @@ Run generate(const model::Config& c, const model::Params& p, const Setup& s, Cac
   }
   run.decode_s = watch.seconds();
   for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
-  run.cache_bytes = dec.cache_bytes(), run.cached_tokens = dec.cached_tokens();
+  run.cache_bytes = dec.cache_bytes(), run.cached_tokens = dec.cached_tokens(), run.heads_here = dec.heads_here();
+  run.moe_comm_s = dec.moe_comm_s(), run.reduce_comm_s = dec.reduce_comm_s();
   return run;
 }
 // [/slide]
@@ -86,10 +90,11 @@ std::vector<std::vector<float>> reference_logits(const model::Config& c, const m
 void print_cache_sizes(Lesson& L, const model::Config& c, const std::vector<Run>& runs) {
   model::Config v3;  // DeepSeek-V3's attention (config_671B.json): 128 heads, r_kv 512, d_r 64
   v3.heads = 128, v3.d_nope = 128, v3.d_rope = 64, v3.d_v = 128, v3.kv_lora = 512, v3.layers = 61;
-  L.print("cache per token per layer: numbers kept (bytes measured in this run's caches / tokens / layers)\n");
+  L.print("cache per token per layer%s: numbers kept (bytes measured in this run's caches / tokens / layers)\n",
+          L.size() > 1 ? " on one rank" : "");
   L.print("  %-9s %28s %14s %26s\n", "cache", "this model", "measured", "DeepSeek-V3 (61 layers)");
   for (const Run& r : runs) {
-    const int64_t n = cache_floats_per_token(c, r.kind), v = cache_floats_per_token(v3, r.kind);
+    const int64_t n = cache_floats_per_token(c, r.kind, r.heads_here), v = cache_floats_per_token(v3, r.kind, v3.heads);
     const double measured = (double)r.cache_bytes / (double)r.cached_tokens / (double)c.layers;
     L.print("  %-9s %9lld floats = %5lld B %11.0f B %9lld = %6.1f KiB bf16/token\n", cache_name(r.kind),
             (long long)n, (long long)(4 * n), measured, (long long)v, 2.0 * v * 61 / 1024);
@@ -131,12 +136,18 @@ int main(int argc, char** argv) {
 
     // ---- decode with each cache
     std::vector<Run> runs;
-    for (CacheKind kind : s.kinds) runs.push_back(generate(c, p, s, kind, opts.new_tokens));
+    for (CacheKind kind : s.kinds) runs.push_back(generate(L.comm, c, p, s, kind, opts.new_tokens));
     print_cache_sizes(L, c, runs);
-    L.print("\ndecode speed (this process, batch %zu):\n", s.prompts.size());
-    for (const Run& r : runs)
-      L.print("  %-9s %lld steps in %.1f ms: %.0f tokens/s\n", cache_name(r.kind), (long long)r.steps, r.decode_s * 1e3,
+    L.print("\ndecode speed (batch %zu, %d rank%s%s):\n", s.prompts.size(), L.size(), L.size() > 1 ? "s" : "",
+            L.size() > 1 ? (std::string(", MoE ") + moe_comm_name(s.moe_comm) + "; rank 0's time in communication").c_str() : "");
+    for (const Run& r : runs) {
+      L.print("  %-9s %lld steps in %.1f ms: %.0f tokens/s", cache_name(r.kind), (long long)r.steps, r.decode_s * 1e3,
               r.steps > 0 ? (double)(r.steps * (int64_t)s.prompts.size()) / r.decode_s : 0.0);
+      if (L.size() > 1)
+        L.print(", MoE %.1f ms (%.0f%%), attention and FFN all-reduces %.1f ms (%.0f%%)", r.moe_comm_s * 1e3,
+                100 * r.moe_comm_s / r.decode_s, r.reduce_comm_s * 1e3, 100 * r.reduce_comm_s / r.decode_s);
+      L.print("\n");
+    }
     L.print("\ngenerated (%s cache):\n", cache_name(runs[0].kind));
     for (size_t b = 0; b < std::min<size_t>(s.prompts.size(), 4); b++)
       L.print("  [%zu] %s\n", b, s.corpus.decode(runs[0].tokens[b]).c_str());
@@ -157,8 +168,12 @@ int main(int argc, char** argv) {
       // absorbed, r_kv after a d_n), the values (one term per cached token), absorbed's W_uv
       // after the sum (r_kv). A sum of n terms re-associated moves by at most n eps of the sum of
       // its terms' magnitudes (Higham, gamma_n); to first order, per layer, and the logits are
-      // of the size max|z|: tol = layers n eps max|z|, n the longest of those sums.
-      const double n = (double)std::max(s.capacity, c.kv_lora + c.d_nope + c.d_rope);
+      // of the size max|z|: tol = layers n eps max|z|, n the longest of those sums. Over several
+      // ranks the partial sums of W_o (H d_v terms) and of the FFNs' W2 (f) are all-reduced: a
+      // re-association of those sums too.
+      int64_t longest = std::max(s.capacity, c.kv_lora + c.d_nope + c.d_rope);
+      if (L.size() > 1) longest = std::max({longest, c.heads * c.d_v, c.ffn, c.moe_ffn * std::max<int64_t>(c.shared, 1)});
+      const double n = (double)longest;
       const double tol = (double)c.layers * n * FLT_EPSILON * zmax;
       // [/slide]
       char what[200];

@@ -35,6 +35,10 @@ Setup parse_options(Lesson& lesson, Options& opts) {
              "plant a bug the check must catch: rope-off-by-one (decode rotates by position + 1), "
              "absorb-transposed (W_uk folded as (r_kv, d_n, H)), cache-skip-layer (the last layer never "
              "caches a decoded token)");
+  cli.choice("--moe-comm", &opts.moe_comm, {"alltoall", "allreduce"},
+             "over several ranks, how the MoE's tokens meet their experts: alltoall (DeepEP's low-latency "
+             "dispatch and combine: each rank routes its share of the rows) or allreduce (DeepSeek-V3's "
+             "inference/model.py, seed 002: every rank all rows through its experts, one all-reduce)");
   cli.flag("--data", &opts.data, "the text whose distinct bytes are the vocabulary (lesson 08's; the default is "
            "the course's data/tinyshakespeare.txt, found from the executable)");
   const ModelFlag model_flags[] = {
@@ -110,6 +114,14 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   s.bug = opts.bug == "rope-off-by-one" ? Bug::rope_off_by_one
           : opts.bug == "absorb-transposed" ? Bug::absorb_transposed
           : opts.bug == "cache-skip-layer" ? Bug::cache_skip_layer : Bug::none;
+  s.moe_comm = opts.moe_comm == "allreduce" ? MoeComm::allreduce : MoeComm::alltoall;
+  // the world: heads over the ranks (TP), routed experts over the ranks (EP)
+  const int P = lesson.size();
+  lesson.usage_error_if(c.heads % P != 0, std::to_string(P) + " ranks: the " + std::to_string(c.heads) +
+                        " heads must split evenly over them (tensor parallelism by head)");
+  lesson.usage_error_if(c.layers > c.dense_layers && c.experts % P != 0,
+                        std::to_string(P) + " ranks: the " + std::to_string(c.experts) +
+                            " routed experts must split evenly over them (expert parallelism)");
   lesson.usage_error_if(s.bug == Bug::absorb_transposed && opts.cache != "absorbed" && opts.cache != "all",
                         "--bug absorb-transposed lives in the absorbed attention: it needs --cache absorbed or all");
   // memory: the weights, the largest cache, and the reference forward's scores (H T^2 per layer)
@@ -118,7 +130,7 @@ Setup parse_options(Lesson& lesson, Options& opts) {
                                       c.q_lora * c.heads * c.qk_head_dim() + c.kv_lora * c.heads * (c.d_nope + c.d_v) +
                                       c.heads * c.d_v * c.dim + 3 * c.dim * std::max(c.ffn, (c.experts + c.shared) * c.moe_ffn)) +
                          8.0 * (double)(c.vocab * c.dim);
-  const double cache = 4.0 * (double)(opts.batch * s.capacity * c.layers * cache_floats_per_token(c, CacheKind::kv));
+  const double cache = 4.0 * (double)(opts.batch * s.capacity * c.layers * cache_floats_per_token(c, CacheKind::kv, c.heads));
   const double reference = 4.0 * 4 * (double)(c.heads * s.capacity * s.capacity + s.capacity * c.dim * 8);
   lesson.require_memory(weights + 2 * cache + reference, "--batch, --new or the model's sizes");
   return s;

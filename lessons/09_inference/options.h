@@ -9,6 +9,7 @@
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
 #include "lessons/09_inference/attention_cache.h"
+#include "lessons/09_inference/moe_decode.h"
 
 namespace ff::infer {
 
@@ -17,7 +18,7 @@ struct Options {
   int64_t dim = 64, layers = 3, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   std::string prompts = "ROMEO:|JULIET:|First Citizen:|KING RICHARD III:", cache = "all", bug = "none",
-              checkpoint, data;
+              moe_comm = "alltoall", checkpoint, data;
 };
 
 // What the flags decide, every check passed.
@@ -27,6 +28,7 @@ struct Setup {
   std::vector<std::vector<int64_t>> prompts; // B of them, encoded
   std::vector<CacheKind> kinds;              // the caches to run (--cache)
   Bug bug = Bug::none;
+  MoeComm moe_comm = MoeComm::alltoall;
   int64_t capacity = 0;                      // tokens per sequence: longest prompt + --new
 };
 
