@@ -31,10 +31,13 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   cli.flag("--prompts", &opts.prompts, "the prompts, separated by |; --batch takes them in turn", "TEXT");
   cli.flag("--batch", &opts.batch, "sequences decoded together (different lengths: each its own positions)", 1, 256);
   cli.flag("--new", &opts.new_tokens, "tokens generated per sequence (greedy)", 1, 4096);
-  cli.choice("--bug", &opts.bug, {"none", "rope-off-by-one", "absorb-transposed", "cache-skip-layer"},
-             "plant a bug the check must catch: rope-off-by-one (decode rotates by position + 1), "
-             "absorb-transposed (W_uk folded as (r_kv, d_n, H)), cache-skip-layer (the last layer never "
-             "caches a decoded token)");
+  cli.toggle("--int8", &opts.int8, "serve int8 weights (symmetric, a scale per output channel, seed 002's): "
+             "their memory, the logits' error and the validation perplexity against float32, the bytes generated");
+  cli.flag("--val-batches", &opts.val_batches, "--int8: validation batches (8 x 64 bytes) for the perplexity", 1, 1000);
+  cli.choice("--bug", &opts.bug, {"none", "rope-off-by-one", "absorb-transposed", "cache-skip-layer", "int8-per-tensor"},
+             "plant a bug: rope-off-by-one (decode rotates by position + 1), absorb-transposed (W_uk folded as "
+             "(r_kv, d_n, H)), cache-skip-layer (the last layer never caches a decoded token): the check fails; "
+             "int8-per-tensor (--int8 with one scale per tensor): no check fails, the int8 error grows");
   cli.choice("--moe-comm", &opts.moe_comm, {"alltoall", "allreduce"},
              "over several ranks, how the MoE's tokens meet their experts: alltoall (DeepEP's low-latency "
              "dispatch and combine: each rank routes its share of the rows) or allreduce (DeepSeek-V3's "
@@ -114,6 +117,10 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   s.bug = opts.bug == "rope-off-by-one" ? Bug::rope_off_by_one
           : opts.bug == "absorb-transposed" ? Bug::absorb_transposed
           : opts.bug == "cache-skip-layer" ? Bug::cache_skip_layer : Bug::none;
+  s.int8_per_tensor = opts.bug == "int8-per-tensor";
+  lesson.usage_error_if(s.int8_per_tensor && !opts.int8, "--bug int8-per-tensor plants its bug in the int8 weights: it needs --int8");
+  lesson.usage_error_if(opts.int8 && s.corpus.split_size(CharCorpus::Split::val) <= 65,
+                        "--int8: the validation text of " + opts.data + " is too short for a 64-byte window");
   s.moe_comm = opts.moe_comm == "allreduce" ? MoeComm::allreduce : MoeComm::alltoall;
   // the world: heads over the ranks (TP), routed experts over the ranks (EP)
   const int P = lesson.size();

@@ -14,7 +14,8 @@
 namespace ff::infer {
 
 struct Options {
-  int64_t batch = 4, new_tokens = 48;
+  int64_t batch = 4, new_tokens = 48, val_batches = 4;
+  bool int8 = false;
   int64_t dim = 64, layers = 3, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   std::string prompts = "ROMEO:|JULIET:|First Citizen:|KING RICHARD III:", cache = "all", bug = "none",
@@ -29,6 +30,7 @@ struct Setup {
   std::vector<CacheKind> kinds;              // the caches to run (--cache)
   Bug bug = Bug::none;
   MoeComm moe_comm = MoeComm::alltoall;
+  bool int8_per_tensor = false;              // --bug int8-per-tensor
   int64_t capacity = 0;                      // tokens per sequence: longest prompt + --new
 };
 

@@ -1,0 +1,84 @@
+// lessons/09_inference/int8.cpp — per-channel symmetric int8 weights (int8.h).
+#include "lessons/09_inference/int8.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/core/check.h"
+
+namespace ff::infer {
+
+// [slide:quantize]
+QuantTensor quantize(const Tensor& w, bool per_channel) {
+  FF_CHECK(w.dim() == 2 || w.dim() == 3, "quantize: a (K, N) or (E, K, N) weight, not " << shape_str(w.shape()));
+  QuantTensor t;
+  t.shape = w.shape();
+  const int64_t N = w.size(-1), K = w.size(-2), E = w.dim() == 3 ? w.size(0) : 1;
+  const std::vector<float> v = w.to_vector();
+  // the scales: the largest magnitude of each (expert's) column, or of the whole tensor
+  t.scale.assign((size_t)(per_channel ? E * N : 1), 0.f);
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t n = 0; n < N; n++) {
+        float& s = t.scale[per_channel ? (size_t)(e * N + n) : 0];
+        s = std::max(s, std::fabs(v[(size_t)((e * K + k) * N + n)]));
+      }
+  for (float& s : t.scale) s = s > 0.f ? s / 127.f : 1.f;  // a column of zeros: any scale
+  t.q.resize(v.size());
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t n = 0; n < N; n++) {
+        const size_t i = (size_t)((e * K + k) * N + n);
+        const float s = t.scale[per_channel ? (size_t)(e * N + n) : 0];
+        t.q[i] = (int8_t)std::clamp(std::lround(v[i] / s), -127L, 127L);
+      }
+  return t;
+}
+// [/slide]
+
+Tensor dequantize(const QuantTensor& t) {
+  const int64_t N = t.shape.back(), K = t.shape[t.shape.size() - 2];
+  const bool per_channel = t.scale.size() > 1;
+  std::vector<float> v(t.q.size());
+  for (size_t i = 0; i < v.size(); i++) {
+    const int64_t e = (int64_t)i / (K * N), n = (int64_t)i % N;
+    v[i] = (float)t.q[i] * t.scale[per_channel ? (size_t)(e * N + n) : 0];
+  }
+  return Tensor::from_vector(v, t.shape);
+}
+
+Int8Model int8_model(const model::Config& c, const model::Params& full, bool per_channel) {
+  Int8Model m;
+  m.p = model::init_params(c, 0);  // the same structure; every tensor is overwritten below
+  const std::vector<model::NamedTensor> from = full.named_parameters(), to = m.p.named_parameters();
+  double err2 = 0, norm2 = 0;
+  for (size_t i = 0; i < from.size(); i++) {
+    const std::string& name = from[i].name;
+    const Tensor& w = from[i].t;
+    const bool quantized = w.dim() >= 2 && name != "embed" && name != "head" &&
+                           name.find("router_w") == std::string::npos;
+    Tensor target = to[i].t;
+    if (quantized) {
+      const QuantTensor q = quantize(w, per_channel);
+      const Tensor back = dequantize(q);
+      const std::vector<float> a = w.to_vector(), b = back.to_vector();
+      for (size_t k = 0; k < a.size(); k++)
+        err2 += ((double)a[k] - b[k]) * ((double)a[k] - b[k]), norm2 += (double)a[k] * a[k];
+      target.detach().copy_from(back.to(w.device()));
+      m.int8_bytes += (int64_t)(q.q.size() * sizeof(int8_t) + q.scale.size() * sizeof(float));
+      m.fp32_bytes += w.numel() * (int64_t)sizeof(float);
+    } else {
+      target.detach().copy_from(w);
+      m.kept_bytes += w.numel() * (int64_t)sizeof(float);
+    }
+  }
+  m.rel_error = norm2 > 0 ? std::sqrt(err2 / norm2) : 0;
+  const std::vector<model::NamedTensor> bf = full.named_buffers(), bt = m.p.named_buffers();
+  for (size_t i = 0; i < bf.size(); i++) {
+    Tensor target = bt[i].t;
+    target.copy_from(bf[i].t);
+  }
+  return m;
+}
+
+}  // namespace ff::infer
