@@ -587,6 +587,64 @@ if $T/device_query | grep -qw cuda; then
   check "08 --device cuda (P=2)" 0 '^check: PASS' $MPIRUN -np 2 $L08 --device cuda --train 4
 fi
 
+L09=$B/09_inference
+section "lesson 09: inference (three caches, TP and EP decode, int8)"
+# every position's logits of the three caches against the training forward, their greedy bytes
+# against its argmax and each other: one process, 2 and 4 ranks (heads and experts split; the MoE's
+# all-to-all and all-reduce), 3 ranks (odd: 6 heads, 6 experts), fewer rows than ranks
+for run in "1|" "2|" "2|--moe-comm allreduce" "4|" "4|--moe-comm allreduce" "3|--heads 6 --experts 6" "4|--batch 1 --new 8"; do
+  np=${run%%|*}; args=${run#*|}
+  check "09 P=$np ${args:-default}: kv, latent and absorbed caches = the training forward, every position" 0 '^check: PASS' \
+    $MPIRUN -np $np $L09 $args
+done
+check "09 batch 8 of prompts of 6 to 17 bytes, 24 new tokens, each cache alone (P=2)" 0 '^check: PASS' \
+  bash -c "for c in kv latent absorbed; do $MPIRUN -np 2 $L09 --batch 8 --new 24 --cache \$c || exit 1; done"
+check "09 the caches' bytes per token per layer, measured: kv H (d_n + d_r + d_v), latent and absorbed r_kv + d_r; a kv cache splits with the heads, a latent one does not (P=2)" 0 '^sizes ok' \
+  bash -c "one=\$($MPIRUN -np 1 $L09 --new 4) && two=\$($MPIRUN -np 2 $L09 --new 4) || exit 1; \
+           echo \"\$one\" | grep -Eq '^  kv +160 floats = +640 B +640 B +40960 ' && echo \"\$one\" | grep -Eq '^  latent +40 floats = +160 B +160 B +576 ' && \
+           echo \"\$two\" | grep -Eq '^  kv +80 floats = +320 B +320 B' && echo \"\$two\" | grep -Eq '^  absorbed +40 floats = +160 B +160 B' && echo sizes ok"
+check "09 planted bug: RoPE one position ahead in decode fails every cache's check" 1 'logits, kv cache .*FAIL' \
+  $MPIRUN -np 2 $L09 --bug rope-off-by-one --new 8
+check "09 planted bug: the absorbed W_uk read as (r_kv, d_n, H) fails the absorbed cache only" 1 '^absorbed only' \
+  bash -c "out=\$($MPIRUN -np 1 $L09 --bug absorb-transposed --new 8); echo \"\$out\" | grep -q '^check: FAIL' || exit 0; \
+           echo \"\$out\" | grep -Eq 'logits, absorbed cache .*FAIL' && echo \"\$out\" | grep -Eq 'logits, kv cache .*PASS' && echo 'absorbed only'; exit 1"
+check "09 planted bug: the last layer's cache not updated in decode fails the check (P=2)" 1 'logits, latent cache .*FAIL' \
+  $MPIRUN -np 2 $L09 --bug cache-skip-layer --new 8
+check "09 --int8: a quarter of the weights' bytes (plus scales), logits and perplexity against float32, the check still PASSes" 0 '^int8 ok' \
+  bash -c "out=\$($MPIRUN -np 2 $L09 --int8 --new 16) || exit 1; echo \"\$out\" | grep -Eq 'int8 weights \(per-channel scales\): .* 0\.2[5-9][0-9]x' && \
+           echo \"\$out\" | grep -q 'validation perplexity' && echo \"\$out\" | grep -q '^check: PASS' && echo 'int8 ok'"
+check "09 planted bug int8-per-tensor: no check fails, the weights' relative error grows (> 1.3x per-channel's)" 0 '^per-tensor worse' \
+  bash -c "a=\$($MPIRUN -np 1 $L09 --int8 --new 4 | sed -n 's/.*relative error .*: //p') && \
+           b=\$($MPIRUN -np 1 $L09 --int8 --new 4 --bug int8-per-tensor | tee /dev/stderr | sed -n 's/.*relative error .*: //p') || exit 1; \
+           echo \"per-channel \$a per-tensor \$b\"; awk -v a=\"\$a\" -v b=\"\$b\" 'BEGIN { exit !(b > 1.3 * a) }' && echo 'per-tensor worse'"
+check "09 lesson 08 -> checkpoint -> lesson 09: the trained weights served on 1 and 2 ranks, every check PASSes" 0 '^served ok' \
+  bash -c "rm -rf $LOG/ck09 && $MPIRUN -np 2 $B/08_mesh --train 4 --dim 32 --ffn 32 --seq 16 --batch 4 --save $LOG/ck09 >/dev/null && \
+           $MPIRUN -np 1 $L09 --checkpoint $LOG/ck09 --new 8 | grep -q 'lesson 08.s checkpoint' && \
+           $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09 --new 8 --int8 | grep -q '^check: PASS' && echo 'served ok'"
+check "09 --trace: spans nest on every track (P=2)" 0 '^trace ok: 2 ranks' \
+  bash -c "$MPIRUN -np 2 $L09 --new 4 --trace $LOG/t09.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t09.json - 2"
+check "09 --device sim: the decode under the emulator (P=1, small)" 0 '^check: PASS' \
+  $MPIRUN -np 1 $L09 --device sim --batch 2 --new 4 --dim 32 --ffn 32
+check "09 --help lists every flag with its default" 0 '--cache \{kv\|latent\|absorbed\|all\} .*\(default: all\)' $MPIRUN -np 1 $L09 --help
+usage_error "09 bad input: a prompt byte outside the vocabulary" $MPIRUN -np 2 $L09 --prompts 'ROMEO@'
+usage_error "09 bad input: an empty prompt" $MPIRUN -np 2 $L09 --prompts 'a||b'
+usage_error "09 bad input: 3 ranks for 4 heads" $MPIRUN -np 3 $L09
+usage_error "09 bad input: 3 ranks for 8 experts" $MPIRUN -np 3 $L09 --heads 6
+usage_error "09 bad input: sizes beyond memory" $MPIRUN -np 2 $L09 --batch 256 --new 4096 --max-memory 0.01
+usage_error "09 bad input: --checkpoint of a directory with none" $MPIRUN -np 2 $L09 --checkpoint $LOG/no-such-checkpoint
+usage_error "09 bad input: --checkpoint of another model (--dim 64 given, the checkpoint's is 32)" \
+  bash -c "rm -rf $LOG/ck09m && $MPIRUN -np 1 $B/08_mesh --train 1 --dim 32 --ffn 32 --seq 16 --batch 4 --save $LOG/ck09m >/dev/null && \
+           $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09m --dim 64"
+usage_error "09 bad input: --checkpoint with a damaged file (its CRC-32 named)" \
+  bash -c "rm -rf $LOG/ck09d && $MPIRUN -np 1 $B/08_mesh --train 1 --dim 32 --ffn 32 --seq 16 --batch 4 --save $LOG/ck09d >/dev/null && \
+           f=\$(ls -d $LOG/ck09d/step-*)/norm.npy && printf 'X' | dd of=\$f bs=1 seek=200 conv=notrunc 2>/dev/null && \
+           $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09d"
+usage_error "09 bad input: --bug int8-per-tensor without --int8" $MPIRUN -np 1 $L09 --bug int8-per-tensor
+usage_error "09 bad input: --bug absorb-transposed with --cache kv" $MPIRUN -np 1 $L09 --bug absorb-transposed --cache kv
+if $T/device_query | grep -qw cuda; then
+  check "09 --device cuda (P=1)" 0 '^check: PASS' $MPIRUN -np 1 $L09 --device cuda
+fi
+
 section "NCCL (--backend nccl): emulated on device sim; on cuda where there is a GPU per rank"
 # nccl_run NAME ARGS...: the run PASSes on --backend nccl and NCCL ran at least one launch on every
 # rank (the tensors' collectives went to it, not to MPI)
@@ -625,7 +683,7 @@ section "every lesson from any directory: the course's data found from the execu
 # 05 (--train) and 08 read data/tinyshakespeare.txt by default, found from the executable's
 # directory upward (common/util/files.h: course_data_file)
 ABS_B=$(cd "$B" && pwd -P); ROOT=$(pwd -P)
-check "every lesson's default demo PASSes when started from / with the binary's full path (05 with --train 2)" 0 '^8 lessons PASS from /' \
+check "every lesson's default demo PASSes when started from / with the binary's full path (05 with --train 2)" 0 '^9 lessons PASS from /' \
   bash -c "cd / && n=0; for d in $ROOT/lessons/[0-9][0-9]_*; do L=\$(basename \$d); a=; [ \$L = 05_deepseek_moe ] && a='--train 2'; \
              $MPIRUN -np \$(cat \$d/NP) $ABS_B/\$L \$a | grep -q '^check: PASS' || { echo \"\$L failed\"; exit 1; }; n=\$((n + 1)); done; \
            echo \"\$n lessons PASS from /\""
