@@ -321,6 +321,8 @@ bench: deps
 	@for mb in 100 0.1 0.02; do out=$$($(MPIRUN) -np 4 $(BUILD)/bin/08_mesh --tp 1 --zero 2 --bucket-mb $$mb --train 10 \
 	  --check-every 100 --link intra=100MB/s,inter=100MB/s,latency=20us) || { echo "$$out"; exit 1; }; \
 	  echo "$$out" | sed -n "s/^DP's gradients in buckets of about/  --bucket-mb $$mb: buckets of about/p; s/^  per step: /    /p"; done
+	@echo "lesson 09: decode tokens/s at batch 1 and 8 and the memory bandwidth a step uses (seed 002's measure), float32 and int8 weights"
+	bash tests/bench/bench_09_decode.sh $(BUILD)/bin/09_inference
 
 test: deps-test
 	@$(MAKE) $(SUBMAKE_FLAGS) build

@@ -52,7 +52,16 @@ Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
   if (!blk.moe) return reduced(model::dense_ffn(dense_[layer], u), count);
   dsv3::Config mc = c_.moe_config();
   mc.seq_len = u.size(0);  // no balance loss at inference: only the routing is used
-  if (!comm_ || comm_->size() == 1) return model::moe_ffn(mc, blk.experts, u);  // lesson 05's layer
+  if (!comm_ || comm_->size() == 1) {  // lesson 05's layer
+    Tensor route;
+    Tensor y = model::moe_ffn(mc, blk.experts, u, &route);
+    if (count) {
+      std::vector<bool> read((size_t)c_.experts, false);
+      for (int64_t e : route.to_index_vector()) read[(size_t)e] = true;
+      for (bool r : read) experts_read_ += r;
+    }
+    return y;
+  }
   double s = 0;
   Tensor y = moe_decode(*comm_, how_, mc, experts_[layer], u, &s);
   if (count) moe_comm_s_ += s;

@@ -51,6 +51,10 @@ class Decoder {
   // Seconds of the steps (not prefill) spent in communication: the MoE's, the all-reduces'.
   double moe_comm_s() const { return moe_comm_s_; }
   double reduce_comm_s() const { return reduce_comm_s_; }
+  // Routed experts the steps have read on this rank, summed over steps and MoE layers (each
+  // expert counted once per step and layer, however many rows chose it): what a step reads of
+  // the experts' weights, for the bandwidth (speed.h).
+  int64_t experts_read() const { return experts_read_; }
 
  private:
   Tensor ffn(size_t layer, const Tensor& u, bool count);
@@ -69,6 +73,7 @@ class Decoder {
   std::vector<LayerCache> caches_;       // one per layer
   std::vector<int64_t> len_;             // tokens of each sequence so far
   double moe_comm_s_ = 0, reduce_comm_s_ = 0;
+  int64_t experts_read_ = 0;
 };
 
 // Index of the largest logit of each row of (n, V) logits (the first on a tie).

@@ -2,6 +2,7 @@
 #include "lessons/09_inference/options.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "common/util/files.h"
 #include "lessons/08_mesh/checkpoint.h"
@@ -42,6 +43,8 @@ Setup parse_options(Lesson& lesson, Options& opts) {
              "over several ranks, how the MoE's tokens meet their experts: alltoall (DeepEP's low-latency "
              "dispatch and combine: each rank routes its share of the rows) or allreduce (DeepSeek-V3's "
              "inference/model.py, seed 002: every rank all rows through its experts, one all-reduce)");
+  cli.flag("--speed", &opts.speed, "after the check, time --new decode steps at each of these batch sizes (e.g. "
+           "1,8; one process): tokens/s and the memory bandwidth a step uses (seed 002's measure)", "LIST");
   cli.flag("--data", &opts.data, "the text whose distinct bytes are the vocabulary (lesson 08's; the default is "
            "the course's data/tinyshakespeare.txt, found from the executable)");
   const ModelFlag model_flags[] = {
@@ -131,6 +134,19 @@ Setup parse_options(Lesson& lesson, Options& opts) {
                             " routed experts must split evenly over them (expert parallelism)");
   lesson.usage_error_if(s.bug == Bug::absorb_transposed && opts.cache != "absorbed" && opts.cache != "all",
                         "--bug absorb-transposed lives in the absorbed attention: it needs --cache absorbed or all");
+  // --speed: batch sizes, one process
+  for (size_t at = 0; !opts.speed.empty();) {
+    const size_t comma = opts.speed.find(',', at);
+    const std::string item = opts.speed.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    char* end = nullptr;
+    const long long b = std::strtoll(item.c_str(), &end, 10);
+    lesson.usage_error_if(item.empty() || *end != '\0' || b < 1 || b > 256,
+                          "--speed " + opts.speed + ": a list of batch sizes in [1, 256], e.g. 1,8");
+    s.speed_batches.push_back(b);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  lesson.usage_error_if(!s.speed_batches.empty() && P > 1, "--speed times one process: run it with 1 rank");
   // memory: the weights, the largest cache, and the reference forward's scores (H T^2 per layer)
   const double weights = 4.0 * (double)c.layers *
                              (double)(c.dim * (c.q_lora + c.kv_lora + c.d_rope) +
@@ -139,7 +155,12 @@ Setup parse_options(Lesson& lesson, Options& opts) {
                          8.0 * (double)(c.vocab * c.dim);
   const double cache = 4.0 * (double)(opts.batch * s.capacity * c.layers * cache_floats_per_token(c, CacheKind::kv, c.heads));
   const double reference = 4.0 * 4 * (double)(c.heads * s.capacity * s.capacity + s.capacity * c.dim * 8);
-  lesson.require_memory(weights + 2 * cache + reference, "--batch, --new or the model's sizes");
+  int64_t speed_batch = 0;
+  for (int64_t b : s.speed_batches) speed_batch = std::max(speed_batch, b);
+  const double speed = s.speed_batches.empty() ? 0.0
+                       : 256.0 * (1 << 20) + 4.0 * (double)(speed_batch * s.capacity * c.layers *
+                                                             cache_floats_per_token(c, CacheKind::kv, c.heads));
+  lesson.require_memory(weights + 2 * cache + reference + speed, "--batch, --new, --speed or the model's sizes");
   return s;
 }
 

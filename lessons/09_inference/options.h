@@ -19,7 +19,7 @@ struct Options {
   int64_t dim = 64, layers = 3, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   std::string prompts = "ROMEO:|JULIET:|First Citizen:|KING RICHARD III:", cache = "all", bug = "none",
-              moe_comm = "alltoall", checkpoint, data;
+              moe_comm = "alltoall", checkpoint, data, speed;
 };
 
 // What the flags decide, every check passed.
@@ -32,6 +32,7 @@ struct Setup {
   MoeComm moe_comm = MoeComm::alltoall;
   bool int8_per_tensor = false;              // --bug int8-per-tensor
   int64_t capacity = 0;                      // tokens per sequence: longest prompt + --new
+  std::vector<int64_t> speed_batches;        // --speed
 };
 
 Setup parse_options(Lesson& lesson, Options& opts);

@@ -1,0 +1,88 @@
+// lessons/09_inference/speed.cpp — decode speed and bandwidth (speed.h).
+#include "lessons/09_inference/speed.h"
+
+#include <algorithm>
+
+#include "lessons/09_inference/decoder.h"
+
+namespace ff::infer {
+
+double read_bandwidth() {
+  const size_t n = (size_t)64 << 20;  // 64 Mi floats: 256 MiB, far beyond any cache
+  std::vector<float> a(n, 1.f);
+  double best = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    const Stopwatch watch;
+    float acc[16] = {};  // independent sums, so the loop is bound by the reads, not the adds
+    for (size_t i = 0; i < n; i += 16)
+      for (int k = 0; k < 16; k++) acc[k] += a[i + (size_t)k];
+    const double s = watch.seconds();
+    float total = 0;
+    for (float x : acc) total += x;
+    if (total != (float)n) throw Error("read_bandwidth: the sum is wrong");  // keeps the loop alive
+    best = std::max(best, (double)(n * sizeof(float)) / s);
+  }
+  return best;
+}
+
+namespace {
+
+// Bytes of the weights every step reads whole (everything but the embedding and the routed
+// experts), and of one routed expert.
+void weight_bytes(const model::Params& p, double* always, double* per_expert) {
+  *always = 0, *per_expert = 0;
+  for (const model::NamedTensor& n : p.named_parameters()) {
+    const double bytes = 4.0 * (double)n.t.numel();
+    if (n.name == "embed") continue;
+    if (n.name.find("moe.experts_") != std::string::npos) {
+      if (*per_expert == 0) *per_expert = 3 * bytes / (double)n.t.size(0);  // w1, w3, w2 of one expert
+      continue;
+    }
+    *always += bytes;
+  }
+}
+
+}  // namespace
+
+std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
+                                   const std::vector<int64_t>& batches, int64_t steps) {
+  double always = 0, per_expert = 0;
+  weight_bytes(p, &always, &per_expert);
+  std::vector<SpeedRow> rows;
+  for (int64_t B : batches) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = std::max<int64_t>(longest, (int64_t)s.prompts[(size_t)b % s.prompts.size()].size());
+    Decoder dec(c, p, kind, B, longest + steps + 1);
+    std::vector<int64_t> next((size_t)B);
+    for (int64_t b = 0; b < B; b++) {
+      const Tensor z = dec.prefill(b, s.prompts[(size_t)b % s.prompts.size()]);
+      next[(size_t)b] = argmax_rows(slice(z, 0, z.size(0) - 1, z.size(0)))[0];
+    }
+    const double cache_before = (double)dec.cache_bytes();
+    const Stopwatch watch;
+    for (int64_t k = 0; k < steps; k++) next = argmax_rows(dec.step(next));
+    const double seconds = watch.seconds();
+    SpeedRow r;
+    r.batch = B, r.steps = steps;
+    r.step_ms = seconds * 1e3 / (double)steps;
+    r.tokens_per_s = (double)(B * steps) / seconds;
+    r.weight_bytes = always + per_expert * (double)dec.experts_read() / (double)steps + 4.0 * (double)(B * c.dim);
+    r.cache_bytes = (cache_before + (double)dec.cache_bytes()) / 2;  // grows linearly over the steps
+    r.gb_per_s = (r.weight_bytes + r.cache_bytes) / seconds * (double)steps / 1e9;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, bool int8) {
+  L.print("decode speed (one process, %s cache; this machine reads memory at %.1f GB/s, measured)%s:\n",
+          cache_name(kind), bandwidth / 1e9,
+          int8 ? "; int8 weights dequantized at load, so a step reads them as float32" : "");
+  L.print("  %5s %9s %10s %14s %13s %9s %6s\n", "batch", "ms/step", "tokens/s", "weights/step", "cache/step",
+          "GB/s", "util");
+  for (const SpeedRow& r : rows)
+    L.print("  %5lld %9.3f %10.0f %11.2f MB %10.3f MB %9.2f %5.1f%%\n", (long long)r.batch, r.step_ms, r.tokens_per_s,
+            r.weight_bytes / 1e6, r.cache_bytes / 1e6, r.gb_per_s, 100 * r.gb_per_s * 1e9 / bandwidth);
+}
+
+}  // namespace ff::infer
