@@ -623,6 +623,9 @@ check "09 lesson 08 -> checkpoint -> lesson 09: the trained weights served on 1 
            $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09 --new 8 --int8 | grep -q '^check: PASS' && echo 'served ok'"
 check "09 --speed 1,3: tokens/s, the bytes a step reads and the bandwidth it uses, per batch size (P=1)" 0 '^ +3 +[0-9.]+ +[0-9]+ +[0-9.]+ MB +[0-9.]+ MB +[0-9.]+ +[0-9.]+%' \
   $MPIRUN -np 1 $L09 --speed 1,3 --new 8
+check "09 --link on 4 ranks, nodes of 2, both MoE exchanges: the decode under the link model PASSes, the MoE's share of a step printed" 0 '^link ok' \
+  bash -c "for m in alltoall allreduce; do out=\$($MPIRUN -np 4 $L09 --moe-comm \$m --batch 2 --new 8 --cache absorbed --link latency=20us --ranks-per-node 2) || exit 1; \
+             echo \"\$out\" | grep -Eq '^  absorbed .* tokens/s, MoE [0-9.]+ ms \([0-9]+%\)' || exit 1; done; echo 'link ok'"
 check "09 --trace: spans nest on every track (P=2)" 0 '^trace ok: 2 ranks' \
   bash -c "$MPIRUN -np 2 $L09 --new 4 --trace $LOG/t09.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t09.json - 2"
 check "09 --device sim: the decode under the emulator (P=1, small)" 0 '^check: PASS' \
@@ -641,6 +644,8 @@ usage_error "09 bad input: --checkpoint with a damaged file (its CRC-32 named)" 
   bash -c "rm -rf $LOG/ck09d && $MPIRUN -np 1 $B/08_mesh --train 1 --dim 32 --ffn 32 --seq 16 --batch 4 --save $LOG/ck09d >/dev/null && \
            f=\$(ls -d $LOG/ck09d/step-*)/norm.npy && printf 'X' | dd of=\$f bs=1 seek=200 conv=notrunc 2>/dev/null && \
            $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09d"
+usage_error "09 bad input: --ranks-per-node without --link" $MPIRUN -np 2 $L09 --ranks-per-node 1
+usage_error "09 bad input: --link with a bad bandwidth" $MPIRUN -np 2 $L09 --link intra=fast
 usage_error "09 bad input: --speed on 2 ranks" $MPIRUN -np 2 $L09 --speed 1
 usage_error "09 bad input: --speed with a batch of 0" $MPIRUN -np 1 $L09 --speed 1,0
 usage_error "09 bad input: --bug int8-per-tensor without --int8" $MPIRUN -np 1 $L09 --bug int8-per-tensor

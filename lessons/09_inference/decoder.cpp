@@ -40,11 +40,12 @@ Decoder::Decoder(const model::Config& c, const model::Params& full, CacheKind ki
 
 Tensor Decoder::reduced(const Tensor& partial, bool count) {
   if (!comm_ || comm_->size() == 1) return partial;
-  Tensor t = partial;
   const Stopwatch watch;
-  comm_->allreduce_sum(t);
+  std::vector<float> sum = partial.to_vector();
+  Request req = comm_->iallreduce_sum(sum.data(), sum.size());  // non-blocking: the link model times it
+  comm_->wait(req);
   if (count) reduce_comm_s_ += watch.seconds();
-  return t;
+  return Tensor::from_vector(sum, partial.shape(), partial.device());
 }
 
 Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {

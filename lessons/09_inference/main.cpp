@@ -191,9 +191,12 @@ int main(int argc, char** argv) {
     if (opts.int8) q = int8_model(c, p, !s.int8_per_tensor);
     const model::Params& served = opts.int8 ? q.p : p;
 
-    // ---- decode with each cache
+    // ---- decode with each cache (under --link, the network modelled)
+    if (s.link.enabled) L.print("%s\n\n", describe(s.link).c_str());
+    Comm::set_link(s.link);
     std::vector<Run> runs;
     for (CacheKind kind : s.kinds) runs.push_back(generate(L.comm, c, served, s, kind, opts.new_tokens));
+    Comm::set_link(LinkModel{});  // the rest (the check, int8's comparison) unmodelled
     print_cache_sizes(L, c, runs);
     L.print("\ndecode speed (batch %zu, %d rank%s%s):\n", s.prompts.size(), L.size(), L.size() > 1 ? "s" : "",
             L.size() > 1 ? (std::string(", MoE ") + moe_comm_name(s.moe_comm) + "; rank 0's time in communication").c_str() : "");

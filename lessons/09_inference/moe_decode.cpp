@@ -2,6 +2,8 @@
 // (moe_decode.h).
 #include "lessons/09_inference/moe_decode.h"
 
+#include <algorithm>
+
 #include "common/comm/alltoall.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
@@ -71,9 +73,11 @@ Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& m
   Tensor y = moe::combine(concat(parts, 0), r.plan, r.gates);
   if (mine.sw1.defined()) y = add(y, dsv3::shared_forward(mine, u, &cache));  // this rank's columns
   const Stopwatch watch;
-  comm.allreduce_sum(y);
+  std::vector<float> sum = y.to_vector();
+  Request req = comm.iallreduce_sum(sum.data(), sum.size());  // non-blocking: the link model times it
+  comm.wait(req);
   if (comm_s) *comm_s += watch.seconds();
-  return y;
+  return Tensor::from_vector(sum, y.shape(), u.device());
 }
 // [/slide]
 
@@ -98,9 +102,14 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
     for (int64_t n : sizes) kept += n;
     xk = slice(moe::permute(x, r.plan), 0, 0, kept);  // slots sorted by expert: a block per rank
   }
-  // dispatch, the experts, combine
+  // the counts per expert of every rank (lesson 04's routing map), then dispatch, the experts, combine
   Stopwatch watch;
-  const ep::Routes R = ep::gather_routes(comm, sizes, N);
+  std::vector<int64_t> every((size_t)(P * N));
+  Request counts = comm.iallgather(sizes.data(), (size_t)N * sizeof(int64_t), every.data());
+  comm.wait(counts);
+  std::vector<std::vector<int64_t>> per_rank((size_t)P);
+  for (int q = 0; q < P; q++) per_rank[(size_t)q].assign(every.begin() + q * N, every.begin() + (q + 1) * N);
+  const ep::Routes R = ep::routes_from_counts(P, me, N, std::move(per_rank));
   const Tensor recv = ep::exchange_rows(comm, A2A::async, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
   double moved = watch.seconds();
   const std::vector<int64_t> order = R.regroup_order(), gl = R.local_group_sizes();
@@ -116,20 +125,24 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
     y_own = moe::combine(back, r.plan, r.gates);
     if (mine.sw1.defined()) y_own = add(y_own, dsv3::shared_forward(mine, x, &cache));
   }
-  // every rank needs every row for the next attention: all-gather them
+  // every rank needs every row for the next attention: all-gather them (blocks of the largest
+  // share, ceil(B / P) rows, the shorter ones padded)
   watch = Stopwatch();
-  std::vector<size_t> bytes((size_t)P);
+  const int64_t block = (B + P - 1) / P;
+  std::vector<float> own((size_t)(block * d), 0.f), all((size_t)(P * block * d));
+  const std::vector<float> mine_rows = y_own.to_vector();
+  std::copy(mine_rows.begin(), mine_rows.end(), own.begin());
+  Request gather = comm.iallgather(own.data(), own.size() * sizeof(float), all.data());
+  comm.wait(gather);
+  moved += watch.seconds();
+  if (comm_s) *comm_s += moved;
+  std::vector<float> rows((size_t)(B * d));
   for (int q = 0; q < P; q++) {
     int64_t q0 = 0, q1 = 0;
     split_range(B, P, q, &q0, &q1);
-    bytes[(size_t)q] = (size_t)((q1 - q0) * d) * sizeof(float);
+    std::copy(all.begin() + q * block * d, all.begin() + (q * block + q1 - q0) * d, rows.begin() + q0 * d);
   }
-  std::vector<float> all((size_t)(B * d));
-  const std::vector<float> own = y_own.to_vector();
-  comm.allgatherv(own.data(), own.size() * sizeof(float), all.data(), bytes);
-  moved += watch.seconds();
-  if (comm_s) *comm_s += moved;
-  return Tensor::from_vector(all, {B, d}, dev);
+  return Tensor::from_vector(rows, {B, d}, dev);
 }
 // [/slide]
 

@@ -19,6 +19,8 @@
 //              low-latency mode exists for this). The per-expert counts travel first, in one
 //              small all-gather (lesson 04's routing map; DeepEP sends fixed-size buffers
 //              instead and skips it).
+// Every collective here is non-blocking and waited on at once, so that under --link the link
+// model times it (Comm models the non-blocking collectives, as rings, and not the blocking ones).
 // Either way the routed output of a row is lesson 05's layer's: the same experts, gates and
 // slot order; only the sums over ranks associate differently (allreduce), or not at all.
 #pragma once

@@ -45,6 +45,11 @@ Setup parse_options(Lesson& lesson, Options& opts) {
              "inference/model.py, seed 002: every rank all rows through its experts, one all-reduce)");
   cli.flag("--speed", &opts.speed, "after the check, time --new decode steps at each of these batch sizes (e.g. "
            "1,8; one process): tokens/s and the memory bandwidth a step uses (seed 002's measure)", "LIST");
+  cli.flag("--link", &opts.link, "model the network as lessons 05 and 08 do: intra=BW,inter=BW,latency=T (keys "
+           "left out: intra=160GB/s,inter=50GB/s,latency=3us); the decode's messages and collectives complete when "
+           "the model says", "SPEC");
+  cli.flag("--ranks-per-node", &opts.ranks_per_node, "--link: ranks per node, consecutive ranks (0: the job's real "
+           "nodes when it spans several, else one node)", 0, 256);
   cli.flag("--data", &opts.data, "the text whose distinct bytes are the vocabulary (lesson 08's; the default is "
            "the course's data/tinyshakespeare.txt, found from the executable)");
   const ModelFlag model_flags[] = {
@@ -134,6 +139,13 @@ Setup parse_options(Lesson& lesson, Options& opts) {
                             " routed experts must split evenly over them (expert parallelism)");
   lesson.usage_error_if(s.bug == Bug::absorb_transposed && opts.cache != "absorbed" && opts.cache != "all",
                         "--bug absorb-transposed lives in the absorbed attention: it needs --cache absorbed or all");
+  // --link: the network, over nodes of --ranks-per-node ranks (all on one node by default)
+  lesson.usage_error_if(cli.given("--ranks-per-node") && !cli.given("--link"),
+                        "--ranks-per-node places the ranks for --link: give --link too");
+  const Lesson::Network net = lesson.network(opts.ranks_per_node, P, cli.given("--link") ? &opts.link : nullptr);
+  lesson.usage_error_if(P % net.ranks_per_node != 0, "--ranks-per-node " + std::to_string(net.ranks_per_node) +
+                        " must divide the world of " + std::to_string(P) + " ranks (virtual nodes of consecutive ranks)");
+  s.link = net.link;
   // --speed: batch sizes, one process
   for (size_t at = 0; !opts.speed.empty();) {
     const size_t comma = opts.speed.find(',', at);
