@@ -160,6 +160,25 @@ plots_08() {
   $PYTHON plots/08_mesh_5d.py "$DATA/08_5d_mesh.txt" "$DATA/08_5d_loss.csv" "$DATA/08_5d.json" "$OUT"
 }
 
+# Lesson 09: what each cache keeps per token; decode tokens/s against the batch size under the
+# memory roofline (a model of about 170 MB, one process); the MoE's communication per decode
+# step, all-to-all against all-reduce, at 4 ranks under the link model.
+plots_09() {
+  echo "+ lesson 09"
+  L09="$BUILD/bin/09_inference"
+  rm -f "$DATA/09_cache.csv" "$DATA/09_speed.csv" "$DATA/09_moe.csv"
+  $MPIRUN -np 1 "$L09" --new 8 --csv "$DATA/09_cache.csv" >/dev/null
+  big="--dim 512 --heads 8 --kv-lora 128 --q-lora 128 --ffn 2048 --experts 16 --moe-ffn 512 --layers 4 --cache absorbed --new 16"
+  $MPIRUN -np 1 "$L09" $big --speed 1,2,4,8,16,32 --csv "$DATA/09_speed.csv" >/dev/null
+  for how in alltoall allreduce; do
+    for b in 1 2 4 8 16; do
+      $MPIRUN -np 4 "$L09" --moe-comm $how --batch $b --new 24 --cache absorbed --link latency=20us \
+        --ranks-per-node 2 --csv "$DATA/09_moe.csv" >/dev/null
+    done
+  done
+  $PYTHON plots/09_inference.py "$DATA/09_cache.csv" "$DATA/09_speed.csv" "$DATA/09_moe.csv" "$OUT"
+}
+
 with_figures=$(declare -F | sed -n 's/^declare -f plots_//p' | tr '\n' ' ')
 lessons=("$@")
 [ ${#lessons[@]} -gt 0 ] || lessons=($with_figures)

@@ -20,6 +20,12 @@ int64_t cache_floats_per_token(const model::Config& c, CacheKind k, int64_t H) {
   return k == CacheKind::kv ? H * (c.qk_head_dim() + c.d_v) : c.kv_lora + c.d_rope;
 }
 
+model::Config deepseek_v3_attention() {
+  model::Config v3;
+  v3.heads = 128, v3.d_nope = 128, v3.d_rope = 64, v3.d_v = 128, v3.kv_lora = 512, v3.layers = 61;
+  return v3;
+}
+
 // ----------------------------------------------------------------------------
 // the cache
 

@@ -42,6 +42,10 @@ enum class Bug {
 // r_kv + d_r (whatever H).
 int64_t cache_floats_per_token(const model::Config& c, CacheKind k, int64_t H);
 
+// DeepSeek-V3's attention sizes (its config_671B.json): 128 heads, d_n 128, d_r 64, d_v 128,
+// r_kv 512, 61 layers; the rest of the Config is left at its defaults.
+model::Config deepseek_v3_attention();
+
 // One layer's cache for a batch of B sequences: row j of sequence b is token j's, up to len[b];
 // room for `capacity` tokens each, allocated once (what decoding at a given length costs).
 // `heads`: the heads this rank computes (all of them, or a tensor-parallel rank's share: a kv

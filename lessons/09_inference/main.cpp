@@ -140,8 +140,7 @@ void report_int8(Lesson& L, const model::Config& c, const model::Params& fp32, c
 }
 
 void print_cache_sizes(Lesson& L, const model::Config& c, const std::vector<Run>& runs) {
-  model::Config v3;  // DeepSeek-V3's attention (config_671B.json): 128 heads, r_kv 512, d_r 64
-  v3.heads = 128, v3.d_nope = 128, v3.d_rope = 64, v3.d_v = 128, v3.kv_lora = 512, v3.layers = 61;
+  const model::Config v3 = deepseek_v3_attention();
   L.print("cache per token per layer%s: numbers kept (bytes measured in this run's caches / tokens / layers)\n",
           L.size() > 1 ? " on one rank" : "");
   L.print("  %-9s %28s %14s %26s\n", "cache", "this model", "measured", "DeepSeek-V3 (61 layers)");
@@ -149,7 +148,7 @@ void print_cache_sizes(Lesson& L, const model::Config& c, const std::vector<Run>
     const int64_t n = cache_floats_per_token(c, r.kind, r.heads_here), v = cache_floats_per_token(v3, r.kind, v3.heads);
     const double measured = (double)r.cache_bytes / (double)r.cached_tokens / (double)c.layers;
     L.print("  %-9s %9lld floats = %5lld B %11.0f B %9lld = %6.1f KiB bf16/token\n", cache_name(r.kind),
-            (long long)n, (long long)(4 * n), measured, (long long)v, 2.0 * v * 61 / 1024);
+            (long long)n, (long long)(4 * n), measured, (long long)v, 2.0 * (double)(v * v3.layers) / 1024);
   }
 }
 
@@ -208,9 +207,27 @@ int main(int argc, char** argv) {
                 100 * r.moe_comm_s / r.decode_s, r.reduce_comm_s * 1e3, 100 * r.reduce_comm_s / r.decode_s);
       L.print("\n");
     }
+    std::string csv;
+    for (const Run& r : runs) {
+      char line[400];
+      std::snprintf(line, sizeof line, "cache,%s,%d,,%zu,%lld,%.6g,%lld,,,,,,,,,,%d\n", cache_name(r.kind), L.size(),
+                    s.prompts.size(), (long long)cache_floats_per_token(c, r.kind, r.heads_here),
+                    (double)r.cache_bytes / (double)r.cached_tokens / (double)c.layers,
+                    (long long)cache_floats_per_token(deepseek_v3_attention(), r.kind, 128),
+                    (int)opts.int8);
+      csv += line;
+      std::snprintf(line, sizeof line, "decode,%s,%d,%s,%zu,,,,%lld,%.6g,%.6g,%.6g,%.6g,,,,,%d\n", cache_name(r.kind),
+                    L.size(), moe_comm_name(s.moe_comm), s.prompts.size(), (long long)r.steps, r.decode_s, r.moe_comm_s,
+                    r.reduce_comm_s, (double)(r.steps * (int64_t)s.prompts.size()) / r.decode_s, (int)opts.int8);
+      csv += line;
+    }
+    L.csv_append(kCsvHeader, csv);
     L.print("\ngenerated (%s cache):\n", cache_name(runs[0].kind));
-    for (size_t b = 0; b < std::min<size_t>(s.prompts.size(), 4); b++)
-      L.print("  [%zu] %s\n", b, s.corpus.decode(runs[0].tokens[b]).c_str());
+    for (size_t b = 0; b < std::min<size_t>(s.prompts.size(), 4); b++) {
+      std::string text;  // a newline shown as \n, so that each sequence stays on its line
+      for (char ch : s.corpus.decode(runs[0].tokens[b])) text += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+      L.print("  [%zu] %s\n", b, text.c_str());
+    }
 
     if (opts.int8) {
       L.print("\n");

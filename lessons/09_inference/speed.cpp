@@ -2,6 +2,8 @@
 #include "lessons/09_inference/speed.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 #include "lessons/09_inference/decoder.h"
 
@@ -74,15 +76,27 @@ std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& 
   return rows;
 }
 
+const char* const kCsvHeader =
+    "kind,cache,ranks,moe_comm,batch,floats,bytes_measured,floats_v3,steps,seconds,moe_comm_s,reduce_comm_s,"
+    "tokens_per_s,weight_bytes,cache_bytes,gb_per_s,bandwidth,int8";
+
 void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, bool int8) {
   L.print("decode speed (one process, %s cache; this machine reads memory at %.1f GB/s, measured)%s:\n",
           cache_name(kind), bandwidth / 1e9,
           int8 ? "; int8 weights dequantized at load, so a step reads them as float32" : "");
   L.print("  %5s %9s %10s %14s %13s %9s %6s\n", "batch", "ms/step", "tokens/s", "weights/step", "cache/step",
           "GB/s", "util");
-  for (const SpeedRow& r : rows)
+  std::string csv;
+  for (const SpeedRow& r : rows) {
     L.print("  %5lld %9.3f %10.0f %11.2f MB %10.3f MB %9.2f %5.1f%%\n", (long long)r.batch, r.step_ms, r.tokens_per_s,
             r.weight_bytes / 1e6, r.cache_bytes / 1e6, r.gb_per_s, 100 * r.gb_per_s * 1e9 / bandwidth);
+    char line[400];
+    std::snprintf(line, sizeof line, "speed,%s,1,,%lld,,,,%lld,%.6g,,,%.6g,%.6g,%.6g,%.6g,%.6g,%d\n", cache_name(kind),
+                  (long long)r.batch, (long long)r.steps, r.step_ms * 1e-3 * (double)r.steps, r.tokens_per_s,
+                  r.weight_bytes, r.cache_bytes, r.gb_per_s * 1e9, bandwidth, (int)int8);
+    csv += line;
+  }
+  L.csv_append(kCsvHeader, csv);
 }
 
 }  // namespace ff::infer

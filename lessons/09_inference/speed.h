@@ -40,4 +40,8 @@ std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& 
 // int8: the weights were quantized and dequantized at load (int8.h): the step reads float32.
 void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, bool int8);
 
+// --csv: the lesson's one table, a kind per row: cache (bytes per token per layer), decode (a
+// cache's timed steps), speed (a --speed batch size). Columns a kind does not use are empty.
+extern const char* const kCsvHeader;
+
 }  // namespace ff::infer
