@@ -8,13 +8,13 @@
 
 namespace ff::infer {
 
-// [slide:quantize]
 QuantTensor quantize(const Tensor& w, bool per_channel) {
   FF_CHECK(w.dim() == 2 || w.dim() == 3, "quantize: a (K, N) or (E, K, N) weight, not " << shape_str(w.shape()));
   QuantTensor t;
   t.shape = w.shape();
   const int64_t N = w.size(-1), K = w.size(-2), E = w.dim() == 3 ? w.size(0) : 1;
   const std::vector<float> v = w.to_vector();
+  // [slide:quantize]
   // the scales: the largest magnitude of each (expert's) column, or of the whole tensor
   t.scale.assign((size_t)(per_channel ? E * N : 1), 0.f);
   for (int64_t e = 0; e < E; e++)
@@ -32,9 +32,9 @@ QuantTensor quantize(const Tensor& w, bool per_channel) {
         const float s = t.scale[per_channel ? (size_t)(e * N + n) : 0];
         t.q[i] = (int8_t)std::clamp(std::lround(v[i] / s), -127L, 127L);
       }
+  // [/slide]
   return t;
 }
-// [/slide]
 
 Tensor dequantize(const QuantTensor& t) {
   const int64_t N = t.shape.back(), K = t.shape[t.shape.size() - 2];
@@ -49,7 +49,7 @@ Tensor dequantize(const QuantTensor& t) {
 
 Int8Model int8_model(const model::Config& c, const model::Params& full, bool per_channel) {
   Int8Model m;
-  m.p = model::init_params(c, 0);  // the same structure; every tensor is overwritten below
+  m.p = model::init_params(c, 0, full.embed.device());  // the same structure; every tensor is overwritten below
   const std::vector<model::NamedTensor> from = full.named_parameters(), to = m.p.named_parameters();
   double err2 = 0, norm2 = 0;
   for (size_t i = 0; i < from.size(); i++) {

@@ -44,7 +44,6 @@ struct Run {
   int64_t steps = 0, cache_bytes = 0, cached_tokens = 0, heads_here = 0;
 };
 
-// [slide:generate]
 Run generate(Comm& comm, const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
              int64_t new_tokens) {
   const int64_t B = (int64_t)s.prompts.size(), V = c.vocab;
@@ -59,6 +58,7 @@ Run generate(Comm& comm, const model::Config& c, const model::Params& p, const S
   }
   comm.barrier();
   const Stopwatch watch;
+  // [slide:generate]
   for (int64_t k = 1; k < new_tokens; k++) {  // decode: feed the last new token, get the next
     for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
     const Tensor z = dec.step(next);                                         // (B, V)
@@ -68,11 +68,26 @@ Run generate(Comm& comm, const model::Config& c, const model::Params& p, const S
       run.logits[(size_t)b].insert(run.logits[(size_t)b].end(), zv.begin() + b * V, zv.begin() + (b + 1) * V);
     run.steps++;
   }
+  // [/slide]
   run.decode_s = watch.seconds();
   for (int64_t b = 0; b < B; b++) run.tokens[(size_t)b].push_back(next[(size_t)b]);
   run.cache_bytes = dec.cache_bytes(), run.cached_tokens = dec.cached_tokens(), run.heads_here = dec.heads_here();
   run.moe_comm_s = dec.moe_comm_s(), run.reduce_comm_s = dec.reduce_comm_s();
   return run;
+}
+
+// [slide:bound]
+// The caches change only how the attention's sums associate: the scores
+// (d_n + d_r terms; absorbed: r_kv after a d_n), the values (a term per
+// cached token), absorbed's W_uv after the sum (r_kv). A sum of n terms
+// re-associated moves by at most n eps times the sum of its terms' sizes
+// (Higham's gamma_n): to first order, per layer, with logits of size max|z|,
+//     tol = layers n eps max|z|,   n the longest of those sums.
+// Over ranks the partial sums of W_o (H d_v) and W2 (f) are all-reduced too.
+double cache_bound(const model::Config& c, const Setup& s, int ranks, double zmax) {
+  int64_t n = std::max(s.capacity, c.kv_lora + c.d_nope + c.d_rope);
+  if (ranks > 1) n = std::max({n, c.heads * c.d_v, c.ffn, c.moe_ffn * std::max<int64_t>(c.shared, 1)});
+  return (double)c.layers * (double)n * FLT_EPSILON * zmax;
 }
 // [/slide]
 
@@ -83,8 +98,9 @@ std::vector<std::vector<float>> reference_logits(const model::Config& c, const m
   std::vector<std::vector<float>> out;
   for (const std::vector<int64_t>& seq : tokens) {
     const int64_t T = (int64_t)seq.size() - 1;
-    const Tensor in = Tensor::from_indices(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, T});
-    out.push_back(model::forward(c, p, in, in, model::positions(T)).logits.to_vector());
+    const Device dev = p.embed.device();
+    const Tensor in = Tensor::from_indices(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, T}, dev);
+    out.push_back(model::forward(c, p, in, in, model::positions(T, dev)).logits.to_vector());
   }
   return out;
 }
@@ -96,7 +112,8 @@ double val_perplexity(const model::Config& c, const model::Params& p, const Char
   double sum = 0;
   for (int64_t k = 0; k < batches; k++) {
     const CharCorpus::Batch b = corpus.batch(CharCorpus::Split::val, k, 8, 64, 0, 8, seed);
-    sum += model::forward(c, p, b.inputs, b.targets, model::positions(64)).loss.item();
+    const Device dev = p.embed.device();
+    sum += model::forward(c, p, b.inputs.to(dev), b.targets.to(dev), model::positions(64, dev)).loss.item();
   }
   return std::exp(sum / (double)batches);
 }
@@ -166,11 +183,11 @@ int main(int argc, char** argv) {
     // ---- the weights: a lesson 08 checkpoint, or the same model from the seed
     model::Params p;
     if (!opts.checkpoint.empty()) {
-      const std::string err = mesh::load_checkpoint_weights(opts.checkpoint, c, &p);
+      const std::string err = mesh::load_checkpoint_weights(opts.checkpoint, c, &p, L.device);
       L.usage_error_if(!err.empty(), "--checkpoint: " + err);
       L.print("weights: %s (lesson 08's checkpoint)\n", mesh::checkpoint_dir(opts.checkpoint).c_str());
     } else {
-      p = model::init_params(c, (uint64_t)L.flags.seed);
+      p = model::init_params(c, (uint64_t)L.flags.seed, L.device);
       L.print("weights: initialised from --seed %lld (untrained: give --checkpoint DIR for lesson 08's)\n",
               (long long)L.flags.seed);
     }
@@ -246,19 +263,7 @@ int main(int argc, char** argv) {
           worst = std::max(worst, (double)std::fabs(r.logits[b][i] - want[b][i]));
           zmax = std::max(zmax, (double)std::fabs(want[b][i]));
         }
-      // [slide:bound]
-      // The caches change only how the attention's sums associate: the scores (d_n + d_r terms;
-      // absorbed, r_kv after a d_n), the values (one term per cached token), absorbed's W_uv
-      // after the sum (r_kv). A sum of n terms re-associated moves by at most n eps of the sum of
-      // its terms' magnitudes (Higham, gamma_n); to first order, per layer, and the logits are
-      // of the size max|z|: tol = layers n eps max|z|, n the longest of those sums. Over several
-      // ranks the partial sums of W_o (H d_v terms) and of the FFNs' W2 (f) are all-reduced: a
-      // re-association of those sums too.
-      int64_t longest = std::max(s.capacity, c.kv_lora + c.d_nope + c.d_rope);
-      if (L.size() > 1) longest = std::max({longest, c.heads * c.d_v, c.ffn, c.moe_ffn * std::max<int64_t>(c.shared, 1)});
-      const double n = (double)longest;
-      const double tol = (double)c.layers * n * FLT_EPSILON * zmax;
-      // [/slide]
+      const double tol = cache_bound(c, s, L.size(), zmax);
       char what[200];
       std::snprintf(what, sizeof what, "logits, %s cache vs the training forward, every position: max|diff| %.1e <= %.1e",
                     cache_name(r.kind), worst, tol);

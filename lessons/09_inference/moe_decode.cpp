@@ -49,7 +49,6 @@ Routed route(const dsv3::Config& c, const dsv3::Params& p, const Tensor& x) {
   return r;
 }
 
-// [slide:moe-allreduce]
 Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& mine, const Tensor& u,
                         double* comm_s) {
   const int64_t T = u.size(0), K = c.topk, d = u.size(1), E = mine.w1.size(0);
@@ -62,6 +61,7 @@ Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& m
   for (int64_t e = 0; e < e0; e++) before += sizes[(size_t)e];
   std::vector<int64_t> local(sizes.begin() + e0, sizes.begin() + e0 + E);
   for (int64_t n : local) here += n;
+  // [slide:ar-core]
   const Tensor xp = moe::permute(u, r.plan);
   moe::ExpertCache cache;
   const Tensor yl = moe::experts_forward(dsv3::routed(mine), slice(xp, 0, before, before + here),
@@ -72,6 +72,7 @@ Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& m
   if (T * K - before - here > 0) parts.push_back(Tensor::zeros({T * K - before - here, d}, u.device()));
   Tensor y = moe::combine(concat(parts, 0), r.plan, r.gates);
   if (mine.sw1.defined()) y = add(y, dsv3::shared_forward(mine, u, &cache));  // this rank's columns
+  // [/slide]
   const Stopwatch watch;
   std::vector<float> sum = y.to_vector();
   Request req = comm.iallreduce_sum(sum.data(), sum.size());  // non-blocking: the link model times it
@@ -79,9 +80,7 @@ Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& m
   if (comm_s) *comm_s += watch.seconds();
   return Tensor::from_vector(sum, y.shape(), u.device());
 }
-// [/slide]
 
-// [slide:moe-alltoall]
 Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mine, const Tensor& u,
                        double* comm_s) {
   const int P = comm.size(), me = comm.rank();
@@ -110,6 +109,7 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
   std::vector<std::vector<int64_t>> per_rank((size_t)P);
   for (int q = 0; q < P; q++) per_rank[(size_t)q].assign(every.begin() + q * N, every.begin() + (q + 1) * N);
   const ep::Routes R = ep::routes_from_counts(P, me, N, std::move(per_rank));
+  // [slide:a2a-core]
   const Tensor recv = ep::exchange_rows(comm, A2A::async, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
   double moved = watch.seconds();
   const std::vector<int64_t> order = R.regroup_order(), gl = R.local_group_sizes();
@@ -123,6 +123,7 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
   Tensor y_own = Tensor::zeros({b1 - b0, d}, dev);
   if (b1 > b0) {
     y_own = moe::combine(back, r.plan, r.gates);
+    // [/slide]
     if (mine.sw1.defined()) y_own = add(y_own, dsv3::shared_forward(mine, x, &cache));
   }
   // every rank needs every row for the next attention: all-gather them (blocks of the largest
@@ -144,7 +145,6 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
   }
   return Tensor::from_vector(rows, {B, d}, dev);
 }
-// [/slide]
 
 }  // namespace
 
