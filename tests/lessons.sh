@@ -605,9 +605,11 @@ check "09 the caches' bytes per token per layer, measured: kv H (d_n + d_r + d_v
            echo \"\$two\" | grep -Eq '^  kv +80 floats = +320 B +320 B' && echo \"\$two\" | grep -Eq '^  absorbed +40 floats = +160 B +160 B' && echo sizes ok"
 check "09 planted bug: RoPE one position ahead in decode fails every cache's check" 1 'logits, kv cache .*FAIL' \
   $MPIRUN -np 2 $L09 --bug rope-off-by-one --new 8
-check "09 planted bug: the absorbed W_uk read as (r_kv, d_n, H) fails the absorbed cache only" 1 '^absorbed only' \
-  bash -c "out=\$($MPIRUN -np 1 $L09 --bug absorb-transposed --new 8); echo \"\$out\" | grep -q '^check: FAIL' || exit 0; \
-           echo \"\$out\" | grep -Eq 'logits, absorbed cache .*FAIL' && echo \"\$out\" | grep -Eq 'logits, kv cache .*PASS' && echo 'absorbed only'; exit 1"
+for np in 1 4; do
+  check "09 planted bug: each head's absorbed W_uk^T made by a reshape, not a transpose, fails the absorbed cache only (P=$np: $((4 / np)) head(s) per rank)" 1 '^absorbed only' \
+    bash -c "out=\$($MPIRUN -np $np $L09 --bug absorb-transposed --new 8); echo \"\$out\" | grep -q '^check: FAIL' || exit 0; \
+             echo \"\$out\" | grep -Eq 'logits, absorbed cache .*FAIL' && echo \"\$out\" | grep -Eq 'logits, kv cache .*PASS' && echo 'absorbed only'; exit 1"
+done
 check "09 planted bug: the last layer's cache not updated in decode fails the check (P=2)" 1 'logits, latent cache .*FAIL' \
   $MPIRUN -np 2 $L09 --bug cache-skip-layer --new 8
 check "09 --int8: a quarter of the weights' bytes (plus scales), logits and perplexity against float32, the check still PASSes" 0 '^int8 ok' \
@@ -626,6 +628,16 @@ check "09 --speed 1,3: tokens/s, the bytes a step reads and the bandwidth it use
 check "09 --link on 4 ranks, nodes of 2, both MoE exchanges: the decode under the link model PASSes, the MoE's share of a step printed" 0 '^link ok' \
   bash -c "for m in alltoall allreduce; do out=\$($MPIRUN -np 4 $L09 --moe-comm \$m --batch 2 --new 8 --cache absorbed --link latency=20us --ranks-per-node 2) || exit 1; \
              echo \"\$out\" | grep -Eq '^  absorbed .* tokens/s, MoE [0-9.]+ ms \([0-9]+%\)' || exit 1; done; echo 'link ok'"
+check "09 --dump: numpy reads every cache's tokens, logits and reference logits; each generated token is the reference's argmax" 0 '^dump ok' \
+  bash -c "rm -rf $LOG/d09 && $MPIRUN -np 2 $L09 --new 8 --dump $LOG/d09 >/dev/null && $PYTHON -c \"
+import numpy as np, sys
+d = sys.argv[1]; n = 0
+for cache in ('kv', 'latent', 'absorbed'):
+    for b, p in enumerate((6, 7, 14, 17)):  # the default prompts' lengths
+        t = np.load(f'{d}/tokens.{cache}.seq{b}.npy'); z = np.load(f'{d}/logits.{cache}.seq{b}.npy'); r = np.load(f'{d}/reference.{cache}.seq{b}.npy')
+        assert z.shape == r.shape == (len(t) - 1, 65) and len(t) == p + 8, (cache, b)
+        assert np.abs(z - r).max() < 1e-3 and (t[p:] == r[p - 1:].argmax(1)).all(), (cache, b); n += 1
+print('dump ok:', n, 'sequences')\" $LOG/d09"
 check "09 --trace: spans nest on every track (P=2)" 0 '^trace ok: 2 ranks' \
   bash -c "$MPIRUN -np 2 $L09 --new 4 --trace $LOG/t09.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t09.json - 2"
 check "09 --device sim: the decode under the emulator (P=1, small)" 0 '^check: PASS' \
@@ -646,6 +658,7 @@ usage_error "09 bad input: --checkpoint with a damaged file (its CRC-32 named)" 
            $MPIRUN -np 2 $L09 --checkpoint $LOG/ck09d"
 usage_error "09 bad input: --ranks-per-node without --link" $MPIRUN -np 2 $L09 --ranks-per-node 1
 usage_error "09 bad input: --link with a bad bandwidth" $MPIRUN -np 2 $L09 --link intra=fast
+usage_error "09 bad input: a decode bug with --new 1 (no decode step to plant it in)" $MPIRUN -np 1 $L09 --bug rope-off-by-one --new 1
 usage_error "09 bad input: --speed on 2 ranks" $MPIRUN -np 2 $L09 --speed 1
 usage_error "09 bad input: --speed with a batch of 0" $MPIRUN -np 1 $L09 --speed 1,0
 usage_error "09 bad input: --bug int8-per-tensor without --int8" $MPIRUN -np 1 $L09 --bug int8-per-tensor

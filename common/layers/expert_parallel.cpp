@@ -58,10 +58,15 @@ Routes routes_from_counts(int P, int rank, int64_t N, std::vector<std::vector<in
   return R;
 }
 
-Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N) {
+Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N, bool nonblocking) {
   const int P = comm.size();
   std::vector<int64_t> all((size_t)(P * N));
-  comm.allgather(mine.data(), (size_t)N * sizeof(int64_t), all.data());
+  if (nonblocking) {
+    Request r = comm.iallgather(mine.data(), (size_t)N * sizeof(int64_t), all.data());
+    comm.wait(r);
+  } else {
+    comm.allgather(mine.data(), (size_t)N * sizeof(int64_t), all.data());
+  }
   std::vector<std::vector<int64_t>> counts((size_t)P);
   for (int p = 0; p < P; p++) counts[(size_t)p].assign(all.begin() + p * N, all.begin() + (p + 1) * N);
   return routes_from_counts(P, comm.rank(), N, std::move(counts));

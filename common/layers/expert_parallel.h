@@ -28,7 +28,9 @@ struct Routes {
   std::vector<int64_t> local_group_sizes() const;  // rows per local expert
 };
 // The routes from this rank's per-expert counts (the first N entries of `mine`): one allgather.
-Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N);
+// nonblocking: the all-gather posted and waited on at once (Comm's link model times the
+// non-blocking collectives only: lesson 09's decode under --link).
+Routes gather_routes(Comm& comm, const std::vector<int64_t>& mine, int64_t N, bool nonblocking = false);
 // The routes from every rank's counts, when each rank can work them out alone (lesson 05's
 // routing map holds every rank's choices, so no allgather of counts is needed).
 Routes routes_from_counts(int P, int rank, int64_t N, std::vector<std::vector<int64_t>> counts);

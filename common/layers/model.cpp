@@ -86,10 +86,7 @@ std::vector<NamedTensor> Params::named_buffers() const {
   return v;
 }
 
-namespace {
-
-// Every tensor of the model, zero, on dev; the parameters are autograd leaves.
-Params allocate(const Config& c, Device dev) {
+Params zero_params(const Config& c, Device dev) {
   c.validate();
   auto leaf = [dev](const Shape& s) {
     Tensor t = Tensor::zeros(s, dev);
@@ -139,6 +136,8 @@ Params allocate(const Config& c, Device dev) {
   return p;
 }
 
+namespace {
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -146,7 +145,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }  // namespace
 
 Params init_params(const Config& c, uint64_t seed, Device dev) {
-  Params p = allocate(c, dev);
+  Params p = zero_params(c, dev);
   uint64_t k = 0;
   for (const NamedTensor& n : p.named_parameters()) {
     const Shape& s = n.t.shape();
@@ -165,7 +164,7 @@ Params init_params(const Config& c, uint64_t seed, Device dev) {
 }
 
 Params load_params(const Config& c, const std::string& dir, const std::string& prefix, Device dev) {
-  Params p = allocate(c, dev);
+  Params p = zero_params(c, dev);
   std::vector<NamedTensor> all = p.named_parameters(), buffers = p.named_buffers();
   all.insert(all.end(), buffers.begin(), buffers.end());
   for (const NamedTensor& n : all) {

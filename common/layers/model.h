@@ -105,6 +105,9 @@ struct Params {
   std::vector<NamedTensor> named_buffers() const;
 };
 
+// Every parameter and buffer of the model, zero, on dev (the parameters autograd leaves): the
+// structure, for what fills it (init_params, load_params, a checkpoint's checks).
+Params zero_params(const Config& c, Device dev = Device::cpu);
 // Random weights from the counter-based RNG: parameter number k gets seed + k (in
 // named_parameters order), matrices N(0, 1) / sqrt(fan_in), norm weights 1, biases 0.
 Params init_params(const Config& c, uint64_t seed, Device dev = Device::cpu);

@@ -263,6 +263,20 @@ nlohmann::json model_json(const model::Config& c) {
           {"route_scale", c.route_scale}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
 }
 
+// model_json's fields back into *c (the rest left as it was); "" or the error, naming where.
+std::string model_from_json(const nlohmann::json& j, model::Config* c, const std::string& where) {
+  try {
+    c->vocab = j.at("vocab"), c->dim = j.at("dim"), c->layers = j.at("layers"), c->dense_layers = j.at("dense_layers");
+    c->heads = j.at("heads"), c->d_nope = j.at("d_nope"), c->d_rope = j.at("d_rope"), c->d_v = j.at("d_v");
+    c->q_lora = j.at("q_lora"), c->kv_lora = j.at("kv_lora"), c->ffn = j.at("ffn"), c->experts = j.at("experts");
+    c->topk = j.at("topk"), c->shared = j.at("shared"), c->moe_ffn = j.at("moe_ffn");
+    c->route_scale = j.at("route_scale"), c->rope_theta = j.at("rope_theta"), c->norm_eps = j.at("norm_eps");
+  } catch (const std::exception& e) {
+    return where + ": no readable model (" + std::string(e.what()) + ")";
+  }
+  return "";
+}
+
 // The CRC-32 (zlib's) of a file's bytes, and its size.
 std::string crc_of(const std::string& path, uint32_t* crc, uint64_t* size) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -576,46 +590,38 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   return info;
 }
 
-std::string checkpoint_model(const std::string& path, model::Config* c) {
+std::string checkpoint_model(Comm& world, const std::string& path, model::Config* c) {
   const std::string dir = checkpoint_dir(path);
-  if (dir.empty()) return path + ": no checkpoint there (no manifest.json, no complete step-* directory)";
+  std::string err = dir.empty() ? path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
   nlohmann::json m;
-  const std::string err = read_manifest(dir, &m);
-  if (!err.empty()) return err;
-  try {
-    const nlohmann::json& j = m.at("model");
-    c->vocab = j.at("vocab"), c->dim = j.at("dim"), c->layers = j.at("layers"), c->dense_layers = j.at("dense_layers");
-    c->heads = j.at("heads"), c->d_nope = j.at("d_nope"), c->d_rope = j.at("d_rope"), c->d_v = j.at("d_v");
-    c->q_lora = j.at("q_lora"), c->kv_lora = j.at("kv_lora"), c->ffn = j.at("ffn"), c->experts = j.at("experts");
-    c->topk = j.at("topk"), c->shared = j.at("shared"), c->moe_ffn = j.at("moe_ffn");
-    c->route_scale = j.at("route_scale"), c->rope_theta = j.at("rope_theta"), c->norm_eps = j.at("norm_eps");
-  } catch (const std::exception& e) {
-    return dir + "/manifest.json: no readable model (" + std::string(e.what()) + ")";
-  }
-  return "";
+  if (err.empty()) err = read_manifest(dir, &m);
+  if (err.empty()) err = model_from_json(m.value("model", nlohmann::json()), c, dir + "/manifest.json");
+  return agree(world, err);
 }
 
-std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,
-                                    Device dev) {
+std::string load_checkpoint_weights(Comm& world, const std::string& path, const model::Config& c,
+                                    model::Params* out, Device dev) {
   const std::string dir = checkpoint_dir(path);
-  if (dir.empty()) return path + ": no checkpoint there (no manifest.json, no complete step-* directory)";
+  std::string err = dir.empty() ? path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
   std::vector<FileSpec> files;
-  try {
-    const model::Params shapes = model::init_params(c, 0);
-    for (const auto& list : {shapes.named_parameters(), shapes.named_buffers()})
-      for (const model::NamedTensor& n : list) files.push_back({n.name, n.t.shape()});
-  } catch (const Error& e) {
-    return e.what();
+  if (err.empty()) {
+    try {
+      const model::Params shapes = model::zero_params(c);
+      for (const auto& list : {shapes.named_parameters(), shapes.named_buffers()})
+        for (const model::NamedTensor& n : list) files.push_back({n.name, n.t.shape()});
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    nlohmann::json m;
+    if (err.empty()) err = check_manifest(dir, c, files, world.rank(), world.size(), &m);  // the ranks share the CRC-32s
   }
-  nlohmann::json m;
-  const std::string err = check_manifest(dir, c, files, 0, 1, &m);
-  if (!err.empty()) return err;
+  if (!(err = agree(world, err)).empty()) return err;
   try {
     *out = model::load_params(c, dir, "", dev);
   } catch (const Error& e) {
-    return e.what();
+    err = e.what();
   }
-  return "";
+  return agree(world, err);
 }
 
 }  // namespace ff::mesh

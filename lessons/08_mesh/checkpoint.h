@@ -83,15 +83,16 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
 // The checkpoint directory resume_checkpoint reads (the newest step-* of a --save directory).
 std::string checkpoint_dir(const std::string& path);
 
-// A checkpoint's weights whole, on the calling process (lesson 09 serves the model lesson 08
-// trained): the manifest checked against c as --resume checks it (format, version, every field
-// of the model), every weight's and balancing bias's shape and CRC-32, then read into *out
-// (model::load_params). "" or the error line (naming the file or the field); AdamW's state is
-// not read.
 // The model a checkpoint holds, from its manifest (the newest step-* of a --save directory):
-// every field model_json writes; the rest of *c is left as it was. "" or the error line.
-std::string checkpoint_model(const std::string& path, model::Config* c);
-std::string load_checkpoint_weights(const std::string& path, const model::Config& c, model::Params* out,
-                                    Device dev = Device::cpu);
+// every field model_json writes; the rest of *c is left as it was. Collective over world: ""
+// or the error line, the same on every rank.
+std::string checkpoint_model(Comm& world, const std::string& path, model::Config* c);
+// A checkpoint's weights whole, on every rank of world (lesson 09 serves the model lesson 08
+// trained): the manifest checked against c as --resume checks it (format, version, every field
+// of the model), every weight's and balancing bias's shape, the CRC-32s shared by the ranks,
+// then read into *out (model::load_params). Collective: "" or the error line (naming the file
+// or the field), the same on every rank; AdamW's state is not read.
+std::string load_checkpoint_weights(Comm& world, const std::string& path, const model::Config& c,
+                                    model::Params* out, Device dev = Device::cpu);
 
 }  // namespace ff::mesh

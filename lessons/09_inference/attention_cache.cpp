@@ -37,12 +37,18 @@ LayerCache::LayerCache(const model::Config& c, int64_t heads, CacheKind kind, in
   b_.assign((size_t)(B * capacity * wb_), 0.f);
 }
 
-void LayerCache::append(int64_t b, const float* first, const float* second) {
-  int64_t& n = len_[(size_t)b];
-  FF_CHECK(n < capacity_, "cache: sequence " << b << " is full (" << capacity_ << " tokens)");
-  std::memcpy(&a_[(size_t)((b * capacity_ + n) * wa_)], first, (size_t)wa_ * sizeof(float));
-  std::memcpy(&b_[(size_t)((b * capacity_ + n) * wb_)], second, (size_t)wb_ * sizeof(float));
-  n++;
+void LayerCache::append(int64_t b, const Tensor& first, const Tensor& second) {
+  const int64_t n = first.size(0);
+  FF_CHECK(first.dim() == 2 && second.dim() == 2 && first.size(1) == wa_ && second.size(1) == wb_ &&
+               second.size(0) == n,
+           "cache: rows " << shape_str(first.shape()) << " and " << shape_str(second.shape()) << " for a cache of "
+                          << wa_ << " and " << wb_ << " numbers per token");
+  int64_t& len = len_[(size_t)b];
+  FF_CHECK(len + n <= capacity_, "cache: sequence " << b << " is full (" << capacity_ << " tokens)");
+  const std::vector<float> f = first.to_vector(), s = second.to_vector();
+  std::copy(f.begin(), f.end(), a_.begin() + (b * capacity_ + len) * wa_);
+  std::copy(s.begin(), s.end(), b_.begin() + (b * capacity_ + len) * wb_);
+  len += n;
 }
 
 int64_t LayerCache::max_len() const {
@@ -121,9 +127,7 @@ Tensor decode_attention(const model::Config& c, const model::Attention& a, const
   if (append) {
     Tensor first, second;
     cache_rows(c, a, l, kind, &first, &second);
-    const std::vector<float> f = first.to_vector(), s = second.to_vector();
-    const int64_t wf = first.size(1), ws = second.size(1);
-    for (int64_t b = 0; b < B; b++) cache.append(b, &f[(size_t)(b * wf)], &s[(size_t)(b * ws)]);
+    for (int64_t b = 0; b < B; b++) cache.append(b, slice(first, 0, b, b + 1), slice(second, 0, b, b + 1));
   }
   const int64_t L = cache.max_len();
   // the queries: per head a no-RoPE and a RoPE part, as in training
@@ -156,9 +160,9 @@ Tensor decode_attention(const model::Config& c, const model::Attention& a, const
     // [slide:decode-absorbed]
     Tensor c_kv = cache.first(L, dev), k_pe = cache.second(L, dev);            // (B, L, r), (B, L, d_r)
     // W_uk per head, (H, d_n, r): the query moves into the latent space, q_lat,h = W_uk,h q_nope,h
-    Tensor w_uk = bug == Bug::absorb_transposed ? transpose(reshape(a.w_uk, {r, dn, H}), 1, 2)
-                                                : reshape(a.w_uk, {r, H, dn});  // (r, H, d_n)
-    Tensor w_uk_h = transpose(transpose(w_uk, 0, 1), 1, 2);                    // (H, d_n, r)
+    Tensor w_uk = transpose(reshape(a.w_uk, {r, H, dn}), 0, 1);                // (H, r, d_n)
+    Tensor w_uk_h = bug == Bug::absorb_transposed ? reshape(w_uk, {H, dn, r})  // the bug: a reshape
+                                                  : transpose(w_uk, 1, 2);     // (H, d_n, r)
     Tensor q_lat = transpose(matmul(transpose(q_nope, 0, 1), w_uk_h), 0, 1);    // (B, H, r)
     Tensor s_nope = matmul(c_kv, transpose(q_lat, 1, 2));                      // (B, L, H)
     Tensor s_pe = matmul(k_pe, transpose(q_pe, 1, 2));                         // (B, L, H)

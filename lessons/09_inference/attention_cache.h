@@ -34,7 +34,7 @@ const char* cache_name(CacheKind k);
 enum class Bug {
   none,
   rope_off_by_one,      // decode rotates q_pe and k_pe by position + 1
-  absorb_transposed,    // absorbed: W_uk read as (r_kv, d_n, H) instead of (r_kv, H, d_n)
+  absorb_transposed,    // absorbed: W_uk,h^T (d_n, r_kv) taken by a reshape of W_uk,h, not a transpose
   cache_skip_layer,     // the last layer never appends the decoded token to its cache
 };
 
@@ -54,9 +54,10 @@ class LayerCache {
  public:
   LayerCache() = default;
   LayerCache(const model::Config& c, int64_t heads, CacheKind kind, int64_t B, int64_t capacity);
-  // Appends one token's row to sequence b: kv K (H (d_n + d_r)) and V (H d_v); latent and
-  // absorbed c_kv (r_kv) and k_pe (d_r).
-  void append(int64_t b, const float* first, const float* second);
+  // Appends n tokens' rows to sequence b: first and second (n, width) each, kv K
+  // (H (d_n + d_r)) and V (H d_v), latent and absorbed c_kv (r_kv) and k_pe (d_r) (cache_rows
+  // gives them); a width that is not the cache's is an ff::Error.
+  void append(int64_t b, const Tensor& first, const Tensor& second);
   int64_t len(int64_t b) const { return len_[(size_t)b]; }
   int64_t batch() const { return (int64_t)len_.size(); }
   int64_t max_len() const;

@@ -4,8 +4,8 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
-#include "common/layers/tensor_parallel.h"
 #include "common/lesson/lesson.h"
+#include "lessons/08_mesh/sharding.h"
 
 namespace ff::infer {
 
@@ -16,41 +16,30 @@ Decoder::Decoder(const model::Config& c, const model::Params& full, CacheKind ki
   FF_CHECK(c.heads % P == 0, "decoder: " << c.heads << " heads over " << P << " ranks");
   heads_ = c.heads / P;
   // [slide:shards]
-  for (const model::Block& blk : full.layers) {
-    model::Attention a = blk.attn;  // the down-projections whole; the up-projections by head
-    if (P > 1) {
-      a.w_uq = tp::column_shard(blk.attn.w_uq, r, P);
-      a.w_uk = tp::column_shard(blk.attn.w_uk, r, P);
-      a.w_uv = tp::column_shard(blk.attn.w_uv, r, P);
-      a.w_o = tp::row_shard(blk.attn.w_o, r, P);
-    }
-    attn_.push_back(a);
-    model::DenseFFN f = blk.ffn;
-    if (!blk.moe && P > 1) {
-      f.w1 = tp::column_shard(blk.ffn.w1, r, P);
-      f.w3 = tp::column_shard(blk.ffn.w3, r, P);
-      f.w2 = tp::row_shard(blk.ffn.w2, r, P);
-    }
-    dense_.push_back(f);
-    experts_.push_back(blk.moe && P > 1 ? moe_shard(blk.experts, how, r, P) : blk.experts);
-    caches_.emplace_back(c, heads_, kind, B, capacity);
-  }
+  // lesson 08's TP and EP cut, with P ranks on both axes: heads (W_uq, W_uk, W_uv by columns,
+  // W_o by rows; the down-projections whole), dense FFN (W1, W3 columns, W2 rows), experts
+  // [r N/P, (r+1) N/P); the head stays whole here, and under --moe-comm allreduce the shared
+  // experts are split by columns too (seed 002's MLP)
+  MeshSizes sizes;
+  sizes.tp = P, sizes.ep = P;
+  MeshCoords co;
+  co.tp = r, co.ep = r;
+  mine_ = P > 1 ? mesh::shard_model(c, full, co, sizes, /*kpe_per_head=*/false) : full;
+  mine_.head = full.head;
+  for (model::Block& b : mine_.layers)
+    if (b.moe && P > 1 && how == MoeComm::allreduce) b.experts = moe_shard(b.experts, r, P);
   // [/slide]
+  for (size_t i = 0; i < full.layers.size(); i++) caches_.emplace_back(c, heads_, kind, B, capacity);
 }
 
 Tensor Decoder::reduced(const Tensor& partial, bool count) {
   if (!comm_ || comm_->size() == 1) return partial;
-  const Stopwatch watch;
-  std::vector<float> sum = partial.to_vector();
-  Request req = comm_->iallreduce_sum(sum.data(), sum.size());  // non-blocking: the link model times it
-  comm_->wait(req);
-  if (count) reduce_comm_s_ += watch.seconds();
-  return Tensor::from_vector(sum, partial.shape(), partial.device());
+  return allreduce_timed(*comm_, partial, count ? &reduce_comm_s_ : nullptr);
 }
 
 Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
   const model::Block& blk = full_.layers[layer];
-  if (!blk.moe) return reduced(model::dense_ffn(dense_[layer], u), count);
+  if (!blk.moe) return reduced(model::dense_ffn(mine_.layers[layer].ffn, u), count);
   dsv3::Config mc = c_.moe_config();
   mc.seq_len = u.size(0);  // no balance loss at inference: only the routing is used
   if (!comm_ || comm_->size() == 1) {  // lesson 05's layer
@@ -64,7 +53,7 @@ Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
     return y;
   }
   double s = 0;
-  Tensor y = moe_decode(*comm_, how_, mc, experts_[layer], u, &s);
+  Tensor y = moe_decode(*comm_, how_, mc, mine_.layers[layer].experts, u, &s);
   if (count) moe_comm_s_ += s;
   return y;
 }
@@ -83,13 +72,11 @@ Tensor Decoder::prefill(int64_t b, const std::vector<int64_t>& prompt) {
   Tensor x = embedding(full_.embed, Tensor::from_indices(prompt, {n}, dev));   // (n, d)
   for (size_t i = 0; i < full_.layers.size(); i++) {
     const model::Block& blk = full_.layers[i];
-    const model::Latents l = model::attention_latents(c_, attn_[i], rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
+    const model::Latents l = model::attention_latents(c_, mine_.layers[i].attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
     Tensor first, second;  // this layer's cache rows of the whole prompt
-    cache_rows(c_, attn_[i], l, kind_, &first, &second);
-    const std::vector<float> f = first.to_vector(), s = second.to_vector();
-    for (int64_t t = 0; t < n; t++)
-      caches_[i].append(b, &f[(size_t)(t * first.size(1))], &s[(size_t)(t * second.size(1))]);
-    x = add(x, reduced(model::attention_heads(c_, heads_, attn_[i], l, 1, pos), false));
+    cache_rows(c_, mine_.layers[i].attn, l, kind_, &first, &second);
+    caches_[i].append(b, first, second);
+    x = add(x, reduced(model::attention_heads(c_, heads_, mine_.layers[i].attn, l, 1, pos), false));
     x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), false));
   }
   len_[(size_t)b] = n;
@@ -107,7 +94,7 @@ Tensor Decoder::step(const std::vector<int64_t>& tokens) {
   for (size_t i = 0; i < full_.layers.size(); i++) {
     const model::Block& blk = full_.layers[i];
     const bool append = !(bug_ == Bug::cache_skip_layer && i + 1 == full_.layers.size());
-    const Tensor o = decode_attention(c_, attn_[i], rmsnorm(x, blk.attn_norm, c_.norm_eps), len_, caches_[i],
+    const Tensor o = decode_attention(c_, mine_.layers[i].attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), len_, caches_[i],
                                       kind_, bug_, append);
     x = add(x, reduced(o, true));
     x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), true));

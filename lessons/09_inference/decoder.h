@@ -51,9 +51,9 @@ class Decoder {
   // Seconds of the steps (not prefill) spent in communication: the MoE's, the all-reduces'.
   double moe_comm_s() const { return moe_comm_s_; }
   double reduce_comm_s() const { return reduce_comm_s_; }
-  // Routed experts the steps have read on this rank, summed over steps and MoE layers (each
-  // expert counted once per step and layer, however many rows chose it): what a step reads of
-  // the experts' weights, for the bandwidth (speed.h).
+  // One process only (speed.h times one process): the routed experts the steps have read,
+  // summed over steps and MoE layers (each expert counted once per step and layer, however many
+  // rows chose it): what a step reads of the experts' weights.
   int64_t experts_read() const { return experts_read_; }
 
  private:
@@ -67,9 +67,7 @@ class Decoder {
   Comm* comm_;
   MoeComm how_;
   int64_t heads_;                        // this rank's
-  std::vector<model::Attention> attn_;   // this rank's heads, per layer
-  std::vector<model::DenseFFN> dense_;   // this rank's columns (dense layers)
-  std::vector<dsv3::Params> experts_;    // this rank's experts (MoE layers)
+  model::Params mine_;                   // this rank's shard (lesson 08's shard_model, the head whole)
   std::vector<LayerCache> caches_;       // one per layer
   std::vector<int64_t> len_;             // tokens of each sequence so far
   double moe_comm_s_ = 0, reduce_comm_s_ = 0;

@@ -49,7 +49,7 @@ Tensor dequantize(const QuantTensor& t) {
 
 Int8Model int8_model(const model::Config& c, const model::Params& full, bool per_channel) {
   Int8Model m;
-  m.p = model::init_params(c, 0, full.embed.device());  // the same structure; every tensor is overwritten below
+  m.p = model::zero_params(c, full.embed.device());  // the structure; every tensor is filled below
   const std::vector<model::NamedTensor> from = full.named_parameters(), to = m.p.named_parameters();
   double err2 = 0, norm2 = 0;
   for (size_t i = 0; i < from.size(); i++) {

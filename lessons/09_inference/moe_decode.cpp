@@ -16,14 +16,12 @@ namespace ff::infer {
 
 const char* moe_comm_name(MoeComm m) { return m == MoeComm::allreduce ? "allreduce" : "alltoall"; }
 
-dsv3::Params moe_shard(const dsv3::Params& full, MoeComm how, int r, int P) {
-  const int64_t N = full.w1.size(0);
-  FF_CHECK(N % P == 0, "moe_shard: " << N << " experts over " << P << " ranks");
-  dsv3::Params mine = dsv3::slice_experts(full, r * N / P, (r + 1) * N / P);
-  if (how == MoeComm::allreduce && full.sw1.defined()) {  // the shared experts' columns (seed 002's MLP)
-    mine.sw1 = tp::column_shard(full.sw1, r, P);
-    mine.sw3 = tp::column_shard(full.sw3, r, P);
-    mine.sw2 = tp::row_shard(full.sw2, r, P);
+dsv3::Params moe_shard(const dsv3::Params& p, int r, int P) {
+  dsv3::Params mine = p;
+  if (p.sw1.defined()) {
+    mine.sw1 = tp::column_shard(p.sw1, r, P);
+    mine.sw3 = tp::column_shard(p.sw3, r, P);
+    mine.sw2 = tp::row_shard(p.sw2, r, P);
   }
   return mine;
 }
@@ -73,12 +71,7 @@ Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& m
   Tensor y = moe::combine(concat(parts, 0), r.plan, r.gates);
   if (mine.sw1.defined()) y = add(y, dsv3::shared_forward(mine, u, &cache));  // this rank's columns
   // [/slide]
-  const Stopwatch watch;
-  std::vector<float> sum = y.to_vector();
-  Request req = comm.iallreduce_sum(sum.data(), sum.size());  // non-blocking: the link model times it
-  comm.wait(req);
-  if (comm_s) *comm_s += watch.seconds();
-  return Tensor::from_vector(sum, y.shape(), u.device());
+  return allreduce_timed(comm, y, comm_s);
 }
 
 Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mine, const Tensor& u,
@@ -103,12 +96,7 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
   }
   // the counts per expert of every rank (lesson 04's routing map), then dispatch, the experts, combine
   Stopwatch watch;
-  std::vector<int64_t> every((size_t)(P * N));
-  Request counts = comm.iallgather(sizes.data(), (size_t)N * sizeof(int64_t), every.data());
-  comm.wait(counts);
-  std::vector<std::vector<int64_t>> per_rank((size_t)P);
-  for (int q = 0; q < P; q++) per_rank[(size_t)q].assign(every.begin() + q * N, every.begin() + (q + 1) * N);
-  const ep::Routes R = ep::routes_from_counts(P, me, N, std::move(per_rank));
+  const ep::Routes R = ep::gather_routes(comm, sizes, N, /*nonblocking=*/true);
   // [slide:a2a-core]
   const Tensor recv = ep::exchange_rows(comm, A2A::async, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
   double moved = watch.seconds();
@@ -147,6 +135,15 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
 }
 
 }  // namespace
+
+Tensor allreduce_timed(Comm& comm, const Tensor& t, double* seconds) {
+  const Stopwatch watch;
+  std::vector<float> sum = t.to_vector();
+  Request req = comm.iallreduce_sum(sum.data(), sum.size());
+  comm.wait(req);
+  if (seconds) *seconds += watch.seconds();
+  return Tensor::from_vector(sum, t.shape(), t.device());
+}
 
 Tensor moe_decode(Comm& comm, MoeComm how, const dsv3::Config& c, const dsv3::Params& mine, const Tensor& u,
                   double* comm_s) {

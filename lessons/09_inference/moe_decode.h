@@ -35,9 +35,13 @@ namespace ff::infer {
 enum class MoeComm { allreduce, alltoall };
 const char* moe_comm_name(MoeComm m);
 
-// This rank's part of one MoE layer: its routed experts, the router and bias whole, and the
-// shared experts whole (alltoall) or its columns of them (allreduce).
-dsv3::Params moe_shard(const dsv3::Params& full, MoeComm how, int r, int P);
+// --moe-comm allreduce: the shared experts of a layer split by columns over P ranks (sw1, sw3
+// by columns, sw2 by rows: seed 002's tensor-parallel MLP), everything else as it was.
+dsv3::Params moe_shard(const dsv3::Params& p, int r, int P);
+
+// The sum of t over comm, on every rank: a non-blocking all-reduce waited on at once, so that
+// the link model times it; seconds, when given, gets its time added.
+Tensor allreduce_timed(Comm& comm, const Tensor& t, double* seconds);
 
 // u (B, d), the same on every rank of comm: the MoE's output (B, d), the same on every rank.
 // comm_s, when given, gets the seconds spent in this layer's communication added to it.

@@ -36,8 +36,8 @@ Setup parse_options(Lesson& lesson, Options& opts) {
              "their memory, the logits' error and the validation perplexity against float32, the bytes generated");
   cli.flag("--val-batches", &opts.val_batches, "--int8: validation batches (8 x 64 bytes) for the perplexity", 1, 1000);
   cli.choice("--bug", &opts.bug, {"none", "rope-off-by-one", "absorb-transposed", "cache-skip-layer", "int8-per-tensor"},
-             "plant a bug: rope-off-by-one (decode rotates by position + 1), absorb-transposed (W_uk folded as "
-             "(r_kv, d_n, H)), cache-skip-layer (the last layer never caches a decoded token): the check fails; "
+             "plant a bug: rope-off-by-one (decode rotates by position + 1), absorb-transposed (each head's "
+             "W_uk^T made by a reshape, not a transpose), cache-skip-layer (the last layer never caches a decoded token): the check fails; "
              "int8-per-tensor (--int8 with one scale per tensor): no check fails, the int8 error grows");
   cli.choice("--moe-comm", &opts.moe_comm, {"alltoall", "allreduce"},
              "over several ranks, how the MoE's tokens meet their experts: alltoall (DeepEP's low-latency "
@@ -80,7 +80,7 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   c.vocab = s.corpus.vocab_size();
   if (!opts.checkpoint.empty()) {
     model::Config saved;
-    const std::string bad = mesh::checkpoint_model(opts.checkpoint, &saved);
+    const std::string bad = mesh::checkpoint_model(lesson.comm, opts.checkpoint, &saved);
     lesson.usage_error_if(!bad.empty(), "--checkpoint: " + bad);
     for (const ModelFlag& f : model_flags)
       lesson.usage_error_if(cli.given(f.name) && saved.*f.field != *f.value,
@@ -126,6 +126,9 @@ Setup parse_options(Lesson& lesson, Options& opts) {
           : opts.bug == "absorb-transposed" ? Bug::absorb_transposed
           : opts.bug == "cache-skip-layer" ? Bug::cache_skip_layer : Bug::none;
   s.int8_per_tensor = opts.bug == "int8-per-tensor";
+  lesson.usage_error_if(s.bug != Bug::none && opts.new_tokens < 2,
+                        "--bug " + opts.bug + " plants its bug in the decode steps: it needs --new 2 or more "
+                        "(--new 1 is prefill alone)");
   lesson.usage_error_if(s.int8_per_tensor && !opts.int8, "--bug int8-per-tensor plants its bug in the int8 weights: it needs --int8");
   lesson.usage_error_if(opts.int8 && s.corpus.split_size(CharCorpus::Split::val) <= 65,
                         "--int8: the validation text of " + opts.data + " is too short for a 64-byte window");
@@ -172,7 +175,9 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   const double speed = s.speed_batches.empty() ? 0.0
                        : 256.0 * (1 << 20) + 4.0 * (double)(speed_batch * s.capacity * c.layers *
                                                              cache_floats_per_token(c, CacheKind::kv, c.heads));
-  lesson.require_memory(weights + 2 * cache + reference + speed, "--batch, --new, --speed or the model's sizes");
+  // the full weights, this rank's shard of them (the decoder's), and under --int8 the int8 model beside the float32 one
+  const double models = weights * (opts.int8 ? 3 : 2);
+  lesson.require_memory(models + 2 * cache + reference + speed, "--batch, --new, --speed or the model's sizes");
   return s;
 }
 

@@ -2,6 +2,7 @@
 #include "lessons/09_inference/speed.h"
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <string>
 
@@ -9,19 +10,28 @@
 
 namespace ff::infer {
 
-double read_bandwidth() {
+double read_bandwidth(int threads) {
   const size_t n = (size_t)64 << 20;  // 64 Mi floats: 256 MiB, far beyond any cache
   std::vector<float> a(n, 1.f);
   double best = 0;
   for (int rep = 0; rep < 3; rep++) {
+    std::vector<float> totals((size_t)threads, 0.f);
+    auto sum = [&](int t) {  // thread t sums its share
+      float acc[16] = {};    // independent sums, so the loop is bound by the reads, not the adds
+      const size_t begin = n / 16 * (size_t)t / (size_t)threads * 16, end = n / 16 * (size_t)(t + 1) / (size_t)threads * 16;
+      for (size_t i = begin; i < end; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[i + (size_t)k];
+      for (float x : acc) totals[(size_t)t] += x;
+    };
     const Stopwatch watch;
-    float acc[16] = {};  // independent sums, so the loop is bound by the reads, not the adds
-    for (size_t i = 0; i < n; i += 16)
-      for (int k = 0; k < 16; k++) acc[k] += a[i + (size_t)k];
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; t++) pool.emplace_back(sum, t);
+    sum(0);
+    for (std::thread& th : pool) th.join();
     const double s = watch.seconds();
     float total = 0;
-    for (float x : acc) total += x;
-    if (total != (float)n) throw Error("read_bandwidth: the sum is wrong");  // keeps the loop alive
+    for (float x : totals) total += x;
+    if (total != (float)n) throw Error("read_bandwidth: the sum is wrong");  // keeps the loops alive
     best = std::max(best, (double)(n * sizeof(float)) / s);
   }
   return best;
@@ -80,9 +90,10 @@ const char* const kCsvHeader =
     "kind,cache,ranks,moe_comm,batch,floats,bytes_measured,floats_v3,steps,seconds,moe_comm_s,reduce_comm_s,"
     "tokens_per_s,weight_bytes,cache_bytes,gb_per_s,bandwidth,int8";
 
-void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, bool int8) {
-  L.print("decode speed (one process, %s cache; this machine reads memory at %.1f GB/s, measured)%s:\n",
-          cache_name(kind), bandwidth / 1e9,
+void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, int threads,
+                 bool int8) {
+  L.print("decode speed (one process, %s cache; it reads memory at %.1f GB/s with %d threads, measured)%s:\n",
+          cache_name(kind), bandwidth / 1e9, threads,
           int8 ? "; int8 weights dequantized at load, so a step reads them as float32" : "");
   L.print("  %5s %9s %10s %14s %13s %9s %6s\n", "batch", "ms/step", "tokens/s", "weights/step", "cache/step",
           "GB/s", "util");

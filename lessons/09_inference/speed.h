@@ -9,8 +9,8 @@
 //                    + the caches read (every cached token, every layer)
 //     utilisation    = bytes per step / step time / the bandwidth this machine reads memory at
 // measured, like seed 002's "HBM BW util" (which passes 100% at batch 1: not every expert is
-// read, as here). The read bandwidth is measured here too: a sum over an array far larger
-// than the caches, best of three.
+// read, as here). The read bandwidth is measured here too, with as many threads as the cpu
+// device's kernels use: a sum over an array far larger than the caches, best of three.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,8 +29,9 @@ struct SpeedRow {
   double gb_per_s = 0;                       // (weight + cache bytes) / step time
 };
 
-// Bytes per second this process reads from memory (a sum over 256 MiB, best of 3).
-double read_bandwidth();
+// Bytes per second this process reads from memory with `threads` threads (the cpu device's
+// matmul threads: what the decode runs on), a sum over 256 MiB, best of 3.
+double read_bandwidth(int threads);
 
 // One process: for each batch size, the prompts (taken in turn) prefilled and `steps` decode
 // steps timed.
@@ -38,7 +39,8 @@ std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& 
                                    const std::vector<int64_t>& batches, int64_t steps);
 
 // int8: the weights were quantized and dequantized at load (int8.h): the step reads float32.
-void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, bool int8);
+void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, int threads,
+                 bool int8);
 
 // --csv: the lesson's one table, a kind per row: cache (bytes per token per layer), decode (a
 // cache's timed steps), speed (a --speed batch size). Columns a kind does not use are empty.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/core/autograd.h"
+#include "common/core/check.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
@@ -48,9 +49,7 @@ double decode_vs_training(CacheKind kind, Bug bug) {
     const model::Latents l = model::attention_latents(c, a, slice(u1, 0, 0, pre), model::positions(pre));
     Tensor first, second;
     cache_rows(c, a, l, kind, &first, &second);
-    const std::vector<float> f = first.to_vector(), s = second.to_vector();
-    for (int64_t t = 0; t < pre; t++)
-      cache.append(0, &f[(size_t)(t * first.size(1))], &s[(size_t)(t * second.size(1))]);
+    cache.append(0, first, second);
   }
   double worst = 0;
   for (int64_t k = 0; k < T2; k++) {
@@ -71,6 +70,14 @@ TEST_CASE("infer: each cache's decode attention equals the training attention, t
     // outputs of size ~1 (the bound of lesson 09's check, for one layer)
     CHECK(decode_vs_training(kind, Bug::none) <= 28 * FLT_EPSILON * 4);
   }
+}
+
+TEST_CASE("infer: a cache refuses rows of another width") {
+  model::Config c;
+  LayerCache cache(c, c.heads, CacheKind::latent, 1, 4);
+  CHECK_NOTHROW(cache.append(0, Tensor::zeros({2, c.kv_lora}), Tensor::zeros({2, c.d_rope})));
+  CHECK_THROWS_AS(cache.append(0, Tensor::zeros({1, c.kv_lora + 1}), Tensor::zeros({1, c.d_rope})), Error);
+  CHECK_THROWS_AS(cache.append(0, Tensor::zeros({3, c.kv_lora}), Tensor::zeros({3, c.d_rope})), Error);  // full
 }
 
 TEST_CASE("infer: the planted bugs make the decode attention differ from training") {
