@@ -145,11 +145,48 @@ void matmul_tile(float* tile, const float* strip, const float* panel, int64_t de
     for (int64_t col = 0; col < kTileCols; col++) tile[r * kTileCols + col] = acc[r][col];
 }
 
+// A few rows of c (M <= kFewRows) against an untransposed b: what a decode step does with every
+// weight (one row per sequence). Packing b costs as much as such a product and a 6-row tile
+// would be mostly padding, so instead each row of b streams past once, from memory, while the
+// rows of c (columns [j0, j0 + width), width <= kFewCols) stay in L1. The sum of an element
+// runs in the same order as the tiles' (p = 0, 1, ..., from c or 0, each product rounded then
+// added): the bits are version 2's, whichever path a shape takes.
+constexpr int64_t kFewRows = 4, kFewCols = 256;
+#if defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void few_rows_block(float* c, const float* a, const float* b, int64_t M, int64_t Nc, int64_t K, int64_t j0,
+                    int64_t width, bool trans_a, bool accumulate) {
+  float acc[kFewRows][kFewCols];
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < width; j++) acc[i][j] = accumulate ? c[i * Nc + j0 + j] : 0.f;
+  for (int64_t p = 0; p < K; p++) {
+    const float* b_row = b + p * Nc + j0;
+    for (int64_t i = 0; i < M; i++) {
+      const float a_ip = trans_a ? a[p * M + i] : a[i * K + p];
+      for (int64_t j = 0; j < width; j++) acc[i][j] += a_ip * b_row[j];
+    }
+  }
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < width; j++) c[i * Nc + j0 + j] = acc[i][j];
+}
+
 }  // namespace
 
 void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc, int64_t K,
             int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
+  if (M <= kFewRows && !trans_b) {  // a few rows: b streamed, not packed (few_rows_block)
+    const int64_t blocks = (Nc + kFewCols - 1) / kFewCols;
+    const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
+    for (int64_t z = 0; z < B; z++) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t blk = 0; blk < blocks; blk++)
+        few_rows_block(c + z * M * Nc, a + z * stride_a, b + z * stride_b, M, Nc, K, blk * kFewCols,
+                       std::min(kFewCols, Nc - blk * kFewCols), trans_a, accumulate);
+    }
+    return;
+  }
   const int64_t panels = (Nc + kTileCols - 1) / kTileCols;
   const int64_t blocks = (M + kBlockRows - 1) / kBlockRows;
   const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;

@@ -207,4 +207,43 @@ TEST_CASE("kernels: cpu matmul v2 on shapes past its blocks, 1 and 2 threads, vs
   cpu::set_matmul_threads(threads);
 }
 
+TEST_CASE("kernels: cpu matmul v2's few-rows path gives the tiles' bits, row by row") {
+  // Up to 4 rows against an untransposed b stream b instead of packing it (a decode step's
+  // shape); the sum of each element runs in the same order either way, so every row of a
+  // 13-row product (tiles) equals the same row computed alone and in pairs (the few-rows
+  // path), bit for bit: K past one 256-slice, ragged column blocks, a^T, accumulate, batched
+  // with a shared b, 1 and 2 threads.
+  const int threads = cpu::matmul_threads();
+  const int64_t M = 13, Nc = 300, K = 513, Bz = 2;
+  const std::vector<float> a = kt::inputs(Bz * M * K, 801), b = kt::inputs(K * Nc, 802), c0 = kt::inputs(Bz * M * Nc, 803);
+  for (int n : {1, 2}) {
+    cpu::set_matmul_threads(n);
+    for (bool trans_a : {false, true})
+      for (bool accumulate : {false, true}) {
+        CAPTURE(n);
+        CAPTURE(trans_a);
+        CAPTURE(accumulate);
+        std::vector<float> whole = c0;
+        cpu::matmul(whole.data(), a.data(), b.data(), Bz, M, Nc, K, M * K, 0, trans_a, false, accumulate);
+        for (int64_t rows : {1, 2}) {
+          std::vector<float> parts = c0;
+          for (int64_t z = 0; z < Bz; z++)
+            for (int64_t i0 = 0; i0 < M; i0 += rows) {
+              const int64_t m = std::min(rows, M - i0);
+              // rows [i0, i0 + m) of batch z: op(a) rows are a's rows, or a^T's (columns of the stored (K, M) a)
+              std::vector<float> ai((size_t)(m * K));
+              for (int64_t i = 0; i < m; i++)
+                for (int64_t p = 0; p < K; p++)
+                  ai[(size_t)(trans_a ? p * m + i : i * K + p)] =
+                      trans_a ? a[(size_t)(z * M * K + p * M + i0 + i)] : a[(size_t)(z * M * K + (i0 + i) * K + p)];
+              cpu::matmul(parts.data() + z * M * Nc + i0 * Nc, ai.data(), b.data(), 1, m, Nc, K, 0, 0, trans_a, false,
+                          accumulate);
+            }
+          CHECK(parts == whole);
+        }
+      }
+  }
+  cpu::set_matmul_threads(threads);
+}
+
 }  // TEST_SUITE
