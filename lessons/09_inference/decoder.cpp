@@ -72,11 +72,12 @@ Tensor Decoder::prefill(int64_t b, const std::vector<int64_t>& prompt) {
   Tensor x = embedding(full_.embed, Tensor::from_indices(prompt, {n}, dev));   // (n, d)
   for (size_t i = 0; i < full_.layers.size(); i++) {
     const model::Block& blk = full_.layers[i];
-    const model::Latents l = model::attention_latents(c_, mine_.layers[i].attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
+    const model::Attention& a = mine_.layers[i].attn;
+    const model::Latents l = model::attention_latents(c_, a, rmsnorm(x, blk.attn_norm, c_.norm_eps), pos);
     Tensor first, second;  // this layer's cache rows of the whole prompt
-    cache_rows(c_, mine_.layers[i].attn, l, kind_, &first, &second);
+    cache_rows(c_, a, l, kind_, &first, &second);
     caches_[i].append(b, first, second);
-    x = add(x, reduced(model::attention_heads(c_, heads_, mine_.layers[i].attn, l, 1, pos), false));
+    x = add(x, reduced(model::attention_heads(c_, heads_, a, l, 1, pos), false));
     x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), false));
   }
   len_[(size_t)b] = n;
@@ -88,14 +89,14 @@ Tensor Decoder::prefill(int64_t b, const std::vector<int64_t>& prompt) {
 Tensor Decoder::step(const std::vector<int64_t>& tokens) {
   NoGradGuard no_grad;
   const int64_t B = (int64_t)len_.size();
-  FF_CHECK((int64_t)tokens.size() == B, "step: " << tokens.size() << " tokens for " << B << " sequences");
+  FF_CHECK((int64_t)tokens.size() == B, "step: " << tokens.size() << " tokens, " << B << " sequences");
   const Device dev = full_.embed.device();
-  Tensor x = embedding(full_.embed, Tensor::from_indices(tokens, {B}, dev));    // (B, d)
+  Tensor x = embedding(full_.embed, Tensor::from_indices(tokens, {B}, dev));  // (B, d)
   for (size_t i = 0; i < full_.layers.size(); i++) {
     const model::Block& blk = full_.layers[i];
     const bool append = !(bug_ == Bug::cache_skip_layer && i + 1 == full_.layers.size());
-    const Tensor o = decode_attention(c_, mine_.layers[i].attn, rmsnorm(x, blk.attn_norm, c_.norm_eps), len_, caches_[i],
-                                      kind_, bug_, append);
+    const Tensor u = rmsnorm(x, blk.attn_norm, c_.norm_eps);
+    const Tensor o = decode_attention(c_, mine_.layers[i].attn, u, len_, caches_[i], kind_, bug_, append);
     x = add(x, reduced(o, true));
     x = add(x, ffn(i, rmsnorm(x, blk.ffn_norm, c_.norm_eps), true));
   }
