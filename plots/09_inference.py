@@ -2,7 +2,7 @@
 
 usage: 09_inference.py CACHE_CSV SPEED_CSV MOE_CSV OUTDIR
   CACHE_CSV  the default run's: kind=cache rows (numbers kept per token per layer, measured)
-  SPEED_CSV  --speed runs of a larger model: kind=speed rows (float32: int8=0)
+  SPEED_CSV  --speed runs of a larger model: kind=speed rows (float32, and int8=1)
   MOE_CSV    4-rank runs under --link, both MoE exchanges, several batch sizes: kind=decode rows
 Writes OUTDIR/09_cache.png (what each cache keeps per token, this model's measured and
 DeepSeek-V3's, and DeepSeek-V3's cache of one sequence against its length),
@@ -73,17 +73,15 @@ print(f"wrote {out}/09_cache.png")
 speed = rows(speed_csv, "speed")
 fig, (top, bottom) = plt.subplots(2, 1, figsize=(12.8, 7.2), dpi=100, sharex=True,
                                   gridspec_kw={"height_ratios": [2, 1]})
-# float32 only: int8 weights are dequantized at load (int8.h), so their steps read float32 too
-for int8, color, name in (("0", "#4c72b0", "float32"),):
+for int8, color, name in (("0", "#4c72b0", "float32"), ("1", "#dd8452", "int8 (FFNs and experts read int8)")):
     rs = sorted((r for r in speed if r["int8"] == int8), key=lambda r: int(r["batch"]))
     if not rs:
         continue
     b = [int(r["batch"]) for r in rs]
     top.loglog(b, [float(r["tokens_per_s"]) for r in rs], "o-", color=color, label=f"{name}: measured")
-    if int8 == "0":  # the roofline: reading the step's bytes at the measured bandwidth
-        roof = [int(r["batch"]) * float(r["bandwidth"]) / (float(r["weight_bytes"]) + float(r["cache_bytes"]))
-                for r in rs]
-        top.loglog(b, roof, "--", color="black", label="roofline: batch x bandwidth / bytes read per step")
+    # the roofline: reading the step's bytes at the measured bandwidth
+    roof = [int(r["batch"]) * float(r["bandwidth"]) / (float(r["weight_bytes"]) + float(r["cache_bytes"])) for r in rs]
+    top.loglog(b, roof, "--", color=color, alpha=0.7, label=f"{name}: roofline, batch x bandwidth / bytes read per step")
     bottom.semilogx(b, [100 * float(r["gb_per_s"]) / float(r["bandwidth"]) for r in rs], "o-", color=color)
 top.set_ylabel("decode tokens/s")
 top.legend(fontsize=11)

@@ -169,7 +169,9 @@ plots_09() {
   rm -f "$DATA/09_cache.csv" "$DATA/09_speed.csv" "$DATA/09_moe.csv"
   $MPIRUN -np 1 "$L09" --new 8 --csv "$DATA/09_cache.csv" >/dev/null
   big="--dim 512 --heads 8 --kv-lora 128 --q-lora 128 --ffn 2048 --experts 16 --moe-ffn 512 --layers 4 --cache absorbed --new 16"
-  $MPIRUN -np 1 "$L09" $big --speed 1,2,4,8,16,32 --csv "$DATA/09_speed.csv" >/dev/null
+  for w in "" "--int8"; do
+    $MPIRUN -np 1 "$L09" $big $w --speed 1,2,4,8,16,32 --csv "$DATA/09_speed.csv" >/dev/null
+  done
   for how in alltoall allreduce; do
     for b in 1 2 4 8 16; do
       $MPIRUN -np 4 "$L09" --moe-comm $how --batch $b --new 24 --cache absorbed --link latency=20us \

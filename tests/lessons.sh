@@ -615,6 +615,9 @@ check "09 planted bug: the last layer's cache not updated in decode fails the ch
 check "09 --int8: a quarter of the weights' bytes (plus scales), logits and perplexity against float32, the check still PASSes" 0 '^int8 ok' \
   bash -c "out=\$($MPIRUN -np 2 $L09 --int8 --new 16) || exit 1; echo \"\$out\" | grep -Eq 'int8 weights \(per-channel scales\): .* 0\.2[5-9][0-9]x' && \
            echo \"\$out\" | grep -q 'validation perplexity' && echo \"\$out\" | grep -q '^check: PASS' && echo 'int8 ok'"
+check "09 --int8 on one process: the decode steps' FFNs and experts read int8 (int8_matmul), every cache still = the training forward; --speed counts their int8 bytes" 0 '^int8 read ok' \
+  bash -c "out=\$($MPIRUN -np 1 $L09 --int8 --new 16 --speed 1) || exit 1; echo \"\$out\" | grep -q 'decode steps read the FFNs. and experts. int8 numbers' && \
+           echo \"\$out\" | grep -q 'the FFNs and experts read int8' && echo \"\$out\" | grep -q '^check: PASS' && echo 'int8 read ok'"
 check "09 planted bug int8-per-tensor: no check fails, the weights' relative error grows (> 1.3x per-channel's)" 0 '^per-tensor worse' \
   bash -c "a=\$($MPIRUN -np 1 $L09 --int8 --new 4 | sed -n 's/.*relative error .*: //p') && \
            b=\$($MPIRUN -np 1 $L09 --int8 --new 4 --bug int8-per-tensor | tee /dev/stderr | sed -n 's/.*relative error .*: //p') || exit 1; \

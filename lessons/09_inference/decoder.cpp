@@ -6,13 +6,15 @@
 #include "common/core/ops.h"
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/sharding.h"
+#include "lessons/09_inference/moe_decode.h"
 
 namespace ff::infer {
 
 Decoder::Decoder(const model::Config& c, const model::Params& full, CacheKind kind, int64_t B, int64_t capacity,
-                 Bug bug, Comm* comm, MoeComm how)
-    : c_(c), full_(full), kind_(kind), bug_(bug), comm_(comm), how_(how), len_((size_t)B, 0) {
+                 Bug bug, Comm* comm, MoeComm how, const Int8Model* int8)
+    : c_(c), full_(full), kind_(kind), bug_(bug), comm_(comm), how_(how), int8_(int8), len_((size_t)B, 0) {
   const int P = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  FF_CHECK(!int8 || P == 1, "decoder: int8 weights are read by one process");
   FF_CHECK(c.heads % P == 0, "decoder: " << c.heads << " heads over " << P << " ranks");
   heads_ = c.heads / P;
   // [slide:shards]
@@ -39,6 +41,7 @@ Tensor Decoder::reduced(const Tensor& partial, bool count) {
 
 Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
   const model::Block& blk = full_.layers[layer];
+  if (int8_ && count) return ffn_int8(layer, u);
   if (!blk.moe) return reduced(model::dense_ffn(mine_.layers[layer].ffn, u), count);
   dsv3::Config mc = c_.moe_config();
   mc.seq_len = u.size(0);  // no balance loss at inference: only the routing is used
@@ -57,6 +60,36 @@ Tensor Decoder::ffn(size_t layer, const Tensor& u, bool count) {
   if (count) moe_comm_s_ += s;
   return y;
 }
+
+// [slide:ffn-int8]
+// The FFN of a decode step with int8 weights: the same composition as the float32 one
+// (model::dense_ffn; lesson 05's routing, then each chosen expert's rows, then the gated
+// combine and the shared experts), every weight product an int8_matmul.
+Tensor Decoder::ffn_int8(size_t layer, const Tensor& u) {
+  const std::string l = "layers." + std::to_string(layer) + ".";
+  auto w = [&](const char* name) -> const QuantTensor& { return int8_->q.at(l + name); };
+  auto swiglu = [&](const Tensor& x, const QuantTensor& w1, const QuantTensor& w3, const QuantTensor& w2, int64_t e) {
+    return int8_matmul(mul(silu(int8_matmul(x, w1, e)), int8_matmul(x, w3, e)), w2, e);
+  };
+  const model::Block& blk = full_.layers[layer];
+  if (!blk.moe) return swiglu(u, w("ffn.w1"), w("ffn.w3"), w("ffn.w2"), 0);
+  dsv3::Config mc = c_.moe_config();
+  mc.seq_len = u.size(0);
+  const Routed r = route(mc, blk.experts, u);  // the router in float32
+  const std::vector<int64_t> sizes = r.plan.group_sizes.to_index_vector();
+  const Tensor xp = moe::permute(u, r.plan);  // slots sorted by expert
+  std::vector<Tensor> parts;
+  for (int64_t e = 0, row = 0; e < c_.experts; row += sizes[(size_t)e], e++)
+    if (sizes[(size_t)e] > 0) {
+      parts.push_back(swiglu(slice(xp, 0, row, row + sizes[(size_t)e]), w("moe.experts_w1"), w("moe.experts_w3"),
+                             w("moe.experts_w2"), e));
+      experts_read_++;
+    }
+  Tensor y = moe::combine(concat(parts, 0), r.plan, r.gates);
+  if (c_.shared > 0) y = add(y, swiglu(u, w("moe.shared_w1"), w("moe.shared_w3"), w("moe.shared_w2"), 0));
+  return y;
+}
+// [/slide]
 
 Tensor Decoder::logits(const Tensor& x) const {
   return matmul(rmsnorm(x, full_.norm, c_.norm_eps), full_.head);

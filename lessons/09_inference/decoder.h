@@ -27,6 +27,7 @@
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
 #include "lessons/09_inference/attention_cache.h"
+#include "lessons/09_inference/int8.h"
 #include "lessons/09_inference/moe_decode.h"
 
 namespace ff::infer {
@@ -35,8 +36,11 @@ class Decoder {
  public:
   // B sequences of at most `capacity` tokens each (prompt and decoded). comm: the ranks the
   // model is split over (heads and experts); nullptr or one rank: all of it here.
+  // int8 (one process): the decode steps' FFNs and experts read these int8 weights (int8.h)
+  // instead of full's float32 ones, which must be their dequantized values (Int8Model::p).
   Decoder(const model::Config& c, const model::Params& full, CacheKind kind, int64_t B, int64_t capacity,
-          Bug bug = Bug::none, Comm* comm = nullptr, MoeComm how = MoeComm::alltoall);
+          Bug bug = Bug::none, Comm* comm = nullptr, MoeComm how = MoeComm::alltoall,
+          const Int8Model* int8 = nullptr);
   // Sequence b's prompt (at least one token): its logits at every position (n, V).
   Tensor prefill(int64_t b, const std::vector<int64_t>& prompt);
   // One token per sequence (B), each appended at its sequence's next position: logits (B, V).
@@ -58,6 +62,7 @@ class Decoder {
 
  private:
   Tensor ffn(size_t layer, const Tensor& u, bool count);
+  Tensor ffn_int8(size_t layer, const Tensor& u);
   Tensor reduced(const Tensor& partial, bool count);  // all-reduced over the ranks (P > 1)
   Tensor logits(const Tensor& x) const;
   model::Config c_;
@@ -66,6 +71,7 @@ class Decoder {
   Bug bug_;
   Comm* comm_;
   MoeComm how_;
+  const Int8Model* int8_;
   int64_t heads_;                        // this rank's
   model::Params mine_;                   // this rank's shard (lesson 08's shard_model, the head whole)
   std::vector<LayerCache> caches_;       // one per layer

@@ -46,11 +46,11 @@ struct Run {
 };
 
 Run generate(Comm& comm, const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
-             int64_t new_tokens) {
+             int64_t new_tokens, const Int8Model* int8 = nullptr) {
   const int64_t B = (int64_t)s.prompts.size(), V = c.vocab;
   Run run;
   run.kind = kind, run.tokens = s.prompts, run.logits.resize((size_t)B);
-  Decoder dec(c, p, kind, B, s.capacity, s.bug, &comm, s.moe_comm);
+  Decoder dec(c, p, kind, B, s.capacity, s.bug, &comm, s.moe_comm, int8);
   std::vector<int64_t> next((size_t)B);
   for (int64_t b = 0; b < B; b++) {  // prefill: every prompt position's logits, the first new token
     const Tensor z = dec.prefill(b, s.prompts[(size_t)b]);
@@ -126,6 +126,8 @@ void report_int8(Lesson& L, const model::Config& c, const model::Params& fp32, c
           "kept in float32 (embedding, head, norms, router): %.1f KiB\n",
           s.int8_per_tensor ? "per-tensor" : "per-channel", q.int8_bytes / 1024.0, q.fp32_bytes / 1024.0,
           (double)q.int8_bytes / (double)q.fp32_bytes, q.kept_bytes / 1024.0);
+  L.print("  decode steps read the FFNs' and experts' int8 numbers (int8_matmul)%s; the attention's are dequantized at load\n",
+          L.size() > 1 ? " on one process; over several ranks every weight is dequantized at load" : "");
   L.print("  the weights' relative error ||W - q s|| / ||W||: %.3g\n", q.rel_error);
   // the same tokens through the float32 model: how far its logits are from the int8 model's
   const std::vector<std::vector<float>> want = reference_logits(c, fp32, served.tokens);
@@ -267,7 +269,9 @@ int main(int argc, char** argv) {
     if (s.link.enabled) L.print("%s\n\n", describe(s.link).c_str());
     Comm::set_link(s.link);
     std::vector<Run> runs;
-    for (CacheKind kind : s.kinds) runs.push_back(generate(L.comm, c, served, s, kind, opts.new_tokens));
+    // int8 on one process: the decode steps' FFNs and experts read the int8 numbers themselves
+    const Int8Model* reads_int8 = opts.int8 && L.size() == 1 ? &q : nullptr;
+    for (CacheKind kind : s.kinds) runs.push_back(generate(L.comm, c, served, s, kind, opts.new_tokens, reads_int8));
     Comm::set_link(LinkModel{});  // the rest (the check, int8's comparison) unmodelled
     print_cache_sizes(L, c, runs);
     L.print("\ndecode speed (batch %zu, %d rank%s%s):\n", s.prompts.size(), L.size(), L.size() > 1 ? "s" : "",
@@ -317,7 +321,7 @@ int main(int argc, char** argv) {
       L.print("\n");
       const int threads = cpu::matmul_threads();  // the cpu device's kernels' threads
       const double bandwidth = read_bandwidth(threads);
-      print_speed(L, decode_speed(c, served, s, kind, s.speed_batches, opts.new_tokens), kind, bandwidth, threads,
+      print_speed(L, decode_speed(c, served, s, kind, s.speed_batches, opts.new_tokens, reads_int8), kind, bandwidth, threads,
                   opts.int8);
     }
     return L.finish(check);

@@ -26,15 +26,6 @@ dsv3::Params moe_shard(const dsv3::Params& p, int r, int P) {
   return mine;
 }
 
-namespace {
-
-// The routing of rows x on one rank, as lesson 05's layer routes them (no capacity at
-// inference: every chosen slot is kept): the plan sorting the slots by expert, and the gates.
-struct Routed {
-  moe::Plan plan;
-  Tensor gates;
-};
-
 Routed route(const dsv3::Config& c, const dsv3::Params& p, const Tensor& x) {
   const int64_t T = x.size(0);
   const Tensor s = dsv3::affinities(c, p, x);
@@ -46,6 +37,8 @@ Routed route(const dsv3::Config& c, const dsv3::Params& p, const Tensor& x) {
   r.plan = moe::permute_plan(dsv3::plan_ids(c, a.idx, a.kept, 0, T, x.device()), c.experts + 1);
   return r;
 }
+
+namespace {
 
 Tensor decode_allreduce(Comm& comm, const dsv3::Config& c, const dsv3::Params& mine, const Tensor& u,
                         double* comm_s) {

@@ -33,6 +33,15 @@
 namespace ff::infer {
 
 enum class MoeComm { allreduce, alltoall };
+
+// The routing of rows x on one rank, as lesson 05's layer routes them (no capacity at
+// inference: every chosen slot is kept): the plan sorting the slots by expert (N + 1 groups,
+// the last empty), and the gates.
+struct Routed {
+  moe::Plan plan;
+  Tensor gates;
+};
+Routed route(const dsv3::Config& c, const dsv3::Params& p, const Tensor& x);
 const char* moe_comm_name(MoeComm m);
 
 // --moe-comm allreduce: the shared experts of a layer split by columns over P ranks (sw1, sw3

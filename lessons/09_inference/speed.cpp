@@ -40,14 +40,24 @@ double read_bandwidth(int threads) {
 namespace {
 
 // Bytes of the weights every step reads whole (everything but the embedding and the routed
-// experts), and of one routed expert.
-void weight_bytes(const model::Params& p, double* always, double* per_expert) {
+// experts), and of one routed expert; with int8, the FFNs' and experts' as int8 numbers and
+// their scales (what int8_matmul reads).
+void weight_bytes(const model::Params& p, const Int8Model* int8, double* always, double* per_expert) {
   *always = 0, *per_expert = 0;
+  std::string first_moe;
   for (const model::NamedTensor& n : p.named_parameters()) {
-    const double bytes = 4.0 * (double)n.t.numel();
+    double bytes = 4.0 * (double)n.t.numel();
+    const bool ffn = n.name.find(".ffn.") != std::string::npos || n.name.find(".moe.experts_") != std::string::npos ||
+                     n.name.find(".moe.shared_") != std::string::npos;
+    if (int8 && ffn) {
+      const QuantTensor& q = int8->q.at(n.name);
+      bytes = (double)q.q.size() + 4.0 * (double)q.scale.size();
+    }
     if (n.name == "embed") continue;
-    if (n.name.find("moe.experts_") != std::string::npos) {
-      if (*per_expert == 0) *per_expert = 3 * bytes / (double)n.t.size(0);  // w1, w3, w2 of one expert
+    if (n.name.find("moe.experts_") != std::string::npos) {  // one expert's w1, w3, w2 (every MoE layer alike)
+      const std::string layer = n.name.substr(0, n.name.find(".moe."));
+      if (first_moe.empty()) first_moe = layer;
+      if (layer == first_moe) *per_expert += bytes / (double)n.t.size(0);
       continue;
     }
     *always += bytes;
@@ -57,14 +67,14 @@ void weight_bytes(const model::Params& p, double* always, double* per_expert) {
 }  // namespace
 
 std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
-                                   const std::vector<int64_t>& batches, int64_t steps) {
+                                   const std::vector<int64_t>& batches, int64_t steps, const Int8Model* int8) {
   double always = 0, per_expert = 0;
-  weight_bytes(p, &always, &per_expert);
+  weight_bytes(p, int8, &always, &per_expert);
   std::vector<SpeedRow> rows;
   for (int64_t B : batches) {
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = std::max<int64_t>(longest, (int64_t)s.prompts[(size_t)b % s.prompts.size()].size());
-    Decoder dec(c, p, kind, B, longest + steps + 1);
+    Decoder dec(c, p, kind, B, longest + steps + 1, Bug::none, nullptr, MoeComm::alltoall, int8);
     std::vector<int64_t> next((size_t)B);
     for (int64_t b = 0; b < B; b++) {
       const Tensor z = dec.prefill(b, s.prompts[(size_t)b % s.prompts.size()]);
@@ -94,7 +104,7 @@ void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, d
                  bool int8) {
   L.print("decode speed (one process, %s cache; it reads memory at %.1f GB/s with %d threads, measured)%s:\n",
           cache_name(kind), bandwidth / 1e9, threads,
-          int8 ? "; int8 weights dequantized at load, so a step reads them as float32" : "");
+          int8 ? "; the FFNs and experts read int8, the attention float32" : "");
   L.print("  %5s %9s %10s %14s %13s %9s %6s\n", "batch", "ms/step", "tokens/s", "weights/step", "cache/step",
           "GB/s", "util");
   std::string csv;

@@ -18,6 +18,7 @@
 #include "common/layers/model.h"
 #include "common/lesson/lesson.h"
 #include "lessons/09_inference/attention_cache.h"
+#include "lessons/09_inference/int8.h"
 #include "lessons/09_inference/options.h"
 
 namespace ff::infer {
@@ -35,10 +36,12 @@ double read_bandwidth(int threads);
 
 // One process: for each batch size, the prompts (taken in turn) prefilled and `steps` decode
 // steps timed.
+// int8: the decode steps' FFNs and experts read these int8 weights (Decoder's int8 mode), and
+// their bytes are counted as int8's.
 std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& p, const Setup& s, CacheKind kind,
-                                   const std::vector<int64_t>& batches, int64_t steps);
+                                   const std::vector<int64_t>& batches, int64_t steps, const Int8Model* int8);
 
-// int8: the weights were quantized and dequantized at load (int8.h): the step reads float32.
+// int8: the FFNs and experts read int8 (the attention's weights dequantized at load).
 void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, int threads,
                  bool int8);
 

@@ -122,6 +122,38 @@ TEST_CASE("infer: int8 per-channel quantization keeps every weight within half a
   CHECK(std::sqrt(err_tensor / norm) > 0.5);  // rounded to nothing, or nearly
 }
 
+TEST_CASE("infer: int8_matmul reads the int8 numbers and equals the product with the dequantized weights") {
+  // (x q) s against x (q s): the same products, the scale applied once after the sum instead of
+  // to every term: within K eps sum |x||q s| (+ eps |y|) of each other, for 1 to 9 rows (chunks
+  // of 4), a (K, N) weight and expert 2 of an (E, K, N) stack, N past one 256-column block.
+  const int64_t K = 70, N = 300;
+  for (const Shape& shape : {Shape{K, N}, Shape{3, K, N}}) {
+    const Tensor W = scale(randn(shape, 31), 0.1f);
+    const QuantTensor q = quantize(W, true);
+    const int64_t e = shape.size() == 3 ? 2 : 0;
+    const Tensor We = shape.size() == 3 ? reshape(slice(dequantize(q), 0, e, e + 1), {K, N}) : dequantize(q);
+    for (int64_t M : {1, 3, 4, 9}) {
+      CAPTURE(M);
+      const Tensor x = randn({M, K}, 32 + (uint64_t)M);
+      auto abs_of = [](const Tensor& t) {
+        std::vector<float> v = t.to_vector();
+        for (float& f : v) f = std::fabs(f);
+        return Tensor::from_vector(v, t.shape());
+      };
+      const std::vector<float> got = int8_matmul(x, q, e).to_vector(), want = matmul(x, We).to_vector(),
+                               bound = matmul(abs_of(x), abs_of(We)).to_vector();
+      for (size_t i = 0; i < got.size(); i++)
+        CHECK(std::fabs(got[i] - want[i]) <= (K + 2) * FLT_EPSILON * bound[i]);
+      if (shape.size() == 3) {  // the check can fail: another expert's numbers are far off
+        const std::vector<float> other = int8_matmul(x, q, 1).to_vector();
+        double worst = 0;
+        for (size_t i = 0; i < got.size(); i++) worst = std::max(worst, (double)std::fabs(other[i] - want[i]));
+        CHECK(worst > 1e-2);
+      }
+    }
+  }
+}
+
 TEST_CASE("infer: expert stacks get a scale per expert and column; int8_model keeps the embedding, head, norms and router") {
   model::Config c;
   c.dim = 16, c.layers = 2, c.dense_layers = 1, c.heads = 2, c.d_nope = 4, c.d_rope = 4, c.d_v = 4;
