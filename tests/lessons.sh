@@ -645,6 +645,9 @@ check "09 --trace: spans nest on every track (P=2)" 0 '^trace ok: 2 ranks' \
   bash -c "$MPIRUN -np 2 $L09 --new 4 --trace $LOG/t09.json >/dev/null && $PYTHON scripts/check-trace.py $LOG/t09.json - 2"
 check "09 --device sim: the decode under the emulator (P=1, small)" 0 '^check: PASS' \
   $MPIRUN -np 1 $L09 --device sim --batch 2 --new 4 --dim 32 --ffn 32
+check "09 --device sim --int8: int8_matmul is the cpu's, so every weight is dequantized there; the check PASSes" 0 '^sim int8 ok' \
+  bash -c "out=\$($MPIRUN -np 1 $L09 --device sim --int8 --batch 2 --new 4 --dim 32 --ffn 32 --val-batches 1) || exit 1; \
+           echo \"\$out\" | grep -q 'every weight dequantized at load' && echo \"\$out\" | grep -q '^check: PASS' && echo 'sim int8 ok'"
 check "09 --help lists every flag with its default" 0 '--cache \{kv\|latent\|absorbed\|all\} .*\(default: all\)' $MPIRUN -np 1 $L09 --help
 usage_error "09 bad input: a prompt byte outside the vocabulary" $MPIRUN -np 2 $L09 --prompts 'ROMEO@'
 usage_error "09 bad input: an empty prompt" $MPIRUN -np 2 $L09 --prompts 'a||b'

@@ -126,8 +126,10 @@ void report_int8(Lesson& L, const model::Config& c, const model::Params& fp32, c
           "kept in float32 (embedding, head, norms, router): %.1f KiB\n",
           s.int8_per_tensor ? "per-tensor" : "per-channel", q.int8_bytes / 1024.0, q.fp32_bytes / 1024.0,
           (double)q.int8_bytes / (double)q.fp32_bytes, q.kept_bytes / 1024.0);
-  L.print("  decode steps read the FFNs' and experts' int8 numbers (int8_matmul)%s; the attention's are dequantized at load\n",
-          L.size() > 1 ? " on one process; over several ranks every weight is dequantized at load" : "");
+  if (L.size() == 1 && L.device == Device::cpu)
+    L.print("  decode steps read the FFNs' and experts' int8 numbers (int8_matmul); the attention's are dequantized at load\n");
+  else
+    L.print("  every weight dequantized at load (int8_matmul reads int8 on one process on the cpu device)\n");
   L.print("  the weights' relative error ||W - q s|| / ||W||: %.3g\n", q.rel_error);
   // the same tokens through the float32 model: how far its logits are from the int8 model's
   const std::vector<std::vector<float>> want = reference_logits(c, fp32, served.tokens);
@@ -270,7 +272,7 @@ int main(int argc, char** argv) {
     Comm::set_link(s.link);
     std::vector<Run> runs;
     // int8 on one process: the decode steps' FFNs and experts read the int8 numbers themselves
-    const Int8Model* reads_int8 = opts.int8 && L.size() == 1 ? &q : nullptr;
+    const Int8Model* reads_int8 = opts.int8 && L.size() == 1 && L.device == Device::cpu ? &q : nullptr;
     for (CacheKind kind : s.kinds) runs.push_back(generate(L.comm, c, served, s, kind, opts.new_tokens, reads_int8));
     Comm::set_link(LinkModel{});  // the rest (the check, int8's comparison) unmodelled
     print_cache_sizes(L, c, runs);
