@@ -16,6 +16,7 @@
 // The plan is a counting sort: a histogram of the experts (group sizes), its exclusive
 // prefix sum (each group's first row), then every slot, in slot order, takes the next row of
 // its expert's group — which makes the order stable, hence the same on every device.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -54,6 +55,15 @@ FF_CPU_CLONES static void gemm_row(float* cr, const float* ar, const float* we, 
   for (int64_t n = 0; n < Nc; n++) cr[n] = accumulate ? cr[n] + acc[n] : acc[n];
 }
 
+// out (K, Nc) = in^T, in (Nc, K): in blocks, so that both sides stay in the cache.
+static void transpose_rows(float* out, const float* in, int64_t Nc, int64_t K) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t n0 = 0; n0 < Nc; n0 += kBlock)
+    for (int64_t i0 = 0; i0 < K; i0 += kBlock)
+      for (int64_t n = n0; n < std::min(Nc, n0 + kBlock); n++)
+        for (int64_t i = i0; i < std::min(K, i0 + kBlock); i++) out[i * Nc + n] = in[n * K + i];
+}
+
 void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
                   int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
   int64_t rows_all = 0;
@@ -65,23 +75,36 @@ void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group
   const int64_t rows = row0;
   (void)M;
   const int threads = row_threads(rows * K * Nc / 8);
+  if (!trans_w) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> acc((size_t)Nc);
+    {
+      std::vector<float> acc((size_t)Nc);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float* we = w + expert_of[(size_t)r] * K * Nc;
-      if (!trans_w) {
-        gemm_row(c + r * Nc, a + r * K, we, K, Nc, acc.data(), accumulate);
-        continue;
-      }
-      for (int64_t n = 0; n < Nc; n++) {  // w^T: a dot product along a contiguous row of w
-        float s = 0.f;
-        for (int64_t i = 0; i < K; i++) s += a[r * K + i] * we[n * K + i];
-        c[r * Nc + n] = accumulate ? c[r * Nc + n] + s : s;
-      }
+      for (int64_t r = 0; r < rows; r++)
+        gemm_row(c + r * Nc, a + r * K, w + expert_of[(size_t)r] * K * Nc, K, Nc, acc.data(), accumulate);
+    }
+    return;
+  }
+  // w^T (each expert's w stored (Nc, K)): the expert's weights transposed once into (K, Nc), then
+  // the rows as above — the same products summed in the same order (i = 0, 1, ...) as a dot
+  // product along a row of w, so the same bits, with the inner loop along n vectorised instead
+  // of a scalar sum per output
+  std::vector<float> wt((size_t)(K * Nc));
+  int64_t r0 = 0;
+  for (int64_t e = 0; e < G; r0 += group_sizes[e], e++) {
+    if (group_sizes[e] == 0) continue;
+    const float* we = w + e * K * Nc;
+    transpose_rows(wt.data(), we, Nc, K);
+    const int64_t r1 = r0 + group_sizes[e];
+    const int t = row_threads((r1 - r0) * K * Nc / 8);
+#pragma omp parallel num_threads(t) if (t > 1)
+    {
+      std::vector<float> acc((size_t)Nc);
+#pragma omp for schedule(static)
+      for (int64_t r = r0; r < r1; r++) gemm_row(c + r * Nc, a + r * K, wt.data(), K, Nc, acc.data(), accumulate);
     }
   }
+  (void)threads;
 }
 
 FF_CPU_CLONES static void gemm_dw_row(float* dwi, const float* a, const float* dc, int64_t i,

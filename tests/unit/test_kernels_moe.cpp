@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/core/ops.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "tests/unit/kernel_check.h"
 
 using namespace ff;
@@ -468,6 +469,26 @@ TEST_CASE("moe kernels: combine(permute(x)) with gates = 1 is k x") {
     cpu.moe_combine(y.data(), xp.data(), p.pos.data(), nullptr, T, k, d);       // unpermute
     for (size_t i = 0; i < want.size(); i++) want[i] = (float)k * x[i];
     CHECK(y == want);
+  }
+}
+
+TEST_CASE("moe kernels: the cpu grouped_gemm with w^T gives the bits of the same product with w transposed first") {
+  // trans_w transposes each expert's weights once and runs the rows as the plain product does:
+  // the same products in the same order as a dot product along a row of w, so the result
+  // equals the plain product on explicitly transposed weights bit for bit (groups of 5, 1, 0
+  // and 9 rows, K and Nc past the 32-blocks of the transpose, assign and accumulate).
+  const std::vector<int64_t> sizes = {5, 1, 0, 9};
+  const int64_t G = 4, M = 15, K = 37, Nc = 70;
+  const std::vector<float> a = kt::inputs(M * K, 910), w = kt::inputs(G * Nc * K, 911), c0 = kt::inputs(M * Nc, 912);
+  std::vector<float> wt((size_t)(G * K * Nc));  // each expert's (Nc, K) as (K, Nc)
+  for (int64_t e = 0; e < G; e++)
+    for (int64_t n = 0; n < Nc; n++)
+      for (int64_t i = 0; i < K; i++) wt[(size_t)((e * K + i) * Nc + n)] = w[(size_t)((e * Nc + n) * K + i)];
+  for (bool accumulate : {false, true}) {
+    std::vector<float> got = c0, want = c0;
+    cpu::grouped_gemm(got.data(), a.data(), w.data(), sizes.data(), G, M, K, Nc, /*trans_w=*/true, accumulate);
+    cpu::grouped_gemm(want.data(), a.data(), wt.data(), sizes.data(), G, M, K, Nc, /*trans_w=*/false, accumulate);
+    CHECK(got == want);
   }
 }
 
