@@ -46,11 +46,9 @@ class Decoder {
   // One token per sequence (B), each appended at its sequence's next position: logits (B, V).
   Tensor step(const std::vector<int64_t>& tokens);
 
-  int64_t len(int64_t b) const { return len_[(size_t)b]; }
   // What this rank's caches hold now, every layer: bytes and tokens.
   int64_t cache_bytes() const;
   int64_t cached_tokens() const;
-  CacheKind kind() const { return kind_; }
   int64_t heads_here() const { return heads_; }
   // Seconds of the steps (not prefill) spent in communication: the MoE's, the all-reduces'.
   double moe_comm_s() const { return moe_comm_s_; }
