@@ -66,16 +66,12 @@ static void transpose_rows(float* out, const float* in, int64_t Nc, int64_t K) {
 
 void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
                   int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
-  int64_t rows_all = 0;
-  for (int64_t e = 0; e < G; e++) rows_all += group_sizes[e];
-  std::vector<int64_t> expert_of((size_t)rows_all);  // row -> its group (M rows and more: as sized)
-  int64_t row0 = 0;
-  for (int64_t e = 0; e < G; e++)
-    for (int64_t r = 0; r < group_sizes[e]; r++) expert_of[(size_t)(row0++)] = e;
-  const int64_t rows = row0;
   (void)M;
-  const int threads = row_threads(rows * K * Nc / 8);
   if (!trans_w) {
+    std::vector<int64_t> expert_of;  // row -> its group
+    for (int64_t e = 0; e < G; e++) expert_of.insert(expert_of.end(), (size_t)group_sizes[e], e);
+    const int64_t rows = (int64_t)expert_of.size();
+    const int threads = row_threads(rows * K * Nc / 8);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
       std::vector<float> acc((size_t)Nc);
@@ -104,7 +100,6 @@ void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group
       for (int64_t r = r0; r < r1; r++) gemm_row(c + r * Nc, a + r * K, wt.data(), K, Nc, acc.data(), accumulate);
     }
   }
-  (void)threads;
 }
 
 FF_CPU_CLONES static void gemm_dw_row(float* dwi, const float* a, const float* dc, int64_t i,
