@@ -212,11 +212,12 @@ $(BUILD)/obj/common/util/files.o: FLAGS += -DFF_SOURCE_DIR='"$(CURDIR)"'
 # will not turn a ternary on doubles (exp_double's clamps, kernels/cpu/row_math.h) into a
 # vector select, so the exp loops of the softmax and cross-entropy would not vectorise. It
 # changes no result.
-# -ffp-contract=off: a * b + c rounds twice in every clone (AVX-512, AVX2 + FMA, baseline), so
-# the cpu matmul computes the same bits on every x86-64 CPU and in every build (the sanitizer's
-# -O1 included), and the outputs the READMEs show do not depend on the machine (the row
-# kernels' double sums may still differ in a float's last bit, rarely: kernels/README.md). Fusing would be
-# faster on FMA hardware; the matmul stays well above its make bench target without it.
+# -ffp-contract=off: the compiler fuses no a * b + c on its own in kernels/cpu/, so a kernel
+# computes the same bits in every clone (AVX-512, AVX2 + FMA, baseline) and every build (the
+# sanitizer's -O1 included), and the outputs the READMEs show do not depend on the machine. The
+# matmul fuses its terms explicitly (intrinsics, std::fma: the same bits everywhere; kernels/
+# README.md says why and what it gains); the row kernels' double sums may still differ in a
+# float's last bit, rarely (kernels/README.md).
 $(BUILD)/obj/kernels/cpu/%.o: FLAGS += $(OMP_FLAGS) -fno-trapping-math -ffp-contract=off
 
 # the emulator build of a .cu file: ordinary C++ against kernels/simt.h
@@ -305,6 +306,8 @@ bench: deps
 	@FIVEFOLD_WITH_OPENBLAS=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
 	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons $(BUILD)/tests/bench_kernels
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(BUILD)/tests/bench_kernels
+	$(if $(findstring AVX-512,$(CPU_ISA)),@echo "the cpu matmul and grouped GEMMs again with the AVX2 kernels on both sides (what a CPU without AVX-512 runs)")
+	$(if $(findstring AVX-512,$(CPU_ISA)),FF_CPU_ISA=avx2 OPENBLAS_CORETYPE=Haswell $(BUILD)/tests/bench_kernels --matmul-only)
 	@for np in 2 4; do $(MPIRUN) -np $$np $(BUILD)/bin/04_gshard --bench --reps 50 || exit 1; done
 	$(MPIRUN) -np 8 $(BUILD)/bin/05_deepseek_moe --link intra=160GB/s,inter=50GB/s,latency=3us --reps 20
 	@echo "lesson 06: the hidden fraction at the default shape, --progress test and thread (target >= 80%)"

@@ -393,6 +393,11 @@ check "08 dualpipev and dualpipe with EP: F&B pairs overlapped at the all-to-all
              out=\$($MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule \$s --layers 4 --train 2 --overlap \$ov --dump $LOG/d08ov_\$s\$ov) || exit 1; \
              [ \$ov = off ] || echo \"\$out\" | grep -Eq '^  overlap: [1-9][0-9]* hand-overs' || exit 1; done; \
            diff -r $LOG/d08ov_\${s}on $LOG/d08ov_\${s}off >/dev/null || exit 1; done; echo overlap ok"
+check "08 the cpu matmul's kernels for each instruction set (FF_CPU_ISA: this CPU's best, avx2, portable) give the same bits: identical dumps after 3 steps (P=2)" 0 '^isa ok' \
+  bash -c "for isa in best avx2 portable; do rm -rf $LOG/d08isa_\$isa; \
+             FF_CPU_ISA=\$isa $MPIRUN -x FF_CPU_ISA -np 2 $L08 --train 3 --dump $LOG/d08isa_\$isa >/dev/null || exit 1; done; \
+           for isa in avx2 portable; do diff -r $LOG/d08isa_best $LOG/d08isa_\$isa >/dev/null || exit 1; done; \
+           n=\$(ls $LOG/d08isa_best/*.npy | wc -l); [ \$n -gt 100 ] && echo \"isa ok: \$n files\""
 check "08 --link: the network modelled (lesson 05's model) on the 16-rank mesh and under dualpipev with EP; the same checks" 0 '^check: PASS' \
   bash -c "out=\$($MPIRUN -np 16 $L08 --train 2 --link intra=1GB/s,inter=200MB/s) && echo \"\$out\" | grep -q '^modelled links: intra-node 1 GB/s, inter-node 200 MB/s' && \
            echo \"\$out\" | grep -q 'links modelled' && $MPIRUN -np 4 $L08 --tp 1 --pp 2 --ep 2 --schedule dualpipev --layers 4 --train 2 --link inter=100MB/s"

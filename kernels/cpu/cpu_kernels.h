@@ -18,4 +18,7 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // bench times 1 and 2 threads); n <= 0 goes back to the default.
 int matmul_threads();
 void set_matmul_threads(int n);
+// The instruction set version 2's kernels run here: "AVX-512", "AVX2 + FMA" or "portable",
+// the best this CPU has, or a lower one named by FF_CPU_ISA=avx2|portable (make bench).
+const char* matmul_isa();
 }  // namespace ff::cpu

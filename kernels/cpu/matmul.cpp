@@ -19,8 +19,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -56,9 +62,8 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // both from memory each time. Here c is computed in tiles of kTileRows x kTileCols (6 x 32)
 // held in registers for the whole sum over p: each step of p loads one row of 32 values of
 // op(b) and 6 values of op(a), and does 6 x 32 = 192 multiply-adds with them — 5 values moved
-// per 32 multiply-adds instead of 2 per 1. The 32 columns are the inner loop, contiguous, with
-// a trip count known at compile time, so the compiler turns it into 2 AVX-512 (or 4 AVX2)
-// vector multiplies and adds per row of the tile.
+// per 32 multiply-adds instead of 2 per 1. The 32 columns are contiguous: 2 AVX-512 (or 4 AVX2)
+// vector FMAs per row of the tile (tile_avx512, tile_avx2 below).
 //
 // Packing. Before the sums, op(b) is copied into panels of kTileCols columns, row p of a panel
 // at panel + p * kTileCols, and each strip of kTileRows rows of op(a) into strip[p * kTileRows
@@ -74,12 +79,16 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // threads: matmul_threads below.
 //
 // Rounding. Version 2 sums the K products of an element in float, in order p = 0, 1, ...
-// (starting from c when accumulating), each product rounded and then added — never fused, so
-// every clone below gives the same bits (the Makefile's -ffp-contract=off for kernels/cpu/):
-// within K u sum_p |a_ip b_pj| (+ u |c|) of the exact value, u = 2^-24 (Higham, "Accuracy and
-// Stability of Numerical Algorithms", 3.1), as the CUDA kernels are; version 1 is within
-// u |result|. Tests that compare with the cpu matmul as if it were exact use version 1
-// (tests/unit/test_kernels_matmul.cpp). Summing in double in the tile measured 3x slower on
+// (starting from c when accumulating), each product fused into the sum (fma: one rounding per
+// term), explicitly (intrinsics, std::fma), so every instruction set below and every build
+// (the sanitizer's -O1 included; the Makefile's -ffp-contract=off keeps the compiler from
+// fusing anything else in kernels/cpu/) gives the same bits: within K u sum_p |a_ip b_pj|
+// (+ u |c|) of the exact value, u = 2^-24 (Higham, "Accuracy and Stability of Numerical
+// Algorithms", 3.1; a fused term rounds once where a product and a sum round twice), as the
+// CUDA kernels are; version 1 is within u |result|. Tests that compare with the cpu matmul as
+// if it were exact use version 1 (tests/unit/test_kernels_matmul.cpp). Unfused (a product
+// rounded, then added: twice the arithmetic instructions of OpenBLAS's FMAs) the AVX2 tile ran
+// at about 0.6-0.7 of the fused one's speed at 1024^3 (make bench's machine, alternated runs). Summing in double in the tile measured 3x slower on
 // AVX-512 at 256^3 (half the lanes per register, a conversion per load of b, and a 6 x 16 tile
 // to fit the registers), so version 2 sums in float, as BLAS libraries do.
 
@@ -120,17 +129,23 @@ void set_matmul_threads(int n) { g_matmul_threads = n; }
 namespace {
 
 // One tile of c, kTileRows x kTileCols, in and out: tile += sum over p < depth of
-// strip[p][r] * panel[p][col]. Compiled three times (AVX-512, AVX2 + FMA, baseline x86-64);
-// the best one this CPU runs is picked when the program starts (GCC function multiversioning),
-// so one binary runs on any x86-64 and uses AVX-512 where there is one. With AVX-512 the 6 x
-// 32 tile is 12 of the 32 vector registers; with AVX2's 16 it does not fit, and the compiler
-// keeps it in L1 (still vectorised, about half as fast). The row loop is unrolled so that
-// acc[r] has constant indices and stays in registers (-O2 would not unroll it).
-#if defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void matmul_tile(float* tile, const float* strip, const float* panel, int64_t depth) {
-  float acc[kTileRows][kTileCols];  // the tile, in registers for the whole loop over p
+// strip[p][r] * panel[p][col], each term a fused multiply-add (one rounding: fma(a, b, acc)).
+// Written three times, for the instruction sets of x86-64's levels, and picked when the
+// program starts (cpu_isa below), so one binary runs on any x86-64 and uses AVX-512 where
+// there is one:
+//   avx512    the 6 x 32 tile is 12 of the 32 zmm registers; per p, 2 loads of b, 6 broadcasts
+//             of a, 12 FMAs.
+//   avx2      AVX2's 16 ymm registers cannot hold a 6 x 32 tile (24 of them), so it runs as
+//             two 6 x 16 halves, one after the other over the same panel: 12 accumulators, 2
+//             loads of b, a broadcast. Each element still sums its p in order, so the bits
+//             are the same as avx512's.
+//   portable  plain loops with std::fma, exactly rounded everywhere (the compiler vectorises
+//             them on ARM, where FMA is baseline; x86-64 without FMA — CPUs from before 2013 —
+//             calls libm's fmaf, slow but the same bits).
+// Every element of c is fma(a_p, b_p, ...) applied for p = 0, 1, ... in order from c (or 0):
+// the same bits on every CPU, every clone, every thread count and every build.
+void tile_portable(float* tile, const float* strip, const float* panel, int64_t depth) {
+  float acc[kTileRows][kTileCols];
   for (int64_t r = 0; r < kTileRows; r++)
     for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = tile[r * kTileCols + col];
   for (int64_t p = 0; p < depth; p++) {
@@ -138,25 +153,76 @@ void matmul_tile(float* tile, const float* strip, const float* panel, int64_t de
 #pragma GCC unroll 8
     for (int64_t r = 0; r < kTileRows; r++) {
       const float a_rp = strip[p * kTileRows + r];
-      for (int64_t col = 0; col < kTileCols; col++) acc[r][col] += a_rp * b_row[col];
+      for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = std::fma(a_rp, b_row[col], acc[r][col]);
     }
   }
   for (int64_t r = 0; r < kTileRows; r++)
     for (int64_t col = 0; col < kTileCols; col++) tile[r * kTileCols + col] = acc[r][col];
 }
 
+#if defined(__x86_64__)
+static_assert(kTileRows == 6 && kTileCols == 32, "the x86 tiles below are written for 6 x 32");
+
+__attribute__((target("avx512f"))) void tile_avx512(float* tile, const float* strip,
+                                                    const float* panel, int64_t depth) {
+  __m512 acc[6][2];
+  #pragma GCC unroll 6
+  for (int r = 0; r < 6; r++)
+    #pragma GCC unroll 6
+    for (int h = 0; h < 2; h++) acc[r][h] = _mm512_loadu_ps(tile + r * 32 + h * 16);
+  for (int64_t p = 0; p < depth; p++) {
+    const __m512 b0 = _mm512_loadu_ps(panel + p * 32), b1 = _mm512_loadu_ps(panel + p * 32 + 16);
+    #pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+      const __m512 a = _mm512_set1_ps(strip[p * 6 + r]);
+      acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+    }
+  }
+  #pragma GCC unroll 6
+  for (int r = 0; r < 6; r++)
+    #pragma GCC unroll 6
+    for (int h = 0; h < 2; h++) _mm512_storeu_ps(tile + r * 32 + h * 16, acc[r][h]);
+}
+
+__attribute__((target("avx2,fma"))) void tile_avx2(float* tile, const float* strip,
+                                                   const float* panel, int64_t depth) {
+  for (int half = 0; half < 2; half++) {  // columns [16 half, 16 half + 16)
+    float* t = tile + half * 16;
+    const float* b = panel + half * 16;
+    __m256 acc[6][2];
+    #pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+      #pragma GCC unroll 6
+      for (int h = 0; h < 2; h++) acc[r][h] = _mm256_loadu_ps(t + r * 32 + h * 8);
+    for (int64_t p = 0; p < depth; p++) {
+      const __m256 b0 = _mm256_loadu_ps(b + p * 32), b1 = _mm256_loadu_ps(b + p * 32 + 8);
+      #pragma GCC unroll 6
+      for (int r = 0; r < 6; r++) {
+        const __m256 a = _mm256_broadcast_ss(strip + p * 6 + r);
+        acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+      }
+    }
+    #pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+      #pragma GCC unroll 6
+      for (int h = 0; h < 2; h++) _mm256_storeu_ps(t + r * 32 + h * 8, acc[r][h]);
+  }
+}
+#endif
+
 // A few rows of c (M <= kFewRows) against an untransposed b: what a decode step does with every
 // weight (one row per sequence). Packing b costs as much as such a product and a 6-row tile
 // would be mostly padding, so instead each row of b streams past once, from memory, while the
 // rows of c (columns [j0, j0 + width), width <= kFewCols) stay in L1. The sum of an element
-// runs in the same order as the tiles' (p = 0, 1, ..., from c or 0, each product rounded then
-// added): the bits are version 2's, whichever path a shape takes.
+// runs in the same order as the tiles' (p = 0, 1, ..., from c or 0, each term an fma): the
+// bits are version 2's, whichever path a shape takes. The body is compiled once per
+// instruction set, like the tiles (the wrappers below), and vectorised along j.
 constexpr int64_t kFewRows = 4, kFewCols = 256;
-#if defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void few_rows_block(float* c, const float* a, const float* b, int64_t M, int64_t Nc, int64_t K, int64_t j0,
-                    int64_t width, bool trans_a, bool accumulate) {
+inline __attribute__((always_inline)) void few_rows_body(float* c, const float* a, const float* b,
+                                                         int64_t M, int64_t Nc, int64_t K, int64_t j0,
+                                                         int64_t width, bool trans_a, bool accumulate) {
   float acc[kFewRows][kFewCols];
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < width; j++) acc[i][j] = accumulate ? c[i * Nc + j0 + j] : 0.f;
@@ -164,25 +230,72 @@ void few_rows_block(float* c, const float* a, const float* b, int64_t M, int64_t
     const float* b_row = b + p * Nc + j0;
     for (int64_t i = 0; i < M; i++) {
       const float a_ip = trans_a ? a[p * M + i] : a[i * K + p];
-      for (int64_t j = 0; j < width; j++) acc[i][j] += a_ip * b_row[j];
+#pragma omp simd
+      for (int64_t j = 0; j < width; j++) acc[i][j] = std::fma(a_ip, b_row[j], acc[i][j]);
     }
   }
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < width; j++) c[i * Nc + j0 + j] = acc[i][j];
 }
+#define FF_FEW_ROWS_ARGS                                                                      \
+  float *c, const float *a, const float *b, int64_t M, int64_t Nc, int64_t K, int64_t j0, \
+      int64_t width, bool trans_a, bool accumulate
+void few_rows_portable(FF_FEW_ROWS_ARGS) { few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate); }
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void few_rows_avx512(FF_FEW_ROWS_ARGS) {
+  few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);
+}
+__attribute__((target("avx2,fma"))) void few_rows_avx2(FF_FEW_ROWS_ARGS) {
+  few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);
+}
+#endif
+#undef FF_FEW_ROWS_ARGS
+
+// The kernels of one instruction set.
+struct IsaKernels {
+  const char* name;
+  void (*tile)(float*, const float*, const float*, int64_t);
+  void (*few_rows)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
+};
+
+const IsaKernels& isa_kernels() {
+  static const IsaKernels chosen = [] {
+    const IsaKernels portable{"portable", tile_portable, few_rows_portable};
+#if defined(__x86_64__)
+    const IsaKernels avx512{"AVX-512", tile_avx512, few_rows_avx512};
+    const IsaKernels avx2{"AVX2 + FMA", tile_avx2, few_rows_avx2};
+    __builtin_cpu_init();
+    const bool has512 = __builtin_cpu_supports("avx512f");
+    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // FF_CPU_ISA=avx2 or portable runs a lower level than the CPU has (make bench measures
+    // the AVX2 kernels on an AVX-512 machine so); a level the CPU lacks is not taken
+    const char* want = std::getenv("FF_CPU_ISA");
+    const std::string w = want ? want : "";
+    if (w == "portable") return portable;
+    if (w == "avx2" && has2) return avx2;
+    if (has512 && w != "avx2") return avx512;
+    if (has2) return avx2;
+#endif
+    return portable;
+  }();
+  return chosen;
+}
 
 }  // namespace
+
+const char* matmul_isa() { return isa_kernels().name; }
 
 void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc, int64_t K,
             int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
+  const IsaKernels& isa = isa_kernels();
   if (M <= kFewRows && !trans_b) {  // a few rows: b streamed, not packed (few_rows_block)
     const int64_t blocks = (Nc + kFewCols - 1) / kFewCols;
     const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
     for (int64_t z = 0; z < B; z++) {
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t blk = 0; blk < blocks; blk++)
-        few_rows_block(c + z * M * Nc, a + z * stride_a, b + z * stride_b, M, Nc, K, blk * kFewCols,
+        isa.few_rows(c + z * M * Nc, a + z * stride_a, b + z * stride_b, M, Nc, K, blk * kFewCols,
                        std::min(kFewCols, Nc - blk * kFewCols), trans_a, accumulate);
     }
     return;
@@ -246,7 +359,7 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
                 for (int64_t r = 0; r < rows; r++)
                   for (int64_t col = 0; col < cols; col++)
                     tile[r * kTileCols + col] = cz[(row0 + r) * Nc + col0 + col];
-              matmul_tile(tile, packed_a.data() + s * depth * kTileRows,
+              isa.tile(tile, packed_a.data() + s * depth * kTileRows,
                           packed_b.data() + (jp * K + p0) * kTileCols, depth);
               for (int64_t r = 0; r < rows; r++)
                 for (int64_t col = 0; col < cols; col++)

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/row_math.h"
 
 namespace ff::cpu {
 
@@ -37,99 +36,62 @@ void moe_permute_plan(int64_t* group_sizes, int64_t* src_token, int64_t* pos,
   }
 }
 
-// Both grouped GEMMs sum each output's terms in the readable order (c[r][n] over i = 0..K-1,
-// dw[i][n] over the group's rows in order), starting from 0: the loops are only turned so that
-// the innermost runs along n, contiguous in w, dc and the output, which the compiler vectorises
-// (a vector lane per n, each lane adding its terms in the same order: the same bits as the
-// scalar loop; -ffp-contract=off keeps every product rounded before its sum). Rows (of c) and
-// weight rows i (of dw) are independent, so they are shared among threads, with row_math.h's
-// rule for when that pays.
-FF_CPU_CLONES static void gemm_row(float* cr, const float* ar, const float* we, int64_t K,
-                                   int64_t Nc, float* acc, bool accumulate) {
-  for (int64_t n = 0; n < Nc; n++) acc[n] = 0.f;
-  for (int64_t i = 0; i < K; i++) {
-    const float ai = ar[i];
-    const float* wi = we + i * Nc;
-    for (int64_t n = 0; n < Nc; n++) acc[n] += ai * wi[n];
-  }
-  for (int64_t n = 0; n < Nc; n++) cr[n] = accumulate ? cr[n] + acc[n] : acc[n];
+// Both grouped GEMMs are the cpu matmul (matmul.cpp: packed, tiled, vectorised, threaded) on
+// each expert's rows in turn: c[r0:r1] = a[r0:r1] w_e (or w_e^T), dw_e = a[r0:r1]^T dc[r0:r1].
+// So every output sums its terms as the matmul does (fma after fma, in order, from 0; then added
+// to c when accumulating), whatever the thread count. With two experts or more per thread, the
+// experts themselves are shared out among the threads (dynamically: their row counts differ),
+// each one's matmul on its own thread (inside the parallel loop it starts no team of its own),
+// which saves a team start per expert and the matmul's ragged last row block; with fewer, each
+// matmul shares its row blocks. The same sums either way.
+template <class Product>
+static void per_expert(const std::vector<int64_t>& first, int64_t G, int64_t work, Product product) {
+  const int threads = matmul_threads();
+  const bool across = threads > 1 && G >= 2 * threads && work >= (int64_t(1) << 18);
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (across)
+  for (int64_t e = 0; e < G; e++) product(e, first[(size_t)e], first[(size_t)e + 1]);
 }
 
-// out (K, Nc) = in^T, in (Nc, K): in blocks, so that both sides stay in the cache.
-static void transpose_rows(float* out, const float* in, int64_t Nc, int64_t K) {
-  constexpr int64_t kBlock = 32;
-  for (int64_t n0 = 0; n0 < Nc; n0 += kBlock)
-    for (int64_t i0 = 0; i0 < K; i0 += kBlock)
-      for (int64_t n = n0; n < std::min(Nc, n0 + kBlock); n++)
-        for (int64_t i = i0; i < std::min(K, i0 + kBlock); i++) out[i * Nc + n] = in[n * K + i];
+// out = product (written by product(out)), or out += product when accumulating: the sum is
+// formed from 0 and then added, one rounding, as the device kernels do (a matmul accumulating
+// would start its sum from out, and a large out would weigh on every rounding of it).
+template <class Product>
+static void add_or_assign(float* out, int64_t n, bool accumulate, Product product) {
+  if (!accumulate) return product(out);
+  std::vector<float> sum((size_t)n);
+  product(sum.data());
+  for (int64_t i = 0; i < n; i++) out[i] += sum[(size_t)i];
+}
+
+static std::vector<int64_t> group_starts(const int64_t* group_sizes, int64_t G) {
+  std::vector<int64_t> first((size_t)G + 1, 0);  // each group's first row
+  for (int64_t e = 0; e < G; e++) first[(size_t)e + 1] = first[(size_t)e] + group_sizes[e];
+  return first;
 }
 
 void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
                   int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
   (void)M;
-  if (!trans_w) {
-    std::vector<int64_t> expert_of;  // row -> its group
-    for (int64_t e = 0; e < G; e++) expert_of.insert(expert_of.end(), (size_t)group_sizes[e], e);
-    const int64_t rows = (int64_t)expert_of.size();
-    const int threads = row_threads(rows * K * Nc / 8);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-      std::vector<float> acc((size_t)Nc);
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; r++)
-        gemm_row(c + r * Nc, a + r * K, w + expert_of[(size_t)r] * K * Nc, K, Nc, acc.data(), accumulate);
-    }
-    return;
-  }
-  // w^T (each expert's w stored (Nc, K)): the expert's weights transposed once into (K, Nc), then
-  // the rows as above — the same products summed in the same order (i = 0, 1, ...) as a dot
-  // product along a row of w, so the same bits, with the inner loop along n vectorised instead
-  // of a scalar sum per output
-  std::vector<float> wt((size_t)(K * Nc));
-  int64_t r0 = 0;
-  for (int64_t e = 0; e < G; r0 += group_sizes[e], e++) {
-    if (group_sizes[e] == 0) continue;
-    const float* we = w + e * K * Nc;
-    transpose_rows(wt.data(), we, Nc, K);
-    const int64_t r1 = r0 + group_sizes[e];
-    const int t = row_threads((r1 - r0) * K * Nc / 8);
-#pragma omp parallel num_threads(t) if (t > 1)
-    {
-      std::vector<float> acc((size_t)Nc);
-#pragma omp for schedule(static)
-      for (int64_t r = r0; r < r1; r++) gemm_row(c + r * Nc, a + r * K, wt.data(), K, Nc, acc.data(), accumulate);
-    }
-  }
-}
-
-FF_CPU_CLONES static void gemm_dw_row(float* dwi, const float* a, const float* dc, int64_t i,
-                                      int64_t r0, int64_t r1, int64_t K, int64_t Nc, float* acc,
-                                      bool accumulate) {
-  for (int64_t n = 0; n < Nc; n++) acc[n] = 0.f;
-  for (int64_t r = r0; r < r1; r++) {
-    const float ari = a[r * K + i];
-    const float* dcr = dc + r * Nc;
-    for (int64_t n = 0; n < Nc; n++) acc[n] += ari * dcr[n];
-  }
-  for (int64_t n = 0; n < Nc; n++) dwi[n] = accumulate ? dwi[n] + acc[n] : acc[n];
+  const std::vector<int64_t> first = group_starts(group_sizes, G);
+  per_expert(first, G, first[(size_t)G] * K * Nc, [&](int64_t e, int64_t r0, int64_t r1) {
+    // w_e is (K, Nc), or stored (Nc, K) when trans_w
+    add_or_assign(c + r0 * Nc, (r1 - r0) * Nc, accumulate, [&](float* out) {
+      matmul(out, a + r0 * K, w + e * K * Nc, 1, r1 - r0, Nc, K, 0, 0, false, trans_w, false);
+    });
+  });
 }
 
 void grouped_gemm_dw(float* dw, const float* a, const float* dc, const int64_t* group_sizes,
                      int64_t G, int64_t M, int64_t K, int64_t Nc, bool accumulate) {
-  std::vector<int64_t> first((size_t)G + 1, 0);  // each group's first row
-  for (int64_t e = 0; e < G; e++) first[(size_t)e + 1] = first[(size_t)e] + group_sizes[e];
-  const int threads = row_threads(first[(size_t)G] * K * Nc / 8);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> acc((size_t)Nc);
-#pragma omp for schedule(static)
-    for (int64_t ei = 0; ei < G * K; ei++) {  // (expert e, weight row i) pairs
-      const int64_t e = ei / K, i = ei % K;
-      gemm_dw_row(dw + e * K * Nc + i * Nc, a, dc, i, first[(size_t)e], first[(size_t)e + 1], K, Nc,
-                  acc.data(), accumulate);
-    }
-  }
   (void)M;
+  const std::vector<int64_t> first = group_starts(group_sizes, G);
+  per_expert(first, G, first[(size_t)G] * K * Nc, [&](int64_t e, int64_t r0, int64_t r1) {
+    // dw_e (K, Nc) = a[r0:r1]^T dc[r0:r1]: a's rows read as the columns of a^T (trans_a); an
+    // expert with no rows gets 0 (or keeps dw_e, accumulating)
+    add_or_assign(dw + e * K * Nc, K * Nc, accumulate, [&](float* out) {
+      matmul(out, a + r0 * K, dc + r0 * Nc, 1, K, Nc, r1 - r0, 0, 0, true, false, false);
+    });
+  });
 }
 
 void moe_combine(float* y, const float* yp, const int64_t* pos, const float* gates, int64_t T,

@@ -108,10 +108,11 @@ void bench_cpu_matmul(bool quick) {
   const char* ranks = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   std::printf("cpu matmul: %d thread(s) by default here (%s); OMP_NUM_THREADS sets it, and under "
               "mpirun the node's %d cores are divided among its ranks; below, 1 and 2 threads; "
-              "OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE)\n",
+              "OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE); version 2 runs its %s kernels "
+              "(FF_CPU_ISA)\n",
               default_threads,
               omp ? "OMP_NUM_THREADS" : ranks ? "cores / mpirun ranks on this node" : "one per core",
-              omp_get_num_procs(), openblas_get_corename());
+              omp_get_num_procs(), openblas_get_corename(), cpu::matmul_isa());
   for (int64_t n : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{256, 1024}) {
     Tensor a = randn({n, n}, 1, d), b = randn({n, n}, 2, d), c = Tensor::zeros({n, n}, d);
     const double flop = 2.0 * n * n * n;
@@ -141,6 +142,54 @@ void bench_cpu_matmul(bool quick) {
           "(reference)");
       row("matmul v2 blocked", d, shape, v2, fmt("%.1f GFLOP/s", flop / v2 / 1e6),
           fmt("%.2f of OpenBLAS", blas / v2));
+    }
+  }
+  cpu::set_matmul_threads(default_threads);
+}
+
+// The MoE's grouped GEMMs (kernels/cpu/moe.cpp): tokens routed top-2 among 8 experts (rows per
+// expert drawn at random), each expert's rows times its own (d, h) weights: the forward, the
+// backward's dX against the transposed weights and dW, each against ONE OpenBLAS sgemm with the
+// same total FLOPs (all the rows times one (d, h) matrix), on 1 and 2 threads.
+void bench_cpu_grouped_gemm(bool quick) {
+  const Device d = Device::cpu;
+  const int default_threads = cpu::matmul_threads();
+  const int64_t G = 8, M = quick ? 128 : 2048, D = quick ? 32 : 256, H = 2 * D;
+  std::vector<int64_t> sizes((size_t)G, 0);
+  uint64_t state = 12345;
+  for (int64_t i = 0; i < M; i++) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    sizes[(size_t)((state >> 33) % G)]++;
+  }
+  Tensor a = randn({M, D}, 11, d), w = randn({G, D, H}, 12, d), dc = randn({M, H}, 13, d);
+  Tensor c = Tensor::zeros({M, H}, d), dx = Tensor::zeros({M, D}, d), dw = Tensor::zeros({G, D, H}, d);
+  const double flop = 2.0 * M * D * H;
+  std::printf("cpu grouped GEMM (the MoE's experts): %lld rows among %lld experts, (%lld, %lld) "
+              "weights each; against one OpenBLAS sgemm of the same FLOPs\n",
+              (long long)M, (long long)G, (long long)D, (long long)H);
+  for (int threads : {1, 2}) {
+    const std::string shape = std::to_string(M) + "x" + std::to_string(D) + "x" + std::to_string(H) +
+                              " " + std::to_string(threads) + " thr";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    openblas_set_num_threads(threads);
+    const double blas = median_ms(d, reps_for(d), [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)H, (int)D, 1.f, a.data(),
+                  (int)D, w.data(), (int)H, 0.f, c.data(), (int)H);
+    });
+    row("grouped: OpenBLAS sgemm", d, shape, blas, fmt("%.1f GFLOP/s", flop / blas / 1e6), "(reference)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cpu::set_matmul_threads(threads);
+    const struct {
+      const char* name;
+      std::function<void()> run;
+    } cases[] = {
+        {"grouped_gemm x W", [&] { cpu::grouped_gemm(c.data(), a.data(), w.data(), sizes.data(), G, M, D, H, false, false); }},
+        {"grouped_gemm dy W^T", [&] { cpu::grouped_gemm(dx.data(), dc.data(), w.data(), sizes.data(), G, M, H, D, true, false); }},
+        {"grouped_gemm_dw", [&] { cpu::grouped_gemm_dw(dw.data(), a.data(), dc.data(), sizes.data(), G, M, D, H, false); }},
+    };
+    for (const auto& k : cases) {
+      const double ms = median_ms(d, reps_for(d), k.run);
+      row(k.name, d, shape, ms, fmt("%.1f GFLOP/s", flop / ms / 1e6), fmt("%.2f of OpenBLAS", blas / ms));
     }
   }
   cpu::set_matmul_threads(default_threads);
@@ -360,7 +409,11 @@ void bench_emulator(int64_t blocks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, matmul_only = false;  // --matmul-only: the cpu matmul and grouped GEMMs
+  for (int i = 1; i < argc; i++) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    matmul_only |= std::strcmp(argv[i], "--matmul-only") == 0;
+  }
   std::printf("%-24s %-5s %-16s %13s  %16s  %s\n", "kernel", "dev", "shape", "median", "throughput",
               "in this run");
   for (Device d : {Device::cpu, Device::sim, Device::cuda}) {
@@ -375,6 +428,8 @@ int main(int argc, char** argv) {
     if (quick) n = std::min<int64_t>(n, 64), N = std::min<int64_t>(N, 64), C = std::min<int64_t>(C, 256);
     if (d == Device::cpu) {
       bench_cpu_matmul(quick);
+      bench_cpu_grouped_gemm(quick);
+      if (matmul_only) return 0;
       bench_cpu_bandwidth(quick);
       continue;
     }

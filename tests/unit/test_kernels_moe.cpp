@@ -602,8 +602,9 @@ TEST_CASE("moe kernels: moe_combine and its backward equal index_select / mul / 
 }
 
 TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar loops (threaded sizes too)") {
-  // the readable definition: each output sums its terms in order from 0, as the cpu kernel's
-  // comment promises; a reordered (or FMA-fused) sum would differ in the last bits
+  // the readable definition: each output sums its terms in order from 0, each term fused into
+  // the sum (std::fma, as the cpu matmul's tiles do), then adds it to c when accumulating, as
+  // the cpu kernel's comment promises; a reordered or unfused sum would differ in the last bits
   const KernelTable& cpu = kt::cpu_kernels();
   std::vector<GemmCase> cases = gemm_cases();
   cases.push_back({"G=3, 300 rows (threaded)", {100, 0, 200}, 64, 64});
@@ -622,7 +623,7 @@ TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar 
           for (int64_t r = row0; r < row0 + g.sizes[(size_t)e]; r++)
             for (int64_t n = 0; n < Nc; n++) {
               float s = 0.f;
-              for (int64_t i = 0; i < K; i++) s += a[r * K + i] * (trans ? we[n * K + i] : we[i * Nc + n]);
+              for (int64_t i = 0; i < K; i++) s = std::fma(a[r * K + i], trans ? we[n * K + i] : we[i * Nc + n], s);
               want[r * Nc + n] = acc ? want[r * Nc + n] + s : s;
             }
           row0 += g.sizes[(size_t)e];
@@ -638,7 +639,7 @@ TEST_CASE("moe kernels: the cpu grouped GEMMs give the bits of the plain scalar 
         for (int64_t i = 0; i < K; i++)
           for (int64_t n = 0; n < Nc; n++) {
             float s = 0.f;
-            for (int64_t r = row0; r < row0 + g.sizes[(size_t)e]; r++) s += a[r * K + i] * dc[r * Nc + n];
+            for (int64_t r = row0; r < row0 + g.sizes[(size_t)e]; r++) s = std::fma(a[r * K + i], dc[r * Nc + n], s);
             float& o = want[(size_t)(e * K * Nc + i * Nc + n)];
             o = acc ? o + s : s;
           }
