@@ -3,15 +3,26 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/row_math.h"
 
 namespace ff::cpu {
 
+// f(i) for i < n: a loop the compiler vectorises (omp simd: GCC's -O2 cost model would not,
+// for a trip count it does not know), shared among threads from row_math.h's size up. Each
+// element is computed on its own, so neither changes a bit.
+template <class F>
+static inline void each(int64_t n, F f) {
+  const int threads = row_threads(n);
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t i = 0; i < n; i++) f(i);
+}
+
 void fill(float* out, int64_t n, float value) {
-  for (int64_t i = 0; i < n; i++) out[i] = value;
+  each(n, [=](int64_t i) { out[i] = value; });
 }
 
 void affine(float* out, const float* x, int64_t n, float alpha, float beta) {
-  for (int64_t i = 0; i < n; i++) out[i] = alpha * x[i] + beta;
+  each(n, [=](int64_t i) { out[i] = alpha * x[i] + beta; });
 }
 
 static inline float apply(BinaryOp op, float a, float b) {
@@ -24,17 +35,40 @@ static inline float apply(BinaryOp op, float a, float b) {
   return 0.f;
 }
 
+// out = a op b, b broadcast as bc; the op and the broadcast chosen outside the loop
+template <BinaryOp op>
+static void binary_op(float* out, const float* a, const float* b, int64_t n, int64_t C, Broadcast bc) {
+  switch (bc) {
+    case Broadcast::same: return each(n, [=](int64_t i) { out[i] = apply(op, a[i], b[i]); });
+    case Broadcast::scalar: {
+      const float bv = b[0];
+      return each(n, [=](int64_t i) { out[i] = apply(op, a[i], bv); });
+    }
+    case Broadcast::row:  // b (C) against every row of C
+    case Broadcast::col:  // b[r] against all of row r
+      if (C == 0) return;
+      const bool row = bc == Broadcast::row;
+      each(n / C, [=](int64_t r) {
+        const float* ar = a + r * C;
+        float* outr = out + r * C;
+        if (row)
+          for (int64_t j = 0; j < C; j++) outr[j] = apply(op, ar[j], b[j]);
+        else
+          for (int64_t j = 0; j < C; j++) outr[j] = apply(op, ar[j], b[r]);
+      });
+      for (int64_t i = n / C * C; i < n; i++)  // a last, partial row (n not a multiple of C)
+        out[i] = apply(op, a[i], row ? b[i % C] : b[i / C]);
+      return;
+  }
+}
+
 void binary(BinaryOp op, float* out, const float* a, const float* b, int64_t n, int64_t C,
             Broadcast bc) {
-  for (int64_t i = 0; i < n; i++) {
-    float bv = 0.f;
-    switch (bc) {
-      case Broadcast::same: bv = b[i]; break;
-      case Broadcast::row: bv = b[i % C]; break;
-      case Broadcast::col: bv = b[i / C]; break;
-      case Broadcast::scalar: bv = b[0]; break;
-    }
-    out[i] = apply(op, a[i], bv);
+  switch (op) {
+    case BinaryOp::add: return binary_op<BinaryOp::add>(out, a, b, n, C, bc);
+    case BinaryOp::sub: return binary_op<BinaryOp::sub>(out, a, b, n, C, bc);
+    case BinaryOp::mul: return binary_op<BinaryOp::mul>(out, a, b, n, C, bc);
+    case BinaryOp::div: return binary_op<BinaryOp::div>(out, a, b, n, C, bc);
   }
 }
 
@@ -79,7 +113,14 @@ void unary_backward(UnaryOp op, float* dx, const float* x, const float* y, const
 
 void masked_fill(float* out, const float* x, const float* mask, int64_t n, int64_t mask_n,
                  float value) {
-  for (int64_t i = 0; i < n; i++) out[i] = mask[i % mask_n] != 0.f ? value : x[i];
+  if (mask_n == 0) return;
+  // the mask repeats every mask_n elements: one pass of it per block
+  each(n / mask_n, [=](int64_t blk) {
+    const float* xb = x + blk * mask_n;
+    float* ob = out + blk * mask_n;
+    for (int64_t j = 0; j < mask_n; j++) ob[j] = mask[j] != 0.f ? value : xb[j];
+  });
+  for (int64_t i = n / mask_n * mask_n; i < n; i++) out[i] = mask[i % mask_n] != 0.f ? value : x[i];
 }
 
 }  // namespace ff::cpu

@@ -128,8 +128,9 @@ void set_matmul_threads(int n) { g_matmul_threads = n; }
 
 namespace {
 
-// One tile of c, kTileRows x kTileCols, in and out: tile += sum over p < depth of
-// strip[p][r] * panel[p][col], each term a fused multiply-add (one rounding: fma(a, b, acc)).
+// One tile of c, kTileRows x kTileCols at c with rows ldc apart: c = (load ? c : 0) + sum over
+// p < depth of strip[p][r] * panel[p][col], each term a fused multiply-add (one rounding:
+// fma(a, b, acc)).
 // Written three times, for the instruction sets of x86-64's levels, and picked when the
 // program starts (cpu_isa below), so one binary runs on any x86-64 and uses AVX-512 where
 // there is one:
@@ -144,10 +145,11 @@ namespace {
 //             calls libm's fmaf, slow but the same bits).
 // Every element of c is fma(a_p, b_p, ...) applied for p = 0, 1, ... in order from c (or 0):
 // the same bits on every CPU, every clone, every thread count and every build.
-void tile_portable(float* tile, const float* strip, const float* panel, int64_t depth) {
+void tile_portable(float* c, int64_t ldc, bool load, const float* strip, const float* panel,
+                   int64_t depth) {
   float acc[kTileRows][kTileCols];
   for (int64_t r = 0; r < kTileRows; r++)
-    for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = tile[r * kTileCols + col];
+    for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = load ? c[r * ldc + col] : 0.f;
   for (int64_t p = 0; p < depth; p++) {
     const float* b_row = panel + p * kTileCols;
 #pragma GCC unroll 8
@@ -157,19 +159,20 @@ void tile_portable(float* tile, const float* strip, const float* panel, int64_t 
     }
   }
   for (int64_t r = 0; r < kTileRows; r++)
-    for (int64_t col = 0; col < kTileCols; col++) tile[r * kTileCols + col] = acc[r][col];
+    for (int64_t col = 0; col < kTileCols; col++) c[r * ldc + col] = acc[r][col];
 }
 
 #if defined(__x86_64__)
 static_assert(kTileRows == 6 && kTileCols == 32, "the x86 tiles below are written for 6 x 32");
 
-__attribute__((target("avx512f"))) void tile_avx512(float* tile, const float* strip,
-                                                    const float* panel, int64_t depth) {
+__attribute__((target("avx512f"))) void tile_avx512(float* c, int64_t ldc, bool load,
+                                                    const float* strip, const float* panel,
+                                                    int64_t depth) {
   __m512 acc[6][2];
   #pragma GCC unroll 6
   for (int r = 0; r < 6; r++)
     #pragma GCC unroll 6
-    for (int h = 0; h < 2; h++) acc[r][h] = _mm512_loadu_ps(tile + r * 32 + h * 16);
+    for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm512_loadu_ps(c + r * ldc + h * 16) : _mm512_setzero_ps();
   for (int64_t p = 0; p < depth; p++) {
     const __m512 b0 = _mm512_loadu_ps(panel + p * 32), b1 = _mm512_loadu_ps(panel + p * 32 + 16);
     #pragma GCC unroll 6
@@ -182,19 +185,20 @@ __attribute__((target("avx512f"))) void tile_avx512(float* tile, const float* st
   #pragma GCC unroll 6
   for (int r = 0; r < 6; r++)
     #pragma GCC unroll 6
-    for (int h = 0; h < 2; h++) _mm512_storeu_ps(tile + r * 32 + h * 16, acc[r][h]);
+    for (int h = 0; h < 2; h++) _mm512_storeu_ps(c + r * ldc + h * 16, acc[r][h]);
 }
 
-__attribute__((target("avx2,fma"))) void tile_avx2(float* tile, const float* strip,
-                                                   const float* panel, int64_t depth) {
+__attribute__((target("avx2,fma"))) void tile_avx2(float* c, int64_t ldc, bool load,
+                                                   const float* strip, const float* panel,
+                                                   int64_t depth) {
   for (int half = 0; half < 2; half++) {  // columns [16 half, 16 half + 16)
-    float* t = tile + half * 16;
+    float* t = c + half * 16;
     const float* b = panel + half * 16;
     __m256 acc[6][2];
     #pragma GCC unroll 6
     for (int r = 0; r < 6; r++)
       #pragma GCC unroll 6
-      for (int h = 0; h < 2; h++) acc[r][h] = _mm256_loadu_ps(t + r * 32 + h * 8);
+      for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm256_loadu_ps(t + r * ldc + h * 8) : _mm256_setzero_ps();
     for (int64_t p = 0; p < depth; p++) {
       const __m256 b0 = _mm256_loadu_ps(b + p * 32), b1 = _mm256_loadu_ps(b + p * 32 + 8);
       #pragma GCC unroll 6
@@ -207,7 +211,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(float* tile, const float* str
     #pragma GCC unroll 6
     for (int r = 0; r < 6; r++)
       #pragma GCC unroll 6
-      for (int h = 0; h < 2; h++) _mm256_storeu_ps(t + r * 32 + h * 8, acc[r][h]);
+      for (int h = 0; h < 2; h++) _mm256_storeu_ps(t + r * ldc + h * 8, acc[r][h]);
   }
 }
 #endif
@@ -254,7 +258,7 @@ __attribute__((target("avx2,fma"))) void few_rows_avx2(FF_FEW_ROWS_ARGS) {
 // The kernels of one instruction set.
 struct IsaKernels {
   const char* name;
-  void (*tile)(float*, const float*, const float*, int64_t);
+  void (*tile)(float*, int64_t, bool, const float*, const float*, int64_t);
   void (*few_rows)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
 };
 
@@ -279,6 +283,49 @@ const IsaKernels& isa_kernels() {
     return portable;
   }();
   return chosen;
+}
+
+// Packing. Panel of op(b) columns [j0, j0 + kTileCols): row p at dst + p * kTileCols, zeros
+// past column Nc. b untransposed: each row's 32 columns are contiguous, copied as a block;
+// transposed (b stored (Nc, K)): column j of op(b) is row j of b, read along p.
+void pack_b_panel(float* dst, const float* b, int64_t j0, int64_t Nc, int64_t K, bool trans_b) {
+  const int64_t w = std::min(kTileCols, Nc - j0);
+  if (!trans_b) {
+    for (int64_t p = 0; p < K; p++) {
+      std::copy(b + p * Nc + j0, b + p * Nc + j0 + w, dst + p * kTileCols);
+      std::fill(dst + p * kTileCols + w, dst + (p + 1) * kTileCols, 0.f);
+    }
+    return;
+  }
+  for (int64_t col = 0; col < kTileCols; col++) {
+    const float* src = b + (j0 + col) * K;
+    if (col < w)
+      for (int64_t p = 0; p < K; p++) dst[p * kTileCols + col] = src[p];
+    else
+      for (int64_t p = 0; p < K; p++) dst[p * kTileCols + col] = 0.f;
+  }
+}
+
+// Strip of op(a) rows [i0, i0 + kTileRows), columns [p0, p0 + depth): row r of column p at
+// dst[p * kTileRows + r], zeros past row M. a untransposed: each row read along p; transposed
+// (a stored (K, M)): each column p holds the strip's rows side by side.
+void pack_a_strip(float* dst, const float* a, int64_t i0, int64_t p0, int64_t depth, int64_t M,
+                  int64_t K, bool trans_a) {
+  const int64_t h = std::min(kTileRows, M - i0);
+  if (!trans_a) {
+    for (int64_t r = 0; r < kTileRows; r++) {
+      const float* src = a + (i0 + r) * K + p0;
+      if (r < h)
+        for (int64_t p = 0; p < depth; p++) dst[p * kTileRows + r] = src[p];
+      else
+        for (int64_t p = 0; p < depth; p++) dst[p * kTileRows + r] = 0.f;
+    }
+    return;
+  }
+  for (int64_t p = 0; p < depth; p++) {
+    const float* src = a + (p0 + p) * M + i0;
+    for (int64_t r = 0; r < kTileRows; r++) dst[p * kTileRows + r] = r < h ? src[r] : 0.f;
+  }
 }
 
 }  // namespace
@@ -316,13 +363,7 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
     {
       if (pack_b) {
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; jp++)
-          for (int64_t p = 0; p < K; p++)
-            for (int64_t col = 0; col < kTileCols; col++) {
-              const int64_t j = jp * kTileCols + col;
-              packed_b[(jp * K + p) * kTileCols + col] =
-                  j >= Nc ? 0.f : trans_b ? bz[j * K + p] : bz[p * Nc + j];
-            }
+        for (int64_t jp = 0; jp < panels; jp++) pack_b_panel(packed_b.data() + jp * K * kTileCols, bz, jp * kTileCols, Nc, K, trans_b);
         // (the end of an omp for waits for every thread: all of b is packed past this line)
       }
 
@@ -336,15 +377,8 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
           std::fill(cz + i0 * Nc, cz + std::min(M, i0 + kBlockRows) * Nc, 0.f);
         for (int64_t p0 = 0; p0 < K; p0 += kDepth) {
           const int64_t depth = std::min(kDepth, K - p0);
-          // op(a) rows [i0, i0 + kBlockRows), columns [p0, p0 + depth) -> strips of
-          // kTileRows rows: strip s, row r of column p at packed_a[(s * depth + p) * kTileRows + r]
           for (int64_t s = 0; s < strips; s++)
-            for (int64_t p = 0; p < depth; p++)
-              for (int64_t r = 0; r < kTileRows; r++) {
-                const int64_t i = i0 + s * kTileRows + r, q = p0 + p;
-                packed_a[(s * depth + p) * kTileRows + r] =
-                    i >= M ? 0.f : trans_a ? az[q * M + i] : az[i * K + q];
-              }
+            pack_a_strip(packed_a.data() + s * depth * kTileRows, az, i0 + s * kTileRows, p0, depth, M, K, trans_a);
           // c holds the sum over p < p0 already (or, at p0 = 0, what to accumulate onto)
           const bool add_to_c = accumulate || p0 > 0;
           // each panel of b is read from L2 into L1 once, then every strip of the block
@@ -354,13 +388,19 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
               const int64_t row0 = i0 + s * kTileRows, col0 = jp * kTileCols;
               const int64_t rows = std::min(kTileRows, M - row0);
               const int64_t cols = std::min(kTileCols, Nc - col0);
+              const float* strip = packed_a.data() + s * depth * kTileRows;
+              const float* panel = packed_b.data() + (jp * K + p0) * kTileCols;
+              if (rows == kTileRows && cols == kTileCols) {  // a whole tile: in c itself
+                isa.tile(cz + row0 * Nc + col0, Nc, add_to_c, strip, panel, depth);
+                continue;
+              }
+              // a ragged edge: through a whole tile on the stack, only its valid part kept
               float tile[kTileRows * kTileCols] = {};
               if (add_to_c)
                 for (int64_t r = 0; r < rows; r++)
                   for (int64_t col = 0; col < cols; col++)
                     tile[r * kTileCols + col] = cz[(row0 + r) * Nc + col0 + col];
-              isa.tile(tile, packed_a.data() + s * depth * kTileRows,
-                          packed_b.data() + (jp * K + p0) * kTileCols, depth);
+              isa.tile(tile, kTileCols, true, strip, panel, depth);
               for (int64_t r = 0; r < rows; r++)
                 for (int64_t col = 0; col < cols; col++)
                   cz[(row0 + r) * Nc + col0 + col] = tile[r * kTileCols + col];
