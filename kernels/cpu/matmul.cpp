@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -128,11 +129,18 @@ void set_matmul_threads(int n) { g_matmul_threads = n; }
 
 namespace {
 
-// One tile of c, kTileRows x kTileCols at c with rows ldc apart: c = (load ? c : 0) + sum over
-// p < depth of strip[p][r] * panel[p][col], each term a fused multiply-add (one rounding:
-// fma(a, b, acc)).
+// One tile of c, kTileRows x (16 halves) at c with rows ldc apart: c = (load ? c : 0) + sum
+// over p < depth of a[r][p] * b[p][col], each term a fused multiply-add (one rounding:
+// fma(a, b, acc)). Where the operands are read from:
+struct TileOperands {
+  const float* a;      // element (r, p) of op(a)'s strip at a[r * a_rs + p * a_cs]: packed,
+  int64_t a_rs, a_cs;  // (1, kTileRows); a itself, (K, 1); a stored transposed, (1, M)
+  const float* b;      // row p of op(b)'s panel at b + p * ldb: packed, ldb = kTileCols;
+  int64_t ldb;         // b itself, its row length
+  int halves;          // the tile's width: 16 columns (1) or 32 (2)
+};
 // Written three times, for the instruction sets of x86-64's levels, and picked when the
-// program starts (cpu_isa below), so one binary runs on any x86-64 and uses AVX-512 where
+// program starts (isa_kernels below), so one binary runs on any x86-64 and uses AVX-512 where
 // there is one:
 //   avx512    the 6 x 32 tile is 12 of the 32 zmm registers; per p, 2 loads of b, 6 broadcasts
 //             of a, 12 FMAs.
@@ -145,74 +153,99 @@ namespace {
 //             calls libm's fmaf, slow but the same bits).
 // Every element of c is fma(a_p, b_p, ...) applied for p = 0, 1, ... in order from c (or 0):
 // the same bits on every CPU, every clone, every thread count and every build.
-void tile_portable(float* c, int64_t ldc, bool load, const float* strip, const float* panel,
-                   int64_t depth) {
-  float acc[kTileRows][kTileCols];
+template <int W>
+void tile_portable_w(float* c, int64_t ldc, bool load, const TileOperands& t, int64_t depth) {
+  float acc[kTileRows][W];
   for (int64_t r = 0; r < kTileRows; r++)
-    for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = load ? c[r * ldc + col] : 0.f;
+    for (int64_t col = 0; col < W; col++) acc[r][col] = load ? c[r * ldc + col] : 0.f;
   for (int64_t p = 0; p < depth; p++) {
-    const float* b_row = panel + p * kTileCols;
+    const float* b_row = t.b + p * t.ldb;
 #pragma GCC unroll 8
     for (int64_t r = 0; r < kTileRows; r++) {
-      const float a_rp = strip[p * kTileRows + r];
-      for (int64_t col = 0; col < kTileCols; col++) acc[r][col] = std::fma(a_rp, b_row[col], acc[r][col]);
+      const float a_rp = t.a[r * t.a_rs + p * t.a_cs];
+      for (int64_t col = 0; col < W; col++) acc[r][col] = std::fma(a_rp, b_row[col], acc[r][col]);
     }
   }
   for (int64_t r = 0; r < kTileRows; r++)
-    for (int64_t col = 0; col < kTileCols; col++) c[r * ldc + col] = acc[r][col];
+    for (int64_t col = 0; col < W; col++) c[r * ldc + col] = acc[r][col];
+}
+void tile_portable(float* c, int64_t ldc, bool load, const TileOperands& t, int64_t depth) {
+  if (t.halves == 2) tile_portable_w<32>(c, ldc, load, t, depth);
+  else tile_portable_w<16>(c, ldc, load, t, depth);
 }
 
 #if defined(__x86_64__)
 static_assert(kTileRows == 6 && kTileCols == 32, "the x86 tiles below are written for 6 x 32");
 
-__attribute__((target("avx512f"))) void tile_avx512(float* c, int64_t ldc, bool load,
-                                                    const float* strip, const float* panel,
-                                                    int64_t depth) {
-  __m512 acc[6][2];
-  #pragma GCC unroll 6
+// H zmm registers per row of the tile (16 columns each)
+template <int H>
+__attribute__((target("avx512f"), always_inline)) inline void tile512(float* c, int64_t ldc, bool load,
+                                                                     const TileOperands& t, int64_t depth) {
+  const float* ar[6];
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) ar[r] = t.a + r * t.a_rs;
+  __m512 acc[6][H];
+#pragma GCC unroll 6
   for (int r = 0; r < 6; r++)
-    #pragma GCC unroll 6
-    for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm512_loadu_ps(c + r * ldc + h * 16) : _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) acc[r][h] = load ? _mm512_loadu_ps(c + r * ldc + h * 16) : _mm512_setzero_ps();
   for (int64_t p = 0; p < depth; p++) {
-    const __m512 b0 = _mm512_loadu_ps(panel + p * 32), b1 = _mm512_loadu_ps(panel + p * 32 + 16);
-    #pragma GCC unroll 6
+    const float* b_row = t.b + p * t.ldb;
+    const int64_t ap = p * t.a_cs;
+    __m512 b[H];
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) b[h] = _mm512_loadu_ps(b_row + h * 16);
+#pragma GCC unroll 6
     for (int r = 0; r < 6; r++) {
-      const __m512 a = _mm512_set1_ps(strip[p * 6 + r]);
-      acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+      const __m512 a = _mm512_set1_ps(ar[r][ap]);
+#pragma GCC unroll 2
+      for (int h = 0; h < H; h++) acc[r][h] = _mm512_fmadd_ps(a, b[h], acc[r][h]);
     }
   }
-  #pragma GCC unroll 6
+#pragma GCC unroll 6
   for (int r = 0; r < 6; r++)
-    #pragma GCC unroll 6
-    for (int h = 0; h < 2; h++) _mm512_storeu_ps(c + r * ldc + h * 16, acc[r][h]);
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++) _mm512_storeu_ps(c + r * ldc + h * 16, acc[r][h]);
+}
+__attribute__((target("avx512f"))) void tile_avx512(float* c, int64_t ldc, bool load,
+                                                    const TileOperands& t, int64_t depth) {
+  if (t.halves == 2) tile512<2>(c, ldc, load, t, depth);
+  else tile512<1>(c, ldc, load, t, depth);
 }
 
-__attribute__((target("avx2,fma"))) void tile_avx2(float* c, int64_t ldc, bool load,
-                                                   const float* strip, const float* panel,
-                                                   int64_t depth) {
-  for (int half = 0; half < 2; half++) {  // columns [16 half, 16 half + 16)
-    float* t = c + half * 16;
-    const float* b = panel + half * 16;
-    __m256 acc[6][2];
-    #pragma GCC unroll 6
-    for (int r = 0; r < 6; r++)
-      #pragma GCC unroll 6
-      for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm256_loadu_ps(t + r * ldc + h * 8) : _mm256_setzero_ps();
-    for (int64_t p = 0; p < depth; p++) {
-      const __m256 b0 = _mm256_loadu_ps(b + p * 32), b1 = _mm256_loadu_ps(b + p * 32 + 8);
-      #pragma GCC unroll 6
-      for (int r = 0; r < 6; r++) {
-        const __m256 a = _mm256_broadcast_ss(strip + p * 6 + r);
-        acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-      }
+// one 6 x 16 half: 2 ymm registers per row
+__attribute__((target("avx2,fma"), always_inline)) inline void tile256_half(float* c, int64_t ldc, bool load,
+                                                                           const TileOperands& t, int64_t depth,
+                                                                           int half) {
+  const float* ar[6];
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) ar[r] = t.a + r * t.a_rs;
+  float* cc = c + half * 16;
+  const float* bb = t.b + half * 16;
+  __m256 acc[6][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm256_loadu_ps(cc + r * ldc + h * 8) : _mm256_setzero_ps();
+  for (int64_t p = 0; p < depth; p++) {
+    const float* b_row = bb + p * t.ldb;
+    const int64_t ap = p * t.a_cs;
+    const __m256 b0 = _mm256_loadu_ps(b_row), b1 = _mm256_loadu_ps(b_row + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+      const __m256 a = _mm256_broadcast_ss(ar[r] + ap);
+      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
     }
-    #pragma GCC unroll 6
-    for (int r = 0; r < 6; r++)
-      #pragma GCC unroll 6
-      for (int h = 0; h < 2; h++) _mm256_storeu_ps(t + r * ldc + h * 8, acc[r][h]);
   }
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) _mm256_storeu_ps(cc + r * ldc + h * 8, acc[r][h]);
+}
+__attribute__((target("avx2,fma"))) void tile_avx2(float* c, int64_t ldc, bool load,
+                                                   const TileOperands& t, int64_t depth) {
+  for (int half = 0; half < t.halves; half++) tile256_half(c, ldc, load, t, depth, half);
 }
 #endif
 
@@ -258,7 +291,7 @@ __attribute__((target("avx2,fma"))) void few_rows_avx2(FF_FEW_ROWS_ARGS) {
 // The kernels of one instruction set.
 struct IsaKernels {
   const char* name;
-  void (*tile)(float*, int64_t, bool, const float*, const float*, int64_t);
+  void (*tile)(float*, int64_t, bool, const TileOperands&, int64_t);
   void (*few_rows)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
 };
 
@@ -350,9 +383,16 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
   const int64_t panels = (Nc + kTileCols - 1) / kTileCols;
   const int64_t blocks = (M + kBlockRows - 1) / kBlockRows;
   const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
-  // op(b) packed: panel jp holds columns [jp * kTileCols, + kTileCols), row p at
-  // packed_b[(jp * K + p) * kTileCols], zeros past column Nc
-  std::vector<float> packed_b((size_t)(panels * K * kTileCols));
+  // Panels of op(b), kTileCols columns each. Read in place where op(b) is b itself and the panel
+  // is 32 or exactly 16 columns wide (its rows are contiguous); else packed, once per batch
+  // entry: panel jp at packed_b + jp * K * kTileCols, row p at + p * kTileCols, zeros past
+  // column Nc (pack_b_panel).
+  auto in_place = [&](int64_t jp) {
+    const int64_t w = std::min(kTileCols, Nc - jp * kTileCols);
+    return !trans_b && (w == kTileCols || w == kTileCols / 2);
+  };
+  const int64_t first_packed = trans_b ? 0 : in_place(panels - 1) ? panels : panels - 1;
+  std::unique_ptr<float[]> packed_b(first_packed < panels ? new float[(size_t)(panels * K * kTileCols)] : nullptr);
 
   for (int64_t z = 0; z < B; z++) {
     const float* az = a + z * stride_a;
@@ -361,14 +401,15 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
     const bool pack_b = z == 0 || stride_b != 0;  // a batch that shares b packs it once
 #pragma omp parallel num_threads(threads)
     {
-      if (pack_b) {
+      if (pack_b && first_packed < panels) {
 #pragma omp for schedule(static)
-        for (int64_t jp = 0; jp < panels; jp++) pack_b_panel(packed_b.data() + jp * K * kTileCols, bz, jp * kTileCols, Nc, K, trans_b);
+        for (int64_t jp = first_packed; jp < panels; jp++)
+          pack_b_panel(packed_b.get() + jp * K * kTileCols, bz, jp * kTileCols, Nc, K, trans_b);
         // (the end of an omp for waits for every thread: all of b is packed past this line)
       }
 
       // blocks of kBlockRows rows of c, shared out among the threads
-      std::vector<float> packed_a((size_t)(kBlockRows * std::min(K, kDepth)));
+      std::vector<float> packed_a((size_t)(kTileRows * std::min(K, kDepth)));
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t i0 = blk * kBlockRows;
@@ -377,21 +418,32 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
           std::fill(cz + i0 * Nc, cz + std::min(M, i0 + kBlockRows) * Nc, 0.f);
         for (int64_t p0 = 0; p0 < K; p0 += kDepth) {
           const int64_t depth = std::min(kDepth, K - p0);
-          for (int64_t s = 0; s < strips; s++)
-            pack_a_strip(packed_a.data() + s * depth * kTileRows, az, i0 + s * kTileRows, p0, depth, M, K, trans_a);
           // c holds the sum over p < p0 already (or, at p0 = 0, what to accumulate onto)
           const bool add_to_c = accumulate || p0 > 0;
-          // each panel of b is read from L2 into L1 once, then every strip of the block
-          // is multiplied with it
-          for (int64_t jp = 0; jp < panels; jp++)
+          // each panel of b is read into L1 once, then every strip of the block is multiplied
+          // with it (the block's rows of a stay in L2)
+          for (int64_t jp = 0; jp < panels; jp++) {
+            const int64_t col0 = jp * kTileCols, cols = std::min(kTileCols, Nc - col0);
+            TileOperands t;
+            if (jp < first_packed)
+              t.b = bz + p0 * Nc + col0, t.ldb = Nc;
+            else
+              t.b = packed_b.get() + (jp * K + p0) * kTileCols, t.ldb = kTileCols;
+            t.halves = cols > kTileCols / 2 ? 2 : 1;
             for (int64_t s = 0; s < strips; s++) {
-              const int64_t row0 = i0 + s * kTileRows, col0 = jp * kTileCols;
-              const int64_t rows = std::min(kTileRows, M - row0);
-              const int64_t cols = std::min(kTileCols, Nc - col0);
-              const float* strip = packed_a.data() + s * depth * kTileRows;
-              const float* panel = packed_b.data() + (jp * K + p0) * kTileCols;
-              if (rows == kTileRows && cols == kTileCols) {  // a whole tile: in c itself
-                isa.tile(cz + row0 * Nc + col0, Nc, add_to_c, strip, panel, depth);
+              const int64_t row0 = i0 + s * kTileRows, rows = std::min(kTileRows, M - row0);
+              // the strip of op(a) in place (a itself, or stored transposed); a ragged last
+              // strip packed with zero rows (pack_a_strip)
+              if (rows < kTileRows) {
+                pack_a_strip(packed_a.data(), az, row0, p0, depth, M, K, trans_a);
+                t.a = packed_a.data(), t.a_rs = 1, t.a_cs = kTileRows;
+              } else if (!trans_a) {
+                t.a = az + row0 * K + p0, t.a_rs = K, t.a_cs = 1;
+              } else {
+                t.a = az + p0 * M + row0, t.a_rs = 1, t.a_cs = M;
+              }
+              if (rows == kTileRows && cols == 16 * t.halves) {  // a whole tile: in c itself
+                isa.tile(cz + row0 * Nc + col0, Nc, add_to_c, t, depth);
                 continue;
               }
               // a ragged edge: through a whole tile on the stack, only its valid part kept
@@ -400,11 +452,12 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
                 for (int64_t r = 0; r < rows; r++)
                   for (int64_t col = 0; col < cols; col++)
                     tile[r * kTileCols + col] = cz[(row0 + r) * Nc + col0 + col];
-              isa.tile(tile, kTileCols, true, strip, panel, depth);
+              isa.tile(tile, kTileCols, true, t, depth);
               for (int64_t r = 0; r < rows; r++)
                 for (int64_t col = 0; col < cols; col++)
                   cz[(row0 + r) * Nc + col0 + col] = tile[r * kTileCols + col];
             }
+          }
         }
       }
     }

@@ -48,7 +48,11 @@ template <class Product>
 static void per_expert(const std::vector<int64_t>& first, int64_t G, int64_t work, Product product) {
   const int threads = matmul_threads();
   const bool across = threads > 1 && G >= 2 * threads && work >= (int64_t(1) << 18);
-#pragma omp parallel for schedule(dynamic) num_threads(threads) if (across)
+  if (!across) {  // (not a parallel region with if(false): a matmul inside one runs alone)
+    for (int64_t e = 0; e < G; e++) product(e, first[(size_t)e], first[(size_t)e + 1]);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (int64_t e = 0; e < G; e++) product(e, first[(size_t)e], first[(size_t)e + 1]);
 }
 
