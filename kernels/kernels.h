@@ -27,6 +27,13 @@ enum class ReduceOp { sum, max };
 //   scalar: b has 1 element
 enum class Broadcast { same, row, col, scalar };
 
+// The scalars of one AdamW step (common/core/optim.cpp computes them once per step, in double,
+// and rounds each to float): p = p decay - lr (m inv_bias1) / (sqrt(v inv_bias2) + eps), after
+// m = beta1 m + one_minus_beta1 g and v = beta2 v + one_minus_beta2 g g.
+struct AdamWStep {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_bias1, inv_bias2, eps, lr;
+};
+
 struct KernelTable {
   // out[i] = value
   void (*fill)(float* out, int64_t n, float value);
@@ -159,6 +166,9 @@ struct KernelTable {
   // forward, sign = -1 the inverse rotation (the backward). y may be x.
   void (*rope)(float* y, const float* x, const int64_t* pos, int64_t T, int64_t M, int64_t D,
                float theta, int sign);
+  // one AdamW step of n parameters, in place: m, v and p updated from g (AdamWStep above), each
+  // element on its own, every operation rounded to float in the order written there
+  void (*adamw)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& step);
 };
 
 // The tile edge of the attention kernels (queries and keys), the same on every device, so the
@@ -177,7 +187,7 @@ const KernelTable& kernels_for(Device d);
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
         grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk,    \
-        rope                                                                                 \
+        rope, adamw                                                                          \
   }
 
 }  // namespace ff

@@ -118,6 +118,14 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// A product rounded to float on its own, never fused into a following add (CUDA's __fmul_rn;
+// the sim build fuses a * b + c where it can, -ffp-contract=fast, and an empty asm that takes
+// the product is something no compiler can fuse across).
+inline float __fmul_rn(float a, float b) {
+  float r = a * b;
+  __asm__("" : "+g"(r));
+  return r;
+}
 inline float __int_as_float(int i) {
   float f;
   __builtin_memcpy(&f, &i, sizeof f);

@@ -6,6 +6,7 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
+#include "kernels/kernels.h"
 
 namespace ff {
 
@@ -35,20 +36,20 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
                  << device_name(params[i]->device()) << ", the optimizer's state "
                  << shape_str(m_[i].shape()) << " on " << device_name(m_[i].device()));
 
-  NoGradGuard no_grad;
   t_++;
   const AdamConfig& c = config_;
   const double bias1 = 1.0 - std::pow(c.beta1, (double)t_);
   const double bias2 = 1.0 - std::pow(c.beta2, (double)t_);
+  // The step, as tensor ops it would be (each rounded to float, in this order):
+  //   m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g g
+  //   p = p (1 - lr wd) - lr (m / bias1) / (sqrt(v / bias2) + eps)
+  // run as one kernel pass per parameter (KernelTable::adamw), m and v updated in place.
+  const AdamWStep step{(float)(1.0 - c.lr * c.weight_decay), (float)c.beta1, (float)(1.0 - c.beta1),
+                       (float)c.beta2, (float)(1.0 - c.beta2), (float)(1.0 / bias1),
+                       (float)(1.0 / bias2), (float)c.eps, (float)c.lr};
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor &p = *params[i], &g = grads[i];
-    Tensor decayed = scale(p, (float)(1.0 - c.lr * c.weight_decay));
-    m_[i] = scale(m_[i], (float)c.beta1) + scale(g, (float)(1.0 - c.beta1));
-    v_[i] = scale(v_[i], (float)c.beta2) + scale(g * g, (float)(1.0 - c.beta2));
-    Tensor mhat = scale(m_[i], (float)(1.0 / bias1));
-    Tensor vhat = scale(v_[i], (float)(1.0 / bias2));
-    Tensor update = scale(mhat / add_scalar(sqrt(vhat), (float)c.eps), (float)c.lr);
-    p.copy_from(decayed - update);
+    kernels_for(p.device()).adamw(p.data(), m_[i].data(), v_[i].data(), g.data(), p.numel(), step);
   }
 }
 

@@ -1,5 +1,5 @@
 // kernels/cpu/elementwise.cpp — fill, affine, binary (with broadcasting), unary ops,
-// masked_fill: the readable definitions of the elementwise kernels.
+// masked_fill, the AdamW step: the readable definitions of the elementwise kernels.
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -121,6 +121,20 @@ void masked_fill(float* out, const float* x, const float* mask, int64_t n, int64
     for (int64_t j = 0; j < mask_n; j++) ob[j] = mask[j] != 0.f ? value : xb[j];
   });
   for (int64_t i = n / mask_n * mask_n; i < n; i++) out[i] = mask[i % mask_n] != 0.f ? value : x[i];
+}
+
+// One pass over the parameters instead of the dozen tensor ops (each a pass and an allocation)
+// the step is written as in optim.cpp's comment; the same roundings in the same order (the
+// compiler fuses none of them here: -ffp-contract=off), so the same bits as those ops.
+void adamw(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& s) {
+  each(n, [=](int64_t i) {
+    const float gi = g[i];
+    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
+    const float vi = s.beta2 * v[i] + s.one_minus_beta2 * (gi * gi);
+    const float update = s.lr * ((s.inv_bias1 * mi) / (std::sqrt(s.inv_bias2 * vi) + s.eps));
+    m[i] = mi, v[i] = vi;
+    p[i] = s.decay * p[i] - update;
+  });
 }
 
 }  // namespace ff::cpu

@@ -1,5 +1,5 @@
 // kernels/cuda/elementwise.cu — fill, affine, binary ops with broadcasting, unary ops and
-// their backward, masked_fill. The cpu twins are in kernels/cpu/elementwise.cpp.
+// their backward, masked_fill, the AdamW step. The cpu twins are in kernels/cpu/elementwise.cpp.
 //
 // Every kernel here is "one thread per element" with a grid-stride loop: element i is
 // handled by thread i of the grid, then i + (grid size), ... so any n works with a bounded
@@ -102,6 +102,20 @@ __global__ void masked_fill_kernel(float* out, const float* x, const float* mask
     out[i] = mask[i % mask_n] != 0.f ? value : x[i];
 }
 
+// AdamW, one thread per parameter (kernels/kernels.h: AdamWStep), rounding as the cpu does:
+// every product that an add or subtract takes is __fmul_rn, which nvcc does not fuse into an
+// FMA, so the step's bits are the cpu's on every device (tests/unit/test_optim.cpp).
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, AdamWStep s) {
+  for (int64_t i = grid_index(); i < n; i += grid_stride()) {
+    const float gi = g[i];
+    const float mi = __fmul_rn(s.beta1, m[i]) + __fmul_rn(s.one_minus_beta1, gi);
+    const float vi = __fmul_rn(s.beta2, v[i]) + __fmul_rn(s.one_minus_beta2, gi * gi);
+    const float update = __fmul_rn(s.lr, (s.inv_bias1 * mi) / (sqrtf(s.inv_bias2 * vi) + s.eps));
+    m[i] = mi, v[i] = vi;
+    p[i] = __fmul_rn(s.decay, p[i]) - update;
+  }
+}
+
 // ----------------------------------------------------------------------------
 // launchers (the KernelTable entries)
 
@@ -145,6 +159,12 @@ void masked_fill(float* out, const float* x, const float* mask, int64_t n, int64
   if (n == 0) return;
   SIMT_LAUNCH(masked_fill_kernel, elementwise_grid(n), kElementwiseBlock, 0, 0, out, x, mask, n,
               mask_n, value);
+  SIMT_CHECK_LAUNCH();
+}
+
+void adamw(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& step) {
+  if (n == 0) return;
+  SIMT_LAUNCH(adamw_kernel, elementwise_grid(n), kElementwiseBlock, 0, 0, p, m, v, g, n, step);
   SIMT_CHECK_LAUNCH();
 }
 
