@@ -81,13 +81,20 @@ Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inp
 }
 
 // acc += g (both on the same device, same shape)
-static void accumulate(std::shared_ptr<TensorImpl>& acc, const Tensor& g) {
+// acc += g; the first gradient to arrive becomes acc. When nothing else holds that one — no
+// other handle to it, no view of its storage — it is taken as it is rather than copied (as
+// PyTorch's AccumulateGrad steals a gradient no one else references): adding into it later
+// changes nothing anyone else can see. Otherwise it is cloned. Callers hand g over (moved).
+static void accumulate(std::shared_ptr<TensorImpl>& acc, std::shared_ptr<TensorImpl> g) {
   if (!acc) {
-    acc = g.clone().impl_ptr();
+    const bool alone = g.use_count() == 1 && g->storage.use_count() == 1 && !g->grad_fn &&
+                       !g->requires_grad && !g->grad && !g->post_accumulate_grad;
+    acc = alone ? std::move(g) : Tensor(g).clone().impl_ptr();
     return;
   }
-  Tensor a(acc);
-  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), g.data(), a.numel(), 1,
+  Tensor a(acc), b(std::move(g));
+  const Tensor& g_ = b;
+  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), g_.data(), a.numel(), 1,
                                  Broadcast::same);
 }
 
@@ -171,7 +178,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     if (--leaf_edges[leaf] > 0) return;
     auto found = grads.find(leaf);
     if (found != grads.end()) {
-      accumulate(leaf->grad, Tensor(found->second));
+      accumulate(leaf->grad, std::move(found->second));
       grads.erase(found);
     }
     auto p = pending.find(leaf);
@@ -192,7 +199,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
     TensorImpl* t = *it;
     if (!t->grad_fn) {  // a leaf: finished by its readers (or the root itself, a lone leaf)
       if (t == root.impl()) {
-        accumulate(t->grad, Tensor(grads[t]));
+        accumulate(t->grad, grads[t]);
         if (t->post_accumulate_grad) t->post_accumulate_grad();
       }
       continue;
@@ -231,7 +238,7 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
         FF_CHECK(w.size() == ws.size(), "weight backward of " << name << " returned " << w.size()
                                             << " gradients for " << ws.size() << " weights");
         std::vector<Tensor> grads(n_inputs);  // as the full backward returns them
-        for (size_t k = 0; k < ws.size(); k++) grads[(size_t)ws[k]] = w[k];
+        for (size_t k = 0; k < ws.size(); k++) grads[(size_t)ws[k]] = std::move(w[k]);
         apply_planted_bug(name, grads);
         for (size_t k = 0; k < ws.size(); k++) {
           const Tensor& gk = grads[(size_t)ws[k]];
@@ -240,7 +247,9 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
                      "weight backward of " << name << ": gradient " << ws[k] << " has shape "
                                            << shape_str(gk.shape()) << ", input has "
                                            << shape_str(Tensor(weights[k]).shape()));
-            accumulate(weights[k]->grad, gk);
+            std::shared_ptr<TensorImpl> handed = gk.impl_ptr();
+            grads[(size_t)ws[k]] = Tensor();  // (gk refers to it: not used past here)
+            accumulate(weights[k]->grad, std::move(handed));
           }
           // the leaf's last W, its readers all done: finished (with or without a gradient)
           if (--waits[k]->ws == 0 && waits[k]->edges_done && weights[k]->post_accumulate_grad)
@@ -261,7 +270,9 @@ void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* 
                "backward of " << node->name << ": gradient " << i << " has shape "
                               << shape_str(in_grads[i].shape()) << ", input has "
                               << shape_str(in.shape()));
-      accumulate(grads[in.impl()], in_grads[i]);
+      std::shared_ptr<TensorImpl> handed = in_grads[i].impl_ptr();
+      in_grads[i] = Tensor();
+      accumulate(grads[in.impl()], std::move(handed));
     }
     grads.erase(t);  // free intermediate gradients as soon as they are consumed
     node_done(node);
