@@ -314,9 +314,12 @@ bench: deps
 	@for p in test thread; do out=$$($(MPIRUN) -np 4 $(BUILD)/bin/06_overlap --progress $$p --reps 3) || \
 	  { echo "$$out"; exit 1; }; echo "$$out" | sed -n "/^  rank  compute/,/^     3 /p; \
 	  s/^hidden fraction/--progress $$p: hidden fraction/p"; done
-	@echo "lesson 08: one training step of the single-process model, tokens/s, against PyTorch"
+	@echo "lesson 08: one training step of the single-process model, tokens/s, against PyTorch (targets: >= 1.0 at d 64, >= 0.7 at d 256; cpu kernels: $(CPU_ISA))"
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh
 	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE) )$(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh --dim 256 --batch 16 --seq 64
+	$(if $(findstring AVX-512,$(CPU_ISA)),@echo "lesson 08's step again with the AVX2 kernels on both sides (FF_CPU_ISA=avx2, OpenBLAS's Haswell kernels)")
+	$(if $(findstring AVX-512,$(CPU_ISA)),FF_CPU_ISA=avx2 OPENBLAS_CORETYPE=Haswell $(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh)
+	$(if $(findstring AVX-512,$(CPU_ISA)),FF_CPU_ISA=avx2 OPENBLAS_CORETYPE=Haswell $(PYTHON) tests/bench/bench_08.py --lesson $(BUILD)/bin/08_mesh --dim 256 --batch 16 --seq 64)
 	@echo "lesson 08: dualpipev's F&B pairs overlapped at their all-to-alls vs one after the other (--overlap compare), links modelled: the hidden fraction (target >= 0.7)"
 	bash tests/bench/bench_08_overlap.sh $(BUILD)/bin/08_mesh 5
 	@echo "lesson 08: checkpoint write and read throughput against a plain copy of the same bytes (d 256, 4 blocks, DP 2 x TP 2)"

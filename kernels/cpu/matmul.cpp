@@ -213,13 +213,17 @@ __attribute__((target("avx512f"))) void tile_avx512(float* c, int64_t ldc, bool 
   else tile512<1>(c, ldc, load, t, depth);
 }
 
-// one 6 x 16 half: 2 ymm registers per row
+// one 6 x 16 half: 2 ymm registers per row. Packed: the operands' strides are the packed
+// layout's constants (the addresses then need no multiplies and fewer registers).
+template <bool Packed>
 __attribute__((target("avx2,fma"), always_inline)) inline void tile256_half(float* c, int64_t ldc, bool load,
                                                                            const TileOperands& t, int64_t depth,
                                                                            int half) {
+  const int64_t a_rs = Packed ? 1 : t.a_rs, a_cs = Packed ? kTileRows : t.a_cs;
+  const int64_t ldb = Packed ? kTileCols : t.ldb;
   const float* ar[6];
 #pragma GCC unroll 6
-  for (int r = 0; r < 6; r++) ar[r] = t.a + r * t.a_rs;
+  for (int r = 0; r < 6; r++) ar[r] = t.a + r * a_rs;
   float* cc = c + half * 16;
   const float* bb = t.b + half * 16;
   __m256 acc[6][2];
@@ -228,8 +232,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void tile256_half(floa
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) acc[r][h] = load ? _mm256_loadu_ps(cc + r * ldc + h * 8) : _mm256_setzero_ps();
   for (int64_t p = 0; p < depth; p++) {
-    const float* b_row = bb + p * t.ldb;
-    const int64_t ap = p * t.a_cs;
+    const float* b_row = bb + p * ldb;
+    const int64_t ap = p * a_cs;
     const __m256 b0 = _mm256_loadu_ps(b_row), b1 = _mm256_loadu_ps(b_row + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) {
@@ -245,7 +249,10 @@ __attribute__((target("avx2,fma"), always_inline)) inline void tile256_half(floa
 }
 __attribute__((target("avx2,fma"))) void tile_avx2(float* c, int64_t ldc, bool load,
                                                    const TileOperands& t, int64_t depth) {
-  for (int half = 0; half < t.halves; half++) tile256_half(c, ldc, load, t, depth, half);
+  const bool packed = t.a_rs == 1 && t.a_cs == kTileRows && t.ldb == kTileCols;
+  for (int half = 0; half < t.halves; half++)
+    if (packed) tile256_half<true>(c, ldc, load, t, depth, half);
+    else tile256_half<false>(c, ldc, load, t, depth, half);
 }
 #endif
 
@@ -383,15 +390,25 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
   const int64_t panels = (Nc + kTileCols - 1) / kTileCols;
   const int64_t blocks = (M + kBlockRows - 1) / kBlockRows;
   const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
-  // Panels of op(b), kTileCols columns each. Read in place where op(b) is b itself and the panel
-  // is 32 or exactly 16 columns wide (its rows are contiguous); else packed, once per batch
-  // entry: panel jp at packed_b + jp * K * kTileCols, row p at + p * kTileCols, zeros past
-  // column Nc (pack_b_panel).
-  auto in_place = [&](int64_t jp) {
-    const int64_t w = std::min(kTileCols, Nc - jp * kTileCols);
-    return !trans_b && (w == kTileCols || w == kTileCols / 2);
-  };
-  const int64_t first_packed = trans_b ? 0 : in_place(panels - 1) ? panels : panels - 1;
+  // Packing or reading in place. A packed panel or strip is contiguous, which keeps it in L1
+  // however far apart its rows are in memory (rows 4 KiB apart all land in one set of the L1
+  // cache, and a 1024-wide matrix read in place ran at half the speed). The copy costs about
+  // 1/M of the product for b and 1/(Nc/32) for a, so small products, where it would cost as
+  // much as it saves, read their operands in place where they can:
+  //  - op(b)'s panels (kTileCols columns) are packed once per batch entry (panel jp at
+  //    packed_b + jp * K * kTileCols, row p at + p * kTileCols, zeros past column Nc:
+  //    pack_b_panel), except with at most kInPlaceBlocks blocks of rows, where an untransposed
+  //    b's panels of 32 or exactly 16 columns are read in place (their rows are contiguous);
+  //  - op(a)'s strips (kTileRows rows) of a block are packed for each slice of kDepth
+  //    (pack_a_strip), except with at most kInPlacePanels panels, where they are read in place
+  //    (a ragged last strip is always packed, with zero rows).
+  constexpr int64_t kInPlaceBlocks = 3, kInPlacePanels = 3;
+  const bool pack_a = panels > kInPlacePanels;
+  // panels [0, first_packed) in place (all but perhaps the last, ragged one), the rest packed
+  const bool b_in_place = !trans_b && blocks <= kInPlaceBlocks;
+  const int64_t last_width = Nc - (panels - 1) * kTileCols;
+  const int64_t first_packed =
+      !b_in_place ? 0 : last_width == kTileCols || last_width == kTileCols / 2 ? panels : panels - 1;
   std::unique_ptr<float[]> packed_b(first_packed < panels ? new float[(size_t)(panels * K * kTileCols)] : nullptr);
 
   for (int64_t z = 0; z < B; z++) {
@@ -409,7 +426,7 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
       }
 
       // blocks of kBlockRows rows of c, shared out among the threads
-      std::vector<float> packed_a((size_t)(kTileRows * std::min(K, kDepth)));
+      std::vector<float> packed_a((size_t)(kBlockRows * std::min(K, kDepth)));
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t i0 = blk * kBlockRows;
@@ -420,28 +437,32 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
           const int64_t depth = std::min(kDepth, K - p0);
           // c holds the sum over p < p0 already (or, at p0 = 0, what to accumulate onto)
           const bool add_to_c = accumulate || p0 > 0;
+          // the block's strips of op(a), packed or in place (above)
+          TileOperands strip[kBlockRows / kTileRows];
+          for (int64_t s = 0; s < strips; s++) {
+            const int64_t row0 = i0 + s * kTileRows;
+            TileOperands& t = strip[s];
+            if (pack_a || M - row0 < kTileRows) {
+              t.a = packed_a.data() + s * depth * kTileRows, t.a_rs = 1, t.a_cs = kTileRows;
+              pack_a_strip(packed_a.data() + s * depth * kTileRows, az, row0, p0, depth, M, K, trans_a);
+            } else if (!trans_a) {
+              t.a = az + row0 * K + p0, t.a_rs = K, t.a_cs = 1;
+            } else {
+              t.a = az + p0 * M + row0, t.a_rs = 1, t.a_cs = M;
+            }
+          }
           // each panel of b is read into L1 once, then every strip of the block is multiplied
-          // with it (the block's rows of a stay in L2)
+          // with it (the block's strips stay in L2)
           for (int64_t jp = 0; jp < panels; jp++) {
             const int64_t col0 = jp * kTileCols, cols = std::min(kTileCols, Nc - col0);
-            TileOperands t;
-            if (jp < first_packed)
-              t.b = bz + p0 * Nc + col0, t.ldb = Nc;
-            else
-              t.b = packed_b.get() + (jp * K + p0) * kTileCols, t.ldb = kTileCols;
-            t.halves = cols > kTileCols / 2 ? 2 : 1;
             for (int64_t s = 0; s < strips; s++) {
               const int64_t row0 = i0 + s * kTileRows, rows = std::min(kTileRows, M - row0);
-              // the strip of op(a) in place (a itself, or stored transposed); a ragged last
-              // strip packed with zero rows (pack_a_strip)
-              if (rows < kTileRows) {
-                pack_a_strip(packed_a.data(), az, row0, p0, depth, M, K, trans_a);
-                t.a = packed_a.data(), t.a_rs = 1, t.a_cs = kTileRows;
-              } else if (!trans_a) {
-                t.a = az + row0 * K + p0, t.a_rs = K, t.a_cs = 1;
-              } else {
-                t.a = az + p0 * M + row0, t.a_rs = 1, t.a_cs = M;
-              }
+              TileOperands t = strip[s];
+              if (jp < first_packed)
+                t.b = bz + p0 * Nc + col0, t.ldb = Nc;
+              else
+                t.b = packed_b.get() + (jp * K + p0) * kTileCols, t.ldb = kTileCols;
+              t.halves = cols > kTileCols / 2 ? 2 : 1;
               if (rows == kTileRows && cols == 16 * t.halves) {  // a whole tile: in c itself
                 isa.tile(cz + row0 * Nc + col0, Nc, add_to_c, t, depth);
                 continue;
