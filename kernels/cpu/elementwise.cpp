@@ -74,40 +74,35 @@ void binary(BinaryOp op, float* out, const float* a, const float* b, int64_t n, 
 
 static inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
+// The op chosen outside the loop; elements shared among threads as `each` does. exp and log
+// are libm's (a call per element, which no compiler vectorises), the rest vectorise.
 void unary(UnaryOp op, float* out, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    float v = x[i];
-    switch (op) {
-      case UnaryOp::exp: v = std::exp(v); break;
-      case UnaryOp::log: v = std::log(v); break;
-      case UnaryOp::sqrt: v = std::sqrt(v); break;
-      case UnaryOp::sigmoid: v = sigmoidf(v); break;
-      case UnaryOp::silu: v = v * sigmoidf(v); break;
-      case UnaryOp::relu: v = v > 0.f ? v : 0.f; break;
-      case UnaryOp::neg: v = -v; break;
-    }
-    out[i] = v;
+  switch (op) {
+    case UnaryOp::exp: return each(n, [=](int64_t i) { out[i] = std::exp(x[i]); });
+    case UnaryOp::log: return each(n, [=](int64_t i) { out[i] = std::log(x[i]); });
+    case UnaryOp::sqrt: return each(n, [=](int64_t i) { out[i] = std::sqrt(x[i]); });
+    case UnaryOp::sigmoid: return each(n, [=](int64_t i) { out[i] = sigmoidf(x[i]); });
+    case UnaryOp::silu: return each(n, [=](int64_t i) { out[i] = x[i] * sigmoidf(x[i]); });
+    case UnaryOp::relu: return each(n, [=](int64_t i) { out[i] = x[i] > 0.f ? x[i] : 0.f; });
+    case UnaryOp::neg: return each(n, [=](int64_t i) { out[i] = -x[i]; });
   }
 }
 
 void unary_backward(UnaryOp op, float* dx, const float* x, const float* y, const float* dy,
                     int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    float d = 0.f;
-    switch (op) {
-      case UnaryOp::exp: d = y[i]; break;                 // (e^x)' = e^x
-      case UnaryOp::log: d = 1.f / x[i]; break;           // (log x)' = 1/x
-      case UnaryOp::sqrt: d = 0.5f / y[i]; break;         // (sqrt x)' = 1/(2 sqrt x)
-      case UnaryOp::sigmoid: d = y[i] * (1.f - y[i]); break;  // s' = s(1-s)
-      case UnaryOp::silu: {                               // (x s)' = s + x s (1-s)
-        float s = sigmoidf(x[i]);
-        d = s * (1.f + x[i] * (1.f - s));
-        break;
-      }
-      case UnaryOp::relu: d = x[i] > 0.f ? 1.f : 0.f; break;
-      case UnaryOp::neg: d = -1.f; break;
-    }
-    dx[i] = dy[i] * d;
+  switch (op) {
+    case UnaryOp::exp: return each(n, [=](int64_t i) { dx[i] = dy[i] * y[i]; });  // (e^x)' = e^x
+    case UnaryOp::log: return each(n, [=](int64_t i) { dx[i] = dy[i] * (1.f / x[i]); });  // 1/x
+    case UnaryOp::sqrt: return each(n, [=](int64_t i) { dx[i] = dy[i] * (0.5f / y[i]); });  // 1/(2 sqrt x)
+    case UnaryOp::sigmoid:  // s' = s(1-s)
+      return each(n, [=](int64_t i) { dx[i] = dy[i] * (y[i] * (1.f - y[i])); });
+    case UnaryOp::silu:  // (x s)' = s + x s (1-s)
+      return each(n, [=](int64_t i) {
+        const float s = sigmoidf(x[i]);
+        dx[i] = dy[i] * (s * (1.f + x[i] * (1.f - s)));
+      });
+    case UnaryOp::relu: return each(n, [=](int64_t i) { dx[i] = dy[i] * (x[i] > 0.f ? 1.f : 0.f); });
+    case UnaryOp::neg: return each(n, [=](int64_t i) { dx[i] = dy[i] * -1.f; });
   }
 }
 

@@ -156,13 +156,22 @@ void transpose(float* out, const float* in, int64_t A, int64_t D0, int64_t Bm, i
   }
 }
 
+// Each (o, j) moves one contiguous run of `inner` floats (a memcpy, or an add); the runs are
+// independent, so large copies share them among threads (row_math.h's rule).
 void copy_block(float* dst, int64_t dst_n, int64_t dst_off, const float* src, int64_t src_n,
                 int64_t src_off, int64_t outer, int64_t len, int64_t inner, bool accumulate) {
+  const int threads = row_threads(outer * len * inner);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t o = 0; o < outer; o++)
     for (int64_t j = 0; j < len; j++) {
       float* d = dst + (o * dst_n + dst_off + j) * inner;
       const float* s = src + (o * src_n + src_off + j) * inner;
-      for (int64_t i = 0; i < inner; i++) d[i] = accumulate ? d[i] + s[i] : s[i];
+      if (!accumulate) {
+        std::copy(s, s + inner, d);
+        continue;
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) d[i] = d[i] + s[i];
     }
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/row_math.h"
 
 namespace ff::cpu {
 
@@ -98,8 +99,12 @@ void grouped_gemm_dw(float* dw, const float* a, const float* dc, const int64_t* 
   });
 }
 
+// Tokens are independent (each writes its own row of y, or its own slots' rows of dyp and its
+// own dgates): large ones are shared among threads, each computed as on one.
 void moe_combine(float* y, const float* yp, const int64_t* pos, const float* gates, int64_t T,
                  int64_t k, int64_t d) {
+  const int threads = row_threads(T * k * d);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < T; t++)
     for (int64_t c = 0; c < d; c++) {
       float acc = 0.f;
@@ -114,6 +119,8 @@ void moe_combine(float* y, const float* yp, const int64_t* pos, const float* gat
 void moe_combine_backward(float* dyp, float* dgates, const float* dy, const float* yp,
                           const int64_t* pos, const float* gates, int64_t T, int64_t k,
                           int64_t d) {
+  const int threads = row_threads(T * k * d);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < T; t++)
     for (int64_t j = 0; j < k; j++) {
       const int64_t s = t * k + j, row = pos[s];
