@@ -38,7 +38,10 @@ PYTHON   ?= /usr/bin/python3
 # odls_base_sigkill_timeout, 1 s, twice before it reports the exit status), and take Open MPI's
 # own point-to-point layer over shared memory (pml ob1) instead of probing for UCX's network
 # fabrics first, which costs 0.2 s a start: a third of a small lesson's run, and of make test.
-MPIRUN   ?= mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 --mca pml ob1 $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
+# --bind-to none: Open MPI binds each of up to two ranks to one core, where the cpu kernels'
+# threads (the cores divided among the node's ranks, kernels/README.md) would then share it: one
+# rank on a 2-core machine ran its two threads on one core, at two thirds of the speed.
+MPIRUN   ?= mpirun --oversubscribe -q --bind-to none --mca odls_base_sigkill_timeout 0 --mca pml ob1 $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 export MPIRUN BUILD PYTHON
 
 # ---- how the build talks and how wide it runs

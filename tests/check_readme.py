@@ -7,7 +7,7 @@ with an HTML comment on the line right before it (invisible on GitHub):
     ```
     $ make run L=02 NP=4 ARGS="--causal"
     ...
-    + mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 --mca pml ob1 --allow-run-as-root -np 4 build/bin/02_ring_attention --causal
+    + mpirun --oversubscribe -q --bind-to none --mca odls_base_sigkill_timeout 0 --mca pml ob1 --allow-run-as-root -np 4 build/bin/02_ring_attention --causal
     == 02 ring attention: P=4 ranks, B=1 H=2 S=128 D=16, causal, layout contiguous, order evenodd, device cpu
     ...
         forward … ms, backward … ms (slowest rank)
@@ -30,7 +30,7 @@ with an HTML comment on the line right before it (invisible on GitHub):
   * The output ends where the block ends, unless the block's last line is `...`.
   * The run must exit 0; `<!-- expected-output: exit=N -->` expects exit status N instead.
   * The `+ ...` line that make run prints is shown as root sees it with the default build
-    directory: in the output, "+ $MPIRUN " reads as "+ mpirun --oversubscribe -q --mca
+    directory: in the output, "+ $MPIRUN " reads as "+ mpirun --oversubscribe -q --bind-to none --mca
     odls_base_sigkill_timeout 0 --mca pml ob1 --allow-run-as-root " and "$BUILD/bin/" as "build/bin/".
   * The blocks show device cpu (`--device auto` without a GPU). Where this build and machine
     have a GPU, auto would pick cuda, so a block that names no --device runs with --device cpu
@@ -55,14 +55,14 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^<!--\s*expected-output(?::\s*(?P<opts>.*?))?\s*-->\s*$")
-DOC_MPIRUN = "mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 --mca pml ob1 --allow-run-as-root"
+DOC_MPIRUN = "mpirun --oversubscribe -q --bind-to none --mca odls_base_sigkill_timeout 0 --mca pml ob1 --allow-run-as-root"
 NUMBER = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan)"
 GAP = "..."
 
 
 def default_mpirun():
     root = " --allow-run-as-root" if os.geteuid() == 0 else ""
-    return "mpirun --oversubscribe -q --mca odls_base_sigkill_timeout 0 --mca pml ob1" + root
+    return "mpirun --oversubscribe -q --bind-to none --mca odls_base_sigkill_timeout 0 --mca pml ob1" + root
 
 
 # ---------------------------------------------------------------------------- reading

@@ -322,6 +322,8 @@ def bench_torch(a, threads):
 def run_lesson(a, threads):
     """Lesson 08 as one process on the cpu: its tokens/s and parameter count."""
     mpirun = shlex.split(os.environ.get("MPIRUN", "mpirun"))
+    if "--bind-to" not in mpirun:  # one rank bound to one core would run its threads there
+        mpirun += ["--bind-to", "none"]
     steps = a.lesson_steps if a.lesson_steps > 0 else max(20, 25600 // (a.batch * a.seq))
     cmd = mpirun + ["-np", "1", a.lesson, "--device", "cpu", "--train", str(steps),
                     "--check-every", "1000000", "--log-every", "1000000", "--seed", str(a.seed),
