@@ -156,7 +156,7 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build build-lessons run-bin found deps deps-slides deps-test test lessons run plots slides lecture reference sanitize bench gpu-check clean help
+.PHONY: all build build-lessons run-bin found deps deps-slides deps-test test lessons run plots slides lecture reference sanitize bench gpu-check clean help exercise exercise-bin grade
 .DEFAULT_GOAL := all
 
 all: deps
@@ -262,6 +262,29 @@ $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
+# ---- exercises (scripts/exercise.py): EXDIR holds the copies of a lesson's marked files that
+# a student writes (exercises/NN_name, or a grading copy under build/grade); its files.mk says
+# which of the lesson's files they stand in for. The binary is the lesson's objects with those
+# swapped for the copies'; a copy of a library file (common/...) comes before the library on the
+# link line and defines every symbol of the original, so the library's own is not taken.
+EXDIR ?=
+ifneq ($(EXDIR),)
+-include $(EXDIR)/files.mk
+EX_BIN  := $(BUILD)/ex/$(subst /,_,$(EXDIR))
+EX_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter %.cpp,$(EX_COPIES))) \
+           $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(filter %.cu,$(EX_COPIES))) \
+           $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(filter %.cu,$(EX_COPIES)))) \
+           $(filter-out $(patsubst %.cpp,$(BUILD)/obj/%.o,$(EX_REPLACES)) \
+                        $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(EX_REPLACES)) \
+                        $(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(EX_REPLACES)),$(call lesson_objs,$(EX_LESSON)))
+$(EX_BIN): $(EX_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)
+	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+endif
+exercise-bin: $(EX_BIN)
+	@$(if $(EX_LESSON),:,echo "error: EXDIR=$(EXDIR) holds no exercise copy (make exercise L=NN writes one)" >&2; exit 2)
+
 # ---- tests
 # the lessons' own CUDA kernels (lesson 01's), for their kernel tests
 LESSON_KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/*/*.cu)) \
@@ -347,15 +370,32 @@ lessons: deps
 	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
 	@bash scripts/run-lessons.sh
 
-# make run builds the one lesson it runs (a lesson that does not exist: run-lesson.sh says so)
+# make run builds the one lesson it runs (a lesson that does not exist: run-lesson.sh says so);
+# EX=1 builds and runs the student's copy in exercises/ instead (make exercise L=NN writes it)
 L  ?= 01
 NP ?=
+EX ?=
 RUN_BIN := $(addprefix $(BUILD)/bin/,$(notdir $(firstword $(wildcard lessons/$(L)_*))))
 run-bin: $(RUN_BIN)
 	@:
 run: deps
+ifeq ($(EX),1)
+	@d=$$(ls -d exercises/$(L)_* 2>/dev/null | head -n 1); \
+	  if [ -z "$$d" ]; then echo "error: no exercises/$(L)_*: make exercise L=$(L) writes the lesson's exercises" >&2; exit 2; fi; \
+	  $(MAKE) $(SUBMAKE_FLAGS) found exercise-bin EXDIR=$$d && \
+	  FF_RUN_BIN=$(BUILD)/ex/$$(echo $$d | tr / _) bash scripts/run-lesson.sh "$(L)" "$(NP)" $(ARGS)
+else
 	@$(MAKE) $(SUBMAKE_FLAGS) found run-bin
 	@bash scripts/run-lesson.sh "$(L)" "$(NP)" $(ARGS)
+endif
+
+# make exercise L=NN: the lesson's exercises, to write, in exercises/NN_name/ (FORCE=1 starts
+# an edited copy over); make grade: every exercise's stub, solution and planted mistakes
+exercise:
+	@$(PYTHON) scripts/exercise.py make "$(L)" $(if $(filter 1,$(FORCE)),--force)
+grade: deps
+	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
+	@$(PYTHON) scripts/exercise.py grade $(LESSONS)
 
 # PLOTS="02 05" draws those lessons' figures only
 plots: deps

@@ -8,7 +8,7 @@ if [ -z "$dir" ]; then
   echo "error: no lesson $L (available: $(ls lessons | cut -c1-2 | tr '\n' ' '))" >&2; exit 2
 fi
 NP=${NP:-$(lesson_np "$dir")}
-bin=$BUILD/bin/$(basename "$dir")
+bin=${FF_RUN_BIN:-$BUILD/bin/$(basename "$dir")}  # (make run EX=1: the student's copy)
 # say exactly what runs ($MPIRUN comes from the Makefile: see MPIRUN there)
 echo "+ $MPIRUN -np $NP $bin $*"
 exec $MPIRUN -np "$NP" "$bin" "$@"

@@ -73,6 +73,9 @@ def decks(only=()):
 
 
 # ---- code excerpts ------------------------------------------------------------------------
+EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\]|(hint|minutes|args|bug|stub|see): )")
+
+
 def excerpt(deck, lineno, path, name):
     src = ROOT / path
     if not src.is_file():
@@ -88,7 +91,8 @@ def excerpt(deck, lineno, path, name):
     for l in lines[begin[0] + 1:]:
         if end_re.search(l):
             break
-        if "[slide:" not in l and "[/slide" not in l:
+        # slide and exercise marks, and an exercise's key lines, are not the code (scripts/exercise.py)
+        if "[slide:" not in l and "[/slide" not in l and not EXERCISE_MARK.match(l):
             body.append(l)
     else:
         fail(deck, lineno, f"code: marker [slide:{name}] in {path} has no [/slide]")

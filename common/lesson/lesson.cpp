@@ -1,6 +1,8 @@
 // common/lesson/lesson.cpp — the lesson skeleton (see lesson.h).
 #include "common/lesson/lesson.h"
 
+#include "common/util/exercise.h"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <sstream>
 
 #include "common/core/tensor.h"
+#include "common/util/exercise.h"
 #include "common/util/files.h"
 #include "common/core/npy.h"
 #include "common/util/trace.h"
@@ -298,6 +301,9 @@ int run_lesson(int argc, char** argv, const std::string& program,
     code = body(lesson);
     if (!lesson.finished()) code = lesson.finish(code);
   } catch (const UsageError& e) {  // found by every rank alike: no abort needed
+    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    Comm::exit_all(2);
+  } catch (const ExerciseMissing& e) {  // a student's unwritten exercise, reached by every rank
     if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     Comm::exit_all(2);
   } catch (const std::exception& e) {  // ff::Error, device errors, bad_alloc: this rank only

@@ -1,0 +1,30 @@
+// common/util/exercise.h — what a lesson's exercises run on (scripts/exercise.py writes them).
+//
+// A lesson marks the parts a student writes in its own code:
+//     // [exercise:NAME] the task, one line
+//     // hint: ...                          (key: value lines: hint, see, minutes, args, bug, stub)
+//     ... the lesson's code: the solution ...
+//     // [/exercise]
+// `make exercise L=NN` copies the files that hold a lesson's marks into exercises/NN_name/ with
+// every marked region replaced by its task, its hints and a call of exercise_missing; `make run
+// L=NN EX=1` builds that copy and runs it, and the lesson's own check grades it.
+#pragma once
+#include "common/util/error.h"
+
+namespace ff {
+
+// Thrown by exercise_missing; the lesson's runner (common/lesson/lesson.cpp) answers it with
+// one `error:` line on rank 0 and exit 2 on every rank, as it does a usage error.
+struct ExerciseMissing : Error {
+  using Error::Error;
+};
+
+// A region the student has not written yet: "exercise NAME is not written yet (see SEE)".
+[[noreturn]] void exercise_missing(const char* name, const char* see);
+
+// Grading (scripts/exercise.py grade): which version of exercise `name` a grading build runs,
+// from the environment's FF_GRADE=NAME=K — 0 the stub, K >= 1 the solution with its K-th
+// planted mistake — and -1, the solution, for any other exercise or without FF_GRADE.
+int exercise_variant(const char* name);
+
+}  // namespace ff

@@ -1,0 +1,426 @@
+"""Exercises: the parts of a lesson a student writes, marked in the lesson's own code.
+
+    /usr/bin/python3 scripts/exercise.py make NN [--force]   write exercises/NN_name/ (make exercise L=NN)
+    /usr/bin/python3 scripts/exercise.py list [NN...]        every lesson's exercises, one line each
+    /usr/bin/python3 scripts/exercise.py grade [NN...]       make grade: every exercise can fail and pass
+
+A region of code is marked so (in a .cpp of the lesson, or of common/ for a subject the lesson
+teaches from there):
+
+    // [exercise:NAME] The task, in one line.
+    // hint: what to look at (any number of hint lines)
+    // minutes: 20                  how long it takes, about
+    // args: --gate topk-softmax    the flags of a run that reaches the region, one per line; the
+    //                              stub and the mistakes are graded on the first, the solution on
+    //                              each ("(none)": the default run; no args line: only that)
+    // bug: OLD -> NEW              a planted mistake: the text OLD of the solution, replaced by
+    //                              NEW, must fail the lesson's check (one or more)
+    // stub: CODE                   what the stub needs to compile, after the call (optional)
+    ... the solution: the lesson's own code, whole statements ...
+    // [/exercise]
+
+The region must be a sequence of whole statements that declares nothing the code after it uses
+(a function's body, or statements that assign to variables declared before it): the stub and the
+grading versions stand in its place inside braces.
+
+`make` writes the files that hold the lesson's marks into exercises/NN_name/ (lesson files at
+the top, others under their own path: exercises/03_smoe/common/layers/moe.cpp), each region
+replaced by its task, hints and a call of ff::exercise_missing, which ends the run with one
+`error: exercise NAME is not written yet (see ...)` line and exit 2 (common/util/exercise.h).
+It keeps a copy the student has edited unless --force. `make run L=NN EX=1` builds the copy
+with the lesson's other files (the Makefile's exercise-bin) and runs it: the lesson's own check
+is the grade.
+
+`grade` checks, for every lesson with exercises: that the student's copy builds and its run
+ends with exactly one such error line and exit 2; then, in one grading build where each region
+holds its stub, its solution and its planted mistakes side by side (FF_GRADE=NAME=K picks one:
+common/util/exercise.h), that each stub ends the run with its own error line and exit 2, that
+the solutions pass the lesson's check, and that each planted mistake fails it.
+"""
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPEN = re.compile(r"^(?P<indent>\s*)// \[exercise:(?P<name>[a-z0-9][a-z0-9-]*)\]\s*(?P<task>.*)$")
+CLOSE = re.compile(r"^\s*// \[/exercise\]\s*$")
+KEY = re.compile(r"^\s*// (?P<key>hint|minutes|args|bug|stub|see):\s?(?P<value>.*)$")
+SOURCES = ("lessons", "common")
+MANIFEST = ".exercise.json"
+
+
+class Problem(Exception):
+    pass
+
+
+class Exercise:
+    def __init__(self, path, line, indent, name, task):
+        self.path, self.line, self.indent, self.name, self.task = path, line, indent, name, task
+        self.hints, self.bugs, self.stub, self.args, self.minutes, self.see = [], [], "", [], 0, ""
+        self.first = self.last = 0  # the region's lines: marker .. closing marker (0-based)
+        self.body_start = 0         # first line of the solution
+
+    def where(self):
+        return f"{self.path}:{self.line}"
+
+
+def lesson_dirs():
+    return sorted(d for d in os.listdir(os.path.join(ROOT, "lessons")) if re.match(r"^\d\d_", d))
+
+
+def lesson_dir(nn):
+    for d in lesson_dirs():
+        if d.startswith(nn + "_"):
+            return d
+    raise Problem(f"no lesson {nn} (available: {' '.join(d[:2] for d in lesson_dirs())})")
+
+
+def parse_file(path):
+    """The exercises marked in one file (path relative to ROOT)."""
+    lines = open(os.path.join(ROOT, path)).read().split("\n")
+    found, cur = [], None
+    for i, line in enumerate(lines):
+        m = OPEN.match(line)
+        if m:
+            if cur:
+                raise Problem(f"{path}:{i + 1}: exercise {m['name']} opens inside exercise {cur.name}")
+            cur = Exercise(path, i + 1, m["indent"], m["name"], m["task"].strip())
+            cur.first = i
+            j = i + 1
+            while j < len(lines) and KEY.match(lines[j]):
+                k = KEY.match(lines[j])
+                key, value = k["key"], k["value"].strip()
+                if key == "hint":
+                    cur.hints.append(value)
+                elif key == "bug":
+                    if " -> " not in value:
+                        raise Problem(f"{path}:{j + 1}: bug: OLD -> NEW, got '{value}'")
+                    old, new = value.split(" -> ", 1)
+                    cur.bugs.append((old, new))
+                elif key == "minutes":
+                    cur.minutes = int(value)
+                elif key == "args":
+                    cur.args.append("" if value == "(none)" else value)
+                else:
+                    setattr(cur, key, value)
+                j += 1
+            cur.body_start = j
+            continue
+        if CLOSE.match(line):
+            if not cur:
+                raise Problem(f"{path}:{i + 1}: [/exercise] without an opening mark")
+            cur.last = i
+            body = "\n".join(lines[cur.body_start:i])
+            if not cur.task:
+                raise Problem(f"{cur.where()}: exercise {cur.name} has no task on its mark")
+            if not cur.bugs:
+                raise Problem(f"{cur.where()}: exercise {cur.name} has no planted mistake (bug: OLD -> NEW)")
+            for old, _ in cur.bugs:
+                if body.count(old) != 1:
+                    raise Problem(f"{cur.where()}: exercise {cur.name}: bug text '{old}' occurs "
+                                  f"{body.count(old)} times in the solution (must be once)")
+            found.append(cur)
+            cur = None
+    if cur:
+        raise Problem(f"{cur.where()}: exercise {cur.name} is never closed (// [/exercise])")
+    return found, lines
+
+
+def all_exercises():
+    """{lesson dir: [Exercise...]}, in file order within a lesson, and the files' lines."""
+    by_lesson, files = {}, {}
+    for top in SOURCES:
+        for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
+            for n in sorted(names):
+                if not n.endswith((".cpp", ".cu")):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, n), ROOT)
+                text = open(os.path.join(ROOT, path)).read()
+                if "// [exercise:" not in text:
+                    continue
+                exs, lines = parse_file(path)
+                files[path] = lines
+                for e in exs:
+                    owner = lesson_of(e)
+                    by_lesson.setdefault(owner, []).append(e)
+    names = {}
+    for owner, exs in by_lesson.items():
+        for e in exs:
+            if e.name in names:
+                raise Problem(f"{e.where()}: exercise name {e.name} is used twice (also {names[e.name]})")
+            names[e.name] = e.where()
+    return by_lesson, files
+
+
+def lesson_of(e):
+    """A mark in lessons/NN_name/ belongs to that lesson; one in common/ says its lesson by the
+    see: key (lessons/NN_name/README.md ...)."""
+    m = re.match(r"^lessons/(\d\d_[^/]+)/", e.path)
+    if m:
+        return m.group(1)
+    m = re.search(r"lessons/(\d\d_[^/]+)/", e.see)
+    if not m:
+        raise Problem(f"{e.where()}: exercise {e.name} is outside lessons/: its see: must name the "
+                      "lesson's README (see: lessons/NN_name/README.md, Exercises)")
+    return m.group(1)
+
+
+def see_of(e, lesson):
+    return e.see or f"lessons/{lesson}/README.md, Exercises"
+
+
+def copy_path(path, lesson):
+    """Where a marked file goes in the exercise directory."""
+    prefix = f"lessons/{lesson}/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def c_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def student_region(e, lesson):
+    ind = e.indent
+    out = [f"{ind}// [exercise:{e.name}] {e.task}"]
+    out += [f"{ind}// hint: {h}" for h in e.hints]
+    for a in e.args:
+        out.append(f"{ind}// graded by: make run L={lesson[:2]} EX=1" + (f" ARGS=\"{a}\"" if a else ""))
+    out.append(f"{ind}// Write it here, in place of the next line; make run L={lesson[:2]} EX=1 grades it.")
+    out.append(f"{ind}ff::exercise_missing({c_string(e.name)}, {c_string(see_of(e, lesson))});")
+    if e.stub:
+        out.append(f"{ind}{e.stub}")
+    out.append(f"{ind}// [/exercise]")
+    return out
+
+
+def grading_region(e, lesson, lines):
+    """Stub, planted mistakes and solution side by side, FF_GRADE choosing one."""
+    ind = e.indent
+    body = lines[e.body_start:e.last]
+    text = "\n".join(body)
+    out = [f"{ind}{{",
+           f"{ind}const int ff_variant_ = ff::exercise_variant({c_string(e.name)});",
+           f"{ind}if (ff_variant_ == 0) {{",
+           f"{ind}  ff::exercise_missing({c_string(e.name)}, {c_string(see_of(e, lesson))});"]
+    if e.stub:
+        out.append(f"{ind}  {e.stub}")
+    for k, (old, new) in enumerate(e.bugs, 1):
+        out.append(f"{ind}}} else if (ff_variant_ == {k}) {{")
+        out += text.replace(old, new).split("\n")
+    out.append(f"{ind}}} else {{")
+    out += body
+    out += [f"{ind}}}", f"{ind}}}"]
+    return out
+
+
+def rewrite(path, lines, exs, region_fn, lesson):
+    """The file with each of its regions replaced by region_fn's lines, and the include the
+    stubs need."""
+    out, i = [], 0
+    for e in sorted((e for e in exs if e.path == path), key=lambda e: e.first):
+        out += lines[i:e.first]
+        out += region_fn(e)
+        i = e.last + 1
+    out += lines[i:]
+    include = '#include "common/util/exercise.h"'
+    if include not in out:
+        for j, line in enumerate(out):
+            if line.startswith("#include"):
+                out.insert(j, include)
+                break
+    return "\n".join(out)
+
+
+def write_copy(lesson, exs, files, dest, kind):
+    """Writes the lesson's marked files into dest; returns {copy path: original path}."""
+    os.makedirs(dest, exist_ok=True)
+    mapping = {}
+    for path in sorted({e.path for e in exs}):
+        if kind == "student":
+            text = rewrite(path, files[path], exs, lambda e: student_region(e, lesson), lesson)
+        else:
+            text = rewrite(path, files[path], exs, lambda e: grading_region(e, lesson, files[path]), lesson)
+        rel = copy_path(path, lesson)
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(target + ".tmp", target)
+        mapping[rel] = path
+    # the build's list: which objects of the lesson the copies stand in for
+    with open(os.path.join(dest, "files.mk"), "w") as f:
+        f.write("# written by scripts/exercise.py: the lesson's files this directory replaces\n")
+        f.write(f"EX_LESSON := {lesson}\n")
+        f.write("EX_REPLACES := " + " ".join(sorted(mapping.values())) + "\n")
+        f.write("EX_COPIES := " + " ".join(sorted(os.path.relpath(os.path.join(dest, r), ROOT)
+                                                   for r in mapping)) + "\n")
+    return mapping
+
+
+def digest(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- make
+
+def cmd_make(nn, force):
+    lesson = lesson_dir(nn)
+    by_lesson, files = all_exercises()
+    exs = by_lesson.get(lesson, [])
+    if not exs:
+        raise Problem(f"lesson {nn} has no exercises yet")
+    dest = os.path.join(ROOT, "exercises", lesson)
+    manifest = os.path.join(dest, MANIFEST)
+    if os.path.isdir(dest) and not force:
+        edited = []
+        if os.path.exists(manifest):
+            recorded = json.load(open(manifest))
+            for rel, sha in recorded.get("written", {}).items():
+                p = os.path.join(dest, rel)
+                if not os.path.exists(p) or digest(p) != sha:
+                    edited.append(rel)
+        else:
+            edited = ["(no record of what was written)"]
+        if edited:
+            raise Problem(f"exercises/{lesson}/ holds your work ({', '.join(edited)}): "
+                          f"make exercise L={nn} FORCE=1 starts it over")
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    mapping = write_copy(lesson, exs, files, dest, "student")
+    written = {rel: digest(os.path.join(dest, rel)) for rel in mapping}
+    with open(manifest, "w") as f:
+        json.dump({"lesson": lesson, "written": written}, f, indent=1)
+    print(f"exercises/{lesson}/: {len(exs)} exercises to write")
+    for e in exs:
+        rel = copy_path(e.path, lesson)
+        mins = f", ~{e.minutes} min" if e.minutes else ""
+        print(f"  {e.name:<24} exercises/{lesson}/{rel}{mins}: {e.task}")
+    print(f"Edit those files where each says; then make run L={nn} EX=1 builds your copy and runs "
+          "the lesson: its check grades you (check: PASS).")
+
+
+# ---------------------------------------------------------------------------- list
+
+def cmd_list(nns):
+    by_lesson, _ = all_exercises()
+    for lesson in lesson_dirs():
+        if nns and lesson[:2] not in nns:
+            continue
+        for e in by_lesson.get(lesson, []):
+            print(f"{lesson[:2]}  {e.name:<24} {e.minutes:>3} min  {e.where():<44} {e.task}")
+
+
+# ---------------------------------------------------------------------------- grade
+
+def sh(cmd, env=None, timeout=600):
+    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
+    return r.returncode, r.stdout
+
+
+def build(exdir):
+    make = os.environ.get("MAKE", "make")
+    code, out = sh([make, "--no-print-directory", "-s", "exercise-bin", f"EXDIR={exdir}"])
+    if code != 0:
+        raise Problem(f"{exdir} does not build:\n{out[-3000:]}")
+    build_dir = os.environ.get("BUILD", "build")
+    return os.path.join(build_dir, "ex", exdir.replace("/", "_"))
+
+
+def run(binary, lesson, args, grade=None):
+    mpirun = shlex.split(os.environ.get("MPIRUN", "mpirun"))
+    np = open(os.path.join(ROOT, "lessons", lesson, "NP")).read().strip() if os.path.exists(
+        os.path.join(ROOT, "lessons", lesson, "NP")) else "1"
+    env = dict(os.environ)
+    env.pop("FF_GRADE", None)
+    if grade:
+        env["FF_GRADE"] = grade
+    return sh(mpirun + ["-x", "FF_GRADE"] * bool(grade) + ["-np", np, binary] + shlex.split(args), env=env,
+              timeout=300)
+
+
+MISSING = re.compile(r"^error: exercise (\S+) is not written yet \(see [^)]*\)$", re.M)
+
+
+def expect_stub(code, out, name, what):
+    errors = [l for l in out.split("\n") if l.startswith("error:")]
+    m = MISSING.findall(out)
+    if code != 2 or len(errors) != 1 or len(m) != 1 or (name and m[0] != name):
+        raise Problem(f"{what}: want exit 2 and one line 'error: exercise {name or 'NAME'} is not "
+                      f"written yet (see ...)', got exit {code} and:\n{out[-2000:]}")
+
+
+def grade_lesson(lesson, exs, files):
+    base = os.path.join(os.environ.get("BUILD", "build"), "grade")
+    student_dir = os.path.join(base, lesson)
+    grading_dir = os.path.join(base, lesson + "-graded")
+    for d in (student_dir, grading_dir):
+        if os.path.isdir(os.path.join(ROOT, d)):
+            shutil.rmtree(os.path.join(ROOT, d))
+    write_copy(lesson, exs, files, os.path.join(ROOT, student_dir), "student")
+    write_copy(lesson, exs, files, os.path.join(ROOT, grading_dir), "grading")
+    # the student's copy: it builds, and its run stops at the first unwritten exercise
+    code, out = run(build(student_dir), lesson, "")
+    expect_stub(code, out, None, f"{lesson}: the student's copy")
+    binary = build(grading_dir)
+    bugs = 0
+    for e in exs:
+        runs = e.args or [""]
+        code, out = run(binary, lesson, runs[0], f"{e.name}=0")
+        expect_stub(code, out, e.name, f"{lesson}: exercise {e.name}'s stub")
+        for args in runs:
+            code, out = run(binary, lesson, args)
+            if code != 0 or not re.search(r"^check: PASS", out, re.M):
+                raise Problem(f"{lesson}: exercise {e.name}'s solution does not pass the lesson's check "
+                              f"with '{args}' (exit {code}):\n{out[-2000:]}")
+        for k, (old, new) in enumerate(e.bugs, 1):
+            code, out = run(binary, lesson, runs[0], f"{e.name}={k}")
+            if code != 1 or not re.search(r"^check: FAIL", out, re.M):
+                raise Problem(f"{lesson}: exercise {e.name} with '{old}' written as '{new}' does not "
+                              f"fail the lesson's check (exit {code}):\n{out[-2000:]}")
+            bugs += 1
+    return bugs
+
+
+def cmd_grade(nns):
+    by_lesson, files = all_exercises()
+    lessons = [l for l in lesson_dirs() if (not nns or l[:2] in nns) and l in by_lesson]
+    if nns and len(lessons) != len(nns):
+        missing = [n for n in nns if not any(l[:2] == n for l in lessons)]
+        raise Problem(f"no exercises in lesson(s) {' '.join(missing)}")
+    total_ex = total_bugs = 0
+    for lesson in lessons:
+        bugs = grade_lesson(lesson, by_lesson[lesson], files)
+        total_ex += len(by_lesson[lesson])
+        total_bugs += bugs
+        print(f"  {lesson}: {len(by_lesson[lesson])} exercises, each stub stops the run, the "
+              f"solutions pass, {bugs} planted mistakes fail")
+    print(f"grade ok: {len(lessons)} lessons, {total_ex} exercises, {total_bugs} planted mistakes")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in ("make", "list", "grade"):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        if argv[1] == "make":
+            if len(argv) < 3 or not re.match(r"^\d\d$", argv[2]):
+                raise Problem("make exercise L=NN (a lesson's two digits)")
+            cmd_make(argv[2], "--force" in argv[3:])
+        elif argv[1] == "list":
+            cmd_list(argv[2:])
+        else:
+            cmd_grade(argv[2:])
+    except Problem as p:
+        print(f"error: {p}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
