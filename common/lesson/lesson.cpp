@@ -1,9 +1,10 @@
 // common/lesson/lesson.cpp — the lesson skeleton (see lesson.h).
 #include "common/lesson/lesson.h"
 
-#include "common/util/exercise.h"
-
 #include <mpi.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdarg>
@@ -292,6 +293,25 @@ int Lesson::finish(const CheckReport& check) {
 // ----------------------------------------------------------------------------
 // the program
 
+// True for the first caller among this node's ranks of this job (they share the launcher, their
+// parent process). The claim is a name bound in Linux's abstract socket namespace: binding is
+// exclusive, and the name goes with the process, so nothing is left behind. Elsewhere every
+// caller says it.
+static bool first_report_on_node() {
+#if defined(__linux__)
+  const int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+  if (fd < 0) return true;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "fivefold-exercise-" + std::to_string((long)getppid());
+  std::memcpy(addr.sun_path + 1, name.data(), std::min(name.size(), sizeof addr.sun_path - 2));
+  const socklen_t len = (socklen_t)(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0;  // (fd stays open: the claim)
+#else
+  return true;
+#endif
+}
+
 int run_lesson(int argc, char** argv, const std::string& program,
                const std::function<int(Lesson&)>& body, int mpi_thread_level) {
   Comm comm = Comm::world(&argc, &argv, mpi_thread_level);
@@ -303,9 +323,13 @@ int run_lesson(int argc, char** argv, const std::string& program,
   } catch (const UsageError& e) {  // found by every rank alike: no abort needed
     if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     Comm::exit_all(2);
-  } catch (const ExerciseMissing& e) {  // a student's unwritten exercise, reached by every rank
-    if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    Comm::exit_all(2);
+  } catch (const ExerciseMissing& e) {
+    // A student's unwritten exercise: the ranks that reach it may be few (a chain's later
+    // links), the others waiting on them, so the job is aborted with status 2; of the ranks
+    // on this node that reach it, the first to claim the report prints the one line.
+    if (first_report_on_node()) std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
   } catch (const std::exception& e) {  // ff::Error, device errors, bad_alloc: this rank only
     std::fprintf(stderr, "error: rank %d: %s\n", comm.rank(), e.what());
     std::fflush(stderr);
