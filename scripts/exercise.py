@@ -380,7 +380,9 @@ def grade_lesson(lesson, exs, files):
                               f"with '{args}' (exit {code}):\n{out[-2000:]}")
         for k, (old, new) in enumerate(e.bugs, 1):
             code, out = run(binary, lesson, runs[0], f"{e.name}={k}")
-            if code != 1 or not re.search(r"^check: FAIL", out, re.M):
+            # a wrong answer fails the check, or deadlocks and the watchdog says so
+            failed = re.search(r"^check: FAIL", out, re.M) or re.search(r"^error: rank \d+: no progress .* likely deadlock$", out, re.M)
+            if code != 1 or not failed:
                 raise Problem(f"{lesson}: exercise {e.name} with '{old}' written as '{new}' does not "
                               f"fail the lesson's check (exit {code}):\n{out[-2000:]}")
             bugs += 1

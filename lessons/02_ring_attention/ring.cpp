@@ -83,6 +83,14 @@ void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std::vecto
   const int r = comm.rank(), P = comm.size(), next = (r + 1) % P, prev = (r + P - 1) % P;
   const size_t out_bytes = out.size() * sizeof(float), in_bytes = in.size() * sizeof(float);
   // [slide:hop-sync]
+  // [exercise:even-odd] One hop with synchronous sends: send `out` to next, receive `in` from prev, without deadlock for any P.
+  // hint: comm.ssend returns only once the receiver has started to receive; if every rank sends first, every rank waits.
+  // hint: --order naive must still deadlock, as the lesson shows (its watchdog names the ranks).
+  // see: lessons/02_ring_attention/README.md, Exercises
+  // minutes: 15
+  // args: --timeout 5
+  // args: --timeout 5 --causal --layout zigzag
+  // bug: order == Order::naive || r % 2 == 0 -> true
   if (order == Order::naive || r % 2 == 0) {
     comm.ssend(out.data(), out_bytes, next, tag);
     comm.recv(in.data(), in_bytes, prev, tag);
@@ -90,6 +98,7 @@ void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std::vecto
     comm.recv(in.data(), in_bytes, prev, tag);
     comm.ssend(out.data(), out_bytes, next, tag);
   }
+  // [/exercise]
   // [/slide]
 }
 
@@ -244,6 +253,15 @@ Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
     }
     // [slide:ring-bwd-dkv]
     if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
+    // [exercise:dkv-route] After this step's compute: send dK, dV on with their block and take in the next block, its K, V and its dK, dV so far.
+    // hint: K, V were sent before the compute (kv); dK, dV exist only now, so they make one more hop than K, V do: P in all.
+    // hint: dk, dv then hold the partial sums of block next_owner, which this rank adds to at the next step.
+    // see: lessons/02_ring_attention/README.md, Exercises
+    // minutes: 20
+    // args: --timeout 5
+    // args: --timeout 5 --causal --layout zigzag --order async
+    // bug: unpack(dkv.in, {&dk, &dv}, c.dev); -> unpack(dkv.in, {&dv, &dk}, c.dev);
+    // bug: dkv.out = pack({dk, dv}); -> dkv.out = pack({dk_here, dv_here});
     // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
     Hop dkv{comm, c.order, kTagBackwardGrads + step};
     dkv.out = pack({dk, dv});
@@ -258,6 +276,7 @@ Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
     dk = Tensor::empty(block_shape(c, n_next)), dv = Tensor::empty(block_shape(c, n_next));
     unpack(dkv.in, {&dk, &dv}, c.dev);
     owner = next_owner;
+    // [/exercise]
     // [/slide]
   }
   // After P hops the block in hand is this rank's own, with everyone's dK, dV summed in.
