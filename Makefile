@@ -277,6 +277,9 @@ EX_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter %.cpp,$(EX_COPIES))) \
            $(filter-out $(patsubst %.cpp,$(BUILD)/obj/%.o,$(EX_REPLACES)) \
                         $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(EX_REPLACES)) \
                         $(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(EX_REPLACES)),$(call lesson_objs,$(EX_LESSON)))
+# a copy of a cpu kernel's file compiles as kernels/cpu/ does (OpenMP, no contraction)
+EX_CPU_KERNELS := $(foreach f,$(filter %.cpp,$(EX_COPIES)),$(if $(findstring /kernels/cpu/,$(f)),$(f)))
+$(patsubst %.cpp,$(BUILD)/obj/%.o,$(EX_CPU_KERNELS)): FLAGS += $(OMP_FLAGS) -fno-trapping-math -ffp-contract=off
 $(EX_BIN): $(EX_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)

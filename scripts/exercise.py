@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPEN = re.compile(r"^(?P<indent>\s*)// \[exercise:(?P<name>[a-z0-9][a-z0-9-]*)\]\s*(?P<task>.*)$")
 CLOSE = re.compile(r"^\s*// \[/exercise\]\s*$")
 KEY = re.compile(r"^\s*// (?P<key>hint|minutes|args|bug|stub|see):\s?(?P<value>.*)$")
-SOURCES = ("lessons", "common")
+SOURCES = ("lessons", "common", "kernels")
 MANIFEST = ".exercise.json"
 
 
