@@ -35,9 +35,9 @@ is the grade.
 ends with exactly one such error line and exit 2; then, in one grading build where each region
 holds its stub, its solution and its planted mistakes side by side (FF_GRADE=NAME=K picks one:
 common/util/exercise.h), that each stub ends the run with its own error line and exit 2, that
-the solutions pass the lesson's check, and that each planted mistake fails it: exit 1 with
-`check: FAIL`, or with an `error:` line (a message of the wrong size, a deadlock the watchdog
-names), never a crash.
+the solutions pass the lesson's check, and that each planted mistake fails it: `check: FAIL`
+(exit 1), or an `error:` line (a message of the wrong size, a deadlock the watchdog names, a
+schedule the lesson's validation refuses: exit 1 or 2), never a crash.
 """
 import hashlib
 import json
@@ -384,8 +384,8 @@ def grade_lesson(lesson, exs, files):
             code, out = run(binary, lesson, runs[0], f"{e.name}={k}")
             # a wrong answer fails the check, or stops the run with an error line (sizes that
             # do not match, a deadlock the watchdog names): exit 1 either way, not a crash
-            failed = re.search(r"^(check: FAIL|error: )", out, re.M)
-            if code != 1 or not failed:
+            failed = re.search(r"^(check: FAIL|error: )", out, re.M) and not MISSING.search(out)
+            if code not in (1, 2) or not failed:
                 raise Problem(f"{lesson}: exercise {e.name} with '{old}' written as '{new}' does not "
                               f"fail the lesson's check (exit {code}):\n{out[-2000:]}")
             bugs += 1
