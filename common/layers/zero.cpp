@@ -333,12 +333,19 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   buckets_.flatten_params(flat);
   if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
   const auto mine = [&](const GradBuckets::Bucket& b) { return flat + b.offset + b.padded / dp * dp_rank_; };
+  // [exercise:zero1-step] ZeRO-1's update: AdamW on this rank's blocks only — gather them from flat into param_shard_, step, and put them back.
+  // hint: bucket b's block of this rank is mine(b), b.padded / dp floats; in param_shard_ (and in the gradient shard) it sits at b.offset / dp.
+  // hint: adam_.step({&param_shard_}, {buckets_.shard()}) updates the shard with its gradients; the all-gather below spreads every rank's blocks.
+  // see: lessons/08_mesh/README.md, Exercises
+  // minutes: 20
+  // bug: std::memcpy(mine(b), param_shard_.data() + b.offset / dp, -> std::memcpy(param_shard_.data() + b.offset / dp, mine(b),
   for (const GradBuckets::Bucket& b : buckets_.buckets())
     std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
   adam_.step({&param_shard_}, {buckets_.shard()});
   if (bug_ != Bug::stale_shard)
     for (const GradBuckets::Bucket& b : buckets_.buckets())
       std::memcpy(mine(b), param_shard_.data() + b.offset / dp, (size_t)(b.padded / dp) * sizeof(float));
+  // [/exercise]
 
   // 3. all-gather, bucket by bucket: every rank contributes its updated block (already in place
   //    in flat) and receives the others'; then the full parameters are copied back.
