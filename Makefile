@@ -4,6 +4,8 @@
 #   make test       build and run the whole test suite (ends with "N passed, N failed")
 #   make lessons    build the lessons, run each at its default rank count, with a summary table
 #   make run L=01 NP=4 ARGS="--rows 8"   build and run one lesson
+#   make exercise L=03   a lesson's exercises to write, in exercises/; make run L=03 EX=1 grades them
+#   make grade      every exercise: its stub stops the run, its solution passes, its mistakes fail
 #   make plots      regenerate the figures into plots/out/ from real runs
 #   make slides     the lesson decks (slides/*.md) -> build/slides/*.html, .pdf, index.html,
 #                   with code, outputs and figures from the tree and real runs (it draws the

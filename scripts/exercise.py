@@ -3,6 +3,7 @@
     /usr/bin/python3 scripts/exercise.py make NN [--force]   write exercises/NN_name/ (make exercise L=NN)
     /usr/bin/python3 scripts/exercise.py list [NN...]        every lesson's exercises, one line each
     /usr/bin/python3 scripts/exercise.py grade [NN...]       make grade: every exercise can fail and pass
+    /usr/bin/python3 scripts/exercise.py grade --self-test   the grader reports a mistake that does not fail
 
 A region of code is marked so (in a .cpp of the lesson, or of common/ for a subject the lesson
 teaches from there):
@@ -357,10 +358,28 @@ def expect_stub(code, out, name, what):
                       f"written yet (see ...)', got exit {code} and:\n{out[-2000:]}")
 
 
-def grade_lesson(lesson, exs, files):
+def check_docs(lesson, exs):
+    """The lesson's README lists its exercises (its "Exercises" section) and so does its deck's
+    "Your turn" slide."""
+    readme = open(os.path.join(ROOT, "lessons", lesson, "README.md")).read()
+    if "\n## Exercises\n" not in readme:
+        raise Problem(f"lessons/{lesson}/README.md has no '## Exercises' section")
+    section = readme.split("\n## Exercises\n", 1)[1].split("\n## ", 1)[0]
+    decks = [d for d in os.listdir(os.path.join(ROOT, "slides")) if d.startswith(lesson[:3]) and d.endswith(".md")]
+    deck = open(os.path.join(ROOT, "slides", decks[0])).read() if decks else ""
+    turn = deck.split("\n# Your turn\n", 1)[1] if "\n# Your turn\n" in deck else ""
+    for e in exs:
+        if f"`{e.name}`" not in section:
+            raise Problem(f"lessons/{lesson}/README.md's Exercises section does not list `{e.name}`")
+        if f"`{e.name}`" not in turn:
+            raise Problem(f"slides/{decks[0] if decks else lesson + '.md'}: its 'Your turn' slide does not list `{e.name}`")
+
+
+def grade_lesson(lesson, exs, files, tag=""):
+    check_docs(lesson, exs)
     base = os.path.join(os.environ.get("BUILD", "build"), "grade")
-    student_dir = os.path.join(base, lesson)
-    grading_dir = os.path.join(base, lesson + "-graded")
+    student_dir = os.path.join(base, lesson + tag)
+    grading_dir = os.path.join(base, lesson + tag + "-graded")
     for d in (student_dir, grading_dir):
         if os.path.isdir(os.path.join(ROOT, d)):
             shutil.rmtree(os.path.join(ROOT, d))
@@ -392,6 +411,24 @@ def grade_lesson(lesson, exs, files):
     return bugs
 
 
+def cmd_self_test():
+    """The grader can fail: lesson 01's first exercise given a 'mistake' that changes nothing
+    (its first bug's text replaced by itself) must be reported as not failing."""
+    by_lesson, files = all_exercises()
+    lesson = lesson_dir("01")
+    exs = by_lesson[lesson]
+    old, _ = exs[0].bugs[0]
+    exs[0].bugs[0] = (old, old)
+    try:
+        grade_lesson(lesson, exs, files, tag="-selftest")
+    except Problem as p:
+        if "does not fail the lesson's check" in str(p):
+            print(f"self-test ok: a mistake that changes nothing in {exs[0].name} is caught")
+            return
+        raise
+    raise Problem("self-test FAILED: a 'mistake' that changes nothing was not reported")
+
+
 def cmd_grade(nns):
     by_lesson, files = all_exercises()
     lessons = [l for l in lesson_dirs() if (not nns or l[:2] in nns) and l in by_lesson]
@@ -419,6 +456,8 @@ def main(argv):
             cmd_make(argv[2], "--force" in argv[3:])
         elif argv[1] == "list":
             cmd_list(argv[2:])
+        elif argv[2:3] == ["--self-test"]:
+            cmd_self_test()
         else:
             cmd_grade(argv[2:])
     except Problem as p:

@@ -206,6 +206,7 @@ usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus
 source tests/lessons.sh
 source tests/bad_input.sh
 source tests/cluster.sh
+source tests/exercises.sh
 section "slides"
 check "every deck builds to HTML; its code markers, figures and runs exist (bad ones are caught)" 0 '^slides ok: [0-9]+ decks build to HTML' \
   $PYTHON scripts/slides.py check

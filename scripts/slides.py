@@ -40,7 +40,8 @@ SLIDES = ROOT / "slides"
 BUILD = ROOT / os.environ.get("BUILD", "build")
 MARP = SLIDES / "node_modules" / ".bin" / "marp"
 # A lesson deck covers its lesson in 8-15 slides, per part for a lesson taught in parts (lesson
-# 08): each part opens with a title slide (`<!-- _class: lead -->`).
+# 08): each part opens with a title slide (`<!-- _class: lead -->`). Its last slide, "Your
+# turn" (the lesson's exercises, scripts/exercise.py), is not counted.
 MIN_SLIDES, MAX_SLIDES = 8, 15
 DEFAULT_MAX_LINES = 14
 
@@ -240,6 +241,8 @@ def render(deck, mode, cache, figdir):
     if fenced:
         fail(deck, len(lines), "a code fence is never closed")
     parts = max(parts, 1)
+    if any(l.strip() == "# Your turn" for l in lines):
+        slides -= 1
     if deck.name[:2] != "00" and not MIN_SLIDES * parts <= slides <= MAX_SLIDES * parts:
         fail(deck, 1, f"{slides} slides: a lesson deck has {MIN_SLIDES} to {MAX_SLIDES}"
                       + (f" per part ({parts} parts: {MIN_SLIDES * parts} to {MAX_SLIDES * parts})"

@@ -1,0 +1,14 @@
+# The exercises (scripts/exercise.py), sourced by scripts/run-tests.sh: for every lesson, the
+# student's copy builds and stops at its first unwritten exercise with one error line and exit
+# 2; each exercise's stub does so alone; the solutions pass the lesson's check; each planted
+# mistake fails it. One grading job per lesson, so that two run at a time.
+section "exercises (make grade)"
+check "the grader can fail: a planted 'mistake' that changes nothing is reported" 0 '^self-test ok' \
+  $PYTHON scripts/exercise.py grade --self-test
+for dir in lessons/[0-9][0-9]_*/; do
+  nn=$(basename "$dir" | cut -c1-2)
+  n=$($PYTHON scripts/exercise.py list "$nn" | wc -l)
+  [ "$n" -gt 0 ] || continue
+  check "lesson $nn's $n exercises: the student's copy stops at its first stub; each stub alone stops the run; the solutions pass; each planted mistake fails" 0 '^grade ok: 1 lessons' \
+    $PYTHON scripts/exercise.py grade "$nn"
+done
