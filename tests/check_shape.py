@@ -1,5 +1,7 @@
 """The shape of the lessons: each lesson's main.cpp reads in one sitting, so no lessons/*/main.cpp
-is longer than MAX_MAIN lines and no function in lessons/ longer than MAX_FUNCTION lines.
+is longer than MAX_MAIN lines and no function in lessons/ longer than MAX_FUNCTION lines. An
+exercise's marks (its `// [exercise:...]` line, its key lines and its closing line:
+scripts/exercise.py) are annotations, not the code, and are not counted in a main.cpp.
 
 A function is found as C++ is written here: a definition at column 0 (or a member defined in its
 class, indented two spaces) whose line or the lines after it end in `{`, running to the `}` at
@@ -26,6 +28,7 @@ MAX_FUNCTION = 200
 CEILINGS = {
 }
 
+EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\]|(hint|minutes|args|bug|stub|see): )")
 START = re.compile(r"^( {0,2})(?!//|#|return\b|if\b|for\b|while\b|switch\b|else\b)"
                    r"[A-Za-z_][\w:<>,*&\s]*?\b([A-Za-z_~][\w]*)\s*\(")
 CLASS = re.compile(r"^(class|struct)\s+([A-Za-z_]\w*)[^;]*$")
@@ -85,7 +88,8 @@ def problems_in(root, ceilings):
             rel = os.path.relpath(path, root)
             lines = open(path, encoding="utf-8").read().split("\n")
             if f == "main.cpp":
-                judge(rel, f"{rel}:", len(lines) - (1 if lines[-1] == "" else 0), MAX_MAIN)
+                marks = sum(1 for l in lines if EXERCISE_MARK.match(l))
+                judge(rel, f"{rel}:", len(lines) - (1 if lines[-1] == "" else 0) - marks, MAX_MAIN)
             for name, first, length in functions(lines):
                 judge(f"{rel}:{name}", f"{rel}:{first}: {name} is", length, MAX_FUNCTION)
     for key in sorted(set(ceilings) - seen):

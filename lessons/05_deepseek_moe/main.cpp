@@ -480,9 +480,10 @@ static int deepseek_lesson(Lesson& lesson) {
   const double eps = FLT_EPSILON,
                n_terms = (double)(T_all * K + d + config.ffn * std::max<int64_t>(config.shared, 1) + N);
   auto tol = [&](const Tensor& t) { return 4.0 * n_terms * eps * std::max(max_abs(t), 1e-3); };
-  lesson.print("data movement (must be exact: the all-to-alls only copy)\n");
-  check.holds("routing: each token's K experts are the best of its M best groups (by the definition)",
+  lesson.print("the selection, by its definition (the one-process reference routes with the same kernel)\n");
+  check.holds("routing: each token's K experts are the best of its M best groups",
               deepseek::routing_is_group_limited(config, ref_forward.s, full.bias, ref_forward.sel));
+  lesson.print("data movement (must be exact: the all-to-alls only copy)\n");
   check.holds("routing: every slot's expert and kept flag equal one process's",
               map.assign.idx == ref_forward.assign.idx && map.assign.kept == ref_forward.assign.kept);
   {
