@@ -468,11 +468,8 @@ static int deepseek_lesson(Lesson& lesson) {
   dsv3::Forward ref_forward = dsv3::forward(config, full, x_all);
   dsv3::Reference ref = dsv3::autograd_reference(config, full, x_all, dy_all, ref_forward.assign);
   const std::vector<int64_t> rsizes = ref_forward.plan.group_sizes.to_index_vector();
-  int64_t row0 = 0, row1 = 0;
-  for (int64_t e = 0; e < (rank + 1) * E; e++) {
-    if (e < rank * E) row0 += rsizes[(size_t)e];
-    row1 += rsizes[(size_t)e];
-  }
+  int64_t row0 = 0, row1 = 0;  // this rank's experts' rows in the reference's packed order
+  for (int64_t e = 0; e < (rank + 1) * E; e++) row0 += e < rank * E ? rsizes[(size_t)e] : 0, row1 += rsizes[(size_t)e];
   Tensor ref_xp = moe::permute(x_all, ref_forward.plan);
 
   Trace::Category check_traffic(trace(), "check");
