@@ -76,9 +76,11 @@ SIM_FLAGS := $(if $(filter 1,$(SIM_FMA)),-ffp-contract=fast $(if $(filter x86_64
 
 # The cpu device's kernels (kernels/cpu/) share their work among OpenMP threads (GCC's libgomp):
 # OMP_NUM_THREADS sets how many; under mpirun the node's cores are divided among its ranks
-# (kernels/README.md). The matmul's inner loop is compiled for AVX-512, AVX2 + FMA and plain
-# x86-64, and the program picks the best the CPU has when it starts (GCC function
-# multiversioning, kernels/cpu/matmul.cpp): no -march flag, the build runs on any x86-64.
+# (kernels/README.md). The matmul's tile is written for AVX-512, for AVX2 + FMA and in plain
+# C++, and the program picks the best the CPU has when it starts (kernels/cpu/matmul.cpp;
+# FF_CPU_ISA=avx2|portable picks a lower one); the row kernels are compiled for the same
+# levels by GCC's function multiversioning: no -march flag, the build runs on any x86-64.
+# CPU_ISA below names the level for make's messages and make bench's OpenBLAS kernels.
 OMP_FLAGS := -fopenmp
 LDLIBS    += $(OMP_FLAGS)
 CPU_ISA   := $(if $(filter x86_64,$(ARCH)),$(shell f=$$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null); \
@@ -181,9 +183,9 @@ else
 	@echo "✗ no nccl ($(NO_NCCL_WHY)): every message goes through MPI"
 endif
 ifneq ($(CPU_ISA),)
-	@echo "✓ cpu matmul runs its $(CPU_ISA) clone here, picked at run time (the build runs on any x86-64)"
+	@echo "✓ cpu matmul runs its $(CPU_ISA) kernels here, picked at run time (the build runs on any x86-64)"
 else
-	@echo "✗ cpu matmul runs its baseline $(ARCH) build (no AVX2 + FMA found on this CPU): correct, slower"
+	@echo "✗ cpu matmul runs its portable kernels (no AVX2 + FMA found on this CPU): the same bits, slower"
 endif
 ifeq ($(SIM_FMA),1)
 	@echo "✓ sim fuses a * b + c into one FMA, as nvcc does ($(SIM_FLAGS))"
@@ -272,6 +274,9 @@ $(BUILD)/bin/%: $$(call lesson_objs,$$*) $(LIB)
 EXDIR ?=
 ifneq ($(EXDIR),)
 -include $(EXDIR)/files.mk
+ifeq ($(EX_LESSON),)
+$(error EXDIR=$(EXDIR) holds no exercise copy (make exercise L=NN writes one))
+endif
 EX_BIN  := $(BUILD)/ex/$(subst /,_,$(EXDIR))
 EX_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter %.cpp,$(EX_COPIES))) \
            $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(filter %.cu,$(EX_COPIES))) \
@@ -288,7 +293,7 @@ $(EX_BIN): $(EX_OBJS) $(LIB)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 endif
 exercise-bin: $(EX_BIN)
-	@$(if $(EX_LESSON),:,echo "error: EXDIR=$(EXDIR) holds no exercise copy (make exercise L=NN writes one)" >&2; exit 2)
+	@$(if $(EXDIR),:,echo "error: make exercise-bin EXDIR=DIR (a copy make exercise L=NN writes)" >&2; exit 2)
 
 # ---- tests
 # the lessons' own CUDA kernels (lesson 01's), for their kernel tests
@@ -400,7 +405,7 @@ exercise:
 	@$(PYTHON) scripts/exercise.py make "$(L)" $(if $(filter 1,$(FORCE)),--force)
 grade: deps
 	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
-	@$(PYTHON) scripts/exercise.py grade $(LESSONS)
+	@$(PYTHON) scripts/exercise.py grade
 
 # PLOTS="02 05" draws those lessons' figures only
 plots: deps
@@ -429,10 +434,12 @@ reference:
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the test suite on it.
 # The emulator tells ASan about its fiber switches, so the sim kernels run sanitized too. The
 # cuda device is left out (NO_CUDA=1): ASan's shadow memory and the CUDA driver do not mix.
+# (the tests get the build's variables too: make grade builds the exercises with them)
+SANITIZE_VARS := BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
+  SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 sanitize: deps
-	@$(MAKE) $(SUBMAKE_FLAGS) build BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
-	  SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-	@BUILD=build/sanitize SANITIZE=1 bash scripts/run-tests.sh
+	@$(MAKE) $(SUBMAKE_FLAGS) build $(SANITIZE_VARS)
+	@$(SANITIZE_VARS) SANITIZE=1 bash scripts/run-tests.sh
 
 clean:
 	rm -rf $(BUILD) plots/out

@@ -231,10 +231,10 @@ def rewrite(path, lines, exs, region_fn, lesson):
         i = e.last + 1
     out += lines[i:]
     include = '#include "common/util/exercise.h"'
-    if include not in out:
+    if include not in out:  # after the file's first include (its own header)
         for j, line in enumerate(out):
             if line.startswith("#include"):
-                out.insert(j, include)
+                out.insert(j + 1, include)
                 break
     return "\n".join(out)
 
@@ -292,8 +292,10 @@ def cmd_make(nn, force):
         if edited:
             raise Problem(f"exercises/{lesson}/ holds your work ({', '.join(edited)}): "
                           f"make exercise L={nn} FORCE=1 starts it over")
-    if os.path.isdir(dest):
-        shutil.rmtree(dest)
+    if os.path.exists(manifest):  # the files written before (unedited): only those go
+        for rel in json.load(open(manifest)).get("written", {}):
+            if os.path.exists(os.path.join(dest, rel)):
+                os.remove(os.path.join(dest, rel))
     mapping = write_copy(lesson, exs, files, dest, "student")
     written = {rel: digest(os.path.join(dest, rel)) for rel in mapping}
     with open(manifest, "w") as f:
@@ -321,14 +323,23 @@ def cmd_list(nns):
 # ---------------------------------------------------------------------------- grade
 
 def sh(cmd, env=None, timeout=600):
-    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout)
-    return r.returncode, r.stdout
+    """Runs cmd in its own session: past the timeout the whole group (mpirun and its ranks) is
+    killed and the run reported as hanging."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, _ = p.communicate()
+        raise Problem(f"{' '.join(cmd)} did not end within {timeout} s (a hang):\n{out[-2000:]}")
+    return p.returncode, out
 
 
 def build(exdir):
     make = os.environ.get("MAKE", "make")
-    code, out = sh([make, "--no-print-directory", "-s", "exercise-bin", f"EXDIR={exdir}"])
+    passed = [f"{k}={os.environ[k]}" for k in ("BUILD", "OPT", "SANFLAGS", "NO_CUDA") if k in os.environ]
+    code, out = sh([make, "--no-print-directory", "-s", "exercise-bin", f"EXDIR={exdir}"] + passed)
     if code != 0:
         raise Problem(f"{exdir} does not build:\n{out[-3000:]}")
     build_dir = os.environ.get("BUILD", "build")
@@ -430,6 +441,7 @@ def cmd_self_test():
 
 
 def cmd_grade(nns):
+    nns = [n[:2] for n in nns]  # 03 or 03_smoe
     by_lesson, files = all_exercises()
     lessons = [l for l in lesson_dirs() if (not nns or l[:2] in nns) and l in by_lesson]
     if nns and len(lessons) != len(nns):

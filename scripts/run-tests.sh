@@ -203,6 +203,7 @@ check "trace: Chrome JSON with one track per rank, and CSV" 0 '^trace ok: 3 rank
   bash -c "$MPIRUN -np 3 $T/trace_demo $LOG/trace.json $LOG/trace.csv && $PYTHON scripts/check-trace.py $LOG/trace.json $LOG/trace.csv 3"
 
 usage_error "FF_WAIT=bogus is refused: one error line, exit 2" env FF_WAIT=bogus $MPIRUN -np 2 $T/trace_demo /dev/null /dev/null
+usage_error "FF_CPU_ISA=avx3 (not best, avx2 or portable) is refused by a lesson: one error line, exit 2" env FF_CPU_ISA=avx3 $MPIRUN -x FF_CPU_ISA -np 2 $B/01_online_softmax
 source tests/lessons.sh
 source tests/bad_input.sh
 source tests/cluster.sh

@@ -56,7 +56,10 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
 void Adam::restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t) {
   FF_CHECK(m.size() == v.size() && t >= 0, "Adam::restore: " << m.size() << " m and " << v.size()
                                                                 << " v tensors, step " << t);
-  m_ = std::move(m), v_ = std::move(v), t_ = t;
+  // copies: the steps update m and v in place, and the caller's tensors stay its own
+  m_.clear(), v_.clear();
+  for (size_t i = 0; i < m.size(); i++) m_.push_back(m[i].clone()), v_.push_back(v[i].clone());
+  t_ = t;
 }
 
 size_t Adam::state_bytes() const {

@@ -14,12 +14,14 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "common/core/tensor.h"
 #include "common/util/exercise.h"
 #include "common/util/files.h"
 #include "common/core/npy.h"
 #include "common/util/trace.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/simt_emulator.h"
 
 namespace ff {
@@ -128,6 +130,7 @@ void Lesson::parse() {
              "--mca pml ob1 (one machine's shared memory, without probing for network fabrics)");
   cli.parse(argc_, argv_, comm);  // --help and flag errors leave from here
   usage_error_if(!simt::environment_error().empty(), simt::environment_error());
+  usage_error_if(!cpu::matmul_isa_error().empty(), cpu::matmul_isa_error());
   // Output paths, on rank 0 (it creates what is missing), before any work.
   std::string bad;
   if (rank() == 0) {
@@ -312,9 +315,27 @@ static bool first_report_on_node() {
 #endif
 }
 
+// A student's unwritten exercise (common/util/exercise.h), reached wherever its stub is: the
+// ranks that reach it may be few (a chain's later links), the others waiting on them, so the
+// job is aborted with status 2. Of the ranks on this node that reach it, the first to claim the
+// report prints the one line and aborts; the others wait for that abort to end them (and end
+// the job themselves only if it never comes), so that the line is not lost to a rank killed
+// before it printed.
+[[noreturn]] static void report_missing_exercise(const char* message) {
+  if (first_report_on_node()) {
+    std::fprintf(stderr, "error: %s\n", message);
+    std::fflush(stderr);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+  }
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::exit(2);
+}
+
 int run_lesson(int argc, char** argv, const std::string& program,
                const std::function<int(Lesson&)>& body, int mpi_thread_level) {
   Comm comm = Comm::world(&argc, &argv, mpi_thread_level);
+  set_exercise_handler(report_missing_exercise);
   int code = 1;
   try {
     Lesson lesson(comm, argc, argv, program);
@@ -323,13 +344,8 @@ int run_lesson(int argc, char** argv, const std::string& program,
   } catch (const UsageError& e) {  // found by every rank alike: no abort needed
     if (comm.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
     Comm::exit_all(2);
-  } catch (const ExerciseMissing& e) {
-    // A student's unwritten exercise: the ranks that reach it may be few (a chain's later
-    // links), the others waiting on them, so the job is aborted with status 2; of the ranks
-    // on this node that reach it, the first to claim the report prints the one line.
-    if (first_report_on_node()) std::fprintf(stderr, "error: %s\n", e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
+  } catch (const ExerciseMissing& e) {  // (thrown only if the handler below was not installed)
+    report_missing_exercise(e.what());
   } catch (const std::exception& e) {  // ff::Error, device errors, bad_alloc: this rank only
     std::fprintf(stderr, "error: rank %d: %s\n", comm.rank(), e.what());
     std::fflush(stderr);

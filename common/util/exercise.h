@@ -13,14 +13,20 @@
 
 namespace ff {
 
-// Thrown by exercise_missing; the lesson's runner (common/lesson/lesson.cpp) answers it with
-// one `error:` line on rank 0 and exit 2 on every rank, as it does a usage error.
+// Thrown by exercise_missing when no handler is installed (a program outside the lesson
+// skeleton, a unit test).
 struct ExerciseMissing : Error {
   using Error::Error;
 };
 
-// A region the student has not written yet: "exercise NAME is not written yet (see SEE)".
+// A region the student has not written yet: the message "exercise NAME is not written yet
+// (see SEE)" goes to the handler the lesson's runner installs (common/lesson/lesson.cpp: one
+// `error:` line, the job ended with status 2), called right there — a stub may sit where an
+// exception must not pass (inside MPI's call of a reduction op, an OpenMP region) — or, with
+// none installed, is thrown as ExerciseMissing.
 [[noreturn]] void exercise_missing(const char* name, const char* see);
+using ExerciseHandler = void (*)(const char* message);  // must not return
+void set_exercise_handler(ExerciseHandler handler);
 
 // Grading (scripts/exercise.py grade): which version of exercise `name` a grading build runs,
 // from the environment's FF_GRADE=NAME=K — 0 the stub, K >= 1 the solution with its K-th

@@ -2,6 +2,8 @@
 // readable definition of every op. Signatures and shape conventions are those
 // of KernelTable in kernels/kernels.h.
 #pragma once
+#include <string>
+
 #include "kernels/kernels.h"
 
 namespace ff::cpu {
@@ -19,6 +21,9 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 int matmul_threads();
 void set_matmul_threads(int n);
 // The instruction set version 2's kernels run here: "AVX-512", "AVX2 + FMA" or "portable",
-// the best this CPU has, or a lower one named by FF_CPU_ISA=avx2|portable (make bench).
+// the best this CPU has, or a lower one named by FF_CPU_ISA=avx2|portable (make bench);
+// FF_CPU_ISA=best, or unset, the best. matmul_isa_error: what is wrong with FF_CPU_ISA's
+// value, or "" (a lesson answers it as bad input).
 const char* matmul_isa();
+std::string matmul_isa_error();
 }  // namespace ff::cpu

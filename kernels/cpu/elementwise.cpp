@@ -8,11 +8,12 @@
 namespace ff::cpu {
 
 // f(i) for i < n: a loop the compiler vectorises (omp simd: GCC's -O2 cost model would not,
-// for a trip count it does not know), shared among threads from row_math.h's size up. Each
-// element is computed on its own, so neither changes a bit.
+// for a trip count it does not know), shared among threads when the elements all the f(i)
+// touch (n, or `elements` when each f(i) is a row) reach row_math.h's size. Each element is
+// computed on its own, so neither changes a bit.
 template <class F>
-static inline void each(int64_t n, F f) {
-  const int threads = row_threads(n);
+static inline void each(int64_t n, F f, int64_t elements = -1) {  // elements: what f(i)s touch in all
+  const int threads = row_threads(elements < 0 ? n : elements);
 #pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t i = 0; i < n; i++) f(i);
 }
@@ -55,7 +56,7 @@ static void binary_op(float* out, const float* a, const float* b, int64_t n, int
           for (int64_t j = 0; j < C; j++) outr[j] = apply(op, ar[j], b[j]);
         else
           for (int64_t j = 0; j < C; j++) outr[j] = apply(op, ar[j], b[r]);
-      });
+      }, n);
       for (int64_t i = n / C * C; i < n; i++)  // a last, partial row (n not a multiple of C)
         out[i] = apply(op, a[i], row ? b[i % C] : b[i / C]);
       return;
@@ -114,7 +115,7 @@ void masked_fill(float* out, const float* x, const float* mask, int64_t n, int64
     const float* xb = x + blk * mask_n;
     float* ob = out + blk * mask_n;
     for (int64_t j = 0; j < mask_n; j++) ob[j] = mask[j] != 0.f ? value : xb[j];
-  });
+  }, n);
   for (int64_t i = n / mask_n * mask_n; i < n; i++) out[i] = mask[i % mask_n] != 0.f ? value : x[i];
 }
 

@@ -71,7 +71,9 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // + r]: the inner loop then reads both with stride 1 whatever trans_a, trans_b and the strides
 // are (the copy pays for the transposes, once, in O(M K + K Nc) work against the O(M K Nc)
 // of the product). A ragged edge (M or Nc not a multiple of the tile) is padded with zeros,
-// so the tile code has no edge cases; only the valid part of a tile is written back.
+// so the tile code has no edge cases; only the valid part of a tile is written back. Small
+// products, where the copies would cost about as much as they save, read op(a) and op(b) in
+// place where their layout allows (matmul below says when).
 //
 // Threads. Blocks of kBlockRows rows of c are independent (each reads all of packed b and its
 // own rows of a, and writes its own rows of c), so an OpenMP loop shares them out among the
@@ -89,9 +91,10 @@ void matmul_v1(float* c, const float* a, const float* b, int64_t B, int64_t M, i
 // CUDA kernels are; version 1 is within u |result|. Tests that compare with the cpu matmul as
 // if it were exact use version 1 (tests/unit/test_kernels_matmul.cpp). Unfused (a product
 // rounded, then added: twice the arithmetic instructions of OpenBLAS's FMAs) the AVX2 tile ran
-// at about 0.6-0.7 of the fused one's speed at 1024^3 (make bench's machine, alternated runs). Summing in double in the tile measured 3x slower on
-// AVX-512 at 256^3 (half the lanes per register, a conversion per load of b, and a 6 x 16 tile
-// to fit the registers), so version 2 sums in float, as BLAS libraries do.
+// at about 0.6-0.7 of the fused one's speed at 1024^3 (make bench's machine, alternated runs).
+// Summing in double in the tile measured 3x slower on AVX-512 at 256^3 (half the lanes per
+// register, a conversion per load of b, and a 6 x 16 tile to fit the registers), so version 2
+// sums in float, as BLAS libraries do.
 
 constexpr int64_t kTileRows = 6;
 constexpr int64_t kTileCols = 32;
@@ -312,7 +315,8 @@ const IsaKernels& isa_kernels() {
     const bool has512 = __builtin_cpu_supports("avx512f");
     const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     // FF_CPU_ISA=avx2 or portable runs a lower level than the CPU has (make bench measures
-    // the AVX2 kernels on an AVX-512 machine so); a level the CPU lacks is not taken
+    // the AVX2 kernels on an AVX-512 machine so), best (or unset) the best it has; a level the
+    // CPU lacks is not taken (a lesson refuses any other value: matmul_isa_error)
     const char* want = std::getenv("FF_CPU_ISA");
     const std::string w = want ? want : "";
     if (w == "portable") return portable;
@@ -372,13 +376,20 @@ void pack_a_strip(float* dst, const float* a, int64_t i0, int64_t p0, int64_t de
 
 const char* matmul_isa() { return isa_kernels().name; }
 
+std::string matmul_isa_error() {
+  const char* want = std::getenv("FF_CPU_ISA");
+  const std::string w = want ? want : "";
+  if (w.empty() || w == "best" || w == "avx2" || w == "portable") return "";
+  return "FF_CPU_ISA='" + w + "' is not one of the cpu kernels' instruction sets; want best, avx2 or portable";
+}
+
 void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc, int64_t K,
             int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
   const IsaKernels& isa = isa_kernels();
-  if (M <= kFewRows && !trans_b) {  // a few rows: b streamed, not packed (few_rows_block)
+  if (M <= kFewRows && !trans_b) {  // a few rows: b streamed, not packed (few_rows_body)
     const int64_t blocks = (Nc + kFewCols - 1) / kFewCols;
-    const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
+    const int threads = M * Nc * K >= kParallelWork && !omp_in_parallel() ? matmul_threads() : 1;
     for (int64_t z = 0; z < B; z++) {
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t blk = 0; blk < blocks; blk++)
@@ -389,7 +400,7 @@ void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int6
   }
   const int64_t panels = (Nc + kTileCols - 1) / kTileCols;
   const int64_t blocks = (M + kBlockRows - 1) / kBlockRows;
-  const int threads = M * Nc * K >= kParallelWork ? matmul_threads() : 1;
+  const int threads = M * Nc * K >= kParallelWork && !omp_in_parallel() ? matmul_threads() : 1;
   // Packing or reading in place. A packed panel or strip is contiguous, which keeps it in L1
   // however far apart its rows are in memory (rows 4 KiB apart all land in one set of the L1
   // cache, and a 1024-wide matrix read in place ran at half the speed). The copy costs about

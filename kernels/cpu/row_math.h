@@ -17,9 +17,11 @@ inline int row_threads(int64_t elements) {
   return elements >= kParallelElements ? matmul_threads() : 1;
 }
 
-// A row function compiled three times (AVX-512, AVX2 + FMA, baseline x86-64), the best one
-// this CPU runs picked when the program starts — as matmul.cpp's tile: no -march flag, so the
-// build still runs on any x86-64. The OpenMP loop over rows stays outside, in plain code.
+// A row function compiled three times (AVX-512, AVX2 + FMA, baseline x86-64) by GCC's
+// function multiversioning, the best one this CPU runs picked when the program starts: no
+// -march flag, so the build still runs on any x86-64. The OpenMP loop over rows stays
+// outside, in plain code. (The matmul picks its own kernels the same way, by hand:
+// matmul.cpp.)
 #if defined(__x86_64__)
 #define FF_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

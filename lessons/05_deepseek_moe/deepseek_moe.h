@@ -40,10 +40,14 @@ int run_training(Lesson& lesson, Topology& topo, Scheme scheme, dsv3::Config con
 // The group-limited selection checked by its definition, not by the kernel that made it (the
 // one-process reference routes with the same kernel): every token's K experts are distinct and
 // lie in its M kept groups, which are distinct; no other group outscores a kept one (a group's
-// score: the sum of its group_score_k() best s + b, in double, ties within 1e-5 relative); and
-// no unchosen expert of a kept group outscores a chosen one by s + b (routing_check.cpp).
+// score: the sum of its group_score_k() best s + b, in double); and no unchosen expert of a
+// kept group outscores a chosen one by s + b — both within 1e-5 relative, as the kernel
+// compares float sums and breaks ties by index (routing_check.cpp).
 bool routing_is_group_limited(const dsv3::Config& c, const Tensor& s, const Tensor& bias,
                               const dsv3::Selection& sel);
+// That check, under its own heading of the lesson's report.
+void check_selection(Lesson& lesson, CheckReport& check, const dsv3::Config& c, const Tensor& s,
+                     const Tensor& bias, const dsv3::Selection& sel);
 
 // Lesson 05's flags, their defaults and where they land.
 struct Flags {

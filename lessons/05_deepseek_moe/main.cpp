@@ -469,7 +469,8 @@ static int deepseek_lesson(Lesson& lesson) {
   dsv3::Reference ref = dsv3::autograd_reference(config, full, x_all, dy_all, ref_forward.assign);
   const std::vector<int64_t> rsizes = ref_forward.plan.group_sizes.to_index_vector();
   int64_t row0 = 0, row1 = 0;  // this rank's experts' rows in the reference's packed order
-  for (int64_t e = 0; e < (rank + 1) * E; e++) row0 += e < rank * E ? rsizes[(size_t)e] : 0, row1 += rsizes[(size_t)e];
+  for (int64_t e = 0; e < (rank + 1) * E; e++)
+    row0 += e < rank * E ? rsizes[(size_t)e] : 0, row1 += rsizes[(size_t)e];
   Tensor ref_xp = moe::permute(x_all, ref_forward.plan);
 
   Trace::Category check_traffic(trace(), "check");
@@ -477,9 +478,7 @@ static int deepseek_lesson(Lesson& lesson) {
   const double eps = FLT_EPSILON,
                n_terms = (double)(T_all * K + d + config.ffn * std::max<int64_t>(config.shared, 1) + N);
   auto tol = [&](const Tensor& t) { return 4.0 * n_terms * eps * std::max(max_abs(t), 1e-3); };
-  lesson.print("the selection, by its definition (the one-process reference routes with the same kernel)\n");
-  check.holds("routing: each token's K experts are the best of its M best groups",
-              deepseek::routing_is_group_limited(config, ref_forward.s, full.bias, ref_forward.sel));
+  deepseek::check_selection(lesson, check, config, ref_forward.s, full.bias, ref_forward.sel);
   lesson.print("data movement (must be exact: the all-to-alls only copy)\n");
   check.holds("routing: every slot's expert and kept flag equal one process's",
               map.assign.idx == ref_forward.assign.idx && map.assign.kept == ref_forward.assign.kept);

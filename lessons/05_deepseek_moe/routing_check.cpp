@@ -41,9 +41,18 @@ bool routing_is_group_limited(const dsv3::Config& c, const Tensor& s, const Tens
       worst_chosen = std::min(worst_chosen, x[(size_t)e]);
     }
     for (int64_t e = 0; e < N; e++)
-      if (is_kept[(size_t)(e / per)] && !chosen[(size_t)e] && x[(size_t)e] > worst_chosen) return false;
+      if (is_kept[(size_t)(e / per)] && !chosen[(size_t)e] &&
+          x[(size_t)e] > worst_chosen + 1e-5 * std::max(1.0, std::fabs(worst_chosen)))
+        return false;
   }
   return true;
+}
+
+void check_selection(Lesson& lesson, CheckReport& check, const dsv3::Config& c, const Tensor& s,
+                     const Tensor& bias, const dsv3::Selection& sel) {
+  lesson.print("the selection, by its definition (the one-process reference routes with the same kernel)\n");
+  check.holds("routing: each token's K experts are the best of its M best groups",
+              routing_is_group_limited(c, s, bias, sel));
 }
 
 }  // namespace ff::deepseek
