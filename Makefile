@@ -390,8 +390,9 @@ run-bin: $(RUN_BIN)
 	@:
 run: deps
 ifeq ($(EX),1)
-	@d=$$(ls -d exercises/$(L)_* 2>/dev/null | head -n 1); \
-	  if [ -z "$$d" ]; then echo "error: no exercises/$(L)_*: make exercise L=$(L) writes the lesson's exercises" >&2; exit 2; fi; \
+	@d=$$(ls -d $(EXERCISES)/$(L)_* 2>/dev/null | head -n 1); \
+	  if [ -z "$$d" ]; then echo "error: no $(EXERCISES)/$(L)_*: make exercise L=$(L) writes the lesson's exercises" >&2; exit 2; fi; \
+	  $(PYTHON) scripts/exercise.py stale $$d; \
 	  $(MAKE) $(SUBMAKE_FLAGS) found exercise-bin EXDIR=$$d && \
 	  FF_RUN_BIN=$(BUILD)/ex/$$(echo $$d | tr / _) bash scripts/run-lesson.sh "$(L)" "$(NP)" $(ARGS)
 else
@@ -400,9 +401,11 @@ else
 endif
 
 # make exercise L=NN: the lesson's exercises, to write, in exercises/NN_name/ (FORCE=1 starts
-# an edited copy over); make grade: every exercise's stub, solution and planted mistakes
+# an edited copy over; EXERCISES=DIR writes them elsewhere, and make run EX=1 reads them
+# there); make grade: every exercise's stub, solution and planted mistakes
+EXERCISES ?= exercises
 exercise:
-	@$(PYTHON) scripts/exercise.py make "$(L)" $(if $(filter 1,$(FORCE)),--force)
+	@FF_EXERCISES=$(EXERCISES) $(PYTHON) scripts/exercise.py make "$(L)" $(if $(filter 1,$(FORCE)),--force)
 grade: deps
 	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
 	@$(PYTHON) scripts/exercise.py grade

@@ -2,6 +2,7 @@
 
     /usr/bin/python3 scripts/exercise.py make NN [--force]   write exercises/NN_name/ (make exercise L=NN)
     /usr/bin/python3 scripts/exercise.py list [NN...]        every lesson's exercises, one line each
+    /usr/bin/python3 scripts/exercise.py stale DIR           a warning if DIR's originals changed since
     /usr/bin/python3 scripts/exercise.py grade [NN...]       make grade: every exercise can fail and pass
     /usr/bin/python3 scripts/exercise.py grade --self-test   the grader reports a mistake that does not fail
 
@@ -260,9 +261,17 @@ def write_copy(lesson, exs, files, dest, kind):
         f.write("# written by scripts/exercise.py: the lesson's files this directory replaces\n")
         f.write(f"EX_LESSON := {lesson}\n")
         f.write("EX_REPLACES := " + " ".join(sorted(mapping.values())) + "\n")
-        f.write("EX_COPIES := " + " ".join(sorted(os.path.relpath(os.path.join(dest, r), ROOT)
-                                                   for r in mapping)) + "\n")
+        def named(path):  # relative to the tree when inside it (build/obj/ mirrors it)
+            rel = os.path.relpath(path, ROOT)
+            return path if rel.startswith("..") else rel
+        f.write("EX_COPIES := " + " ".join(sorted(named(os.path.join(dest, r)) for r in mapping)) + "\n")
     return mapping
+
+
+def exercises_root():
+    """Where make exercise writes: exercises/ in the tree, or FF_EXERCISES (the Makefile's
+    EXERCISES=DIR; the tests use one of their own)."""
+    return os.path.abspath(os.environ.get("FF_EXERCISES") or os.path.join(ROOT, "exercises"))
 
 
 def digest(path):
@@ -277,7 +286,7 @@ def cmd_make(nn, force):
     exs = by_lesson.get(lesson, [])
     if not exs:
         raise Problem(f"lesson {nn} has no exercises yet")
-    dest = os.path.join(ROOT, "exercises", lesson)
+    dest = os.path.join(exercises_root(), lesson)
     manifest = os.path.join(dest, MANIFEST)
     if os.path.isdir(dest) and not force:
         edited = []
@@ -290,7 +299,7 @@ def cmd_make(nn, force):
         else:
             edited = ["(no record of what was written)"]
         if edited:
-            raise Problem(f"exercises/{lesson}/ holds your work ({', '.join(edited)}): "
+            raise Problem(f"{os.path.relpath(dest)}/ holds your work ({', '.join(edited)}): "
                           f"make exercise L={nn} FORCE=1 starts it over")
     if os.path.exists(manifest):  # the files written before (unedited): only those go
         for rel in json.load(open(manifest)).get("written", {}):
@@ -298,15 +307,34 @@ def cmd_make(nn, force):
                 os.remove(os.path.join(dest, rel))
     mapping = write_copy(lesson, exs, files, dest, "student")
     written = {rel: digest(os.path.join(dest, rel)) for rel in mapping}
+    sources = {orig: digest(os.path.join(ROOT, orig)) for orig in mapping.values()}
     with open(manifest, "w") as f:
-        json.dump({"lesson": lesson, "written": written}, f, indent=1)
-    print(f"exercises/{lesson}/: {len(exs)} exercises to write")
+        json.dump({"lesson": lesson, "written": written, "sources": sources}, f, indent=1)
+    shown = os.path.relpath(dest)
+    print(f"{shown}/: {len(exs)} exercises to write")
     for e in exs:
         rel = copy_path(e.path, lesson)
         mins = f", ~{e.minutes} min" if e.minutes else ""
-        print(f"  {e.name:<24} exercises/{lesson}/{rel}{mins}: {e.task}")
+        print(f"  {e.name:<24} {shown}/{rel}{mins}: {e.task}")
     print(f"Edit those files where each says; then make run L={nn} EX=1 builds your copy and runs "
           "the lesson: its check grades you (check: PASS).")
+
+
+# ---------------------------------------------------------------------------- stale
+
+def cmd_stale(exdir):
+    """make run EX=1: a warning line when a file the copy was made from has changed since (a
+    git pull): the copy then pairs old code with the rest of the lesson as it is now."""
+    manifest = os.path.join(ROOT, exdir, MANIFEST)
+    if not os.path.exists(manifest):
+        return
+    record = json.load(open(manifest))
+    changed = [orig for orig, sha in record.get("sources", {}).items()
+               if not os.path.exists(os.path.join(ROOT, orig)) or digest(os.path.join(ROOT, orig)) != sha]
+    if changed:
+        print(f"warning: {', '.join(changed)} changed since {exdir} was written: if the build or the "
+              f"check fails for that, save your regions and start over with make exercise "
+              f"L={record['lesson'][:2]} FORCE=1", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------- list
@@ -458,7 +486,7 @@ def cmd_grade(nns):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[1] not in ("make", "list", "grade"):
+    if len(argv) < 2 or argv[1] not in ("make", "list", "grade", "stale"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
@@ -468,6 +496,8 @@ def main(argv):
             cmd_make(argv[2], "--force" in argv[3:])
         elif argv[1] == "list":
             cmd_list(argv[2:])
+        elif argv[1] == "stale":
+            cmd_stale(argv[2])
         elif argv[2:3] == ["--self-test"]:
             cmd_self_test()
         else:
