@@ -318,15 +318,17 @@ static bool first_report_on_node() {
 // A student's unwritten exercise (common/util/exercise.h), reached wherever its stub is: the
 // ranks that reach it may be few (a chain's later links), the others waiting on them, so the
 // job is aborted with status 2. Of the ranks on this node that reach it, the first to claim the
-// report prints the one line and aborts; the others wait for that abort to end them (and end
-// the job themselves only if it never comes), so that the line is not lost to a rank killed
-// before it printed.
+// report prints the one line, holds its claim a second (ranks doing the same work reach the
+// stub within it, and find it taken) and aborts; the others wait for that abort to end them
+// (and end the job themselves only if it never comes), so that the line is neither lost to a
+// rank killed before it printed nor printed twice.
 [[noreturn]] static void report_missing_exercise(const char* message) {
   if (first_report_on_node()) {
     std::fprintf(stderr, "error: %s\n", message);
     std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::this_thread::sleep_for(std::chrono::seconds(6));
   }
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
