@@ -6,6 +6,7 @@
 #   make run L=01 NP=4 ARGS="--rows 8"   build and run one lesson
 #   make exercise L=03   a lesson's exercises to write, in exercises/; make run L=03 EX=1 grades them
 #   make grade      every exercise: its stub stops the run, its solution passes, its mistakes fail
+#                   (make grade L=03 EX=1: your copy on every run that grades lesson 03's exercises)
 #   make plots      regenerate the figures into plots/out/ from real runs
 #   make slides     the lesson decks (slides/*.md) -> build/slides/*.html, .pdf, index.html,
 #                   with code, outputs and figures from the tree and real runs (it draws the
@@ -402,13 +403,18 @@ endif
 
 # make exercise L=NN: the lesson's exercises, to write, in exercises/NN_name/ (FORCE=1 starts
 # an edited copy over; EXERCISES=DIR writes them elsewhere, and make run EX=1 reads them
-# there); make grade: every exercise's stub, solution and planted mistakes
+# there); make grade: every exercise's stub, solution and planted mistakes; make grade L=NN
+# EX=1: the student's copy on every run that grades the lesson's exercises
 EXERCISES ?= exercises
 exercise:
 	@FF_EXERCISES=$(EXERCISES) $(PYTHON) scripts/exercise.py make "$(L)" $(if $(filter 1,$(FORCE)),--force)
 grade: deps
 	@$(MAKE) $(SUBMAKE_FLAGS) build-lessons
+ifeq ($(EX),1)
+	@FF_EXERCISES=$(EXERCISES) $(PYTHON) scripts/exercise.py mine "$(L)"
+else
 	@$(PYTHON) scripts/exercise.py grade
+endif
 
 # PLOTS="02 05" draws those lessons' figures only
 plots: deps

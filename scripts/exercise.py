@@ -3,6 +3,7 @@
     /usr/bin/python3 scripts/exercise.py make NN [--force]   write exercises/NN_name/ (make exercise L=NN)
     /usr/bin/python3 scripts/exercise.py list [NN...]        every lesson's exercises, one line each
     /usr/bin/python3 scripts/exercise.py stale DIR           a warning if DIR's originals changed since
+    /usr/bin/python3 scripts/exercise.py mine NN             your copy on every run that grades it (make grade L=NN EX=1)
     /usr/bin/python3 scripts/exercise.py grade [NN...]       make grade: every exercise can fail and pass
     /usr/bin/python3 scripts/exercise.py grade --self-test   the grader reports a mistake that does not fail
 
@@ -320,6 +321,37 @@ def cmd_make(nn, force):
           "the lesson: its check grades you (check: PASS).")
 
 
+# ---------------------------------------------------------------------------- mine
+
+def cmd_mine(nn):
+    """make grade L=NN EX=1: the student's copy run as the grader runs the solutions, every run
+    some exercise of the lesson names (and the default one); a line per run, exit 1 unless all
+    pass."""
+    lesson = lesson_dir(nn)
+    by_lesson, _ = all_exercises()
+    dest = os.path.join(exercises_root(), lesson)
+    if not os.path.exists(os.path.join(dest, "files.mk")):
+        raise Problem(f"no {os.path.relpath(dest)}/: make exercise L={nn} writes the lesson's exercises")
+    cmd_stale(os.path.relpath(dest, ROOT) if not os.path.relpath(dest, ROOT).startswith("..") else dest)
+    rel = os.path.relpath(dest, ROOT)
+    binary = build(rel if not rel.startswith("..") else dest)
+    runs = [""]
+    for e in by_lesson.get(lesson, []):
+        runs += [a for a in e.args if a not in runs]
+    failed = 0
+    for args in runs:
+        code, out = run(binary, lesson, args)
+        ok = code == 0 and re.search(r"^check: PASS", out, re.M)
+        why = "" if ok else next((l for l in out.split("\n") if l.startswith(("error:", "check:"))),
+                                 f"exit {code}")
+        failed += not ok
+        shown = f'ARGS="{args}"' if args else "the default run"
+        print(f"  {'PASS' if ok else 'FAIL'}  make run L={nn} EX=1 {shown}" + (f": {why}" if why else ""))
+    print(f"your exercises of lesson {nn}: {len(runs) - failed} of {len(runs)} runs pass")
+    if failed:
+        raise SystemExit(1)
+
+
 # ---------------------------------------------------------------------------- stale
 
 def cmd_stale(exdir):
@@ -486,7 +518,7 @@ def cmd_grade(nns):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[1] not in ("make", "list", "grade", "stale"):
+    if len(argv) < 2 or argv[1] not in ("make", "list", "grade", "stale", "mine"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
@@ -498,6 +530,8 @@ def main(argv):
             cmd_list(argv[2:])
         elif argv[1] == "stale":
             cmd_stale(argv[2])
+        elif argv[1] == "mine":
+            cmd_mine(argv[2] if len(argv) > 2 else "")
         elif argv[2:3] == ["--self-test"]:
             cmd_self_test()
         else:
