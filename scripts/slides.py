@@ -23,6 +23,8 @@ The front matter (Marp, the fivefold theme, KaTeX, page numbers, the footer) is 
                          has a deck and every deck a lesson
   slides.py build [NN..] make slides: the runs, HTML, PDF and one PNG per slide, index.html,
                          then slides/check-render.mjs (overflow) and the blank-slide check
+  slides.py stats [NN..] the slides heavier than a projected slide should be (words of body
+                         text, lines of code): a measure for making the decks projectable
 Each mode first shows its checks failing on decks made bad on purpose (the self-tests).
 """
 import hashlib
@@ -47,6 +49,8 @@ DEFAULT_MAX_LINES = 14
 
 CODE = re.compile(r"^<!--\s*code:\s*(\S+?)#([\w.-]+)\s*-->\s*$")
 RUN = re.compile(r"^<!--\s*run:\s*(.*?)\s*-->\s*$")
+CODE_ANY = re.compile(r"<!--\s*code:\s*(\S+?)#([\w.-]+)\s*-->")
+RUN_ANY = re.compile(r"<!--\s*run:\s*(.*?)\s*-->")
 FIGURE = re.compile(r"\]\(\.\./plots/out/([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 LANGS = {".cpp": "cpp", ".h": "cpp", ".cu": "cpp", ".py": "python", ".sh": "bash",
@@ -358,9 +362,57 @@ def self_test(out):
     print("  self-test: a slide too tall, a code line too wide and a blank slide are caught")
 
 
+# What a slide projected in a lecture room may carry, for `stats` (a measure, not yet a check):
+# at most about this many words of body text outside notes, code blocks and headings, and
+# this many lines of code (a `code:` excerpt, a fenced block, a run's excerpt).
+PROJECT_WORDS, PROJECT_CODE_LINES = 60, DEFAULT_MAX_LINES
+
+
+def slide_load(text):
+    """(words of body text, lines of code) of one slide's Markdown."""
+    code = 0
+    for m in CODE_ANY.finditer(text):
+        path, name = m.groups()
+        src = ROOT / path
+        if src.is_file():
+            lines = src.read_text().splitlines()
+            begin = [i for i, l in enumerate(lines) if f"[slide:{name}]" in l]
+            if begin:
+                for l in lines[begin[0] + 1:]:
+                    if re.search(rf"\[/slide(:{re.escape(name)})?\]", l):
+                        break
+                    code += "[slide:" not in l and not EXERCISE_MARK.match(l)
+    for m in RUN_ANY.finditer(text):
+        code += int(dict(re.findall(r'(\w+)=("[^"]*"|\S+)', m.group(1))).get("max", DEFAULT_MAX_LINES))
+    fences = re.findall(r"^```.*?^```", text, flags=re.S | re.M)
+    code += sum(f.count("\n") - 1 for f in fences)
+    body = re.sub(r"<!--.*?-->", "", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), flags=re.S)
+    body = re.sub(r"^#.*$", "", body, flags=re.M)
+    return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", body)), code
+
+
+def stats(only):
+    """slides.py stats [NN..]: the slides over PROJECT_WORDS words of body text or
+    PROJECT_CODE_LINES lines of code, deck by deck (what a projectable deck must cut)."""
+    heavy = total = 0
+    for deck in decks(only):
+        parts = deck.read_text().split("\n---\n")
+        for i, text in enumerate(parts):
+            total += 1
+            words, code = slide_load(text)
+            if words > PROJECT_WORDS or code > PROJECT_CODE_LINES:
+                heavy += 1
+                title = next((l.lstrip("# ").strip() for l in text.splitlines() if l.startswith("#")), "")
+                print(f"{deck.name} slide {i}: {words} words, {code} code lines  {title[:60]}")
+    print(f"{heavy} of {total} slides over {PROJECT_WORDS} words or {PROJECT_CODE_LINES} code lines")
+    return 0
+
+
 def main(argv):
+    if argv and argv[0] == "stats":
+        return stats(argv[1:])
     if not argv or argv[0] not in ("check", "build"):
-        print("usage: slides.py check | build [NN ...]   (see the top of scripts/slides.py)",
+        print("usage: slides.py check | build | stats [NN ...]   (see the top of scripts/slides.py)",
               file=sys.stderr)
         return 2
     mode, only = argv[0], argv[1:]
