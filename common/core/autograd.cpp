@@ -80,8 +80,7 @@ Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inp
   return record_split(out, name, std::move(inputs), std::vector<int>{weight_input}, split);
 }
 
-// acc += g (both on the same device, same shape)
-// acc += g; the first gradient to arrive becomes acc. When nothing else holds that one — no
+// acc += g (both on the same device, same shape); the first gradient to arrive becomes acc. When nothing else holds that one — no
 // other handle to it, no view of its storage — it is taken as it is rather than copied (as
 // PyTorch's AccumulateGrad steals a gradient no one else references): adding into it later
 // changes nothing anyone else can see. Otherwise it is cloned. Callers hand g over (moved).
@@ -92,9 +91,8 @@ static void accumulate(std::shared_ptr<TensorImpl>& acc, std::shared_ptr<TensorI
     acc = alone ? std::move(g) : Tensor(g).clone().impl_ptr();
     return;
   }
-  Tensor a(acc), b(std::move(g));
-  const Tensor& g_ = b;
-  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), g_.data(), a.numel(), 1,
+  Tensor a(acc), more(std::move(g));
+  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), more.data(), a.numel(), 1,
                                  Broadcast::same);
 }
 
