@@ -80,10 +80,11 @@ Tensor record_split(Tensor out, const std::string& name, std::vector<Tensor> inp
   return record_split(out, name, std::move(inputs), std::vector<int>{weight_input}, split);
 }
 
-// acc += g (both on the same device, same shape); the first gradient to arrive becomes acc. When nothing else holds that one — no
-// other handle to it, no view of its storage — it is taken as it is rather than copied (as
-// PyTorch's AccumulateGrad steals a gradient no one else references): adding into it later
-// changes nothing anyone else can see. Otherwise it is cloned. Callers hand g over (moved).
+// acc += g (both on the same device, same shape); the first gradient to arrive becomes acc.
+// When nothing else holds that one — no other handle to it, no view of its storage — it is
+// taken as it is rather than copied (as PyTorch's AccumulateGrad steals a gradient no one else
+// references): adding into it later changes nothing anyone else can see. Otherwise it is
+// cloned. Callers hand g over (moved).
 static void accumulate(std::shared_ptr<TensorImpl>& acc, std::shared_ptr<TensorImpl> g) {
   if (!acc) {
     const bool alone = g.use_count() == 1 && g->storage.use_count() == 1 && !g->grad_fn &&
