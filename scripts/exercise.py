@@ -55,6 +55,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPEN = re.compile(r"^(?P<indent>\s*)// \[exercise:(?P<name>[a-z0-9][a-z0-9-]*)\]\s*(?P<task>.*)$")
 CLOSE = re.compile(r"^\s*// \[/exercise\]\s*$")
 KEY = re.compile(r"^\s*// (?P<key>hint|minutes|args|bug|stub|see):\s?(?P<value>.*)$")
+# any line of an exercise's marks (its opening, a key line, its closing): what the slides'
+# excerpts and the shape check leave out (scripts/slides.py, tests/check_shape.py)
+EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\]|(hint|minutes|args|bug|stub|see): )")
 SOURCES = ("lessons", "common", "kernels")
 MANIFEST = ".exercise.json"
 

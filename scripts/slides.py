@@ -78,7 +78,7 @@ def decks(only=()):
 
 
 # ---- code excerpts ------------------------------------------------------------------------
-EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\]|(hint|minutes|args|bug|stub|see): )")
+from exercise import EXERCISE_MARK  # noqa: E402 (scripts/exercise.py, beside this file)
 
 
 def excerpt(deck, lineno, path, name):
