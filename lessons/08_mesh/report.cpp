@@ -151,7 +151,7 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
 }
 
 void PairCompare::overlapped(double ovl_wall_s, const std::vector<Tensor*>& params) {
-  if (timing) compute += step_compute, seq += step_seq, ovl += ovl_wall_s, timed_steps++;
+  if (timing) compute.push_back(step_compute), seq.push_back(step_seq), ovl.push_back(ovl_wall_s);
   for (size_t k = 0; k < params.size() && equal; k++) {
     const std::vector<float> now = params[k] && params[k]->grad().defined() ? params[k]->grad().to_vector()
                                                                             : std::vector<float>();
@@ -162,25 +162,29 @@ void PairCompare::overlapped(double ovl_wall_s, const std::vector<Tensor*>& para
 }
 
 void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, const PairCompare& c) {
-  const double mine[3] = {c.compute, c.seq, c.ovl};
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  const double mine[3] = {median(c.compute), median(c.seq), median(c.ovl)};
   std::vector<double> all(3 * (size_t)world.size());
   {
     Trace::Category check_traffic(trace(), "check");
     world.allgather(mine, sizeof mine, all.data());
   }
-  lesson.print("\nthe paired F&B steps (--overlap compare), per rank, ms per step: one after the other without "
-               "the link model (T_compute) and with it (T_seq),\noverlapped (T_ovl), T_comm = T_seq - T_compute, "
-               "and the hidden fraction (T_seq - T_ovl) / min(T_compute, T_comm)\n"
+  lesson.print("\nthe paired F&B steps (--overlap compare), per rank, ms per step (medians over the timed steps): "
+               "one after the other without\nthe link model (T_compute) and with it (T_seq), overlapped (T_ovl), "
+               "T_comm = T_seq - T_compute, and the hidden fraction (T_seq - T_ovl) / min(T_compute, T_comm)\n"
                "  rank  T_compute   T_comm    T_seq    T_ovl  hidden\n");
   double worst = 1e300, mean = 0;
   int counted = 0;
-  const double steps = (double)std::max<int64_t>(c.timed_steps, 1);
   for (int r = 0; r < world.size(); r++) {
     const double compute = all[3 * (size_t)r], seq = all[3 * (size_t)r + 1], ovl = all[3 * (size_t)r + 2];
     const double comm = seq - compute, hideable = std::min(compute, comm);
     const double hidden = hideable > 0 ? (seq - ovl) / hideable : 0;
-    lesson.print("  %4d  %9.2f  %7.2f  %7.2f  %7.2f  %5.0f%%\n", r, compute / steps * 1e3, comm / steps * 1e3,
-                 seq / steps * 1e3, ovl / steps * 1e3, 100 * hidden);
+    lesson.print("  %4d  %9.2f  %7.2f  %7.2f  %7.2f  %5.0f%%\n", r, compute * 1e3, comm * 1e3, seq * 1e3,
+                 ovl * 1e3, 100 * hidden);
     if (hideable > 0) worst = std::min(worst, hidden), mean += hidden, counted++;
   }
   if (counted > 0)

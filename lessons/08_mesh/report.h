@@ -40,8 +40,9 @@ struct PairCompare {
   double step_compute = 0, step_seq = 0;  // this step's paired steps one after the other, seconds:
                                           // without the link model, and with it
   bool timing = false;                    // this step's times count (step 0 warms up)
-  double compute = 0, seq = 0, ovl = 0;   // T_compute, T_seq, T_ovl summed over the steps that count
-  int64_t timed_steps = 0;
+  // T_compute, T_seq, T_ovl of every step that counts; the report takes each one's median over
+  // the steps (a shared machine's hiccup in one step moves a sum, not a median)
+  std::vector<double> compute, seq, ovl;
   bool equal = true;
   std::string first_differs;
   // After the overlapped run: its paired steps' wall, and its gradients against grads
