@@ -1,12 +1,15 @@
 // make slides: every slide of every deck laid out in headless Chromium (marp's bare template,
-// all slides on one page), and each one measured. A slide overflows when an element's box
-// reaches outside the slide's 1280x720 box, or when a code or output block is wider than its
-// box (its lines would be cut). Exits 1 naming the deck, the slide and the element.
+// all slides on one page), and each one measured, as a projector shows it. A slide fails when
+// an element's box reaches outside the slide's 1280x720 box or into its footer (the footer's
+// top, or the bottom padding on a slide without one), when a code or output block is wider
+// than its box (its lines would be cut), or when code is set below MIN_CODE_PX, too small to
+// read from the back of a room. Exits 1 naming the deck, the slide and the element.
 //   node slides/check-render.mjs build/slides/bare/NN_name.html ...
 import puppeteer from "puppeteer-core";
 import path from "node:path";
 
 const SLACK = 1;  // px: sub-pixel rounding of the layout, nothing more
+const MIN_CODE_PX = 20;  // code blocks and inline code, in the slide's own pixels
 const browser = await puppeteer.launch({
   executablePath: process.env.CHROME_PATH || "/usr/bin/chromium",
   args: ["--no-sandbox", "--allow-file-access-from-files"],
@@ -24,13 +27,17 @@ try {
       console.error(`error: slides/${deck}.md: image ${src} did not load`);
       problems++;
     }
-    const found = await page.evaluate((slack) => {
+    const found = await page.evaluate((slack, minCode) => {
       const out = [];
       const sections = [...document.querySelectorAll("svg[data-marpit-svg] > foreignObject > section")]
         .filter((s) => !["background", "pseudo"].includes(s.dataset.marpitAdvancedBackground));
       sections.forEach((section, i) => {
         const box = section.getBoundingClientRect();
         const scale = box.width / 1280;  // the SVG scales the slide to the page
+        const footer = section.querySelector(":scope > footer");
+        const footerTop = footer && footer.textContent.trim()
+          ? footer.getBoundingClientRect().top
+          : box.bottom - parseFloat(getComputedStyle(section).paddingBottom) * scale;
         // inside an absolutely positioned box (or that box itself): not in the slide's flow
         const positioned = (el, top) => {
           for (let e = el; e && e !== top; e = e.parentElement)
@@ -53,6 +60,18 @@ try {
             out.push({ slide: i + 1, what: `${name(el)} reaches ${Math.round(Math.max(below, above, right))} px outside the slide` });
             break;  // one message per slide: its first overflowing element
           }
+          const into = (r.bottom - footerTop) / scale;
+          if (into > slack) {
+            out.push({ slide: i + 1, what: `${name(el)} reaches ${Math.round(into)} px into the footer` });
+            break;
+          }
+        }
+        for (const el of section.querySelectorAll("pre, code")) {
+          const px = parseFloat(getComputedStyle(el).fontSize);
+          if (px < minCode - 0.01) {
+            out.push({ slide: i + 1, what: `${name(el)} is set at ${px.toFixed(1)} px, below the ${minCode} px code needs on a projector` });
+            break;
+          }
         }
         for (const pre of section.querySelectorAll("pre")) {
           if (pre.scrollWidth > pre.clientWidth + slack)
@@ -60,10 +79,10 @@ try {
         }
       });
       return { count: sections.length, out };
-    }, SLACK);
+    }, SLACK, MIN_CODE_PX);
     slides += found.count;
     for (const p of found.out) {
-      console.error(`error: slides/${deck}.md: slide ${p.slide} overflows: ${p.what}`);
+      console.error(`error: slides/${deck}.md: slide ${p.slide}: ${p.what}`);
       problems++;
     }
   }
