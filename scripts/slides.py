@@ -465,7 +465,7 @@ def slide_load(text):
     fences = re.findall(r"^```.*?^```", text, flags=re.S | re.M)
     code += sum(f.count("\n") - 1 for f in fences)
     body = re.sub(r"<!--.*?-->", "", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), flags=re.S)
-    body = re.sub(r"^#.*$", "", body, flags=re.M)
+    body = re.sub(r"^# .*$", "", body, count=1, flags=re.M)  # the title; subheadings count
     return len(re.findall(r"[A-Za-z0-9][\w'’.-]*", body)), code
 
 
