@@ -1,6 +1,6 @@
 // make bench — kernel throughput on every device this machine has, measured in one run.
 //
-//   build/tests/bench_kernels [--quick]
+//   build/tests/bench_kernels [--quick] [--matmul-only | --rows-only]
 //
 // Per kernel and device: the median time of a few repetitions (after a warm-up), and
 //   matmul:               GFLOP/s (2·M·N·K per product); on cuda also the ratio to cuBLAS
@@ -276,7 +276,7 @@ void bench_bandwidth(Device d, int64_t N, int64_t C) {
 // in the caches, and 8192 x 8192 (256 MiB a tensor, 512-768 MiB a kernel: past the L3 of this
 // machine), where memory bandwidth is the limit. 1 and 2 threads for the kernels that share
 // their rows among threads (kernels/cpu/row_math.h); one for the others.
-void bench_cpu_bandwidth(bool quick) {
+void bench_cpu_bandwidth(bool quick, bool rows_only = false) {
   const Device d = Device::cpu;
   const KernelTable& k = kernels_for(d);
   const int default_threads = cpu::matmul_threads();
@@ -285,6 +285,7 @@ void bench_cpu_bandwidth(bool quick) {
   const double F = sizeof(float);
   std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 1024}, {8192, 8192}};
   if (quick) shapes = {{64, 256}};
+  if (rows_only) shapes = {{256, 1024}};  // --rows-only: the shape lessons use (bench_rows.py)
   for (auto [N, C] : shapes) {
     const int64_t n = N * C;
     const int reps = n > (int64_t(1) << 24) ? 5 : 20;
@@ -410,9 +411,11 @@ void bench_emulator(int64_t blocks) {
 
 int main(int argc, char** argv) {
   bool quick = false, matmul_only = false;  // --matmul-only: the cpu matmul and grouped GEMMs
+  bool rows_only = false;  // --rows-only: the cpu row kernels at 256 x 1024 (tests/bench/bench_rows.py)
   for (int i = 1; i < argc; i++) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     matmul_only |= std::strcmp(argv[i], "--matmul-only") == 0;
+    rows_only |= std::strcmp(argv[i], "--rows-only") == 0;
   }
   std::printf("%-24s %-5s %-16s %13s  %16s  %s\n", "kernel", "dev", "shape", "median", "throughput",
               "in this run");
@@ -426,6 +429,10 @@ int main(int argc, char** argv) {
     int64_t N = d == Device::cuda ? 8192 : d == Device::cpu ? 1024 : 256;
     int64_t C = d == Device::cuda ? 4096 : 1024;
     if (quick) n = std::min<int64_t>(n, 64), N = std::min<int64_t>(N, 64), C = std::min<int64_t>(C, 256);
+    if (d == Device::cpu && rows_only) {
+      bench_cpu_bandwidth(quick, true);
+      return 0;
+    }
     if (d == Device::cpu) {
       bench_cpu_matmul(quick);
       bench_cpu_grouped_gemm(quick);
