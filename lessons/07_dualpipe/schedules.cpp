@@ -97,6 +97,7 @@ static void split_backward_1f1b(Schedule& s, int r, int warmup, int max_pending_
   // [slide:split-backward]
   // warm-up
   for (; f < warmup; f++) prog.push_back(one(Kind::F, 0, f));
+  // [slide:split-backward-short]
   // steady state: a forward (while any is left), an input backward, and a W once more than
   // max_pending_w are pending
   for (int b = 0; b < s.M; b++) {
@@ -110,6 +111,7 @@ static void split_backward_1f1b(Schedule& s, int r, int warmup, int max_pending_
   }
   // cool-down: the W's still pending
   for (int m : pending_w) prog.push_back(one(Kind::W, 0, m));
+  // [/slide:split-backward-short]
   // [/slide]
 }
 
