@@ -80,6 +80,7 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
   for (int p = 0; p < m.P; p++)
     for (int64_t t = 0; t < m.T; t++) {
       // [slide:count-bytes]
+      // [slide:count-bytes-flat]
       if (scheme == Scheme::flat) {
         for (int64_t j = 0; j < m.K; j++) {
           const int64_t e = m.expert(p, t, j);
@@ -87,6 +88,8 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
         }
         continue;
       }
+      // [/slide:count-bytes-flat]
+      // [slide:count-bytes-hier]
       for (int n = 0; n < m.P / R; n++) {
         const int fwd = n * R + p % R;  // the rail peer on node n
         bool any = false;
@@ -97,6 +100,7 @@ static MapBytes count_bytes(const RoutingMap& m, int R, Scheme scheme, int64_t d
           }
         if (any) add(p, fwd, wide), add(fwd, p, row);  // over the rail and back
       }
+      // [/slide:count-bytes-hier]
       // [/slide]
     }
   return b;
