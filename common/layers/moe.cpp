@@ -55,6 +55,7 @@ Params slice_experts(const Params& p, int64_t e0, int64_t e1) {
 
 // [slide:smoe-route]
 Routing route(const Config& c, const Params& p, const Tensor& x) {
+  // [slide:smoe-route-body]
   Routing r;
   r.logits = add(matmul(x, p.router_w), p.router_b);
   r.probs = softmax(r.logits);
@@ -68,6 +69,7 @@ Routing route(const Config& c, const Params& p, const Tensor& x) {
     r.gates = softmax(vals), r.idx = idx;
   }
   return r;
+  // [/slide:smoe-route-body]
 }
 // [/slide]
 
@@ -85,6 +87,7 @@ LoadStats load_stats(const Config& c, const Routing& r) {
 // L_aux = alpha * N * sum_i f_i P_i, f_i = count_i / (k T), P_i = prob_sum_i / T (Switch
 // Transformer, eq. 4; Mixtral's form with top-k). With perfectly uniform routing f_i = P_i =
 // 1/N and L_aux = alpha; any imbalance the router is confident about raises it.
+// [slide:smoe-aux-fn]
 double aux_loss(const Config& c, const LoadStats& g) {
   double loss = 0;
   for (int64_t i = 0; i < c.experts; i++) {
@@ -94,6 +97,7 @@ double aux_loss(const Config& c, const LoadStats& g) {
   }
   return c.alpha * (double)c.experts * loss;
 }
+// [/slide:smoe-aux-fn]
 // [/slide]
 
 // ----------------------------------------------------------------------------
@@ -255,6 +259,7 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
   Tensor y = Tensor::zeros({T, d}, dev);
   // [slide:smoe-loop]
   Tensor gate_rows = reshape(gates, {T * k, 1});
+  // [slide:smoe-loop-short]
   for (int64_t e = 0; e < N; e++) {
     std::vector<int64_t> tokens, slots;
     for (int64_t s = 0; s < T * k; s++)
@@ -269,6 +274,7 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
     Tensor out = matmul(mul(silu(matmul(xe, w1)), matmul(xe, w3)), w2);         // E_e(x)
     Tensor g = index_select(gate_rows, Tensor::from_indices(slots, {n}, dev));  // (n, 1)
     y = index_add(y, tok, mul(out, g));
+    // [/slide:smoe-loop-short]
   }
   // [/slide]
   return y;

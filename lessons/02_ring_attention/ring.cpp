@@ -178,6 +178,7 @@ Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, c
     const int next_owner = (rank - step - 1 + 2 * P) % P;
     const int64_t n_next = tokens_of(c, next_owner);
     // [slide:ring-fwd]
+    // [slide:ring-fwd-start]
     // the hop of this step: this block's K, V to r+1, the next block's from r-1
     Hop kv{comm, c.order, kTagForwardKV + step};
     if (more) {
@@ -185,6 +186,8 @@ Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, c
       kv.in.resize((size_t)(2 * c.B * c.H * n_next * c.D));
       kv.start();
     }
+    // [/slide:ring-fwd-start]
+    // [slide:ring-fwd-compute]
     {
       Trace::Scope span(trace(), "fwd block of rank " + std::to_string(owner), "compute");
       Tensor kpos = positions_of(c, owner);
@@ -195,6 +198,7 @@ Forward forward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k, c
     }
     if (!more) break;
     kv.finish();
+    // [/slide:ring-fwd-compute]
     // [/slide]
     k_block = Tensor::empty(block_shape(c, n_next)), v_block = Tensor::empty(block_shape(c, n_next));
     unpack(kv.in, {&k_block, &v_block}, c.dev);
@@ -262,6 +266,7 @@ Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
     // args: --timeout 5 --causal --layout zigzag --order async
     // bug: unpack(dkv.in, {&dk, &dv}, c.dev); -> unpack(dkv.in, {&dv, &dk}, c.dev);
     // bug: dkv.out = pack({dk, dv}); -> dkv.out = pack({dk_here, dv_here});
+    // [slide:ring-bwd-dkv-hop]
     // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
     Hop dkv{comm, c.order, kTagBackwardGrads + step};
     dkv.out = pack({dk, dv});
@@ -269,6 +274,7 @@ Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
     dkv.start();
     dkv.finish();
     if (more) kv.finish();
+    // [/slide:ring-bwd-dkv-hop]
     if (more) {
       k_block = Tensor::empty(block_shape(c, n_next)), v_block = Tensor::empty(block_shape(c, n_next));
       unpack(kv.in, {&k_block, &v_block}, c.dev);

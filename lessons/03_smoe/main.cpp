@@ -62,6 +62,7 @@ static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, cons
                                 const moe::LoadStats& global, moe::Bug bug) {
   // [slide:smoe-backward]
   // combine: dyp = g dy (the gate applied once), dL/dg = <dy_t, yp>
+  // [slide:smoe-backward-short]
   moe::CombineGrads cg = moe::combine_backward(dy, f.yp, f.plan, f.routing.gates);
   Tensor dyp = cg.dyp;
   if (bug == moe::Bug::gate_twice) dyp = mul(dyp, moe::packed_gates(f.plan, f.routing.gates));
@@ -76,6 +77,7 @@ static moe::Grads smoe_backward(const moe::Config& c, const moe::Params& p, cons
   g.dx = bug == moe::Bug::no_router_path ? dx_experts : add(dx_experts, rg.dx);
   g.router_w = rg.router_w, g.router_b = rg.router_b;
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;
+  // [/slide:smoe-backward-short]
   return g;
   // [/slide]
 }
