@@ -253,6 +253,7 @@ void Fsdp::unuse(int unit) {
 void Fsdp::before_forward(int unit) { use(unit); }
 
 // [slide:fsdp-hooks]
+// [slide:fsdp-hooks-short]
 Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   unuse(unit);
   if (!grad_enabled() || !y.requires_grad()) return y;
@@ -267,6 +268,7 @@ Tensor Fsdp::after_forward(int unit, const Tensor& y) {
       use(unit);
     }
     return std::vector<Tensor>{g};
+    // [/slide:fsdp-hooks-short]
   });
   return out;
 }

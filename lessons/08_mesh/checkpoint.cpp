@@ -363,12 +363,14 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
     fn(r.dim < 0 ? lo : r.begin * inner + lo, lo, hi - lo);
     return;
   }
+  // [slide:ckpt-runs-short]
   // columns [begin, end) of a matrix: one run per row
   const int64_t cols = full[1], w = r.end - r.begin;
   for (int64_t at = lo; at < hi;) {
     const int64_t row = at / w, col = at % w, n = std::min(hi - at, w - col);
     fn(row * cols + r.begin + col, at, n);
     at += n;
+    // [/slide:ckpt-runs-short]
   }
 }
 // [/slide]

@@ -201,6 +201,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   // [slide:sp-grads]
   // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
   //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
+  // [slide:sp-grads-short]
   if (opts.sp && !opt.replicated.params.empty()) {
     // ZeRO-3 and the buckets reduce them over DP first: the sum over TP of the reduced
     // gradients (ZeRO-1 to -3: of the shards) is the reduction of the sum. The buckets' optimizer
@@ -214,6 +215,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
           !(opts.bug == "sp-norm-grad" && is_norm_weight(table.names[k])))
         replicated.push_back(table.params[k]);
     zero::sum_grads(replicated, mesh.tp());
+    // [/slide:sp-grads-short]
     // [/slide:sp-grads]
     if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
   }

@@ -42,6 +42,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
     all = mine;
   // [slide:ce-merge]
   std::vector<float> m((size_t)n), l((size_t)n);
+  // [slide:ce-merge-short]
   double loss = 0;
   for (int64_t i = 0; i < n; i++) {
     float mm = -std::numeric_limits<float>::infinity();
@@ -56,6 +57,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int6
     loss += mm + std::log(ll) - zt;
     if (local_softmax) m[(size_t)i] = mine[(size_t)(3 * i)], l[(size_t)i] = mine[(size_t)(3 * i + 1)];
   }
+  // [/slide:ce-merge-short]
   // [/slide:ce-merge]
   Tensor out = Tensor::from_vector({(float)(loss / (double)n)}, {}, logits.device());
   const Device dev = logits.device();

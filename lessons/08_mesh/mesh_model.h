@@ -79,6 +79,7 @@ struct MeshModel {
                       const Tensor& rope_pos) {
     const int64_t n = l.c_q.size(0) / B, dn = c.d_nope, dr = c.d_rope, D = dn + dr;
     // [slide:cp-ring]
+    // [slide:cp-ring-qkv]
     Tensor q = reshape(matmul(l.c_q, a.w_uq), {B * n, H, D});
     q = concat({slice(q, 2, 0, dn), rope(slice(q, 2, dn, D), rope_pos, c.rope_theta)}, 2);
     Tensor k_pe = l.k_pe.size(1) == dr ? concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {B * n, 1, dr})), 1)
@@ -87,13 +88,16 @@ struct MeshModel {
     Tensor v = reshape(matmul(l.c_kv, a.w_uv), {B * n, H, c.d_v});
     if (c.d_v < D) v = concat({v, Tensor::zeros({B * n, H, D - c.d_v}, v.device())}, 2);
     auto blocks = [&](const Tensor& t) { return transpose(reshape(t, {B, n, H, D}), 1, 2); };
+    // [/slide:cp-ring-qkv]
     ring::Config rc;
     rc.B = B, rc.H = H, rc.D = D, rc.causal = true, rc.order = ring::Order::async;
     rc.dev = q.device();
     rc.positions = cp_positions;
+    // [slide:cp-ring-mask]
     if (local_mask)  // the silent bug: every rank's mask as if its block started the sequence
       for (std::vector<int64_t>& pos : rc.positions)
         for (size_t i = 0; i < pos.size(); i++) pos[i] = (int64_t)i;
+        // [/slide:cp-ring-mask]
     Tensor out = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));     // (B, H, n, D)
     // [/slide:cp-ring]
     out = reshape(transpose(slice(out, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
