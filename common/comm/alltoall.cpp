@@ -31,12 +31,15 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
   const int r = comm.rank(), P = comm.size();
   const std::vector<size_t> so = block_offsets(send_bytes), ro = block_offsets(recv_bytes);
   // [slide:a2a-ordered]
+  // [slide:a2a-rounds]
   for (int s = 0; s < P; s++) {
     const int q = ((s - r) % P + P) % P;
     if (q == r) {
       if (send_bytes[(size_t)r]) std::memcpy(recv + ro[(size_t)r], send + so[(size_t)r], send_bytes[(size_t)r]);
       continue;
     }
+    // [/slide:a2a-rounds]
+    // [slide:a2a-pair]
     auto do_send = [&] {
       if (send_bytes[(size_t)q]) comm.ssend(send + so[(size_t)q], send_bytes[(size_t)q], q, tag);
     };
@@ -45,6 +48,7 @@ void a2a_ordered(Comm& comm, const char* send, const std::vector<size_t>& send_b
     };
     if (r < q) do_send(), do_recv();
     else do_recv(), do_send();
+    // [/slide:a2a-pair]
   }
   // [/slide]
 }

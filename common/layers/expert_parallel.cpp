@@ -41,6 +41,7 @@ std::vector<int64_t> Routes::regroup_order() const {
   // see: lessons/04_gshard/README.md, Exercises
   // minutes: 20
   // bug: order.push_back(start[(size_t)(p * E + e)] + i); -> order.push_back(start[(size_t)(e * P + p) % (size_t)(P * E)] + i);
+  // [slide:regroup-order-short]
   std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
   int64_t row = 0;
   for (int p = 0; p < P; p++)
@@ -54,6 +55,7 @@ std::vector<int64_t> Routes::regroup_order() const {
       for (int64_t i = 0; i < counts[(size_t)p][(size_t)(rank * E + e)]; i++)
         order.push_back(start[(size_t)(p * E + e)] + i);
   return order;
+  // [/slide:regroup-order-short]
   // [/exercise]
 }
 // [/slide]

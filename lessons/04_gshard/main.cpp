@@ -102,6 +102,7 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
   const Routes& R = f.routes;
   // [/slide]
   // [slide:dispatch-combine]
+  // [slide:dispatch]
   // dispatch, regroup by local expert, run the experts
   Tensor recv = exchange_rows(comm, how, xp, R.bytes(true, d), R.bytes(false, d), d, 1);
   f.order = R.regroup_order();
@@ -113,10 +114,13 @@ static EPForward ep_forward(Comm& comm, A2A how, const moe::Config& c, const moe
     Trace::Scope span(trace(), "experts forward", "compute");
     yl = moe::experts_forward(mine, f.xl, gsizes, &f.cache);
   }
+  // [/slide:dispatch]
+  // [slide:combine]
   // combine: back in received order, back to the sources, then y_t = sum_j g_tj yp[pos]
   f.yp_back = exchange_rows(comm, how, put_rows(yl, f.order), R.bytes(false, d), R.bytes(true, d), d, 2);
   L.yp = f.yp_back;
   L.y = moe::combine(L.yp, L.plan, L.routing.gates);
+  // [/slide:combine]
   // [/slide]
   // the load-balance loss over ALL tokens: add up the ranks' sums
   L.stats = moe::load_stats(c, L.routing);
@@ -135,6 +139,7 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   const moe::Forward& L = f.local;
   const Routes& R = f.routes;
   // [slide:backward]
+  // [slide:backward-a2a]
   // combine backward at the source: dyp (packed) and dL/dg
   moe::CombineGrads cg = moe::combine_backward(dy, L.yp, L.plan, L.routing.gates);
   // dyp travels the dispatch route to the experts; their backward runs there
@@ -147,6 +152,8 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   // dxp comes home by the combine route; dx_t = sum of its slots' rows
   Tensor dxp = exchange_rows(comm, how, put_rows(eg.dxp, f.order), R.bytes(false, d), R.bytes(true, d), d, 4);
   Tensor dx_experts = moe::unpermute_sum(dxp, L.plan);
+  // [/slide:backward-a2a]
+  // [slide:backward-router]
   // the router, replicated: local gradient, then the sum over ranks (its loss is global)
   Tensor dz = moe::router_dlogits(c, L.routing, cg.dgates, f.global);
   moe::RouterGrads rg = moe::router_backward(full, x, dz);
@@ -157,6 +164,7 @@ static moe::Grads ep_backward(Comm& comm, A2A how, const moe::Config& c, const m
   comm.allreduce_sum(g.router_b);
   g.dx = add(dx_experts, rg.dx);
   g.w1 = eg.dw1, g.w2 = eg.dw2, g.w3 = eg.dw3;  // stay with their experts
+  // [/slide:backward-router]
   // [/slide]
   return g;
 }
