@@ -396,9 +396,6 @@ def self_test(out):
 # a directive (`<!-- _class: lead -->`, `code:`, `run:`), at least NOTE_WORDS words on every
 # slide but a part's title slide and "Your turn".
 PROJECT_WORDS, PROJECT_CODE_LINES, NOTE_WORDS = 60, DEFAULT_MAX_LINES, 12
-# Decks still written as handouts, left out of that check until they are converted
-HANDOUTS = {"00_course",
-            "06_overlap", "09_inference"}
 DIRECTIVE = re.compile(r"^\s*_?[A-Za-z]+\s*:")  # `key: value` comments are Marp's (or ours)
 
 
@@ -426,8 +423,6 @@ def slides_of(lines):
 
 def projectable(deck, lines):
     """Fails naming every slide too heavy to project or without its speaker notes."""
-    if deck.stem in HANDOUTS:
-        return
     problems = []
     for start, text in slides_of(lines):
         words, code = slide_load(text)

@@ -16,6 +16,7 @@ namespace ff {
 class CheckReport {
  public:
   explicit CheckReport(Comm& comm) : comm_(comm) {}
+  // [slide:check-report-short]
   // |got - want| <= atol elementwise (no relative part: values near 0 make it meaningless)
   void close(const char* what, const Tensor& got, const Tensor& want, double atol);
   // |got - want| <= atol + rtol |want| elementwise: for values compared relatively (softmax
@@ -29,6 +30,7 @@ class CheckReport {
   int failures() const { return failures_; }
   // "check: PASS (0 comparisons failed)" on rank 0; returns the exit code (0 or 1)
   int verdict() const;
+  // [/slide:check-report-short]
   // [/slide]
 
  private:

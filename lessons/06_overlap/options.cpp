@@ -17,7 +17,7 @@ Setup parse_options(Lesson& lesson, Options* opts) {
   std::string &mode = opts->mode, &progress = opts->progress, &defer = opts->defer, &bug = opts->bug,
               &link_spec = opts->link_spec, &compute = opts->compute;
   double& gflops = opts->gflops;
-  int64_t &ranks_per_node = opts->ranks_per_node, &reps = opts->reps;
+  int64_t &ranks_per_node = opts->ranks_per_node, &reps = opts->reps, &width = opts->width;
   bool& prefill = opts->prefill;
   Cli& cli = lesson.cli;
   cli.summary("1F1B compute/communication overlap: the forward of one micro-batch and the backward\n"
@@ -53,6 +53,7 @@ Setup parse_options(Lesson& lesson, Options* opts) {
   cli.toggle("--prefill", &prefill,
              "inference: two forward micro-batches interleaved (no backward)");
   cli.flag("--reps", &reps, "timed repetitions of each mode (the fastest is shown)", 1, 1000);
+  cli.flag("--width", &width, "columns of rank 0's printed timelines", 16, 400);
   cli.choice("--bug", &bug, {"none", "early-read"},
              "plant a bug: the overlapped step reads the dispatched rows before waiting for them");
   cli.epilog("run:  make run L=06\n"

@@ -18,7 +18,7 @@ struct Options {
   std::string mode = "both", progress = "test", defer = "yes", bug = "none",
               link_spec = "intra=9.6MB/s,inter=3MB/s,latency=20us", compute = "modelled";
   double gflops = 1.0;
-  int64_t ranks_per_node = 2, reps = 2;
+  int64_t ranks_per_node = 2, reps = 2, width = 72;  // width: timeline columns
   bool prefill = false;
   LinkModel link;
 };

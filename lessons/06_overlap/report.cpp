@@ -67,7 +67,7 @@ void report_runs(Lesson& lesson, const Setup& setup, const Options& opts,
   std::vector<Timeline> best;
   for (const Variant& v : variants)
     names.push_back(v.name), keys.push_back(v.key), best.push_back(v.best.timeline);
-  if (rank0) std::printf("%s", timelines_text(names, best, opts.reps).c_str());
+  if (rank0) std::printf("%s", timelines_text(names, best, opts.reps, (int)opts.width).c_str());
   std::vector<RankTimes> times;
   for (const Timeline& timeline : best) times.push_back(gather_times(comm, timeline));
   const bool both = opts.mode == "both";

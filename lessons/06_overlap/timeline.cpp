@@ -53,10 +53,9 @@ std::string fmt_num(double x) {
 }
 
 std::string timelines_text(const std::vector<std::string>& names,
-                           const std::vector<Timeline>& timelines, int64_t reps) {
+                           const std::vector<Timeline>& timelines, int64_t reps, int width) {
   double span = 0;
   for (const Timeline& tl : timelines) span = std::max(span, tl.wall());
-  const int width = 72;
   char line[512];
   std::snprintf(line, sizeof line,
                 "\nrank 0, the fastest of %lld runs per mode (%d columns = %.1f ms; F forward, B backward,\n"

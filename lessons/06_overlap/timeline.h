@@ -48,7 +48,7 @@ std::string fmt_num(double x);
 // ---- the report of lesson 06's runs (names[i] ran timelines[i], the fastest of reps)
 // Rank 0's timelines on one time scale, with the messages in flight under each.
 std::string timelines_text(const std::vector<std::string>& names,
-                           const std::vector<Timeline>& timelines, int64_t reps);
+                           const std::vector<Timeline>& timelines, int64_t reps, int width);
 // Per rank: compute and waiting of the sequential run (times.front()), the walls of every run,
 // and the hidden fraction of the overlapped one (times.back()), (T_seq - T_ovl) /
 // min(T_compute, T_comm); printed when `print`. Returns the worst rank's fraction.

@@ -124,6 +124,7 @@ Tensor Decoder::step(const std::vector<int64_t>& tokens) {
   const int64_t B = (int64_t)len_.size();
   FF_CHECK((int64_t)tokens.size() == B, "step: " << tokens.size() << " tokens, " << B << " sequences");
   const Device dev = full_.embed.device();
+  // [slide:step-short]
   Tensor x = embedding(full_.embed, Tensor::from_indices(tokens, {B}, dev));  // (B, d)
   for (size_t i = 0; i < full_.layers.size(); i++) {
     const model::Block& blk = full_.layers[i];
@@ -135,6 +136,7 @@ Tensor Decoder::step(const std::vector<int64_t>& tokens) {
   }
   for (int64_t& n : len_) n++;
   return logits(x);
+  // [/slide:step-short]
 }
 // [/slide]
 

@@ -15,6 +15,7 @@ QuantTensor quantize(const Tensor& w, bool per_channel) {
   const int64_t N = w.size(-1), K = w.size(-2), E = w.dim() == 3 ? w.size(0) : 1;
   const std::vector<float> v = w.to_vector();
   // [slide:quantize]
+  // [slide:quantize-scale]
   // the scales: the largest magnitude of each (expert's) column, or of the whole tensor
   t.scale.assign((size_t)(per_channel ? E * N : 1), 0.f);
   for (int64_t e = 0; e < E; e++)
@@ -24,6 +25,8 @@ QuantTensor quantize(const Tensor& w, bool per_channel) {
         s = std::max(s, std::fabs(v[(size_t)((e * K + k) * N + n)]));
       }
   for (float& s : t.scale) s = s > 0.f ? s / 127.f : 1.f;  // a column of zeros: any scale
+  // [/slide:quantize-scale]
+  // [slide:quantize-round]
   t.q.resize(v.size());
   for (int64_t e = 0; e < E; e++)
     for (int64_t k = 0; k < K; k++)
@@ -32,6 +35,7 @@ QuantTensor quantize(const Tensor& w, bool per_channel) {
         const float s = t.scale[per_channel ? (size_t)(e * N + n) : 0];
         t.q[i] = (int8_t)std::clamp(std::lround(v[i] / s), -127L, 127L);
       }
+  // [/slide:quantize-round]
   // [/slide]
   return t;
 }
