@@ -18,13 +18,16 @@ from the code it shows:
 The front matter (Marp, the fivefold theme, KaTeX, page numbers, the footer) is added here.
 
   slides.py check [NN..] make test: every deck's markers, figures, runs and slide count are
-                         checked statically, and every deck builds to HTML (no browser, no
-                         lesson runs: a run's excerpt is its command line); every lesson
-                         has a deck and every deck a lesson
-  slides.py build [NN..] make slides: the runs, HTML, PDF and one PNG per slide, index.html,
-                         then slides/check-render.mjs (overflow) and the blank-slide check
-  slides.py stats [NN..] the slides heavier than a projected slide should be (words of body
-                         text, lines of code): a measure for making the decks projectable
+                         checked statically, every slide against what a projected slide may
+                         carry (words, code lines, speaker notes: PROJECT_WORDS below), and
+                         every deck builds to HTML (no browser, no lesson runs: a run's excerpt
+                         is its command line); every lesson has a deck and every deck a lesson
+  slides.py build [NN..] make slides: the same, then the runs, HTML, PDF (with the speaker
+                         notes) and one PNG per slide, index.html, then slides/check-render.mjs
+                         (overflow, footer, code size) and the blank-slide check
+  slides.py stats [NN..] the slides over those limits, deck by deck (words of body text, lines
+                         of code)
+SLIDES_OUT=DIR builds into DIR instead of build/slides (the runs' cache stays shared).
 Each mode first shows its checks failing on decks made bad on purpose (the self-tests).
 """
 import hashlib
