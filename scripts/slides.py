@@ -84,16 +84,16 @@ def decks(only=()):
 from exercise import EXERCISE_MARK  # noqa: E402 (scripts/exercise.py, beside this file)
 
 
-def excerpt(deck, lineno, path, name):
-    src = ROOT / path
-    if not src.is_file():
-        fail(deck, lineno, f"code: no file {path}")
+def excerpt_lines(src, name):
+    """The lines an excerpt shows, as a list, or a string saying why there are none. A C++
+    excerpt that ends inside a block (its marker closes before the block does) shows `…` and
+    the closing braces, so that a slide never shows an open block as if it were the whole."""
     lines = src.read_text().splitlines()
     begin = [i for i, l in enumerate(lines) if re.search(rf"\[slide:{re.escape(name)}\]", l)]
     if not begin:
-        fail(deck, lineno, f"code: marker [slide:{name}] not found in {path}")
+        return f"marker [slide:{name}] not found in {src.relative_to(ROOT)}"
     if len(begin) > 1:
-        fail(deck, lineno, f"code: marker [slide:{name}] appears {len(begin)} times in {path}")
+        return f"marker [slide:{name}] appears {len(begin)} times in {src.relative_to(ROOT)}"
     end_re = re.compile(rf"\[/slide(:{re.escape(name)})?\]")
     body = []
     for l in lines[begin[0] + 1:]:
@@ -103,14 +103,37 @@ def excerpt(deck, lineno, path, name):
         if "[slide:" not in l and "[/slide" not in l and not EXERCISE_MARK.match(l):
             body.append(l)
     else:
-        fail(deck, lineno, f"code: marker [slide:{name}] in {path} has no [/slide]")
+        return f"marker [slide:{name}] in {src.relative_to(ROOT)} has no [/slide]"
     while body and not body[-1].strip():
         body.pop()
     if not body:
-        fail(deck, lineno, f"code: marker [slide:{name}] in {path} encloses no code")
+        return f"marker [slide:{name}] in {src.relative_to(ROOT)} encloses no code"
     indent = min(len(l) - len(l.lstrip()) for l in body if l.strip())
+    body = [l[indent:] for l in body]
+    if LANGS.get(src.suffix) == "cpp":
+        open_at = []  # the indentation of each line that opened a block still open
+        for l in body:
+            code = re.sub(r"//.*$", "", re.sub(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'', "", l))
+            for ch in code:
+                if ch == "{":
+                    open_at.append(len(l) - len(l.lstrip()))
+                elif ch == "}" and open_at:
+                    open_at.pop()
+        if open_at:
+            body.append(" " * (open_at[-1] + 2) + "…")
+            body += [" " * at + "}" for at in reversed(open_at)]
+    return body
+
+
+def excerpt(deck, lineno, path, name):
+    src = ROOT / path
+    if not src.is_file():
+        fail(deck, lineno, f"code: no file {path}")
+    body = excerpt_lines(src, name)
+    if isinstance(body, str):
+        fail(deck, lineno, f"code: {body}")
     lang = LANGS.get(src.suffix, LANGS.get(src.name, ""))
-    return [f"```{lang}"] + [l[indent:] for l in body] + ["```"]
+    return [f"```{lang}"] + body + ["```"]
 
 
 # ---- lesson runs --------------------------------------------------------------------------
@@ -451,13 +474,8 @@ def slide_load(text):
         path, name = m.groups()
         src = ROOT / path
         if src.is_file():
-            lines = src.read_text().splitlines()
-            begin = [i for i, l in enumerate(lines) if f"[slide:{name}]" in l]
-            if begin:
-                for l in lines[begin[0] + 1:]:
-                    if re.search(rf"\[/slide(:{re.escape(name)})?\]", l):
-                        break
-                    code += "[slide:" not in l and not EXERCISE_MARK.match(l)
+            body = excerpt_lines(src, name)
+            code += len(body) if isinstance(body, list) else 0
     for m in RUN_ANY.finditer(text):
         code += int(dict(re.findall(r'(\w+)=("[^"]*"|\S+)', m.group(1))).get("max", DEFAULT_MAX_LINES))
     fences = re.findall(r"^```.*?^```", text, flags=re.S | re.M)
