@@ -101,10 +101,10 @@ Tensor decode_alltoall(Comm& comm, const dsv3::Config& c, const dsv3::Params& mi
   const Tensor back = ep::exchange_rows(comm, A2A::async, ep::put_rows(yl, order), R.bytes(false, d),
                                         R.bytes(true, d), d, 2);
   moved += watch.seconds();
+  // [/slide]
   Tensor y_own = Tensor::zeros({b1 - b0, d}, dev);
   if (b1 > b0) {
     y_own = moe::combine(back, r.plan, r.gates);
-    // [/slide]
     if (mine.sw1.defined()) y_own = add(y_own, dsv3::shared_forward(mine, x, &cache));
   }
   // every rank needs every row for the next attention: all-gather them (blocks of the largest
