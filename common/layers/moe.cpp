@@ -258,13 +258,15 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
   const Device dev = x.device();
   Tensor y = Tensor::zeros({T, d}, dev);
   // [slide:smoe-loop]
+  // [slide:smoe-loop-select]
   Tensor gate_rows = reshape(gates, {T * k, 1});
-  // [slide:smoe-loop-short]
   for (int64_t e = 0; e < N; e++) {
     std::vector<int64_t> tokens, slots;
     for (int64_t s = 0; s < T * k; s++)
       if (idx[(size_t)s] == e) tokens.push_back(s / k), slots.push_back(s);
     if (tokens.empty()) continue;  // an expert nobody chose: no work, no gradient
+    // [/slide:smoe-loop-select]
+    // [slide:smoe-loop-expert]
     const int64_t n = (int64_t)tokens.size();
     Tensor tok = Tensor::from_indices(tokens, {n}, dev);
     Tensor xe = index_select(x, tok);                                           // (n, d)
@@ -274,7 +276,7 @@ static Tensor loop_layer(const Params& p, const Tensor& x, const std::vector<int
     Tensor out = matmul(mul(silu(matmul(xe, w1)), matmul(xe, w3)), w2);         // E_e(x)
     Tensor g = index_select(gate_rows, Tensor::from_indices(slots, {n}, dev));  // (n, 1)
     y = index_add(y, tok, mul(out, g));
-    // [/slide:smoe-loop-short]
+    // [/slide:smoe-loop-expert]
   }
   // [/slide]
   return y;
