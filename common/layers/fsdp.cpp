@@ -250,15 +250,16 @@ void Fsdp::unuse(int unit) {
   }
 }
 
+// [slide:fsdp-hooks-short]
 void Fsdp::before_forward(int unit) { use(unit); }
 
 // [slide:fsdp-hooks]
-// [slide:fsdp-hooks-short]
 Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   unuse(unit);
   if (!grad_enabled() || !y.requires_grad()) return y;
   // the pre-backward: an identity whose backward gathers the unit before its backward runs
   Tensor out = record(y.detach(), "fsdp_gather", {y}, [this, unit](const Tensor& g) {
+    // [/slide:fsdp-hooks-short]
     bool stale = false;
     for (ShardGroup* grp : groups_) stale = stale || grp->stale_backward;
     if (stale && uses_[(size_t)unit] == 0) {  // planted bug: freed memory read as if it held the weights
@@ -268,7 +269,6 @@ Tensor Fsdp::after_forward(int unit, const Tensor& y) {
       use(unit);
     }
     return std::vector<Tensor>{g};
-    // [/slide:fsdp-hooks-short]
   });
   return out;
 }

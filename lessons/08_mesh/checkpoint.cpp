@@ -363,14 +363,12 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
     fn(r.dim < 0 ? lo : r.begin * inner + lo, lo, hi - lo);
     return;
   }
-  // [slide:ckpt-runs-short]
   // columns [begin, end) of a matrix: one run per row
   const int64_t cols = full[1], w = r.end - r.begin;
   for (int64_t at = lo; at < hi;) {
     const int64_t row = at / w, col = at % w, n = std::min(hi - at, w - col);
     fn(row * cols + r.begin + col, at, n);
     at += n;
-    // [/slide:ckpt-runs-short]
   }
 }
 // [/slide]
@@ -450,11 +448,13 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
         err = e.what();
       }
     }
+    // [slide:ckpt-publish]
     if (err.empty()) err = fsync_path(tmp + "/manifest.json", O_RDONLY);
     if (err.empty()) err = fsync_path(tmp, O_RDONLY | O_DIRECTORY);
     if (err.empty()) err = remove_tree(final_dir);
     if (err.empty() && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = sys_error("cannot rename into", final_dir);
     if (err.empty()) err = fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    // [/slide:ckpt-publish]
     const std::vector<std::string> done = complete_checkpoints(dir);
     for (size_t i = 0; err.empty() && keep > 0 && i + (size_t)keep < done.size(); i++) err = remove_tree(dir + "/" + done[i]);
   }

@@ -199,15 +199,17 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   if (opt.fsdp) opt.fsdp->end_backward();
   std::vector<float> load = expert_loads(here.stages.routes, setup.c);
   // [slide:sp-grads]
+  // [slide:sp-grads-why]
   // 2. SP: each TP rank saw only its tokens, so a replicated weight's gradient is a partial
   //    sum: all-reduce them over TP (one flat buffer). The planted bug forgets the norms'.
-  // [slide:sp-grads-short]
+  // [/slide:sp-grads-why]
   if (opts.sp && !opt.replicated.params.empty()) {
     // ZeRO-3 and the buckets reduce them over DP first: the sum over TP of the reduced
     // gradients (ZeRO-1 to -3: of the shards) is the reduction of the sum. The buckets' optimizer
     // step does it (sum_after_reduce); ZeRO-3's shards are summed here.
     if (opt.fsdp) opt.replicated.shards()->sum_grad_shards(mesh.tp());
     if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
+  // [slide:sp-grads-short]
   } else if (opts.sp) {
     std::vector<Tensor*> replicated;
     for (size_t k = 0; k < table.names.size(); k++)
@@ -215,10 +217,10 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
           !(opts.bug == "sp-norm-grad" && is_norm_weight(table.names[k])))
         replicated.push_back(table.params[k]);
     zero::sum_grads(replicated, mesh.tp());
-    // [/slide:sp-grads-short]
     // [/slide:sp-grads]
     if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
   }
+  // [/slide:sp-grads-short]
   // [slide:dualpipe-copies]
   // DualPipe: stage s lives on rank s (direction 0) and on rank P-1-s (direction 1), each
   // copy's gradient from its direction's micro-batches: the pair sums them, so both copies

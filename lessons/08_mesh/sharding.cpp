@@ -52,11 +52,11 @@ Tensor leaf(const Tensor& t) {
 // [slide:shard]
 // This rank's weights, cut from the full model (the same seed everywhere): heads, dense FFN, LM
 // head by the TP split rule; under EP each MoE layer's experts [e N/ep, (e+1) N/ep); the rest whole.
-// [slide:shard-short]
 model::Params shard_model(const model::Config& c, const model::Params& full, const MeshCoords& co,
                           const MeshSizes& sizes, bool kpe_per_head) {
   model::Params p = full;
   const int t = co.tp, tp = sizes.tp;
+  // [slide:shard-short]
   auto col = [&](Tensor& w) { w = leaf(tp::column_shard(w, t, tp)); };
   auto row = [&](Tensor& w) { w = leaf(tp::row_shard(w, t, tp)); };
   const int64_t E = c.experts / sizes.ep;  // experts per EP rank
@@ -65,13 +65,13 @@ model::Params shard_model(const model::Config& c, const model::Params& full, con
     col(b.attn.w_uq), col(b.attn.w_uk), col(b.attn.w_uv), row(b.attn.w_o);
     if (!b.moe) col(b.ffn.w1), col(b.ffn.w3), row(b.ffn.w2);
     if (b.moe && sizes.ep > 1) experts(b.experts.w1), experts(b.experts.w3), experts(b.experts.w2);
-    // [/slide:shard-short]
     if (kpe_per_head) {  // the planted bug: W_kr (d, d_r) becomes H copies side by side
       NoGradGuard no_grad;
       b.attn.w_kr = leaf(concat(std::vector<Tensor>((size_t)c.heads, b.attn.w_kr.detach()), 1));
     }
   }
   col(p.head);
+  // [/slide:shard-short]
   return p;
 }
 // [/slide]
