@@ -98,6 +98,7 @@ Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<
   return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
 }
 
+// [slide:row-flight]
 RowFlight exchange_rows_start(Comm& comm, const Tensor& rows, const std::vector<size_t>& sb,
                               const std::vector<size_t>& rb, int64_t width, int tag) {
   RowFlight f;
@@ -105,15 +106,16 @@ RowFlight exchange_rows_start(Comm& comm, const Tensor& rows, const std::vector<
   size_t total = 0;
   for (size_t b : rb) total += b / sizeof(float);
   f.staged.resize(total);
-  // [slide:row-flight]
   f.out = Tensor::full({(int64_t)(total / (size_t)width), width}, NAN, rows.device());
   f.a2a = a2a_start(comm, reinterpret_cast<const char*>(f.send.data()), sb,
                     reinterpret_cast<char*>(f.staged.data()), rb, tag);
   return f;
 }
+// [/slide:row-flight]
 
 bool exchange_rows_test(Comm& comm, RowFlight& f) { return a2a_test(comm, f.a2a); }
 
+// [slide:row-finish]
 Tensor exchange_rows_finish(Comm& comm, RowFlight& f) {
   a2a_finish(comm, f.a2a);
   f.out.copy_from(Tensor::from_vector(f.staged, f.out.shape(), f.out.device()));

@@ -276,9 +276,10 @@ Simulation simulate(const Schedule& s, const Costs& c) {
           start = std::max(start, t);
         }
         if (blocked) break;
+        // [/slide:sim-step]
+        // [slide:sim-end]
         double cost = c.of(step);
         double end = start + cost;
-        // [/slide]
         for (const Op& op : ops_of(step)) {
           int st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);
           if (op.kind == Kind::F) {
@@ -291,6 +292,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
             backward_seen[(size_t)r] = true;
           }
         }
+        // [/slide:sim-end]
         // an overlapped pair holds its forward's activations and its backward's at once
         sim.peak_live[(size_t)r] = std::max(sim.peak_live[(size_t)r], live[(size_t)r]);
         for (const Op& op : ops_of(step))
