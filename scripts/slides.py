@@ -452,7 +452,7 @@ def projectable(deck, lines):
     problems = []
     for start, text in slides_of(lines):
         words, code = slide_load(text)
-        title = next((l.lstrip("# ").strip() for l in text.splitlines() if l.startswith("#")), "")
+        title = slide_title(text)
         if words > PROJECT_WORDS or code > PROJECT_CODE_LINES:
             problems.append((start, f"slide '{title}': {words} words of body text and {code} lines of code; "
                               f"a projected slide has at most {PROJECT_WORDS} and {PROJECT_CODE_LINES} "
@@ -465,6 +465,11 @@ def projectable(deck, lines):
                               f"what the lecturer says that the slide does not)"))
     if problems:
         raise DeckError("\nerror: ".join(f"{deck.relative_to(ROOT)}:{n}: {m}" for n, m in problems))
+
+
+def slide_title(text):
+    """A slide's `# title` (the line slide_load leaves out of its words), or ""."""
+    return next((l[2:].strip() for l in text.splitlines() if l.startswith("# ")), "")
 
 
 def slide_load(text):
@@ -495,7 +500,7 @@ def stats(only):
             words, code = slide_load(text)
             if words > PROJECT_WORDS or code > PROJECT_CODE_LINES:
                 heavy += 1
-                title = next((l.lstrip("# ").strip() for l in text.splitlines() if l.startswith("#")), "")
+                title = slide_title(text)
                 print(f"{deck.name} slide {i}: {words} words, {code} code lines  {title[:60]}")
     print(f"{heavy} of {total} slides over {PROJECT_WORDS} words or {PROJECT_CODE_LINES} code lines")
     return 0
