@@ -304,8 +304,8 @@ $(BUILD)/obj/tests/unit/test_cpu_exp.o: FLAGS += $(OMP_FLAGS)  # it includes ker
 # its scalar reference loops must round as kernels/cpu does (no fused a * b + c): a bitwise test
 $(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
 # lesson code that unit tests cover directly (lesson 07's schedules, lesson 08's memory and
-# communication model)
-UNIT_LESSON_OBJS := $(SCHEDULES_07) $(BUILD)/obj/lessons/08_mesh/estimate.o \
+# communication model and its checkpoints' manifest)
+UNIT_LESSON_OBJS := $(SCHEDULES_07) $(BUILD)/obj/lessons/08_mesh/estimate.o $(BUILD)/obj/lessons/08_mesh/manifest.o \
                     $(BUILD)/obj/lessons/09_inference/attention_cache.o $(BUILD)/obj/lessons/09_inference/int8.o
 $(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LESSON_KERNEL_OBJS) $(UNIT_LESSON_OBJS) $(LIB)
 	@mkdir -p $(dir $@)

@@ -552,7 +552,7 @@ usage_error "08 bad input: --resume of a truncated file (named)" \
 usage_error "08 bad input: --resume of a file whose CRC-32 differs from the manifest (named)" \
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e3 >/dev/null && c=$LOG/ck08e3/step-000001 && printf \'\\\\001\' | dd of=\$c/norm.npy bs=1 seek=200 conv=notrunc 2>/dev/null && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
 usage_error "08 bad input: --resume of a manifest of another format version" \
-  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e4 >/dev/null && c=$LOG/ck08e4/step-000001 && sed -i 's/\"version\": 1/\"version\": 2/' \$c/manifest.json && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
+  bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e4 >/dev/null && c=$LOG/ck08e4/step-000001 && sed -i 's/\"version\": 2/\"version\": 3/' \$c/manifest.json && $MPIRUN -np 2 $L08 --tp 1 --train 2 --resume \$c"
 usage_error "08 bad input: --resume with another model (--dim 32: the field named)" \
   bash -c "$MPIRUN -np 2 $L08 --tp 1 --train 1 --save $LOG/ck08e5 >/dev/null && c=$LOG/ck08e5/step-000001 && $MPIRUN -np 2 $L08 --tp 1 --dim 32 --train 2 --resume \$c"
 usage_error "08 bad input: --bug sp-norm-grad with --bucket-mb (the bug is not planted there)" $MPIRUN -np 4 $L08 --bucket-mb 0.02 --bug sp-norm-grad

@@ -1,5 +1,6 @@
-// common/core/npy.cpp — .npy version 1.0: the header dict parser, the reader that checks every
-// size before it allocates, and a writer that produces the same bytes as numpy's np.save.
+// common/core/npy.cpp — .npy versions 1.0 to 3.0: the header dict parser, the reader that checks every
+// size before it allocates, and a writer (version 1.0) that produces
+// the same bytes as numpy's np.save.
 #include "common/core/npy.h"
 
 #include "common/util/files.h"
@@ -205,21 +206,29 @@ NpyInfo read_npy_info(const std::string& path) {
   NPY_CHECK(f, "cannot open .npy file: " << std::strerror(errno));
   const uint64_t file_size = (uint64_t)st.st_size;
 
-  // magic, version, header length
-  unsigned char prelude[kPreludeLen] = {};
+  // magic, version, header length: version 1.0 stores it in 2 bytes, 2.0 and 3.0 in 4 (3.0's
+  // header is UTF-8, of which the dict's literals here are the ASCII part). The data start right
+  // after the header, wherever that is: numpy pads to 64 bytes, other writers to more.
+  unsigned char prelude[kPreludeLen + 2] = {};
   size_t got = std::fread(prelude, 1, kPreludeLen, f.get());
   NPY_CHECK(std::memcmp(prelude, kMagic, std::min(got, kMagicLen)) == 0 && got > 0,
             "not a .npy file (it does not start with the magic bytes \\x93NUMPY)");
   NPY_CHECK(got == kPreludeLen, "truncated header: the file has only " << got << " bytes");
-  NPY_CHECK(prelude[6] == 1 && prelude[7] == 0, "unsupported .npy format version "
-                                                    << (int)prelude[6] << "." << (int)prelude[7]
-                                                    << " (supported: 1.0)");
-  const size_t header_len = (size_t)prelude[8] | ((size_t)prelude[9] << 8);  // little-endian
-  NPY_CHECK(file_size >= kPreludeLen + header_len,
+  const int major = prelude[6], minor = prelude[7];
+  NPY_CHECK((major == 1 || major == 2 || major == 3) && minor == 0,
+            "unsupported .npy format version " << major << "." << minor << " (supported: 1.0, 2.0, 3.0)");
+  size_t prelude_len = kPreludeLen, header_len = (size_t)prelude[8] | ((size_t)prelude[9] << 8);  // little-endian
+  if (major > 1) {
+    NPY_CHECK(std::fread(prelude + kPreludeLen, 1, 2, f.get()) == 2,
+              "truncated header: the file has only " << kPreludeLen << " bytes");
+    prelude_len += 2;
+    header_len |= ((size_t)prelude[10] << 16) | ((size_t)prelude[11] << 24);
+  }
+  NPY_CHECK(file_size >= prelude_len + header_len,
             "truncated header: it says " << header_len << " bytes but the file has only "
-                                         << file_size - kPreludeLen << " after the prelude");
+                                         << file_size - prelude_len << " after the prelude");
   std::string text(header_len, '\0');
-  NPY_CHECK(std::fread(&text[0], 1, header_len, f.get()) == header_len,
+  NPY_CHECK(header_len == 0 || std::fread(&text[0], 1, header_len, f.get()) == header_len,
             "read error in the header: " << std::strerror(errno));
 
   NpyHeader h = HeaderParser(path, text).parse();
@@ -234,7 +243,7 @@ NpyInfo read_npy_info(const std::string& path) {
   for (int64_t d : h.shape)
     NPY_CHECK(!__builtin_mul_overflow(need, (uint64_t)d, &need),
               "absurd shape " << shape_repr(h.shape) << ": its size in bytes overflows 64 bits");
-  const uint64_t have = file_size - kPreludeLen - header_len;
+  const uint64_t have = file_size - prelude_len - header_len;
   NPY_CHECK(need <= have, "truncated data: shape " << shape_repr(h.shape) << " of " << h.descr
                                                    << " needs " << need << " bytes, the file has "
                                                    << have << " after the header");
@@ -244,7 +253,7 @@ NpyInfo read_npy_info(const std::string& path) {
   NpyInfo info;
   info.descr = h.descr;
   info.shape = h.shape;
-  info.data_offset = kPreludeLen + header_len;
+  info.data_offset = prelude_len + header_len;
   info.data_bytes = need;
   return info;
 }

@@ -1,11 +1,14 @@
-// common/core/npy.h — numpy's .npy file format (version 1.0), for --dump and the golden data.
+// common/core/npy.h — numpy's .npy file format, for --dump, the golden data and the checkpoints.
 //
 // Design rules:
-//  * One format, read and written exactly as numpy does: the magic "\x93NUMPY", version
-//    1.0, a little-endian uint16 header length, then a Python dict literal such as
+//  * One format, read and written as numpy does: the magic "\x93NUMPY", the version, the header
+//    length (little-endian: uint16 in version 1.0, uint32 in 2.0 and 3.0), then a Python dict
+//    literal such as
 //      {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
-//    padded with spaces and ending in '\n' so that the data starts at a multiple of 64
-//    bytes, then the raw elements in C (row-major) order.
+//    padded with spaces and ending in '\n', then the raw elements in C (row-major) order.
+//    The writer writes version 1.0 with the data at a multiple of 64 bytes, as np.save does; the
+//    reader reads versions 1.0, 2.0 and 3.0 with a header of any length (numpy pads to 64 bytes,
+//    other writers to more): the data start where the file's own header ends (NpyInfo::data_offset).
 //    Spec: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html
 //  * Three dtypes only: '<f4' (float32), '<i4' (int32) and '<i8' (int64), little-endian,
 //    C order. Anything else is refused with one ff::Error line that starts with the path

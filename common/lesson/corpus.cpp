@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <zlib.h>
 
 #include "common/core/check.h"
 
@@ -93,6 +94,10 @@ CharCorpus::Batch CharCorpus::batch(Split split, int64_t step, int64_t B, int64_
       tg[(size_t)(r * L + j)] = id_of_[(unsigned char)text_[at + 1]];
     }
   return {Tensor::from_indices(in, {rows, L}), Tensor::from_indices(tg, {rows, L})};
+}
+
+uint32_t CharCorpus::crc32() const {
+  return (uint32_t)::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text_.data()), (uInt)text_.size());
 }
 
 }  // namespace ff

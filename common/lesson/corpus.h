@@ -41,6 +41,7 @@ class CharCorpus {
   int64_t split_size(Split s) const;                       // bytes of one split
   int64_t vocab_size() const { return (int64_t)vocab_.size(); }
   const std::string& vocab() const { return vocab_; }      // the distinct bytes, sorted
+  uint32_t crc32() const;                                  // zlib's CRC-32 of the text (which text)
 
   // Bytes <-> ids. A byte outside the vocabulary, or an id outside [0, vocab_size), is an
   // ff::Error naming it.

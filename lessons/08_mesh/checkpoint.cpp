@@ -22,13 +22,11 @@
 #include "common/layers/tensor_parallel.h"
 #include "common/util/files.h"
 #include "lessons/08_mesh/formulas.h"
+#include "lessons/08_mesh/manifest.h"
 
 namespace ff::mesh {
 
 namespace {
-
-constexpr const char* kFormat = "fivefold lesson 08 checkpoint";
-constexpr int kVersion = 1;
 
 std::string sys_error(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
@@ -54,18 +52,35 @@ std::string step_name(int64_t steps_done) {
   return buf;
 }
 
-// The step-* directories of dir with a manifest, oldest first.
-std::vector<std::string> complete_checkpoints(const std::string& dir) {
-  std::vector<std::string> out;
+// A complete checkpoint of a --save directory: step-NNNNNN with its manifest, or, when a save
+// that replaced step-NNNNNN stopped between its two renames, the previous one set aside as
+// .replaced-step-NNNNNN (step-NNNNNN missing).
+struct Found {
+  std::string name;
+  int64_t step = 0;
+};
+
+// The complete checkpoints of dir, oldest (fewest steps) first.
+std::vector<Found> complete_checkpoints(const std::string& dir) {
+  std::map<int64_t, std::string> by_step;
+  std::vector<Found> aside;
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
       const std::string n = e->d_name;
-      if (n.rfind("step-", 0) == 0 && ::access((dir + "/" + n + "/manifest.json").c_str(), R_OK) == 0)
-        out.push_back(n);
+      const bool replaced = n.rfind(".replaced-step-", 0) == 0;
+      if (n.rfind("step-", 0) != 0 && !replaced) continue;
+      const std::string digits = n.substr(n.find("step-") + 5);
+      if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (::access((dir + "/" + n + "/manifest.json").c_str(), R_OK) != 0) continue;
+      if (replaced) aside.push_back({n, std::stoll(digits)});
+      else by_step[std::stoll(digits)] = n;
     }
     closedir(d);
   }
-  std::sort(out.begin(), out.end());
+  for (const Found& f : aside)
+    if (!by_step.count(f.step)) by_step[f.step] = f.name;
+  std::vector<Found> out;
+  for (const auto& [step, name] : by_step) out.push_back({name, step});
   return out;
 }
 
@@ -255,28 +270,6 @@ Who who_am_i(Mesh& mesh, RankModel& here, const Setup& setup) {
   return w;
 }
 
-nlohmann::json model_json(const model::Config& c) {
-  return {{"vocab", c.vocab},     {"dim", c.dim},         {"layers", c.layers}, {"dense_layers", c.dense_layers},
-          {"heads", c.heads},     {"d_nope", c.d_nope},   {"d_rope", c.d_rope}, {"d_v", c.d_v},
-          {"q_lora", c.q_lora},   {"kv_lora", c.kv_lora}, {"ffn", c.ffn},       {"experts", c.experts},
-          {"topk", c.topk},       {"shared", c.shared},   {"moe_ffn", c.moe_ffn},
-          {"route_scale", c.route_scale}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
-}
-
-// model_json's fields back into *c (the rest left as it was); "" or the error, naming where.
-std::string model_from_json(const nlohmann::json& j, model::Config* c, const std::string& where) {
-  try {
-    c->vocab = j.at("vocab"), c->dim = j.at("dim"), c->layers = j.at("layers"), c->dense_layers = j.at("dense_layers");
-    c->heads = j.at("heads"), c->d_nope = j.at("d_nope"), c->d_rope = j.at("d_rope"), c->d_v = j.at("d_v");
-    c->q_lora = j.at("q_lora"), c->kv_lora = j.at("kv_lora"), c->ffn = j.at("ffn"), c->experts = j.at("experts");
-    c->topk = j.at("topk"), c->shared = j.at("shared"), c->moe_ffn = j.at("moe_ffn");
-    c->route_scale = j.at("route_scale"), c->rope_theta = j.at("rope_theta"), c->norm_eps = j.at("norm_eps");
-  } catch (const std::exception& e) {
-    return where + ": no readable model (" + std::string(e.what()) + ")";
-  }
-  return "";
-}
-
 // The CRC-32 (zlib's) of a file's bytes, and its size.
 std::string crc_of(const std::string& path, uint32_t* crc, uint64_t* size) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -296,7 +289,8 @@ std::string crc_of(const std::string& path, uint32_t* crc, uint64_t* size) {
 // pwrite / pread every run of the pieces, file by file. write: the writer's pieces only.
 // full_disk: every write fails as on a full disk (ENOSPC, as /dev/full's do): the test's.
 std::string transfer(const std::string& dir, const Plan& plan, bool write,
-                     const std::map<std::string, uint64_t>& data_offset, bool full_disk = false) {
+                     const std::map<std::string, uint64_t>& data_offset, bool full_disk = false,
+                     const std::function<void(const char*)>& point = nullptr) {
   std::map<std::string, int> fds;
   std::string err;
   for (size_t i = 0; i < plan.pieces.size() && err.empty(); i++) {
@@ -331,6 +325,7 @@ std::string transfer(const std::string& dir, const Plan& plan, bool write,
       }
     });
   }
+  if (write && err.empty() && point) point("fsync");
   for (auto& [file, fd] : fds) {
     if (fd <= 0) continue;
     if (write && err.empty() && ::fsync(fd) != 0) err = sys_error("cannot flush", dir + "/" + file + ".npy");
@@ -373,13 +368,158 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
 }
 // [/slide]
 
+
+namespace {
+
+// For the tests of a crash and of a full disk during a save (tests/checkpoint_08.py):
+// FF_TEST_KILL_IN_SAVE=R:S[:POINT] kills rank R with SIGKILL when it reaches POINT of the save
+// after S steps (default: written, its slices written and flushed); FF_TEST_FULL_DISK_IN_SAVE=R:S
+// makes rank R's writes of that checkpoint fail as on a full disk (ENOSPC). The points, in order
+// (rank 0's but write, fsync and written, every rank's): tidy, mkdir, create, write, fsync,
+// written, manifest, fsync-tmp, aside, publish, fsync-dir, remove-aside, prune, prune-remove.
+bool test_hook(const char* name, int rank, int64_t steps, const char* point) {
+  const char* at = std::getenv(name);
+  int r = -1;
+  long long s = -1;
+  char where[64] = "written";
+  return at && std::sscanf(at, "%d:%lld:%63s", &r, &s, where) >= 2 && r == rank && s == steps &&
+         std::strcmp(where, point) == 0;
+}
+
+struct SavePoints {
+  int rank;
+  int64_t steps;
+  void operator()(const char* point) const {
+    if (test_hook("FF_TEST_KILL_IN_SAVE", rank, steps, point)) ::raise(SIGKILL);
+  }
+};
+
+// What an interrupted save left in dir, put right (rank 0, at the start of the next save): a
+// checkpoint set aside by a replacement goes back where it was when its replacement never
+// arrived, and is removed when it did; half-written and half-removed directories go.
+std::string tidy(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) names.push_back(e->d_name);
+    closedir(d);
+  }
+  std::string err;
+  for (const std::string& n : names) {
+    if (!err.empty()) break;
+    const std::string path = dir + "/" + n;
+    if (n.rfind(".replaced-", 0) == 0) {
+      const std::string home = dir + "/" + n.substr(std::strlen(".replaced-"));
+      if (::access(home.c_str(), F_OK) == 0) err = remove_tree(path);
+      else if (::rename(path.c_str(), home.c_str()) != 0) err = sys_error("cannot rename into", home);
+    } else if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".removing-step-", 0) == 0) {
+      err = remove_tree(path);
+    }
+  }
+  return err;
+}
+
+// Keep --keep K of this run's lineage: the newest K by steps done and this run's last K saves;
+// the lineage's others go (renamed out of sight first, so that a crash while removing one never
+// leaves a half checkpoint that looks complete). Other runs' checkpoints are never touched.
+std::string prune(const std::string& dir, int64_t keep, const Lineage& lineage, const SavePoints& point) {
+  if (keep <= 0) return "";
+  std::vector<Found> ours;
+  for (const Found& f : complete_checkpoints(dir)) {
+    std::string run;
+    if (read_manifest_run(dir + "/" + f.name, &run).empty() && run == lineage.run) ours.push_back(f);
+  }
+  std::vector<int64_t> kept(lineage.saved.end() - std::min(lineage.saved.size(), (size_t)keep), lineage.saved.end());
+  for (size_t i = ours.size() - std::min(ours.size(), (size_t)keep); i < ours.size(); i++) kept.push_back(ours[i].step);
+  for (const Found& f : ours) {
+    if (std::find(kept.begin(), kept.end(), f.step) != kept.end()) continue;
+    point("prune");
+    const std::string out_of_sight = dir + "/.removing-" + step_name(f.step);
+    if (::rename((dir + "/" + f.name).c_str(), out_of_sight.c_str()) != 0) return sys_error("cannot rename", dir + "/" + f.name);
+    point("prune-remove");
+    const std::string err = remove_tree(out_of_sight);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+// Publishes the complete directory tmp as final: one rename when final is new; when it replaces
+// one, the old is renamed aside first and removed after, so that at every moment the step has a
+// complete directory (tidy and complete_checkpoints find an aside one whose successor never came).
+std::string publish(const std::string& dir, const std::string& tmp, const std::string& final_dir, int64_t steps,
+                    const SavePoints& point) {
+  const std::string aside = dir + "/.replaced-" + step_name(steps);
+  const bool replaces = ::access(final_dir.c_str(), F_OK) == 0;
+  std::string err;
+  if (replaces) {
+    point("aside");
+    err = remove_tree(aside);
+    if (err.empty() && ::rename(final_dir.c_str(), aside.c_str()) != 0) err = sys_error("cannot rename", final_dir);
+  }
+  // [slide:ckpt-publish]
+  if (err.empty()) point("publish");
+  if (err.empty() && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = sys_error("cannot rename into", final_dir);
+  if (err.empty()) point("fsync-dir");
+  if (err.empty()) err = fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  // [/slide:ckpt-publish]
+  if (err.empty() && replaces) {
+    point("remove-aside");
+    err = remove_tree(aside);
+  }
+  return err;
+}
+
+std::string first_model_difference(const model::Config& saved, const model::Config& c) {
+  const auto a = model_fields(saved), b = model_fields(c);
+  for (size_t i = 0; i < a.size(); i++)
+    if (a[i].second != b[i].second)
+      return "the checkpoint's model has " + a[i].first + " = " + a[i].second + ", this run's " + b[i].second +
+             " (a checkpoint resumes the same model on any mesh)";
+  return "";
+}
+
+// Every file of `files` against the manifest (whose model is c's): the header (its dtype and shape,
+// and where its data start) on every rank, every crc_ranks-th file's CRC-32 on this one. "" or the
+// error; *data_offset gets each file's.
+std::string check_files(const std::string& dir, const Manifest& m, const std::vector<FileSpec>& files, int crc_rank,
+                        int crc_ranks, std::map<std::string, uint64_t>* data_offset) {
+  for (size_t i = 0; i < files.size(); i++) {
+    const FileSpec& f = files[i];
+    const std::string file = dir + "/" + f.file + ".npy";
+    const auto entry = m.tensors.find(f.file);
+    if (entry == m.tensors.end()) return dir + "/manifest.json: no entry for " + file;
+    NpyInfo info;
+    try {
+      info = read_npy_info(file);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (info.descr != "<f4" || info.shape != f.shape)
+      return file + ": holds " + info.descr + " of shape " + nlohmann::json(info.shape).dump() + ", the model's is <f4 of " +
+             nlohmann::json(f.shape).dump();
+    (*data_offset)[f.file] = info.data_offset;
+    if ((int)(i % (size_t)crc_ranks) == crc_rank) {  // the ranks share the CRC-32s, a file each in turn
+      uint32_t crc = 0;
+      uint64_t size = 0;
+      const std::string err = crc_of(file, &crc, &size);
+      if (!err.empty()) return err;
+      if (size != entry->second.bytes || crc != entry->second.crc32)
+        return file + ": checksum mismatch (CRC-32 " + std::to_string(crc) + ", the manifest says " +
+               std::to_string(entry->second.crc32) + "): the file is damaged";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const Options& opts,
                      const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
-                     int64_t steps_done) {
+                     Lineage* lineage, int64_t steps_done) {
   Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
   const Stopwatch watch;
   Comm& world = lesson.comm;
   const bool root = world.rank() == 0;
+  const SavePoints point{world.rank(), steps_done};
   const std::vector<FileSpec> files = files_of(here.table);
   const std::string tmp = dir + "/.tmp-" + step_name(steps_done), final_dir = dir + "/" + step_name(steps_done);
   std::map<std::string, uint64_t> data_offset;
@@ -388,8 +528,11 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   std::string err;
   if (root) {
     err = check_output_path(dir, PathKind::dir);
-    if (err.empty()) err = remove_tree(tmp);
+    if (err.empty()) point("tidy");
+    if (err.empty()) err = tidy(dir);
+    if (err.empty()) point("mkdir");
     if (err.empty() && ::mkdir(tmp.c_str(), 0755) != 0) err = sys_error("cannot create", tmp);
+    if (err.empty()) point("create");
     for (size_t i = 0; i < files.size() && err.empty(); i++) {
       const std::string path = tmp + "/" + files[i].file + ".npy";
       const std::string header = npy_header("<f4", files[i].shape);
@@ -408,55 +551,38 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   lesson.usage_error_if(!err.empty(), "--save: " + err);
   // 2. every rank: its slices, straight into the files, flushed
   Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/true);
-  // For the tests of a crash and of a full disk during a save (tests/lessons.sh):
-  // FF_TEST_KILL_IN_SAVE=R:S kills rank R with SIGKILL once its slices of the checkpoint after S
-  // steps are written (the manifest not), FF_TEST_FULL_DISK_IN_SAVE=R:S makes rank R's writes
-  // of that checkpoint fail as on a full disk.
-  const auto test_hook = [&](const char* name) {
-    const char* at = std::getenv(name);
-    int r = -1;
-    long long s = -1;
-    return at && std::sscanf(at, "%d:%lld", &r, &s) == 2 && r == world.rank() && s == steps_done;
-  };
-  err = transfer(tmp, plan, /*write=*/true, data_offset, test_hook("FF_TEST_FULL_DISK_IN_SAVE"));
-  if (test_hook("FF_TEST_KILL_IN_SAVE")) ::raise(SIGKILL);
+  point("write");
+  err = transfer(tmp, plan, /*write=*/true, data_offset,
+                 test_hook("FF_TEST_FULL_DISK_IN_SAVE", world.rank(), steps_done, "written"), point);
+  point("written");
   err = agree(world, err);
   lesson.usage_error_if(!err.empty(), "--save: " + err);
-  // 3. rank 0: the manifest last, then the rename that makes it visible, then the old ones go
+  // 3. rank 0: the manifest last, then the rename that makes it visible, then the lineage's old ones go
   if (root) {
-    nlohmann::json m;
-    m["format"] = kFormat, m["version"] = kVersion, m["steps_done"] = steps_done;
-    int64_t adam_steps = 0;
+    Manifest m;
+    m.run = lineage->run, m.steps_done = steps_done;
     for (zero::GroupAdam* g : state.groups)
-      if (g->adam() && !g->params.empty()) adam_steps = std::max(adam_steps, g->adam()->steps());
-    m["adam_steps"] = adam_steps;
-    m["seed"] = lesson.flags.seed, m["batch"] = opts.batch, m["seq"] = setup.seq;
-    m["model"] = model_json(setup.c);
-    m["mesh"] = {{"dp", setup.sizes.dp}, {"pp", setup.sizes.pp}, {"cp", setup.sizes.cp}, {"tp", setup.sizes.tp},
-                 {"ep", setup.sizes.ep}, {"zero", opts.zero}, {"schedule", opts.schedule}, {"sp", opts.sp}};
+      if (g->adam() && !g->params.empty()) m.adam_steps = std::max(m.adam_steps, g->adam()->steps());
+    m.seed = lesson.flags.seed, m.batch = opts.batch, m.seq = setup.seq, m.lr = opts.lr, m.bias_rate = opts.bias_rate;
+    m.data_bytes = (uint64_t)setup.corpus.size(), m.data_crc32 = setup.corpus.crc32();
+    m.model = setup.c;
+    m.dp = setup.sizes.dp, m.pp = setup.sizes.pp, m.cp = setup.sizes.cp, m.tp = setup.sizes.tp, m.ep = setup.sizes.ep;
+    m.zero = opts.zero, m.schedule = opts.schedule, m.sp = opts.sp;
     for (const FileSpec& f : files) {
       if (!err.empty()) break;
-      uint32_t crc = 0;
-      uint64_t size = 0;
-      err = crc_of(tmp + "/" + f.file + ".npy", &crc, &size);
-      m["tensors"][f.file] = {{"shape", f.shape}, {"dtype", "<f4"}, {"bytes", size}, {"crc32", crc}};
+      TensorEntry& t = m.tensors[f.file];
+      t.shape = f.shape;
+      err = crc_of(tmp + "/" + f.file + ".npy", &t.crc32, &t.bytes);
     }
-    if (err.empty()) {
-      try {
-        write_text_file(tmp + "/manifest.json", m.dump(1) + "\n");
-      } catch (const Error& e) {
-        err = e.what();
-      }
-    }
-    // [slide:ckpt-publish]
-    if (err.empty()) err = fsync_path(tmp + "/manifest.json", O_RDONLY);
+    if (err.empty()) point("manifest");
+    if (err.empty()) err = write_manifest(tmp, m);
+    if (err.empty()) point("fsync-tmp");
     if (err.empty()) err = fsync_path(tmp, O_RDONLY | O_DIRECTORY);
-    if (err.empty()) err = remove_tree(final_dir);
-    if (err.empty() && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = sys_error("cannot rename into", final_dir);
-    if (err.empty()) err = fsync_path(dir, O_RDONLY | O_DIRECTORY);
-    // [/slide:ckpt-publish]
-    const std::vector<std::string> done = complete_checkpoints(dir);
-    for (size_t i = 0; err.empty() && keep > 0 && i + (size_t)keep < done.size(); i++) err = remove_tree(dir + "/" + done[i]);
+    if (err.empty()) err = publish(dir, tmp, final_dir, steps_done, point);
+    if (err.empty()) {
+      lineage->saved.push_back(steps_done);
+      err = prune(dir, keep, *lineage, point);
+    }
   }
   err = agree(world, err);
   lesson.usage_error_if(!err.empty(), "--save: " + err);
@@ -464,104 +590,65 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
   for (const FileSpec& f : files) bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
   const double s = watch.seconds();
   lesson.print("checkpoint after %lld steps: %s (%zu files, %s) in %.1f ms, %.0f MB/s\n", (long long)steps_done,
-               final_dir.c_str(), files.size() + 1, human_bytes((double)bytes).c_str(), s * 1e3, (double)bytes / s / 1e6);
+               final_dir.c_str(), files.size() + 2, human_bytes((double)bytes).c_str(), s * 1e3, (double)bytes / s / 1e6);
 }
 
 std::string checkpoint_dir(const std::string& path) {
   if (::access((path + "/manifest.json").c_str(), F_OK) == 0) return path;
-  const std::vector<std::string> done = complete_checkpoints(path);
-  return done.empty() ? std::string() : path + "/" + done.back();
+  const std::vector<Found> done = complete_checkpoints(path);
+  return done.empty() ? std::string() : path + "/" + done.back().name;
 }
 
-namespace {
-
-// dir/manifest.json parsed, of this format; "" or the error.
-std::string read_manifest(const std::string& dir, nlohmann::json* out) {
-  const std::string path = dir + "/manifest.json";
-  nlohmann::json& m = *out;
-  try {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return sys_error("cannot read", path);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    std::fclose(f);
-    m = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    return path + ": not a readable manifest (" + std::string(e.what()) + ")";
-  }
-  if (!m.contains("format") || m["format"] != kFormat)
-    return path + ": not a lesson 08 checkpoint (format \"" + std::string(kFormat) + "\" expected)";
-  return "";
+std::string read_checkpoint(Comm& world, const std::string& path, std::string* dir, Manifest* m) {
+  *dir = checkpoint_dir(path);
+  std::string err = dir->empty() ? path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
+  if (err.empty()) err = read_manifest(*dir, m);
+  return agree(world, err);
 }
 
-// The manifest, checked against the flags and the files (on the calling rank); "" or the error.
-std::string check_manifest(const std::string& dir, const model::Config& c, const std::vector<FileSpec>& files,
-                           int crc_rank, int crc_ranks, nlohmann::json* out) {
-  const std::string path = dir + "/manifest.json";
-  nlohmann::json m;
-  const std::string err = read_manifest(dir, &m);
-  if (!err.empty()) return err;
-  if (!m.contains("version") || m["version"] != kVersion)
-    return path + ": format version " + m.value("version", nlohmann::json()).dump() + ", this build reads version " +
-           std::to_string(kVersion);
-  const nlohmann::json want = model_json(c);
-  for (auto it = want.begin(); it != want.end(); ++it)
-    if (!m["model"].contains(it.key()) || m["model"][it.key()] != it.value())
-      return path + ": the checkpoint's model has " + it.key() + " = " + m["model"].value(it.key(), nlohmann::json()).dump() +
-             ", the flags " + it.value().dump() + " (a checkpoint resumes the same model on any mesh)";
-  for (size_t i = 0; i < files.size(); i++) {
-    const FileSpec& f = files[i];
-    const std::string file = dir + "/" + f.file + ".npy";
-    if (!m["tensors"].contains(f.file)) return path + ": no entry for " + file;
-    const nlohmann::json& t = m["tensors"][f.file];
-    if (t["shape"] != nlohmann::json(f.shape)) return file + ": the manifest's shape " + t["shape"].dump() + " is not the model's";
-    NpyInfo info;
-    try {
-      info = read_npy_info(file);
-    } catch (const std::exception& e) {
-      return e.what();
+std::string check_save_dir(Comm& world, const std::string& dir, const std::string& run) {
+  std::string err;
+  if (world.rank() == 0) {
+    std::vector<std::string> others;
+    std::string their_run;
+    for (const Found& f : complete_checkpoints(dir)) {
+      std::string r;
+      const std::string bad = read_manifest_run(dir + "/" + f.name, &r);
+      if (!bad.empty()) {
+        err = dir + " holds " + f.name + " whose lineage cannot be read (" + bad + "): a run saves only into a directory of its own checkpoints";
+        break;
+      }
+      if (r != run) others.push_back(f.name), their_run = r;
     }
-    if (info.descr != "<f4" || info.shape != f.shape)
-      return file + ": holds " + info.descr + " of shape " + nlohmann::json(info.shape).dump() + ", the model's is <f4 of " +
-             nlohmann::json(f.shape).dump();
-    if ((int)(i % (size_t)crc_ranks) == crc_rank) {  // the ranks share the CRC-32s, a file each in turn
-      uint32_t crc = 0;
-      uint64_t size = 0;
-      const std::string err = crc_of(file, &crc, &size);
-      if (!err.empty()) return err;
-      if (size != t["bytes"].get<uint64_t>() || crc != t["crc32"].get<uint32_t>())
-        return file + ": checksum mismatch (CRC-32 " + std::to_string(crc) + ", the manifest says " + t["crc32"].dump() +
-               "): the file is damaged";
-    }
+    if (err.empty() && !others.empty())
+      err = dir + " holds another run's checkpoints (" + others.front() + (others.size() > 1 ? " ... " + others.back() : "") +
+            ", run " + their_run + "; this run is " + run + "): save into a new directory, or go on from that run with --resume " + dir;
   }
-  *out = m;
-  return "";
+  return agree(world, err);
 }
-
-}  // namespace
 
 CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
                                  const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state) {
   const Stopwatch watch;
   Comm& world = lesson.comm;
   const std::vector<FileSpec> files = files_of(here.table);
-  const std::string dir = checkpoint_dir(path);
-  std::string err = dir.empty() ? "--resume " + path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
-  lesson.usage_error_if(!(err = agree(world, err)).empty(), err);
+  std::string dir;
+  Manifest m;
+  std::string err = read_checkpoint(world, path, &dir, &m);
+  lesson.usage_error_if(!err.empty(), "--resume: " + err);
   // every rank checks every file's header, and every P-th file's CRC-32
-  nlohmann::json m;
-  err = agree(world, check_manifest(dir, setup.c, files, world.rank(), world.size(), &m));
+  std::map<std::string, uint64_t> data_offset;
+  err = first_model_difference(m.model, setup.c);
+  if (err.empty()) err = check_files(dir, m, files, world.rank(), world.size(), &data_offset);
+  err = agree(world, err);
   lesson.usage_error_if(!err.empty(), "--resume: " + err);
   CheckpointInfo info;
-  info.steps_done = m["steps_done"].get<int64_t>();
-  info.adam_steps = m["adam_steps"].get<int64_t>();
+  info.steps_done = m.steps_done;
+  info.adam_steps = m.adam_steps;
+  info.dir = dir;
   lesson.usage_error_if(opts.steps > 0 && info.steps_done > opts.steps,
                         "--resume: the checkpoint has " + std::to_string(info.steps_done) + " steps done, more than --train " +
                             std::to_string(opts.steps) + " (--train counts every step, those before the checkpoint too)");
-  std::map<std::string, uint64_t> data_offset;
-  for (const FileSpec& f : files) data_offset[f.file] = npy_header("<f4", f.shape).size();
   // every rank: its slices, into its weights, biases and AdamW state
   Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/false);
   err = agree(world, transfer(dir, plan, /*write=*/false, data_offset));
@@ -570,7 +657,7 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
     Tensor target = t;
     target.detach().copy_from(Tensor::from_vector(plan.store[s], t.shape(), t.device()));
   }
-  if (info.adam_steps > 0) {  // the m and v pieces come after the weights' and biases', group by group
+  {  // the m and v pieces come after the weights' and biases', group by group
     size_t s = plan.params.size();
     for (zero::GroupAdam* g : state.groups) {
       if (g->params.empty()) continue;
@@ -588,34 +675,37 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   }
   world.barrier();  // every rank has read its slices
   info.seconds = watch.seconds();
-  for (const FileSpec& f : files) info.bytes += data_offset[f.file] + (uint64_t)shape_numel(f.shape) * sizeof(float);
+  for (const FileSpec& f : files) info.bytes += m.tensors.at(f.file).bytes;
   return info;
 }
 
 std::string checkpoint_model(Comm& world, const std::string& path, model::Config* c) {
-  const std::string dir = checkpoint_dir(path);
-  std::string err = dir.empty() ? path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
-  nlohmann::json m;
-  if (err.empty()) err = read_manifest(dir, &m);
-  if (err.empty()) err = model_from_json(m.value("model", nlohmann::json()), c, dir + "/manifest.json");
-  return agree(world, err);
+  std::string dir;
+  Manifest m;
+  const std::string err = read_checkpoint(world, path, &dir, &m);
+  if (err.empty()) {
+    const int64_t seq_len = c->seq_len;  // (not the checkpoint's: a run's)
+    *c = m.model;
+    c->seq_len = seq_len;
+  }
+  return err;
 }
 
 std::string load_checkpoint_weights(Comm& world, const std::string& path, const model::Config& c,
                                     model::Params* out, Device dev) {
-  const std::string dir = checkpoint_dir(path);
-  std::string err = dir.empty() ? path + ": no checkpoint there (no manifest.json, no complete step-* directory)" : "";
+  std::string dir;
+  Manifest m;
+  std::string err = read_checkpoint(world, path, &dir, &m);
+  if (!err.empty()) return err;
   std::vector<FileSpec> files;
+  std::map<std::string, uint64_t> data_offset;
+  err = first_model_difference(m.model, c);
   if (err.empty()) {
-    try {
-      const model::Params shapes = model::zero_params(c);
-      for (const auto& list : {shapes.named_parameters(), shapes.named_buffers()})
-        for (const model::NamedTensor& n : list) files.push_back({n.name, n.t.shape()});
-    } catch (const Error& e) {
-      err = e.what();
-    }
-    nlohmann::json m;
-    if (err.empty()) err = check_manifest(dir, c, files, world.rank(), world.size(), &m);  // the ranks share the CRC-32s
+    const model::Params shapes = model::zero_params(c);  // (c is m's model: valid)
+    for (const auto& list : {shapes.named_parameters(), shapes.named_buffers()})
+      for (const model::NamedTensor& n : list)
+        if (n.t.defined()) files.push_back({n.name, n.t.shape()});
+    err = check_files(dir, m, files, world.rank(), world.size(), &data_offset);  // the ranks share the CRC-32s
   }
   if (!(err = agree(world, err)).empty()) return err;
   try {

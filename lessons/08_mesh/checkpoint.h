@@ -5,24 +5,32 @@
 //   NAME.npy             every weight, by its stable name (model::Params::named_parameters)
 //   NAME.exp_avg.npy     AdamW's m for it, NAME.exp_avg_sq.npy its v (PyTorch's names)
 //   BIAS.npy             every MoE layer's balancing bias (named_buffers)
-//   manifest.json        the format and its version, the steps done, AdamW's step count, the
-//                        seed (the data position: step s's batch is drawn from the seed and s),
-//                        the model's configuration, the mesh it was written from, and every
-//                        file's shape, dtype, bytes and CRC-32; written last
+//   manifest.json        the run's lineage, the steps done, AdamW's step count, the data position
+//                        (seed, batch, seq and the text), the rates, the model's configuration, the
+//                        mesh it was written from, and every file's shape, dtype, bytes and CRC-32;
+//                        manifest.crc32 its own CRC-32 (manifest.h: every field is checked on reading)
 // Why full tensors and not each rank's shards: a shard only means something on the mesh that
 // cut it; a full tensor means the same on any mesh, in PyTorch, in numpy. Each rank still writes
 // only what it owns, straight into the full files at the right offsets (pwrite): rank 0 creates
 // every file at its final size with its header, every rank writes its slices (a TP rank its
 // columns or rows, an EP rank its experts, a ZeRO rank its block of m and v (ZeRO-3: of the
-// weights too), exactly one rank per
-// number: a replicated weight is written by the first rank holding it), each flushes its file
-// descriptors (fsync), and rank 0 writes the manifest last. Nobody gathers the model.
-// Atomic: all of it goes into .tmp-step-NNNNNN, renamed to step-NNNNNN once complete (a rename
-// within a directory is atomic); the previous checkpoints stay until then, the oldest beyond
-// --keep are removed after. A run killed at any moment leaves every step-* directory complete.
+// weights too), exactly one rank per number: a replicated weight is written by the first rank
+// holding it), each flushes its file descriptors (fsync), and rank 0 writes the manifest last.
+// Nobody gathers the model.
+// Nothing a save does can lose the newest complete checkpoint: all of it goes into
+// .tmp-step-NNNNNN, published by one rename to step-NNNNNN once complete and flushed (a rename
+// within a directory is atomic). Saving a step that exists already renames the old one aside
+// (.replaced-step-NNNNNN) first, and removes it only once the new one is in place; a reader that
+// finds only the aside one takes it, and the next save puts it back. --keep K removes only this
+// run's lineage's checkpoints (a run from scratch draws a lineage id, a resumed run carries on the
+// checkpoint's): the newest K by steps done and this run's last K saves stay; each removed one is
+// renamed out of sight before it is deleted. A run from scratch saves only into a directory with
+// no checkpoint, a resumed one into a directory holding only its lineage's: another run's
+// checkpoints are never pruned, replaced or mixed with this run's (check_save_dir refuses first).
 // Resuming reads the same way backwards: each rank reads from the full files only the slices its
 // own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage), checked against the
-// manifest's CRC-32 and shapes first.
+// manifest's CRC-32 and shapes first; the data start where each file's own header ends (a file
+// rewritten by numpy or another writer with a longer header reads the same).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -33,6 +41,7 @@
 #include "common/core/tensor.h"
 #include "common/layers/zero.h"
 #include "common/lesson/lesson.h"
+#include "lessons/08_mesh/manifest.h"
 #include "lessons/08_mesh/mesh_model.h"
 #include "lessons/08_mesh/options.h"
 #include "lessons/08_mesh/sharding.h"
@@ -57,6 +66,14 @@ struct CheckpointInfo {
   int64_t adam_steps = 0;  // AdamW's t
   double seconds = 0;      // the resume: checked (the CRC-32s shared by the ranks) and read
   uint64_t bytes = 0;      // the checkpoint's files
+  std::string dir;         // the step-* directory read
+};
+
+// This run's place among checkpoints: its lineage (manifest.h's run) and the steps it saved,
+// oldest first (--keep never removes one of its last K).
+struct Lineage {
+  std::string run;
+  std::vector<int64_t> saved;
 };
 
 // The optimizer groups whose state a checkpoint holds (lesson 08's dense, replicated, experts).
@@ -65,12 +82,20 @@ struct StateGroups {
 };
 
 // Collective over the world: writes the checkpoint of the mesh after `steps_done` steps under
-// dir/step-NNNNNN (see above) and keeps the newest `keep`. Any failure (a full disk, a
-// non-writable directory) is one `error:` line naming the file, exit 2 on every rank, the
-// previous checkpoints intact.
+// dir/step-NNNNNN (see above) and keeps `keep` of the lineage (0: all). Any failure (a full disk,
+// a non-writable directory) is one `error:` line naming the file, exit 2 on every rank, the
+// newest complete checkpoint intact.
 void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const Options& opts,
                      const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state,
-                     int64_t steps_done);
+                     Lineage* lineage, int64_t steps_done);
+
+// Collective: "" when the run of lineage `run` may save into dir (it holds no complete checkpoint
+// of another lineage), else the error, the same on every rank.
+std::string check_save_dir(Comm& world, const std::string& dir, const std::string& run);
+
+// Collective: the checkpoint path names (checkpoint_dir) into *dir, its manifest read and checked
+// (manifest.h) into *m; "" or the error naming the file and the field, the same on every rank.
+std::string read_checkpoint(Comm& world, const std::string& path, std::string* dir, Manifest* m);
 
 // The checkpoint --resume names: the directory itself when it holds a manifest, else its newest
 // complete step-* (a --save directory). Collective: reads and checks the manifest and every
@@ -84,7 +109,7 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
 std::string checkpoint_dir(const std::string& path);
 
 // The model a checkpoint holds, from its manifest (the newest step-* of a --save directory):
-// every field model_json writes; the rest of *c is left as it was. Collective over world: ""
+// every field the manifest records (model_fields); c->seq_len is left as it was. Collective over world: ""
 // or the error line, the same on every rank.
 std::string checkpoint_model(Comm& world, const std::string& path, model::Config* c);
 // A checkpoint's weights whole, on every rank of world (lesson 09 serves the model lesson 08

@@ -167,11 +167,14 @@ int64_t resume_if_asked(Lesson& lesson, Options& opts, const Setup& setup, Mesh&
   if (opts.resume.empty()) return 0;
   const CheckpointInfo got = resume_checkpoint(lesson, opts.resume, opts, setup, mesh, here,
                                                {{&opt.dense, &opt.replicated, &opt.experts}});
-  one_process.resume(checkpoint_dir(opts.resume), got.adam_steps);
+  one_process.resume(got.dir, got.adam_steps);
   if (opts.steps == 0) opts.steps = got.steps_done;  // --train 0: no step, the model as it was saved
   lesson.print("resumed from %s: %lld steps done (%s checked and read in %.1f ms, %.0f MB/s)\n",
-               checkpoint_dir(opts.resume).c_str(), (long long)got.steps_done, human_bytes((double)got.bytes).c_str(),
+               got.dir.c_str(), (long long)got.steps_done, human_bytes((double)got.bytes).c_str(),
                got.seconds * 1e3, (double)got.bytes / got.seconds / 1e6);
+  lesson.print("  the run goes on: lineage %s, seed %lld, step %lld's batch next%s%s\n", setup.run.c_str(),
+               (long long)lesson.flags.seed, (long long)got.steps_done, setup.restored.empty() ? "" : "; from the checkpoint: ",
+               setup.restored.c_str());
   return got.steps_done;
 }
 
@@ -282,6 +285,7 @@ int mesh_lesson(Lesson& lesson) {
   const double eps = std::numeric_limits<float>::epsilon();
   OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, setup.bug_kpe, table.names, n_terms, setup.corpus, opts.batch);
   const int64_t first_step = resume_if_asked(lesson, opts, setup, mesh, here, opt, one_process);
+  Lineage lineage{setup.run, {}};  // --save: this run's checkpoints (--keep prunes the lineage's)
   print_header(lesson, opts, setup, here, edp.size());
 
   // ---- training: every step trained, its traffic per axis counted, and checked
@@ -358,7 +362,7 @@ int mesh_lesson(Lesson& lesson) {
     }
     if (!opts.save.empty() && ((opts.save_every > 0 && (step + 1) % opts.save_every == 0) || step + 1 == opts.steps))
       save_checkpoint(lesson, opts.save, opts.keep, opts, setup, mesh, here, {{&dense_opt, &replicated_opt, &expert_opt}},
-                      step + 1);
+                      &lineage, step + 1);
   }
   Comm::set_link(LinkModel{});
 

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
 
 #include "lessons/07_dualpipe/schedules.h"
+#include "lessons/08_mesh/checkpoint.h"
 #include "lessons/08_mesh/estimate.h"
 
 namespace ff::mesh {
@@ -116,6 +118,8 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
                         "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
   const bool checkpoints = !opts.save.empty() || !opts.resume.empty();
+  lesson.usage_error_if(opts.save.empty() && (lesson.cli.given("--save-every") || lesson.cli.given("--keep")),
+                        "--save-every and --keep need --save DIR (they say when checkpoints are written and how many stay)");
   lesson.usage_error_if(opts.steps == 0 && opts.resume.empty(), "--train 0 needs --resume (a model to validate or sample)");
   lesson.usage_error_if(checkpoints && opts.bug != "none", "--save and --resume run without --bug");
   if (!opts.save.empty()) {
@@ -141,11 +145,62 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   return overlap;
 }
 
+// --resume: the run goes on as it was saved. Every flag of the data position (--seed, --batch,
+// --seq), of the rates (--lr, --bias-rate) and of the model left out takes the checkpoint's value;
+// one given must agree with it (else one error naming the field). *restored lists those taken.
+static Manifest restore_run(Lesson& lesson, Options& opts, std::string* restored) {
+  std::string dir;
+  Manifest m;
+  const std::string err = read_checkpoint(lesson.comm, opts.resume, &dir, &m);
+  lesson.usage_error_if(!err.empty(), "--resume: " + err);
+  const Cli& cli = lesson.cli;
+  struct IntFlag {
+    const char* flag;
+    int64_t* value;
+    int64_t saved;
+  };
+  const model::Config& c = m.model;
+  const IntFlag ints[] = {{"--seed", &lesson.flags.seed, m.seed}, {"--batch", &opts.batch, m.batch},
+                          {"--seq", &opts.seq, m.seq},        {"--dim", &opts.dim, c.dim},
+                          {"--layers", &opts.layers, c.layers}, {"--dense-layers", &opts.dense_layers, c.dense_layers},
+                          {"--heads", &opts.heads, c.heads},  {"--d-nope", &opts.d_nope, c.d_nope},
+                          {"--d-rope", &opts.d_rope, c.d_rope}, {"--d-v", &opts.d_v, c.d_v},
+                          {"--q-lora", &opts.q_lora, c.q_lora}, {"--kv-lora", &opts.kv_lora, c.kv_lora},
+                          {"--ffn", &opts.ffn, c.ffn},        {"--experts", &opts.experts, c.experts},
+                          {"--topk", &opts.topk, c.topk},     {"--shared", &opts.shared, c.shared},
+                          {"--moe-ffn", &opts.moe_ffn, c.moe_ffn}};
+  std::vector<std::string> taken;
+  for (const IntFlag& f : ints) {
+    lesson.usage_error_if(cli.given(f.flag) && *f.value != f.saved,
+                          "--resume: the checkpoint has " + std::string(f.flag + 2) + " = " + std::to_string(f.saved) + ", " +
+                              f.flag + " " + std::to_string(*f.value) + " given (a resumed run goes on with the "
+                              "checkpoint's: leave the flag out)");
+    if (!cli.given(f.flag) && *f.value != f.saved) taken.push_back(std::string(f.flag + 2) + " " + std::to_string(f.saved));
+    *f.value = f.saved;
+  }
+  for (auto [flag, value, saved] : {std::make_tuple("--lr", &opts.lr, m.lr), std::make_tuple("--bias-rate", &opts.bias_rate, m.bias_rate)}) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%s = %g, %s %g given", flag + 2, saved, flag, *value);
+    lesson.usage_error_if(cli.given(flag) && *value != saved, "--resume: the checkpoint has " + std::string(text) +
+                                                                " (a resumed run goes on with the checkpoint's: leave the flag out)");
+    if (!cli.given(flag) && *value != saved) {
+      std::snprintf(text, sizeof text, "%s %g", flag + 2, saved);
+      taken.push_back(text);
+    }
+    *value = saved;
+  }
+  for (size_t i = 0; i < taken.size(); i++) *restored += (i ? ", " : "") + taken[i];
+  return m;
+}
+
 std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   Cli& cli = lesson.cli;
   std::string sp = "auto";
   declare_flags(cli, opts, &sp);
   lesson.parse();
+  std::optional<Manifest> resumed;
+  std::string restored;
+  if (!opts.resume.empty()) resumed = restore_run(lesson, opts, &restored);
   const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&
                        !cli.given("--pp") && !cli.given("--ep");
   const int64_t axis_default = no_axis && lesson.size() % 16 == 0 ? 2 : 1;
@@ -316,6 +371,25 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.usage_error_if(opts.seq + 1 >= corpus.split_size(CharCorpus::Split::val),
                         "--seq " + std::to_string(opts.seq) + " must be shorter than the validation split (" +
                             std::to_string(corpus.split_size(CharCorpus::Split::val)) + " bytes of " + opts.data + ")");
+  if (resumed) {  // the same text, or the data position means another text's
+    char text[160];
+    std::snprintf(text, sizeof text, "%llu bytes (CRC-32 %08x), --data %s is %lld bytes (CRC-32 %08x)",
+                  (unsigned long long)resumed->data_bytes, resumed->data_crc32, opts.data.c_str(), (long long)corpus.size(),
+                  corpus.crc32());
+    lesson.usage_error_if(resumed->data_bytes != (uint64_t)corpus.size() || resumed->data_crc32 != corpus.crc32(),
+                          "--resume: the checkpoint's data is a text of " + std::string(text) +
+                              ": the run goes on with the text it was trained on");
+  }
+  // the checkpoints' lineage: the resumed run's, or a new one; --save adds only to its own
+  std::string run = resumed ? resumed->run : std::string(16, ' ');
+  if (!resumed) {
+    if (lesson.rank() == 0) run = new_run_id();
+    lesson.comm.bcast(&run[0], run.size(), 0);
+  }
+  if (!opts.save.empty()) {
+    const std::string err = check_save_dir(lesson.comm, opts.save, run);
+    lesson.usage_error_if(!err.empty(), "--save: " + err);
+  }
   if (opts.sample > 0) {
     bool ok = !opts.prompt.empty();
     for (unsigned char ch : opts.prompt) ok = ok && corpus.vocab().find((char)ch) != std::string::npos;
@@ -337,7 +411,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.require_memory(16.0 * 4 * (double)full_numel + act, "--dim, --layers, --batch or --seq");
 
   return Setup{sizes, rank_batch, seq, seq_per_cp, microbatches, microbatch, stages, sched_pairs, stage_begin, link, real_nodes, std::move(corpus),
-               c, full_numel, bug_kpe, bucket_overlap, bucket_why_not};
+               c, full_numel, bug_kpe, bucket_overlap, bucket_why_not, run, restored};
 }
 
 }  // namespace ff::mesh

@@ -52,6 +52,8 @@ struct Setup {
   // schedule) and no sum over TP before DP's (sequence parallelism's replicated weights)
   bool bucket_overlap = false;
   std::string bucket_why_not;        // else, when buckets are asked for: why they wait
+  std::string run;                   // the checkpoints' lineage: the resumed one's, or drawn anew
+  std::string restored;              // --resume: the flags taken from the checkpoint ("" if none)
 };
 
 // Declares the flags on lesson.cli, parses them, fills in the defaults and checks everything against

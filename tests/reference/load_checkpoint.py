@@ -13,7 +13,8 @@ The checkpoint's manifest says the model's sizes; the reference model's module c
 from it (and the batch's shape), every weight and balancing bias is loaded from its .npy as a
 float64 torch tensor, and model.py's model_loss gives the loss of the batch. It must be within
 lesson 08's own bound of the mesh's float32 loss, 4 n eps max(1, |loss|) with n = B T. The
-manifest's CRC-32 of every file is checked first (zlib's, as the lesson writes it).
+manifest's own CRC-32 (manifest.crc32) and its CRC-32 of every file are checked first (zlib's,
+as the lesson writes them).
 """
 import json
 import os
@@ -31,10 +32,14 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     ckpt, dump = sys.argv[1:]
-    with open(os.path.join(ckpt, "manifest.json")) as f:
-        manifest = json.load(f)
-    if manifest.get("format") != "fivefold lesson 08 checkpoint" or manifest.get("version") != 1:
-        sys.exit(f"error: {ckpt}: not a version 1 lesson 08 checkpoint")
+    with open(os.path.join(ckpt, "manifest.json"), "rb") as f:
+        text = f.read()
+    with open(os.path.join(ckpt, "manifest.crc32")) as f:
+        if f.read().strip() != f"{zlib.crc32(text):08x}":
+            sys.exit(f"error: {ckpt}/manifest.json: its CRC-32 is not manifest.crc32's")
+    manifest = json.loads(text)
+    if manifest.get("format") != "fivefold lesson 08 checkpoint" or manifest.get("version") != 2:
+        sys.exit(f"error: {ckpt}: not a version 2 lesson 08 checkpoint")
     for name, t in manifest["tensors"].items():
         with open(os.path.join(ckpt, name + ".npy"), "rb") as f:
             data = f.read()

@@ -47,18 +47,19 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-// A hand-made .npy file: magic, version, uint16 header length, the dict padded with spaces
-// to `align` and ended by '\n', then `data`. Each argument can be made wrong on purpose.
+// A hand-made .npy file: magic, version, header length (uint16 in version 1, uint32 in 2 and 3),
+// the dict padded with spaces to `align` and ended by '\n', then `data`. Each argument can be
+// made wrong on purpose.
 std::string craft_npy(const std::string& dict, const std::string& data, int major = 1, int minor = 0,
                       size_t align = 64) {
+  const size_t prelude = major >= 2 ? 12 : 10;
   std::string header = dict;
-  size_t total = 10 + header.size() + 1;
+  size_t total = prelude + header.size() + 1;
   header += std::string((align - total % align) % align, ' ') + "\n";
   std::string out = "\x93NUMPY";
   out += (char)major;
   out += (char)minor;
-  out += (char)(header.size() & 0xff);
-  out += (char)(header.size() >> 8);
+  for (size_t i = 0; i < prelude - 8; i++) out += (char)((header.size() >> (8 * i)) & 0xff);
   return out + header + data;
 }
 
@@ -191,6 +192,27 @@ TEST_CASE("npy: the header is numpy's: dict text, spaces to a multiple of 64, th
   CHECK(load_npy(dir / "align16.npy").shape() == Shape{2});
 }
 
+TEST_CASE("npy: the data start where the file's own header ends: versions 1.0, 2.0, 3.0, headers of 128 and 192 bytes") {
+  TempDir dir;
+  const std::vector<float> v = {1.5f, -2.f, 3.25f};
+  std::string data(12, '\0');
+  std::memcpy(&data[0], v.data(), 12);
+  for (int major : {1, 2, 3})
+    for (size_t align : {64, 128, 192}) {
+      const std::string name = "v" + std::to_string(major) + "_" + std::to_string(align) + ".npy";
+      const std::string bytes = craft_npy(dict_for("<f4", "(3,)"), data, major, 0, align);
+      write_file(dir / name, bytes);
+      const NpyInfo info = read_npy_info(dir / name);
+      CAPTURE(name);
+      CHECK(info.data_offset == bytes.size() - 12);
+      CHECK(info.data_offset % align == 0);
+      CHECK(load_npy(dir / name).to_vector() == v);
+    }
+  // a planted reader that ignored the header's length (the writer's 64 bytes) would read header
+  // spaces as numbers: the check above is what catches it
+  CHECK(npy_header("<f4", {3}).size() != read_npy_info(dir / "v1_192.npy").data_offset);
+}
+
 // ---------------------------------------------------------------------------
 // round trips through numpy
 
@@ -255,6 +277,18 @@ np.save(d + "/f64.npy", np.zeros(3))
 np.save(d + "/big_endian.npy", np.zeros(3, dtype=">f4"))
 np.save(d + "/bool.npy", np.zeros(3, dtype=bool))
 np.save(d + "/fortran.npy", np.asfortranarray(np.zeros((2, 3), dtype=np.float32)))
+# versions 2.0 and 3.0 (a 4-byte header length), as numpy writes them when asked
+for v in (2, 3):
+    with open(d + "/f32_v%d.npy" % v, "wb") as f:
+        np.lib.format.write_array(f, ((np.arange(12) - 5.5) / 8).astype(np.float32).reshape(3, 4), version=(v, 0))
+# a header padded further than np.save pads it (the dict numpy writes, 192 bytes in all), read back by numpy
+a = np.arange(6, dtype=np.float32).reshape(2, 3)
+d_ = np.lib.format.header_data_from_array_1_0(a)
+text = repr({k: d_[k] for k in sorted(d_)}).encode()
+text += b" " * (192 - 10 - len(text) - 1) + b"\n"
+with open(d + "/f32_192.npy", "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + a.tobytes())
+assert np.array_equal(np.load(d + "/f32_192.npy"), a)
 )PY";
   REQUIRE_MESSAGE(run_python(program, dir.path), "the numpy side failed (see its message above)");
 
@@ -273,6 +307,10 @@ np.save(d + "/fortran.npy", np.asfortranarray(np.zeros((2, 3), dtype=np.float32)
   CHECK(bitwise_equal(load_npy(dir / "f32.npy"), Tensor::from_vector(want, {3, 4})));
   CHECK(bitwise_equal(load_npy(dir / "f32_0d.npy"), Tensor::from_vector({-2.5f}, {})));
   CHECK(load_npy(dir / "f32_empty.npy").shape() == Shape{0, 4});
+  CHECK(bitwise_equal(load_npy(dir / "f32_v2.npy"), Tensor::from_vector(want, {3, 4})));
+  CHECK(bitwise_equal(load_npy(dir / "f32_v3.npy"), Tensor::from_vector(want, {3, 4})));
+  CHECK(read_npy_info(dir / "f32_192.npy").data_offset == 192);
+  CHECK(load_npy(dir / "f32_192.npy").to_vector() == std::vector<float>{0, 1, 2, 3, 4, 5});
 
   check_rejected(dir / "f64.npy", "unsupported dtype '<f8' (supported: '<f4' float32, '<i4' int32, '<i8' int64)");
   check_rejected(dir / "big_endian.npy", "unsupported dtype '>f4'");
@@ -294,10 +332,12 @@ TEST_CASE("npy: missing file, wrong magic, unsupported version, truncated header
   check_rejected(dir / "empty.npy", "not a .npy file");
 
   std::string good_dict = dict_for("<f4", "(2,)");
-  write_file(dir / "v2.npy", craft_npy(good_dict, zero_bytes(8), 2, 0));
-  check_rejected(dir / "v2.npy", "unsupported .npy format version 2.0 (supported: 1.0)");
-  write_file(dir / "v3.npy", craft_npy(good_dict, zero_bytes(8), 3, 0));
-  check_rejected(dir / "v3.npy", "version 3.0");
+  write_file(dir / "v4.npy", craft_npy(good_dict, zero_bytes(8), 4, 0));
+  check_rejected(dir / "v4.npy", "unsupported .npy format version 4.0 (supported: 1.0, 2.0, 3.0)");
+  write_file(dir / "v1_1.npy", craft_npy(good_dict, zero_bytes(8), 1, 1));
+  check_rejected(dir / "v1_1.npy", "version 1.1");
+  write_file(dir / "v2_cut.npy", craft_npy(good_dict, zero_bytes(8), 2, 0).substr(0, 11));
+  check_rejected(dir / "v2_cut.npy", "truncated header");
 
   std::string whole = craft_npy(good_dict, zero_bytes(8));
   write_file(dir / "prelude_cut.npy", whole.substr(0, 8));
