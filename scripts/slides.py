@@ -181,6 +181,11 @@ def run_output(deck, lineno, run, cache):
     path = cache / f"{key}.txt"
     if not path.exists():
         print(f"+ {run['shown']}", flush=True)
+        # a run that saves checkpoints shows a first run: lesson 08 saves only into a directory
+        # without another run's checkpoints
+        for flag, value in zip(run["args"], run["args"][1:]):
+            if flag == "--save" and value.startswith("/tmp/fivefold-"):
+                shutil.rmtree(value, ignore_errors=True)
         p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, timeout=600)
         if p.returncode != run["expect"]:

@@ -35,6 +35,9 @@ with an HTML comment on the line right before it (invisible on GitHub):
   * The blocks show device cpu (`--device auto` without a GPU). Where this build and machine
     have a GPU, auto would pick cuda, so a block that names no --device runs with --device cpu
     added (and left out of its `+` line again).
+  * A block whose ARGS give --save /tmp/fivefold-NAME shows a first run: that directory is
+    removed before the run (lesson 08 saves only into a directory without another run's
+    checkpoints).
   * A block may be indented (inside a list item): its fence's indentation is removed from its lines.
   * A fenced block that starts with a `$ ` line and shows output must carry the marker, so
     that no shown output escapes the check.
@@ -49,6 +52,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -203,6 +207,11 @@ def has_cuda(build):
 
 def run_block(block, build, mpirun, cuda=False):
     lesson, np_, args = block.command
+    # a block that saves checkpoints shows a first run: lesson 08 saves only into a directory
+    # without another run's checkpoints, so the one a previous check left goes first
+    for flag, value in zip(args, args[1:]):
+        if flag == "--save" and value.startswith("/tmp/fivefold-"):
+            shutil.rmtree(value, ignore_errors=True)
     added = ["--device", "cpu"] if cuda and not any(a.startswith("--device") for a in args) else []
     env = dict(os.environ, BUILD=build, MPIRUN=mpirun)
     try:

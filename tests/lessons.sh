@@ -507,6 +507,27 @@ check "08 checkpoint into PyTorch: tests/reference/model.py loaded from a checkp
   bash -c "d=$LOG/ck08p; rm -rf \$d; $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
            $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d/ck --dump \$d/dump >/dev/null && \
            $PYTHON tests/reference/load_checkpoint.py \$d/ck/step-000003 \$d/dump"
+# checkpoints against what a user and a crash do (tests/checkpoint_08.py): a rank killed at each
+# point of a save that replaces a step and prunes; another run's directory; a resumed run without
+# its flags; every manifest field fuzzed in lessons 08 and 09; .npy files with longer headers
+for point in tidy mkdir create write fsync written manifest fsync-tmp aside publish remove-aside prune prune-remove; do
+  check "08 checkpoint: rank 0 killed at '$point' of a save: the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: ' \
+    $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash-0-$point crash 0 $point
+done
+for point in write fsync written; do
+  check "08 checkpoint: rank 1 killed at '$point' of a save: the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: ' \
+    $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash-1-$point crash 1 $point
+done
+check "08 checkpoint: another run's directory refused and untouched; --keep prunes only the lineage; --save-every/--keep need --save" 0 '^ok: ' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-keep keep
+check "08 checkpoint: resumed without --seed/--batch/--lr the same validation line; a contradicting flag or text refused" 0 '^ok: ' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-resume resume
+first check "08 checkpoint: every manifest field fuzzed, --resume: one error line naming it, exit 2" 0 '^ok: lesson 08: [0-9]+ manifest fields' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-fuzz08 fuzz 08
+first check "09 --checkpoint: every manifest field fuzzed: one error line naming it, exit 2" 0 '^ok: lesson 09: [0-9]+ manifest fields' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-fuzz09 fuzz 09
+check "08 checkpoint: .npy rewritten with 192-byte, v2 and v3 headers: lesson 08 resumes the same bits, 09 serves the same, PyTorch loads it" 0 '^ok: ' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-npy npy
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"

@@ -376,7 +376,7 @@ namespace {
 // after S steps (default: written, its slices written and flushed); FF_TEST_FULL_DISK_IN_SAVE=R:S
 // makes rank R's writes of that checkpoint fail as on a full disk (ENOSPC). The points, in order
 // (rank 0's but write, fsync and written, every rank's): tidy, mkdir, create, write, fsync,
-// written, manifest, fsync-tmp, aside, publish, fsync-dir, remove-aside, prune, prune-remove.
+// written, manifest, fsync-tmp, aside, publish, remove-aside, prune, prune-remove.
 bool test_hook(const char* name, int rank, int64_t steps, const char* point) {
   const char* at = std::getenv(name);
   int r = -1;
@@ -447,25 +447,20 @@ std::string prune(const std::string& dir, int64_t keep, const Lineage& lineage, 
 // complete directory (tidy and complete_checkpoints find an aside one whose successor never came).
 std::string publish(const std::string& dir, const std::string& tmp, const std::string& final_dir, int64_t steps,
                     const SavePoints& point) {
+  // [slide:ckpt-publish]
   const std::string aside = dir + "/.replaced-" + step_name(steps);
   const bool replaces = ::access(final_dir.c_str(), F_OK) == 0;
-  std::string err;
-  if (replaces) {
+  if (replaces) {  // the old one set aside, not removed: the step always has a complete directory
     point("aside");
-    err = remove_tree(aside);
-    if (err.empty() && ::rename(final_dir.c_str(), aside.c_str()) != 0) err = sys_error("cannot rename", final_dir);
+    if (std::string err = remove_tree(aside); !err.empty()) return err;
+    if (::rename(final_dir.c_str(), aside.c_str()) != 0) return sys_error("cannot rename", final_dir);
   }
-  // [slide:ckpt-publish]
-  if (err.empty()) point("publish");
-  if (err.empty() && ::rename(tmp.c_str(), final_dir.c_str()) != 0) err = sys_error("cannot rename into", final_dir);
-  if (err.empty()) point("fsync-dir");
-  if (err.empty()) err = fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  point("publish");
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) return sys_error("cannot rename into", final_dir);
+  if (std::string err = fsync_path(dir, O_RDONLY | O_DIRECTORY); !err.empty()) return err;
+  point("remove-aside");
+  return replaces ? remove_tree(aside) : "";
   // [/slide:ckpt-publish]
-  if (err.empty() && replaces) {
-    point("remove-aside");
-    err = remove_tree(aside);
-  }
-  return err;
 }
 
 std::string first_model_difference(const model::Config& saved, const model::Config& c) {

@@ -63,11 +63,14 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.flag("--train", &opts.steps, "training steps, in all (with --resume: those before the checkpoint "
            "too; 0: none, to sample or validate a checkpoint)", 0, 1000000);
   cli.flag("--save", &opts.save, "write checkpoints into this directory (DIR/step-NNNNNN: every weight, "
-           "AdamW's state and the biases as full tensors, .npy, with a manifest.json)", "DIR");
+           "AdamW's state and the biases as full tensors, .npy, with a manifest.json); a directory without "
+           "another run's checkpoints", "DIR");
   cli.flag("--save-every", &opts.save_every, "--save: a checkpoint every N steps (0: after the last step only)", 0, 1000000);
-  cli.flag("--keep", &opts.keep, "--save: keep the newest K checkpoints (0: all)", 0, 1000000);
+  cli.flag("--keep", &opts.keep, "--save: keep the newest K of this run's checkpoints and its last K saves; "
+           "another run's are never removed (0: all)", 0, 1000000);
   cli.flag("--resume", &opts.resume, "go on from a checkpoint (a step-NNNNNN directory, or a --save "
-           "directory: its newest), on this run's mesh, whatever the mesh it was saved from", "DIR");
+           "directory: its newest), on this run's mesh, whatever the mesh it was saved from; --seed, --batch, "
+           "--seq, --lr, --bias-rate and the model flags left out take the checkpoint's", "DIR");
   cli.flag("--batch", &opts.batch, "global batch: sequences per step, split over DP", 1, 4096);
   cli.flag("--seq", &opts.seq, "tokens per sequence", 2, 1024);
   cli.flag("--dim", &opts.dim, "model width d", 1, 4096);
@@ -147,7 +150,8 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
 
 // --resume: the run goes on as it was saved. Every flag of the data position (--seed, --batch,
 // --seq), of the rates (--lr, --bias-rate) and of the model left out takes the checkpoint's value;
-// one given must agree with it (else one error naming the field). *restored lists those taken.
+// one given must agree with it (else one error naming the field). *restored lists those taken
+// that differ from the flags' defaults (--layers 0, "as the stages need", is no value of its own).
 static Manifest restore_run(Lesson& lesson, Options& opts, std::string* restored) {
   std::string dir;
   Manifest m;
@@ -175,7 +179,7 @@ static Manifest restore_run(Lesson& lesson, Options& opts, std::string* restored
                           "--resume: the checkpoint has " + std::string(f.flag + 2) + " = " + std::to_string(f.saved) + ", " +
                               f.flag + " " + std::to_string(*f.value) + " given (a resumed run goes on with the "
                               "checkpoint's: leave the flag out)");
-    if (!cli.given(f.flag) && *f.value != f.saved) taken.push_back(std::string(f.flag + 2) + " " + std::to_string(f.saved));
+    if (!cli.given(f.flag) && *f.value != f.saved && *f.value != 0) taken.push_back(std::string(f.flag + 2) + " " + std::to_string(f.saved));
     *f.value = f.saved;
   }
   for (auto [flag, value, saved] : {std::make_tuple("--lr", &opts.lr, m.lr), std::make_tuple("--bias-rate", &opts.bias_rate, m.bias_rate)}) {
