@@ -152,7 +152,8 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
 // --seq), of the rates (--lr, --bias-rate) and of the model left out takes the checkpoint's value;
 // one given must agree with it (else one error naming the field). *restored lists those taken
 // that differ from the flags' defaults (--layers 0, "as the stages need", is no value of its own).
-static Manifest restore_run(Lesson& lesson, Options& opts, std::string* restored) {
+static std::optional<Manifest> restore_run(Lesson& lesson, Options& opts, std::string* restored) {
+  if (opts.resume.empty()) return std::nullopt;
   std::string dir;
   Manifest m;
   const std::string err = read_checkpoint(lesson.comm, opts.resume, &dir, &m);
@@ -197,14 +198,38 @@ static Manifest restore_run(Lesson& lesson, Options& opts, std::string* restored
   return m;
 }
 
+// The checkpoints' lineage (checkpoint.h): a resumed run's, on the text it was trained on, or a new
+// one; --save adds only to a directory of its own lineage's checkpoints.
+static std::string checkpoint_lineage(Lesson& lesson, const Options& opts, const std::optional<Manifest>& resumed,
+                                      const CharCorpus& corpus) {
+  if (resumed) {  // the same text, or the data position means another text's
+    char text[160];
+    std::snprintf(text, sizeof text, "%llu bytes (CRC-32 %08x), --data %s is %lld bytes (CRC-32 %08x)",
+                  (unsigned long long)resumed->data_bytes, resumed->data_crc32, opts.data.c_str(), (long long)corpus.size(),
+                  corpus.crc32());
+    lesson.usage_error_if(resumed->data_bytes != (uint64_t)corpus.size() || resumed->data_crc32 != corpus.crc32(),
+                          "--resume: the checkpoint's data is a text of " + std::string(text) +
+                              ": the run goes on with the text it was trained on");
+  }
+  std::string run = resumed ? resumed->run : std::string(16, ' ');
+  if (!resumed) {
+    if (lesson.rank() == 0) run = new_run_id();
+    lesson.comm.bcast(&run[0], run.size(), 0);
+  }
+  if (!opts.save.empty()) {
+    const std::string err = check_save_dir(lesson.comm, opts.save, run);
+    lesson.usage_error_if(!err.empty(), "--save: " + err);
+  }
+  return run;
+}
+
 std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   Cli& cli = lesson.cli;
   std::string sp = "auto";
   declare_flags(cli, opts, &sp);
   lesson.parse();
-  std::optional<Manifest> resumed;
-  std::string restored;
-  if (!opts.resume.empty()) resumed = restore_run(lesson, opts, &restored);
+  std::string restored;  // --resume: the run goes on as it was saved
+  const std::optional<Manifest> resumed = restore_run(lesson, opts, &restored);
   const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&
                        !cli.given("--pp") && !cli.given("--ep");
   const int64_t axis_default = no_axis && lesson.size() % 16 == 0 ? 2 : 1;
@@ -375,25 +400,6 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.usage_error_if(opts.seq + 1 >= corpus.split_size(CharCorpus::Split::val),
                         "--seq " + std::to_string(opts.seq) + " must be shorter than the validation split (" +
                             std::to_string(corpus.split_size(CharCorpus::Split::val)) + " bytes of " + opts.data + ")");
-  if (resumed) {  // the same text, or the data position means another text's
-    char text[160];
-    std::snprintf(text, sizeof text, "%llu bytes (CRC-32 %08x), --data %s is %lld bytes (CRC-32 %08x)",
-                  (unsigned long long)resumed->data_bytes, resumed->data_crc32, opts.data.c_str(), (long long)corpus.size(),
-                  corpus.crc32());
-    lesson.usage_error_if(resumed->data_bytes != (uint64_t)corpus.size() || resumed->data_crc32 != corpus.crc32(),
-                          "--resume: the checkpoint's data is a text of " + std::string(text) +
-                              ": the run goes on with the text it was trained on");
-  }
-  // the checkpoints' lineage: the resumed run's, or a new one; --save adds only to its own
-  std::string run = resumed ? resumed->run : std::string(16, ' ');
-  if (!resumed) {
-    if (lesson.rank() == 0) run = new_run_id();
-    lesson.comm.bcast(&run[0], run.size(), 0);
-  }
-  if (!opts.save.empty()) {
-    const std::string err = check_save_dir(lesson.comm, opts.save, run);
-    lesson.usage_error_if(!err.empty(), "--save: " + err);
-  }
   if (opts.sample > 0) {
     bool ok = !opts.prompt.empty();
     for (unsigned char ch : opts.prompt) ok = ok && corpus.vocab().find((char)ch) != std::string::npos;
@@ -413,7 +419,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                      (double)(c.dim + c.heads * (c.qk_head_dim() * 2 + c.d_v + seq) + c.ffn +
                               c.topk * c.moe_ffn + c.vocab) * (double)c.layers * 4;
   lesson.require_memory(16.0 * 4 * (double)full_numel + act, "--dim, --layers, --batch or --seq");
-
+  const std::string run = checkpoint_lineage(lesson, opts, resumed, corpus);  // (before corpus moves)
   return Setup{sizes, rank_batch, seq, seq_per_cp, microbatches, microbatch, stages, sched_pairs, stage_begin, link, real_nodes, std::move(corpus),
                c, full_numel, bug_kpe, bucket_overlap, bucket_why_not, run, restored};
 }

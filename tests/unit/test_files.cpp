@@ -12,20 +12,12 @@
 
 #include "common/core/check.h"
 #include "common/util/files.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ff;
 namespace fs = std::filesystem;
 
 namespace {
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/fivefold-files-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);

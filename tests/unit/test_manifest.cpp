@@ -16,26 +16,13 @@
 
 #include "common/core/npy.h"
 #include "lessons/08_mesh/manifest.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ff;
 using namespace ff::mesh;
 using json = nlohmann::json;
 
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/fivefold_manifest_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 model::Config tiny() {
   model::Config c;

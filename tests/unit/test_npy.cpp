@@ -15,26 +15,11 @@
 
 #include "common/core/check.h"
 #include "common/core/npy.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace ff;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/fivefold_npy_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    REQUIRE_MESSAGE(p != nullptr, "mkdtemp failed: " << std::string(std::strerror(errno)));
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
-};
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
