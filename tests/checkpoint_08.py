@@ -3,10 +3,10 @@
 complete checkpoint, no manifest is trusted, a resumed run is the run it was.
 
 usage: checkpoint_08.py BUILD_BIN WORKDIR TEST [ARGS]
-  crash RANK POINT   kill RANK with SIGKILL at POINT of a save that replaces a step and prunes
-                     (lessons/08_mesh/checkpoint.cpp names the points); the newest complete
-                     checkpoint must be the step being saved, must resume to the bits of an
-                     uninterrupted run, and the next save must leave only complete checkpoints
+  crash RANK POINT...  for each POINT, kill RANK with SIGKILL there in a save that replaces a step
+                     and prunes (lessons/08_mesh/checkpoint.cpp names the points); the newest
+                     complete checkpoint must be the step being saved, must resume to the bits of
+                     an uninterrupted run, and the next save must leave only complete checkpoints
   keep               --keep and a second run into the same directory: another run's checkpoints
                      are refused, never removed; a lineage's own are kept as --keep says
   resume             a resumed run is the run it was: without --seed (or --batch, --lr) it trains
@@ -119,29 +119,32 @@ def validation_line(out):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_crash(b, work, rank, point):
+def test_crash(b, work, rank, *points):
     l08 = os.path.join(b, "08_mesh")
-    base, d, ref, got = (os.path.join(work, x) for x in ("base", "d", "ref", "got"))
+    base, ref = os.path.join(work, "base"), os.path.join(work, "ref")
     ok_run([l08, *SMALL, "--train", "4", "--save-every", "2", "--save", base])
     ok_run([l08, *SMALL, "--train", "6", "--dump", ref])
-    shutil.copytree(base, d)
-    # the save after 4 steps replaces step-000004 (the same numbers: the same lineage) and prunes step-000002
-    env = {"FF_TEST_KILL_IN_SAVE": f"{rank}:4:{point}"}
-    cmd = [l08, *SMALL, "--resume", os.path.join(d, "step-000002"), "--train", "4", "--save-every", "2",
-           "--keep", "1", "--save", d]
-    rc, out, line = run(cmd, env)
-    expect(rc != 0 and "checkpoint after 4 steps" not in out,
-           f"rank {rank} killed at {point} (a point the save reaches): a non-zero exit, no checkpoint line", line, out)
-    # the newest complete checkpoint is step 4's, and goes on as the uninterrupted run did
-    cmd = [l08, *SMALL, "--train", "6", "--resume", d, "--dump", got, "--save", d, "--keep", "1"]
-    out = ok_run(cmd)
-    expect(re.search(r"^resumed from .*step-000004: 4 steps done", out, re.M),
-           f"after a kill at {point}: resumed from step 4 (the newest complete checkpoint)", " ".join(cmd), out)
-    n = same_dumps(ref, got)
-    # and the next save put everything right: only complete checkpoints, no temporaries
-    expect(listing(d) == ["step-000006"], f"after the next save, {d} holds step-000006 alone: {listing(d)}")
-    print(f"ok: rank {rank} killed at {point}: the newest complete checkpoint (4 steps) resumed to the same "
-          f"bits ({n} files) as the uninterrupted run")
+    for point in points:
+        d, got = os.path.join(work, point), os.path.join(work, point + "-dump")
+        shutil.copytree(base, d)
+        # the save after 4 steps replaces step-000004 (the same numbers: the same lineage) and prunes step-000002
+        env = {"FF_TEST_KILL_IN_SAVE": f"{rank}:4:{point}"}
+        cmd = [l08, *SMALL, "--resume", os.path.join(d, "step-000002"), "--train", "4", "--save-every", "2",
+               "--keep", "1", "--save", d]
+        rc, out, line = run(cmd, env)
+        expect(rc != 0 and "checkpoint after 4 steps" not in out,
+               f"rank {rank} killed at {point} (a point the save reaches): a non-zero exit, no checkpoint line", line, out)
+        # the newest complete checkpoint is step 4's, and goes on as the uninterrupted run did
+        cmd = [l08, *SMALL, "--train", "6", "--resume", d, "--dump", got, "--save", d, "--keep", "1"]
+        out = ok_run(cmd)
+        expect(re.search(r"^resumed from .*step-000004: 4 steps done", out, re.M),
+               f"after a kill at {point}: resumed from step 4 (the newest complete checkpoint)", " ".join(cmd), out)
+        n = same_dumps(ref, got)
+        # and the next save put everything right: only complete checkpoints, no temporaries
+        expect(listing(d) == ["step-000006"], f"after the next save, {d} holds step-000006 alone: {listing(d)}")
+        print(f"rank {rank} killed at {point}: the newest complete checkpoint (4 steps) resumed to the same bits "
+              f"({n} files) as the uninterrupted run")
+    print(f"ok: rank {rank} killed at each of {len(points)} points of a save: never without its newest complete checkpoint")
 
 
 def test_keep(b, work):

@@ -510,14 +510,10 @@ check "08 checkpoint into PyTorch: tests/reference/model.py loaded from a checkp
 # checkpoints against what a user and a crash do (tests/checkpoint_08.py): a rank killed at each
 # point of a save that replaces a step and prunes; another run's directory; a resumed run without
 # its flags; every manifest field fuzzed in lessons 08 and 09; .npy files with longer headers
-for point in tidy mkdir create write fsync written manifest fsync-tmp aside publish remove-aside prune prune-remove; do
-  check "08 checkpoint: rank 0 killed at '$point' of a save: the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: ' \
-    $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash-0-$point crash 0 $point
-done
-for point in write fsync written; do
-  check "08 checkpoint: rank 1 killed at '$point' of a save: the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: ' \
-    $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash-1-$point crash 1 $point
-done
+first check "08 checkpoint: rank 0 killed at each point of a save (tidy ... prune-remove): the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: rank 0 killed at each of 13 points' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash0 crash 0 tidy mkdir create write fsync written manifest fsync-tmp aside publish remove-aside prune prune-remove
+check "08 checkpoint: rank 1 killed while writing its slices (write, fsync, written): the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: rank 1 killed at each of 3 points' \
+  $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash1 crash 1 write fsync written
 check "08 checkpoint: another run's directory refused and untouched; --keep prunes only the lineage; --save-every/--keep need --save" 0 '^ok: ' \
   $PYTHON tests/checkpoint_08.py $B $LOG/c8-keep keep
 check "08 checkpoint: resumed without --seed/--batch/--lr the same validation line; a contradicting flag or text refused" 0 '^ok: ' \
