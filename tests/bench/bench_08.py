@@ -24,10 +24,10 @@ OpenBLAS (Debian's python3-torch links it; BLAS_INFO=generic), whose pthreads po
 from PyTorch's OpenMP one: with both on N threads, each pool's waiting threads spin on the cores
 the other needs, and small products get several times slower. So PyTorch is timed twice, its ops
 on N threads and OpenBLAS given N, then 1 (openblas_set_num_threads; never more than N busy
-threads), and the faster is the figure compared. OPENBLAS_CORETYPE, when unset, is chosen as
-the Makefile chooses it for the kernel bench (SkylakeX with AVX-512, Haswell with AVX2 + FMA):
-Debian's OpenBLAS 0.3.21 falls back to its generic SSE3 kernels on CPU models newer than it
-knows.
+threads), and the faster is the figure compared. PyTorch runs at its best on this CPU, whatever
+the environment sets (fair.py: OpenBLAS's and ATen's kernels chosen from the CPU's flags; with
+FF_CPU_ISA=avx2 both sides on AVX2); the summary names the instruction set each side runs, and
+gives no ratio where they differ.
 
 PyTorch's figure: after --warmup untimed steps, --repeats repeats of --steps steps timed
 together (by default as many steps as take about --repeat-s seconds, from one step's time), the
@@ -39,7 +39,8 @@ step over the run ("training: X ms per step ..., Y tokens/s"). The last line is 
 one line:
 
     lesson 08: one training step, single process, cpu, d 64, batch 8 x 32 tokens: fivefold
-    X tokens/s, PyTorch eager float32 Y tokens/s (same 2 threads): ratio X/Y = Z
+    X tokens/s, PyTorch eager float32 Y tokens/s (same 2 threads; kernels: fivefold AVX2, PyTorch's
+    ops AVX2, OpenBLAS Haswell (AVX2)): ratio X/Y = Z
 
 Figures only: nothing is asserted about them. The script fails when the lesson fails, or when
 the two models' parameter counts differ (then they are not the same model).
@@ -62,27 +63,13 @@ def thread_count():
     return int(env) if env.isdigit() and int(env) > 0 else len(os.sched_getaffinity(0))
 
 
-def openblas_coretype():
-    """The Makefile's rule: SkylakeX where the CPU has AVX-512 (F, BW, CD, DQ, VL), Haswell
-    where it has AVX2 + FMA (+ BMI2, MOVBE), else none (OpenBLAS's own choice)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [line for line in f if line.startswith("flags")]
-    except OSError:
-        return None
-    flags = set(lines[0].split(":", 1)[1].split()) if lines else set()
-    if {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags:
-        return "SkylakeX"
-    if {"avx2", "fma", "bmi2", "movbe"} <= flags:
-        return "Haswell"
-    return None
-
-
 # OpenBLAS and OpenMP read these when they load, that is when torch is imported
 THREADS = thread_count()
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
-if "OPENBLAS_CORETYPE" not in os.environ and openblas_coretype():
-    os.environ["OPENBLAS_CORETYPE"] = openblas_coretype()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fair  # noqa: E402
+
+fair.set_reference_env()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -362,9 +349,14 @@ def main():
         return
     if ours_params != params:
         sys.exit(f"bench_08: the lesson's model has {ours_params} parameters, PyTorch's {params}")
+    # the instruction sets: fivefold's, PyTorch's own ops', its OpenBLAS kernels'
+    ours_isa, torch_isa, blas_isa = fair.fivefold_isa(), fair.torch_capability(torch), fair.blas_isa(core)
+    kernels = f"fivefold {ours_isa}, PyTorch's ops {torch_isa}, OpenBLAS {core} ({blas_isa})"
+    ratio = (f"ratio X/Y = {ours / theirs:.2f}" if ours_isa == blas_isa == torch_isa
+             else "no ratio: the two sides run different instruction sets")
     print(f"lesson 08: one training step, single process, cpu, {size}: fivefold {ours:.0f} "
-          f"tokens/s, PyTorch eager float32 {theirs:.0f} tokens/s (same {thread_text}): "
-          f"ratio X/Y = {ours / theirs:.2f}")
+          f"tokens/s, PyTorch eager float32 {theirs:.0f} tokens/s (same {thread_text}; kernels: "
+          f"{kernels}): {ratio}")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,37 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The instruction set an OpenBLAS core's kernels use, in matmul_isa()'s words: a ratio against
+// OpenBLAS means something only when both sides run the same one (the Makefile gives OpenBLAS
+// the best this CPU has, whatever the environment sets; kernels/README.md).
+std::string blas_isa(const std::string& core) {
+  for (const char* c : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == c) return "AVX-512";
+  for (const char* c : {"Haswell", "Zen"})
+    if (core == c) return "AVX2 + FMA";
+  return "older than AVX2";
+}
+
+// The best instruction set this CPU has, in the same words.
+std::string cpu_best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))
+    return "AVX-512";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "AVX2 + FMA";
+  return "portable";
+}
+
+// The ratio column against OpenBLAS: `blas / ours` when both run the same instruction set, else
+// why there is none.
+std::string of_openblas(double blas_ms, double ms) {
+  const std::string core = openblas_get_corename(), theirs = blas_isa(core), ours = cpu::matmul_isa();
+  if (theirs != ours) return "no ratio: OpenBLAS " + core + " (" + theirs + "), ours " + ours;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f of OpenBLAS", blas_ms / ms);
+  return buf;
+}
+
 // Median milliseconds of fn() over `reps` runs after one warm-up, synchronising the device.
 double median_ms(Device d, int reps, const std::function<void()>& fn) {
   fn();
@@ -108,11 +139,12 @@ void bench_cpu_matmul(bool quick) {
   const char* ranks = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   std::printf("cpu matmul: %d thread(s) by default here (%s); OMP_NUM_THREADS sets it, and under "
               "mpirun the node's %d cores are divided among its ranks; below, 1 and 2 threads; "
-              "OpenBLAS runs its %s kernels (OPENBLAS_CORETYPE); version 2 runs its %s kernels "
-              "(FF_CPU_ISA)\n",
+              "OpenBLAS runs its %s kernels (%s; OPENBLAS_CORETYPE), version 2 its %s kernels (FF_CPU_ISA); "
+              "the best this CPU has: %s\n",
               default_threads,
               omp ? "OMP_NUM_THREADS" : ranks ? "cores / mpirun ranks on this node" : "one per core",
-              omp_get_num_procs(), openblas_get_corename(), cpu::matmul_isa());
+              omp_get_num_procs(), openblas_get_corename(), blas_isa(openblas_get_corename()).c_str(),
+              cpu::matmul_isa(), cpu_best_isa().c_str());
   for (int64_t n : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{256, 1024}) {
     Tensor a = randn({n, n}, 1, d), b = randn({n, n}, 2, d), c = Tensor::zeros({n, n}, d);
     const double flop = 2.0 * n * n * n;
@@ -140,8 +172,7 @@ void bench_cpu_matmul(bool quick) {
       });
       row("matmul OpenBLAS sgemm", d, shape, blas, fmt("%.1f GFLOP/s", flop / blas / 1e6),
           "(reference)");
-      row("matmul v2 blocked", d, shape, v2, fmt("%.1f GFLOP/s", flop / v2 / 1e6),
-          fmt("%.2f of OpenBLAS", blas / v2));
+      row("matmul v2 blocked", d, shape, v2, fmt("%.1f GFLOP/s", flop / v2 / 1e6), of_openblas(blas, v2));
     }
   }
   cpu::set_matmul_threads(default_threads);
@@ -189,7 +220,7 @@ void bench_cpu_grouped_gemm(bool quick) {
     };
     for (const auto& k : cases) {
       const double ms = median_ms(d, reps_for(d), k.run);
-      row(k.name, d, shape, ms, fmt("%.1f GFLOP/s", flop / ms / 1e6), fmt("%.2f of OpenBLAS", blas / ms));
+      row(k.name, d, shape, ms, fmt("%.1f GFLOP/s", flop / ms / 1e6), of_openblas(blas, ms));
     }
   }
   cpu::set_matmul_threads(default_threads);
