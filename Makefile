@@ -2,6 +2,7 @@
 #
 #   make            install missing dependencies, build everything into build/ (lessons, tests)
 #   make test       build and run the whole test suite (ends with "N passed, N failed")
+#   make test L=08  only lesson 08's tests; make test K=zero only the tests whose name says "zero"
 #   make lessons    build the lessons, run each at its default rank count, with a summary table
 #   make run L=01 NP=4 ARGS="--rows 8"   build and run one lesson
 #   make exercise L=03   a lesson's exercises to write, in exercises/; make run L=03 EX=1 grades them
@@ -204,7 +205,7 @@ deps-slides:
 	@FIVEFOLD_WITH_SLIDES=1 bash scripts/install-deps.sh
 # make test also loads a lesson 08 checkpoint into the PyTorch reference model
 deps-test:
-	@FIVEFOLD_WITH_SLIDES=1 FIVEFOLD_WITH_TORCH=1 bash scripts/install-deps.sh
+	@FIVEFOLD_WITH_SLIDES=1 FIVEFOLD_WITH_TORCH=1 FIVEFOLD_WITH_TESTS=1 bash scripts/install-deps.sh
 
 # ---- the core library
 $(BUILD)/obj/%.o: %.cpp
@@ -377,7 +378,7 @@ bench: deps
 
 test: deps-test
 	@$(MAKE) $(SUBMAKE_FLAGS) build
-	@bash scripts/run-tests.sh
+	@FF_TEST_LESSON=$(if $(filter command line environment,$(origin L)),$(L)) FF_TEST_K=$(K) bash scripts/run-tests.sh
 
 # everything that needs a GPU, in one report (build/gpu-check.txt); without a GPU: says so, exit 0
 gpu-check: deps

@@ -11,6 +11,8 @@ packages=(openmpi-bin libopenmpi-dev doctest-dev libboost-context-dev
 # PDF and PNG (make slides), OpenBLAS only as the reference make bench times the cpu matmul
 # against (linked into the bench alone: the lessons stay BLAS-free).
 if [ "${FIVEFOLD_WITH_TORCH:-0}" = 1 ]; then packages+=(python3-torch); fi
+# pytest runs the lesson tests (tests/lessons/, make test); xdist runs them in parallel by hand
+if [ "${FIVEFOLD_WITH_TESTS:-0}" = 1 ]; then packages+=(python3-pytest python3-pytest-xdist); fi
 if [ "${FIVEFOLD_WITH_CHROMIUM:-0}" = 1 ]; then packages+=(chromium); fi
 if [ "${FIVEFOLD_WITH_OPENBLAS:-0}" = 1 ]; then packages+=(libopenblas-dev); fi
 

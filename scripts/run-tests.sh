@@ -6,6 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 LOG=$(mktemp -d /tmp/fivefold-tests.XXXXXX)
+rm -rf "$BUILD/test-results" && mkdir -p "$BUILD/test-results"  # the pytest files' JUnit XML
 trap 'rm -rf "$LOG"' EXIT
 passed=0; failed=0; n=0
 if [ "${SANITIZE:-0}" = 1 ]; then
@@ -27,10 +28,27 @@ elapsed() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN { printf "%6.1fs", (b - a)
 JOBS=${FF_TEST_JOBS:-$(nproc 2>/dev/null || echo 2)}
 items=()        # "KIND CMD": KIND is job, text or inline; CMD a quoted command line
 early=()        # the ids of the jobs to start first (registered with `first`)
-register() { local kind=$1; shift; items+=("$kind $(printf '%q ' "$@")"); }
+# make test L=NN (FF_TEST_LESSON): only lesson NN's tests, those whose name starts with "NN " or
+# "lesson NN", or says "L=NN" (its pytest file, its checks, its bad input, its exercises); make test K=TEXT
+# (FF_TEST_K): only tests whose name contains TEXT (any case; pytest files get it as -k).
+selected() {  # selected NAME: whether the test NAME runs under L= and K=
+  local name=$1
+  if [ -n "${FF_TEST_LESSON:-}" ] && [[ $name != "$FF_TEST_LESSON "* && $name != "lesson $FF_TEST_LESSON"* &&
+                                       $name != *"L=$FF_TEST_LESSON"* ]]; then return 1; fi
+  if [ -n "${FF_TEST_K:-}" ] && [[ ${name,,} != *"${FF_TEST_K,,}"* ]]; then return 1; fi
+  return 0
+}
+filtered() { [ -n "${FF_TEST_LESSON:-}${FF_TEST_K:-}" ]; }
+register() {
+  local kind=$1; shift
+  if [ "$kind" = job ] && ! selected "$2"; then return 0; fi
+  if [ "$kind" = text ] && filtered; then return 0; fi
+  if [ "$kind" = inline ] && [ -n "${FF_TEST_K:-}" ]; then return 0; fi  # (the bad-input table: L= filters it)
+  items+=("$kind $(printf '%q ' "$@")")
+}
 # first check|doctest_step ...: a long job (tens of seconds), started before the others so that
 # it does not run alone at the end; it is still printed in its place
-first() { early+=(${#items[@]}); "$@"; }
+first() { local at=${#items[@]}; "$@"; [ ${#items[@]} -gt "$at" ] && early+=("$at"); return 0; }
 section() { register text "== $*"; }
 note() { register text "$*"; }   # a line printed as it is, in its place
 # inline FUNC: runs FUNC in this shell once every test before it has finished, alone (the
@@ -40,6 +58,19 @@ inline() { register inline "$@"; }
 check() { register job run_check "$@"; }
 usage_error() { register job run_usage_error "$@"; }
 doctest_step() { register job run_doctest_step "$@"; }
+# pytest_step NAME FILE: a pytest file (tests/lessons/test_NN_*.py), its tests counted one by one;
+# under K=TEXT (and not L=) it runs those of its tests pytest's -k TEXT selects
+pytest_step() {
+  if [ -n "${FF_TEST_K:-}" ] && [ -z "${FF_TEST_LESSON:-}" ]; then
+    local args=("$@") i k="$FF_TEST_K"
+    for ((i = 2; i < ${#args[@]}; i++)); do  # a step's own -k X becomes -k "(X) and (K)"
+      if [ "${args[i]}" = -k ]; then k="(${args[i + 1]}) and ($FF_TEST_K)"; unset 'args[i]' 'args[i + 1]'; i=$((i + 1)); fi
+    done
+    items+=("job $(printf '%q ' run_pytest_step "${args[@]}" -k "$k")")
+  else
+    register job run_pytest_step "$@"
+  fi
+}
 
 # result ID PASSED FAILED: the job's counts, written last (the parent waits for this file)
 result() { echo "$2 $3" > "$LOG/$1.res.tmp" && mv "$LOG/$1.res.tmp" "$LOG/$1.res"; }
@@ -59,6 +90,26 @@ run_doctest_step() {
     printf '  ok    %s  %-52s %s test cases\n' "$(elapsed $start)" "$name" "$p"
   else
     printf '  FAIL  %s  %-52s (exit %s)\n' "$(elapsed $start)" "$name" "$rc"; tail -n 60 "$log" | sed 's/^/        | /'
+  fi > "$LOG/$id.txt"
+  result "$id" "$p" "$f"
+}
+
+# run_pytest_step ID NAME FILE [PYTEST ARGS...] — counts the file's tests (pytest's summary line);
+# a failure prints pytest's own report of it (the command, what differed, the output's tail)
+run_pytest_step() {
+  local id=$1 name=$2 file=$3; shift 3
+  local log=$LOG/$id.log start; start=$(date +%s%N)
+  timeout 900 "$PYTHON" -m pytest "$file" -q -p no:cacheprovider -o junit_family=xunit2 \
+    --junitxml="$BUILD/test-results/$id.xml" "$@" >"$log" 2>&1; local rc=$?
+  local line p f  # pytest's last line: "1 failed, 21 passed in 6.1s" and the like
+  line=$(grep -aE '[0-9]+ (passed|failed|errors?|deselected)' "$log" | tail -n 1)
+  p=$(echo "$line" | grep -oE '[0-9]+ passed' | awk '{ s += $1 } END { print s + 0 }')
+  f=$(echo "$line" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ s += $1 } END { print s + 0 }')
+  if [ $rc -ne 0 ] && [ "$f" = 0 ] && [ $rc -ne 5 ]; then f=1; fi  # 5: every test deselected by -k
+  if [ $rc -eq 0 ] || [ $rc -eq 5 ]; then
+    printf '  ok    %s  %-52s %s tests\n' "$(elapsed $start)" "$name" "$p"
+  else
+    printf '  FAIL  %s  %-52s (exit %s)\n' "$(elapsed $start)" "$name" "$rc"; tail -n 80 "$log" | sed 's/^/        | /'
   fi > "$LOG/$id.txt"
   result "$id" "$p" "$f"
 }
@@ -222,6 +273,7 @@ suite_start=$(date +%s%N)
 run_registered
 echo
 echo "($n steps, $JOBS at a time:$(elapsed $suite_start))"
+filtered && skipped=0
 [ "$skipped" != 0 ] && echo "($skipped kernel test cases not run on cuda: no GPU; they ran on sim)"
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

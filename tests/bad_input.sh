@@ -55,7 +55,10 @@ bad_input_block() {
   }
 
   bi_jobs=()   # "ID|NAME|WANT|NP|ENV|OUTFILE|BIN ARGS..."
-  bi_add() { bi_jobs+=("${#bi_jobs[@]}|$1|$2|$3|$4|$5|$6"); }
+  bi_add() {  # (make test L=NN: lesson NN's only)
+    if [ -n "${FF_TEST_LESSON:-}" ] && [[ $1 != "$FF_TEST_LESSON"[_\ ]* ]]; then return 0; fi
+    bi_jobs+=("${#bi_jobs[@]}|$1|$2|$3|$4|$5|$6")
+  }
   for L in 01_online_softmax 02_ring_attention 03_smoe 04_gshard 05_deepseek_moe 06_overlap 07_dualpipe 08_mesh; do
     np=${bi_np[$L]}; bin="$B/$L"; d="$BI/$L"; mkdir -p "$d"
     bi_add "$L --csv DIR (a directory given as a FILE)"        2 "$np" "" ""               "$bin --csv $d"

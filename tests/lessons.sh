@@ -3,44 +3,8 @@
 # shapes; its own printed check must PASS, a planted bug must make it FAIL, and bad input
 # must give one error line and exit 2 on every rank.
 
-L01=$B/01_online_softmax
 section "lesson 01: online softmax"
-for np in 1 2 3 4; do
-  check "01 default demo, $np rank(s)" 0 '^check: PASS' $MPIRUN -np $np $L01 --reps 3
-done
-check "01 cols not divisible by P, ragged blocks (P=3, cols 1001, block 7)" 0 '^check: PASS' \
-  $MPIRUN -np 3 $L01 --rows 5 --cols 1001 --block 7 --keys 100 --dim 8 --reps 2
-check "01 more ranks than columns: empty ranks are the merge identity (P=4, cols 3)" 0 '^check: PASS' \
-  $MPIRUN -np 4 $L01 --rows 3 --cols 3 --block 1 --keys 2 --dim 4 --reps 2
-check "01 block 1 and block larger than the row (P=2)" 0 '^check: PASS' \
-  bash -c "$MPIRUN -np 2 $L01 --block 1 --cols 50 --reps 2 && $MPIRUN -np 2 $L01 --block 5000 --cols 300 --reps 2"
-check "01 one row, one column (P=1)" 0 '^check: PASS' $MPIRUN -np 1 $L01 --rows 1 --cols 1 --keys 1 --dim 1 --reps 1
-check "01 planted bug: forgetting l*exp(m_old-m_new) fails the check" 1 '^check: FAIL' \
-  $MPIRUN -np 3 $L01 --bug no-rescale --reps 1
-check "01 planted bug: no -inf guard (NaN from -inf - -inf) fails the check" 1 '^check: FAIL' \
-  $MPIRUN -np 2 $L01 --bug no-inf-guard --reps 1
-check "01 --help lists every flag with its default" 0 '--block N .*\(default: 64\)' \
-  $MPIRUN -np 2 $L01 --help
-check "01 --dump: numpy recomputes softmax and attention from the dumped inputs" 0 '^dump ok' \
-  bash -c "rm -rf $LOG/d01 && $MPIRUN -np 3 $L01 --dump $LOG/d01 --reps 1 >/dev/null && $PYTHON tests/check_dump_01.py $LOG/d01 3"
-check "01 --trace: spans nest on every track, the check's traffic on its own track (P=3)" 0 '^trace ok: 3 ranks' \
-  bash -c "$MPIRUN -np 3 $L01 --reps 2 --trace $LOG/t01.json >/dev/null && grep -q '\"check\"' $LOG/t01.json && $PYTHON scripts/check-trace.py $LOG/t01.json - 3"
-usage_error "01 bad input: --cols 0" $MPIRUN -np 3 $L01 --cols 0
-usage_error "01 bad input: --block -1" $MPIRUN -np 3 $L01 --block -1
-usage_error "01 bad input: --rows abc" $MPIRUN -np 3 $L01 --rows abc
-usage_error "01 bad input: missing value" $MPIRUN -np 3 $L01 --cols
-usage_error "01 bad input: unknown flag" $MPIRUN -np 3 $L01 --colz 5
-usage_error "01 bad input: --bug typo" $MPIRUN -np 3 $L01 --bug rescale
-for np in 1 3; do
-  check "01 --device sim: online_softmax.cu kernels under the emulator, $np rank(s)" 0 '^check: PASS' \
-    $MPIRUN -np $np $L01 --device sim --reps 1 --cols 777 --keys 300
-done
-if $T/device_query | grep -qw cuda; then
-  check "01 --device cuda: online_softmax.cu kernels on the GPU (P=2)" 0 '^check: PASS' \
-    $MPIRUN -np 2 $L01 --device cuda --reps 1
-else
-  usage_error "01 --device cuda without a GPU names what is available" $MPIRUN -np 3 $L01 --device cuda
-fi
+pytest_step "01 online softmax: every world size and shape, planted bugs, bad input, dumps and traces" tests/lessons/test_01_online_softmax.py
 
 L02=$B/02_ring_attention
 section "lesson 02: ring attention"
@@ -507,23 +471,13 @@ check "08 checkpoint into PyTorch: tests/reference/model.py loaded from a checkp
   bash -c "d=$LOG/ck08p; rm -rf \$d; $MPIRUN -np 4 $L08 --train 3 --save \$d/ck >/dev/null && \
            $MPIRUN -np 2 $L08 --tp 1 --train 0 --resume \$d/ck --dump \$d/dump >/dev/null && \
            $PYTHON tests/reference/load_checkpoint.py \$d/ck/step-000003 \$d/dump"
-# checkpoints against what a user and a crash do (tests/checkpoint_08.py): a rank killed at each
-# point of a save that replaces a step and prunes; another run's directory; a resumed run without
-# its flags; every manifest field fuzzed in lessons 08 and 09; .npy files with longer headers
-first check "08 checkpoint: rank 0 killed at each point of a save (tidy ... prune-remove): the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: rank 0 killed at each of 13 points' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash0 crash 0 tidy mkdir create write fsync written manifest fsync-tmp aside publish remove-aside prune prune-remove
-check "08 checkpoint: rank 1 killed while writing its slices (write, fsync, written): the newest complete checkpoint resumes to the uninterrupted run's bits" 0 '^ok: rank 1 killed at each of 3 points' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-crash1 crash 1 write fsync written
-check "08 checkpoint: another run's directory refused and untouched; --keep prunes only the lineage; --save-every/--keep need --save" 0 '^ok: ' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-keep keep
-check "08 checkpoint: resumed without --seed/--batch/--lr the same validation line; a contradicting flag or text refused" 0 '^ok: ' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-resume resume
-first check "08 checkpoint: every manifest field fuzzed, --resume: one error line naming it, exit 2" 0 '^ok: lesson 08: [0-9]+ manifest fields' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-fuzz08 fuzz 08
-first check "09 --checkpoint: every manifest field fuzzed: one error line naming it, exit 2" 0 '^ok: lesson 09: [0-9]+ manifest fields' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-fuzz09 fuzz 09
-check "08 checkpoint: .npy rewritten with 192-byte, v2 and v3 headers: lesson 08 resumes the same bits, 09 serves the same, PyTorch loads it" 0 '^ok: ' \
-  $PYTHON tests/checkpoint_08.py $B $LOG/c8-npy npy
+# checkpoints against what a user and a crash do (tests/lessons/test_08_checkpoint.py): a rank
+# killed at each point of a save that replaces a step and prunes; another run's directory; a
+# resumed run without its flags; every manifest field fuzzed in lessons 08 and 09; longer .npy headers
+first pytest_step "08 checkpoint: a rank killed at each point of a save: the newest complete checkpoint resumes to the uninterrupted run's bits" \
+  tests/lessons/test_08_checkpoint.py -k crash
+first pytest_step "08 checkpoint: another run's directory, --keep's lineage, a resumed run's flags, every manifest field fuzzed (08 and 09), longer .npy headers" \
+  tests/lessons/test_08_checkpoint.py -k "not crash"
 check "08 --print-mesh: dp2 x tp2 groups (tp [0 1] [2 3], dp [0 2] [1 3]) and every rank's name" 0 'rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)' \
   bash -c "out=\$($MPIRUN -np 4 $L08 --print-mesh) || exit 1; echo \"\$out\"; \
            echo \"\$out\" | grep -q 'tp groups: \[0 1\] \[2 3\]' && echo \"\$out\" | grep -q 'dp groups: \[0 2\] \[1 3\]'"

@@ -371,7 +371,7 @@ void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
 
 namespace {
 
-// For the tests of a crash and of a full disk during a save (tests/checkpoint_08.py):
+// For the tests of a crash and of a full disk during a save (tests/lessons/test_08_checkpoint.py):
 // FF_TEST_KILL_IN_SAVE=R:S[:POINT] kills rank R with SIGKILL when it reaches POINT of the save
 // after S steps (default: written, its slices written and flushed); FF_TEST_FULL_DISK_IN_SAVE=R:S
 // makes rank R's writes of that checkpoint fail as on a full disk (ENOSPC). The points, in order
