@@ -11,6 +11,9 @@ Fixtures:
             verdict parsed; run.ok() asserts exit 0 and `check: PASS`, run.fails() exit 1 and
             `check: FAIL`, run.usage_error(text) the error contract (exit 2, one line, `error: ...`
             containing text); every failed assertion shows the command and the output's tail
+  script    script("tests/check_dump_01.py", dir, 3) runs one of the repository's Python checkers
+            with Debian's python (PYTHON) from the repository's root; returns a Run (no `check:`
+            line: run.has("^dump ok") asserts what it printed)
   tmp_path  pytest's own: a fresh directory per test
 """
 import os
@@ -92,3 +95,12 @@ def has_cuda(build):
     out = subprocess.run([os.path.join(build, "tests", "device_query")], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True).stdout
     return re.search(r"\bcuda\b", out) is not None
+
+
+@pytest.fixture(scope="session")
+def script(python):
+    def run(path, *args, timeout=300):
+        cmd = [python, path] + [str(a) for a in args]
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        return Run(cmd, p.returncode, p.stdout)
+    return run

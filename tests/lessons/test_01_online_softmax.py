@@ -1,13 +1,9 @@
 """Lesson 01, online softmax: every world size (1 and odd included) and ragged shapes PASS, each
 planted bug FAILs, bad input is one `error:` line with exit 2, and the dumps and traces are checked
 by independent code (numpy, the trace checker)."""
-import os
-import subprocess
-
 import pytest
 
 L01 = "01_online_softmax"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("np", [1, 2, 3, 4])
@@ -45,19 +41,17 @@ def test_help_lists_every_flag_with_its_default(lesson):
     run.has(r"--block N .*\(default: 64\)")
 
 
-def test_dump_numpy_recomputes_softmax_and_attention(lesson, python, tmp_path):
+def test_dump_numpy_recomputes_softmax_and_attention(lesson, script, tmp_path):
     d = tmp_path / "d01"
     lesson(L01, 3, "--dump", d, "--reps", 1).ok()
-    p = subprocess.run([python, "tests/check_dump_01.py", str(d), "3"], cwd=ROOT, capture_output=True, text=True)
-    assert p.returncode == 0 and p.stdout.startswith("dump ok"), p.stdout + p.stderr
+    script("tests/check_dump_01.py", d, 3).has("^dump ok")
 
 
-def test_trace_spans_nest_and_the_checks_traffic_on_its_own_track(lesson, python, tmp_path):
+def test_trace_spans_nest_and_the_checks_traffic_on_its_own_track(lesson, script, tmp_path):
     trace = tmp_path / "t01.json"
     lesson(L01, 3, "--reps", 2, "--trace", trace).ok()
     assert '"check"' in trace.read_text(), "the check's traffic has its own category"
-    p = subprocess.run([python, "scripts/check-trace.py", str(trace), "-", "3"], cwd=ROOT, capture_output=True, text=True)
-    assert p.returncode == 0 and "trace ok: 3 ranks" in p.stdout, p.stdout + p.stderr
+    script("scripts/check-trace.py", trace, "-", 3).has("^trace ok: 3 ranks")
 
 
 @pytest.mark.parametrize("args", [["--cols", "0"], ["--block", "-1"], ["--rows", "abc"], ["--cols"],

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import zlib
 
 import numpy as np
@@ -28,7 +27,6 @@ L08, L09 = "08_mesh", "09_inference"
 NP = 2
 # a small model: every test is a few runs of a fraction of a second
 SMALL = ["--tp", "1", "--dim", "32", "--ffn", "32", "--moe-ffn", "16", "--seq", "16", "--batch", "4"]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def sign(ckpt, manifest):
@@ -212,7 +210,7 @@ def rewrite_npy(path, how):
     assert back.dtype == a.dtype and np.array_equal(back, a), path
 
 
-def test_npy_with_longer_headers_reads_the_same_everywhere(lesson, python, tmp_path):
+def test_npy_with_longer_headers_reads_the_same_everywhere(lesson, script, tmp_path):
     d = tmp_path / "d"
     lesson(L08, NP, *SMALL, "--train", 2, "--save", d).ok()
     ck, long = d / "step-000002", tmp_path / "long" / "step-000002"
@@ -239,6 +237,5 @@ def test_npy_with_longer_headers_reads_the_same_everywhere(lesson, python, tmp_p
     # PyTorch's loader (np.load) on the rewritten one gives lesson 08's validation loss
     dump = tmp_path / "dump"
     lesson(L08, NP, *SMALL, "--train", 0, "--resume", long, "--dump", dump).ok()
-    p = subprocess.run([python, os.path.join(ROOT, "tests", "reference", "load_checkpoint.py"), str(long), str(dump)],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout + p.stderr
+    run = script("tests/reference/load_checkpoint.py", long, dump)
+    assert run.rc == 0, run.why("PyTorch's loader on the rewritten checkpoint")
