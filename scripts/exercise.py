@@ -449,7 +449,9 @@ def check_docs(lesson, exs):
             raise Problem(f"slides/{decks[0] if decks else lesson + '.md'}: its 'Your turn' slide does not list `{e.name}`")
 
 
-def grade_lesson(lesson, exs, files, tag=""):
+def build_copies(lesson, exs, files, tag=""):
+    """The student's copy and the grading copy of the lesson, written under build/grade and built:
+    (the student's binary, the grading binary)."""
     check_docs(lesson, exs)
     base = os.path.join(os.environ.get("BUILD", "build"), "grade")
     student_dir = os.path.join(base, lesson + tag)
@@ -459,30 +461,48 @@ def grade_lesson(lesson, exs, files, tag=""):
             shutil.rmtree(os.path.join(ROOT, d))
     write_copy(lesson, exs, files, os.path.join(ROOT, student_dir), "student")
     write_copy(lesson, exs, files, os.path.join(ROOT, grading_dir), "grading")
-    # the student's copy: it builds, and its run stops at the first unwritten exercise
-    code, out = run(build(student_dir), lesson, "")
+    return build(student_dir), build(grading_dir)
+
+
+def grade_student(lesson, binary):
+    """The student's copy builds, and its run stops at the first unwritten exercise."""
+    code, out = run(binary, lesson, "")
     expect_stub(code, out, None, f"{lesson}: the student's copy")
-    binary = build(grading_dir)
-    bugs = 0
+
+
+def grade_stub(lesson, e, binary):
+    code, out = run(binary, lesson, (e.args or [""])[0], f"{e.name}=0")
+    expect_stub(code, out, e.name, f"{lesson}: exercise {e.name}'s stub")
+
+
+def grade_solution(lesson, e, binary, args):
+    code, out = run(binary, lesson, args)
+    if code != 0 or not re.search(r"^check: PASS", out, re.M):
+        raise Problem(f"{lesson}: exercise {e.name}'s solution does not pass the lesson's check "
+                      f"with '{args}' (exit {code}):\n{out[-2000:]}")
+
+
+def grade_mistake(lesson, e, binary, k):
+    old, new = e.bugs[k - 1]
+    code, out = run(binary, lesson, (e.args or [""])[0], f"{e.name}={k}")
+    # a wrong answer fails the check, or stops the run with an error line (sizes that do not
+    # match, a deadlock the watchdog names): exit 1 either way, not a crash
+    failed = re.search(r"^(check: FAIL|error: )", out, re.M) and not MISSING.search(out)
+    if code not in (1, 2) or not failed:
+        raise Problem(f"{lesson}: exercise {e.name} with '{old}' written as '{new}' does not "
+                      f"fail the lesson's check (exit {code}):\n{out[-2000:]}")
+
+
+def grade_lesson(lesson, exs, files, tag=""):
+    student, grading = build_copies(lesson, exs, files, tag)
+    grade_student(lesson, student)
     for e in exs:
-        runs = e.args or [""]
-        code, out = run(binary, lesson, runs[0], f"{e.name}=0")
-        expect_stub(code, out, e.name, f"{lesson}: exercise {e.name}'s stub")
-        for args in runs:
-            code, out = run(binary, lesson, args)
-            if code != 0 or not re.search(r"^check: PASS", out, re.M):
-                raise Problem(f"{lesson}: exercise {e.name}'s solution does not pass the lesson's check "
-                              f"with '{args}' (exit {code}):\n{out[-2000:]}")
-        for k, (old, new) in enumerate(e.bugs, 1):
-            code, out = run(binary, lesson, runs[0], f"{e.name}={k}")
-            # a wrong answer fails the check, or stops the run with an error line (sizes that
-            # do not match, a deadlock the watchdog names): exit 1 either way, not a crash
-            failed = re.search(r"^(check: FAIL|error: )", out, re.M) and not MISSING.search(out)
-            if code not in (1, 2) or not failed:
-                raise Problem(f"{lesson}: exercise {e.name} with '{old}' written as '{new}' does not "
-                              f"fail the lesson's check (exit {code}):\n{out[-2000:]}")
-            bugs += 1
-    return bugs
+        grade_stub(lesson, e, grading)
+        for args in e.args or [""]:
+            grade_solution(lesson, e, grading, args)
+        for k in range(1, len(e.bugs) + 1):
+            grade_mistake(lesson, e, grading, k)
+    return sum(len(e.bugs) for e in exs)
 
 
 def cmd_self_test():

@@ -6,19 +6,28 @@
 Fixtures:
   build     the build directory (BUILD from the environment, as the Makefile exports it; else build/)
   mpirun    the mpirun command as a list (MPIRUN from the environment: the Makefile's flags)
-  lesson    lesson("01_online_softmax", np, *args, env=None) runs a lesson binary under mpirun and
+  lesson    lesson("01_online_softmax", np, *args, env=None, timeout=300, separate=False, cwd=ROOT) runs a lesson binary under mpirun and
             returns a Run: its exit code, stdout + stderr (out), the command (cmd), and the `check:`
             verdict parsed; run.ok() asserts exit 0 and `check: PASS`, run.fails() exit 1 and
             `check: FAIL`, run.usage_error(text) the error contract (exit 2, one line, `error: ...`
-            containing text); every failed assertion shows the command and the output's tail
+            containing text), run.succeeds(regex) exit 0 and a line matching; every failed assertion shows the command and the output's tail
   script    script("tests/check_dump_01.py", dir, 3) runs one of the repository's Python checkers
             with Debian's python (PYTHON) from the repository's root; returns a Run (no `check:`
             line: run.has("^dump ok") asserts what it printed)
+  command   command(argv, env=None, cwd=ROOT, timeout=300, separate=False, unset=()) runs any command (make,
+            a test program) and returns a Run; separate=True keeps stdout and stderr apart
+            (run.stdout, run.stderr) for the error contract's "nothing on stdout"
   tmp_path  pytest's own: a fresh directory per test
+
+Marks:
+  lesson("08", ...)   the lessons a test belongs to, beyond its file's (test_NN_*.py is lesson NN's):
+                      --lesson 08 (make test L=08) runs those tests only
+  long                a test of tens of seconds: started first, so that it does not run alone at the end
 """
 import os
 import re
 import shlex
+import signal
 import subprocess
 
 import pytest
@@ -30,10 +39,17 @@ MPIRUN_NOISE = re.compile(r"^\[warn\] Epoll [A-Z]+\(\d+\) on fd \d+ failed")
 DEFAULT_MPIRUN = ("mpirun --oversubscribe -q --bind-to none --mca odls_base_sigkill_timeout 0 --mca pml ob1"
                   + (" --allow-run-as-root" if os.geteuid() == 0 else ""))
 
+# what the Makefile exports to the scripts the tests call (exercise.py, check_readme.py,
+# run-lesson.sh), the same when pytest runs without make
+os.environ.setdefault("MPIRUN", DEFAULT_MPIRUN)
+os.environ.setdefault("BUILD", "build")
+os.environ.setdefault("PYTHON", "/usr/bin/python3")
+
 
 class Run:
-    def __init__(self, cmd, rc, out):
+    def __init__(self, cmd, rc, out, stdout=None, stderr=None):
         self.cmd, self.rc, self.out = cmd, rc, out
+        self.stdout, self.stderr = stdout, stderr
         self.lines = [x for x in out.splitlines() if not MPIRUN_NOISE.match(x)]
         m = re.search(r"^check: (PASS|FAIL)", out, re.M)
         self.check = m.group(1) if m else None
@@ -57,11 +73,70 @@ class Run:
         assert text in shown[0], self.why(f"expected the error to say {text!r}")
         return self
 
+    def succeeds(self, pattern):
+        """Exit 0 and the output matching a regular expression (multiline); returns the match."""
+        assert self.rc == 0, self.why("expected exit 0")
+        return self.has(pattern)
+
     def has(self, pattern):
         """The first match of a regular expression in the output (multiline), asserted to exist."""
         m = re.search(pattern, self.out, re.M)
         assert m, self.why(f"expected the output to match /{pattern}/")
         return m
+
+
+LESSON_FILE = re.compile(r"(?:^|/)test_(\d\d)_[^/]*\.py$")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lesson", metavar="NN", default="",
+                     help="only lesson NN's tests (make test L=NN): its test_NN_*.py and every test marked lesson(NN)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "lesson(*nn): the lessons this test belongs to, beyond its file's")
+    config.addinivalue_line("markers", "long: tens of seconds; started first")
+
+
+def lessons_of(item):
+    """The lessons a test belongs to: its file's number (test_NN_*.py) and its lesson marks."""
+    found = set()
+    m = LESSON_FILE.search(item.nodeid.split("::")[0])
+    if m:
+        found.add(m.group(1))
+    for mark in item.iter_markers("lesson"):
+        found.update(str(a) for a in mark.args)
+    return found
+
+
+def pytest_collection_modifyitems(session, config, items):
+    want = config.getoption("--lesson")
+    if want:
+        if not re.fullmatch(r"\d\d", want):
+            raise pytest.UsageError(f"--lesson {want}: a lesson's two digits (01 ... 09)")
+        keep = [i for i in items if want in lessons_of(i)]
+        config.hook.pytest_deselected(items=[i for i in items if want not in lessons_of(i)])
+        items[:] = keep
+    # the long ones first (a stable sort keeps the files' order otherwise)
+    items.sort(key=lambda i: i.get_closest_marker("long") is None)
+
+
+PASSED, FAILED = set(), set()  # node ids
+
+
+def pytest_runtest_logreport(report):
+    """A test passed when its call passed and no phase failed; failed when any phase failed (with
+    pytest-xdist the reports reach the controlling process, which counts)."""
+    if report.failed:
+        FAILED.add(report.nodeid)
+    elif report.when == "call" and report.passed:
+        PASSED.add(report.nodeid)
+
+
+def pytest_unconfigure(config):
+    # the last line of make test, after pytest's own summary: the plain count
+    if not hasattr(config, "workerinput") and not config.option.collectonly:
+        print(f"{len(PASSED - FAILED)} passed, {len(FAILED)} failed")
 
 
 @pytest.fixture(scope="session")
@@ -79,15 +154,42 @@ def python():
     return os.environ.get("PYTHON", "/usr/bin/python3")
 
 
+def run_command(argv, env=None, cwd=ROOT, timeout=300, separate=False, unset=()):
+    """Runs argv in a session of its own: past the timeout the whole group (mpirun and its ranks)
+    is killed and the Run has exit 124 and a last line saying so. env adds to the environment,
+    unset takes variables out of it."""
+    cmd = [str(a) for a in argv]
+    full_env = dict(os.environ, **{k: str(v) for k, v in (env or {}).items()})
+    for k in unset:
+        full_env.pop(k, None)
+    p = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, text=True,
+                         stderr=subprocess.PIPE if separate else subprocess.STDOUT, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        out += f"\n(killed: no end within {timeout} s)\n"
+        rc = 124
+    if separate:
+        err = "\n".join(x for x in err.splitlines() if not MPIRUN_NOISE.match(x))
+        return Run(cmd, rc, out + err, stdout=out, stderr=err)
+    return Run(cmd, rc, out)
+
+
 @pytest.fixture(scope="session")
 def lesson(build, mpirun):
-    def run(name, np, *args, env=None, timeout=300):
+    def run(name, np, *args, env=None, timeout=300, separate=False, cwd=ROOT):
         exported = sum((["-x", k] for k in (env or {})), [])
-        cmd = mpirun + exported + ["-np", str(np), os.path.join(build, "bin", name)] + [str(a) for a in args]
-        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        return Run(cmd, p.returncode, p.stdout)
+        cmd = mpirun + exported + ["-np", str(np), os.path.join(build, "bin", name)] + list(args)
+        return run_command(cmd, env=env, cwd=cwd, timeout=timeout, separate=separate)
     return run
+
+
+@pytest.fixture(scope="session")
+def command():
+    return run_command
 
 
 @pytest.fixture(scope="session")
