@@ -4,7 +4,7 @@ the SIMT emulator; on the GPU too where there is one) and tests/mpi (communicati
 tensor and expert parallelism) under mpirun at 1 to 4 ranks.
 
 The test cases are doctest's (`unit_tests --list-test-cases`); a group of them (one source file,
-or one world size of mpi_tests) runs as one process with doctest's JUnit reporter, and each
+or one world size of mpi_tests) runs as one process with doctest's XML reporter, and each
 item asserts its own case's result there. A process that dies before it reports fails every item
 of its group, with its output's tail. The items of one group run in one pytest-xdist worker
 (xdist_group: make test passes --dist loadgroup).
@@ -65,39 +65,52 @@ class Group:
 
     def run(self):
         if self.verdicts is None:
-            self.result = run_command(self.cmd + ["--reporters=junit"], env=self.env, timeout=600)
-            self.verdicts = junit_verdicts(self.result.out)
+            self.result = run_command(self.cmd + ["--reporters=xml"], env=self.env, timeout=600)
+            self.verdicts = xml_verdicts(self.result.out)
         return self.verdicts
 
     def check(self, case):
         verdicts = self.run()
         run = self.result
-        # a case with subcases reports each as "case/subcase"
-        mine = [v for name, v in verdicts.items() if name == case or name.startswith(case + "/")]
-        if not mine:
-            pytest.fail(run.why(f"doctest case {case!r} has no result: the process ended before it reported"), False)
-        problems = sum(mine, [])
-        assert not problems, run.why(f"doctest case {case!r} failed:\n" + "\n".join(problems))
+        if case not in verdicts:
+            pytest.fail(run.why(f"doctest case {case!r} has no result: the process ended before it reported"), pytrace=False)
+        problems = verdicts[case]
+        command = " ".join(map(shlex.quote, run.cmd))
+        env = " ".join(f"{k}={v}" for k, v in self.env.items())
+        if problems:
+            pytest.fail(f"doctest case {case!r} failed\n  command: {env + ' ' if env else ''}{command}\n"
+                        + "\n".join("  " + p for p in problems), pytrace=False)
         assert run.rc == 0 or any(verdicts.values()), run.why("every case passed, yet the process failed")
 
 
-def junit_verdicts(out):
-    """{case name: [failures]} from doctest's JUnit reports: rank 0's, then the lines of any other
-    rank that failed ("rank R| ..."; tests/mpi/main.cpp gathers them)."""
-    reports = []
-    own = [x for x in out.splitlines() if not re.match(r"rank \d+\| ", x)]
-    reports.append("\n".join(own))
+def xml_verdicts(out):
+    """{case name: [what failed]} from doctest's XML reports: rank 0's, then those of any other
+    rank that failed (its lines prefixed "rank R| "; tests/mpi/main.cpp gathers them)."""
+    reports = [("", "\n".join(x for x in out.splitlines() if not re.match(r"rank \d+\| ", x)))]
     for r in sorted(set(re.findall(r"^rank (\d+)\| ", out, re.M))):
-        reports.append("\n".join(x[len(f"rank {r}| "):] for x in out.splitlines() if x.startswith(f"rank {r}| ")))
+        prefix = f"rank {r}| "
+        reports.append((f"rank {r}: ", "\n".join(x[len(prefix):] for x in out.splitlines() if x.startswith(prefix))))
     verdicts = {}
-    for rank, text in enumerate(reports):
-        m = re.search(r"<testsuites>.*</testsuites>", text, re.S)
+    for who, text in reports:
+        m = re.search(r"<doctest .*?</doctest>", text, re.S)
         if not m:
             continue
-        for tc in ET.fromstring(m.group(0)).iter("testcase"):
-            problems = [f"{'rank ' + str(rank) + ': ' if rank else ''}{e.tag}: {e.get('message', '')} {e.text or ''}".strip()
-                        for e in tc if e.tag in ("failure", "error")]
-            verdicts.setdefault(tc.get("name"), []).extend(problems)
+        for tc in ET.fromstring(m.group(0)).iter("TestCase"):
+            if tc.get("skipped") == "true":
+                continue
+            problems = verdicts.setdefault(tc.get("name"), [])
+            for e in tc.iter():
+                where = f"{e.get('filename')}:{e.get('line')}: " if e.get("filename") else ""
+                if e.tag == "Expression" and e.get("success") == "false":
+                    original, expanded = e.findtext("Original", "").strip(), e.findtext("Expanded", "").strip()
+                    problems.append(f"{who}{where}{e.get('type')}( {original} ) is {e.get('type')}( {expanded} )")
+                elif e.tag == "Message" and "ERROR" in (e.get("type") or ""):
+                    problems.append(f"{who}{where}{e.get('type')}: {e.findtext('Text', '').strip()}")
+                elif e.tag == "Exception":
+                    problems.append(f"{who}exception: {(e.text or '').strip()}")
+            overall = tc.find("OverallResultsAsserts")
+            if overall is not None and overall.get("test_case_success") == "false" and not problems:
+                problems.append(f"{who}the case failed (doctest's verdict)")
     return verdicts
 
 
