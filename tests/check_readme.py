@@ -17,7 +17,7 @@ with an HTML comment on the line right before it (invisible on GitHub):
 
   * The block's first line is the command, `$ make run L=NN [NP=P] [ARGS="..."]`. The checker
     runs what `make run` runs once the build is done, scripts/run-lesson.sh NN P ARGS..., with
-    $BUILD and $MPIRUN from the environment (scripts/run-tests.sh exports the Makefile's).
+    $BUILD and $MPIRUN from the environment (the Makefile exports them; tests/conftest.py sets the same defaults).
   * Every other line is a line of the run's output (stdout and stderr), equal after stripping
     trailing whitespace, except:
       - a line `...` stands for any number of lines, none included (make's build lines, a long

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
 
   doctest::Context ctx;
   // The report goes through a string (and mpirun's pty), not a terminal: plain text, so
-  // the runner's grep for "[doctest] test cases:" sees it. --force-colors still works.
+  // a reader of it (tests/test_doctest.py reads --reporters=junit) sees no escapes. --force-colors still works.
   ctx.setOption("no-colors", true);
   ctx.applyCommandLine(argc, argv);
   std::ostringstream report;

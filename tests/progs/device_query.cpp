@@ -3,7 +3,7 @@
 //   devices: cpu sim [cuda]
 //   gpus: N
 //   backends: mpi [nccl VERSION]
-// scripts/run-tests.sh uses it to run the kernel tests on cuda when a GPU is present;
+// tests/test_doctest.py uses it to run the kernel tests on cuda when a GPU is present;
 // scripts/gpu-check.sh to run the lessons on NCCL when the build has it.
 #include <cstdio>
 

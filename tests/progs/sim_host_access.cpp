@@ -1,6 +1,6 @@
 // Host code that dereferences a sim tensor's data() — a device pointer — as if it were host
 // memory. On a GPU that crashes; on device "sim" it must fail too, with one error line,
-// instead of quietly working (kernels/sim_memory.h). scripts/run-tests.sh runs:
+// instead of quietly working (kernels/sim_memory.h). tests/test_core.py runs:
 //   sim_host_access read    reads t.data()[0] on the host: error line, exit 1
 //   sim_host_access write   writes it: the same
 //   sim_host_access copy    the right way (to_vector): prints the value, exit 0

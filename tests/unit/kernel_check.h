@@ -2,7 +2,7 @@
 //
 // Every CUDA kernel is run on the device under test and compared with its cpu twin on the
 // same inputs. The device under test is "sim" (the kernels/cuda/*.cu sources run by the SIMT
-// emulator), or "cuda" when FF_TEST_DEVICE=cuda — scripts/run-tests.sh runs the kernel
+// emulator), or "cuda" when FF_TEST_DEVICE=cuda — tests/test_doctest.py runs the kernel
 // suite a second time that way when a GPU is present, and reports it skipped otherwise.
 // Kernel tests live in TEST_SUITE("kernels").
 #pragma once

@@ -1,7 +1,7 @@
 // Device "sim" keeps its memory apart from the host, as a GPU does (kernels/sim_memory.h):
 // fresh memory is poison, kernels refuse host and freed pointers, copies and kernels reach
 // device memory while the host does not (that last one needs a crash, so it is a program of
-// its own: tests/progs/sim_host_access.cpp, run by scripts/run-tests.sh).
+// its own: tests/progs/sim_host_access.cpp, run by tests/test_core.py).
 #include <doctest/doctest.h>
 
 #include <cmath>
