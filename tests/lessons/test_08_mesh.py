@@ -1,0 +1,421 @@
+"""Lesson 08, the 5D mesh (DP x PP x CP x TP x EP), ZeRO-0 to 3, sequence parallelism: every mesh's
+steps equal one process's (each step's loss and mean gradients within 4 n eps, AdamW bit for bit,
+replicas equal, communication = its formula, memory = seed 001's fp32 formula), on 1 to 32 ranks;
+each planted bug FAILs the check it breaks; checkpoints resume on any mesh; dumps, traces and
+estimates are checked by independent code; bad input is one `error:` line with exit 2.
+(The checkpoints against crashes and users: test_08_checkpoint.py.)"""
+import filecmp
+import re
+
+import pytest
+
+L08 = "08_mesh"
+SIM_SMALL = ["--device", "sim", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 2, "--seq", 16]
+
+
+def same_files(a, b, pattern="*.npy"):
+    """The number of files in a, each byte-identical to its namesake in b (asserted)."""
+    names = sorted(p.name for p in a.glob(pattern))
+    assert names, f"no {pattern} in {a}"
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
+    return len(names)
+
+
+# (np, args) runs that must all PASS, one test each (the old suite's checks)
+MESHES = {
+    "one-process": [(1, ["--train", 6])],
+    "dp2-zero0-zero1": [(2, ["--tp", 1, "--zero", 0, "--train", 6]), (2, ["--tp", 1, "--zero", 1, "--train", 6])],
+    "tp2-without-sp-and-with-sp": [(2, ["--tp", 2, "--sp", "off", "--train", 6]), (2, ["--tp", 2, "--sp", "on", "--train", 6])],
+    "dp2xtp2-sp-zero1-nosp-zero0-sp-zero0": [(4, ["--train", 6]), (4, ["--sp", "off", "--zero", 0, "--train", 6]),
+                                              (4, ["--zero", 0, "--train", 6])],
+    "tp4-sp-uneven-vocabulary-65": [(4, ["--tp", 4, "--train", 6])],
+    "dp3-zero1-padding-and-dp4": [(3, ["--batch", 6, "--train", 6]), (4, ["--tp", 1, "--train", 4])],
+    "three-moe-layers-and-dense-only": [(4, ["--layers", 3, "--dense-layers", 0, "--shared", 0, "--train", 4]),
+                                        (4, ["--layers", 2, "--dense-layers", 2, "--train", 4])],
+    "cp2-cp2xtp2-sp-cp2xtp2-nosp-zero0": [(2, ["--tp", 1, "--cp", 2, "--train", 4]), (4, ["--cp", 2, "--train", 4]),
+                                          (4, ["--cp", 2, "--sp", "off", "--zero", 0, "--train", 4])],
+    "cp2xdp2-cp4-cp3-odd": [(4, ["--tp", 1, "--cp", 2, "--train", 3]), (4, ["--tp", 1, "--cp", 4, "--train", 3]),
+                            (3, ["--tp", 1, "--cp", 3, "--seq", 30, "--batch", 3, "--train", 3])],
+    "ep2-folded-over-dp-and-tp-zero0-zero1": [(2, ["--tp", 1, "--ep", 2, "--train", 4]), (4, ["--ep", 2, "--train", 4]),
+                                              (4, ["--ep", 2, "--zero", 0, "--train", 3])],
+    "ep4-hierarchical-ep2xcp2": [(4, ["--ep", 4, "--train", 3]), (4, ["--ep", 4, "--a2a", "hierarchical", "--train", 3]),
+                                (4, ["--tp", 1, "--ep", 4, "--a2a", "hierarchical", "--ranks-per-node", 1, "--train", 3]),
+                                (4, ["--tp", 1, "--cp", 2, "--ep", 2, "--train", 3])],
+    "ep3-over-dp3-6-experts": [(3, ["--tp", 1, "--ep", 3, "--experts", 6, "--batch", 6, "--train", 3])],
+    "pp2-1f1b-zbh1-dualpipev": [(2, ["--tp", 1, "--pp", 2, "--train", 3]),
+                                (2, ["--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--train", 3]),
+                                (2, ["--tp", 1, "--pp", 2, "--schedule", "dualpipev", "--layers", 4, "--train", 3])],
+    "pp-x-dp-tp-cp-ep": [(4, ["--tp", 1, "--pp", 2, "--train", 3]), (4, ["--pp", 2, "--schedule", "zb-h1", "--train", 3]),
+                         (4, ["--tp", 1, "--pp", 2, "--cp", 2, "--train", 3]),
+                         (4, ["--tp", 1, "--pp", 2, "--ep", 2, "--layers", 3, "--train", 3])],
+    "pp3-uneven-stages-layers-per-stage-accumulation": [
+        (3, ["--tp", 1, "--pp", 3, "--layers", 3, "--batch", 6, "--train", 3]),
+        (2, ["--tp", 1, "--pp", 2, "--layers", 3, "--train", 3]),
+        (2, ["--tp", 1, "--pp", 2, "--layers", 3, "--layers-per-stage", "1,2", "--schedule", "zb-h1", "--train", 3]),
+        (1, ["--microbatches", 4, "--train", 3])],
+    "dualpipe-stages-on-two-ranks-summed": [
+        (2, ["--tp", 1, "--pp", 2, "--schedule", "dualpipe", "--train", 3]),
+        (8, ["--tp", 2, "--pp", 4, "--schedule", "dualpipe", "--ep", 2, "--batch", 16, "--train", 2]),
+        (8, ["--tp", 1, "--cp", 2, "--pp", 4, "--schedule", "dualpipe", "--ep", 2, "--a2a", "hierarchical", "--batch", 16,
+             "--train", 2])],
+    "mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4": [
+        (32, ["--dp", 4, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 2, "--train", 3]),
+        (32, ["--dp", 4, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 4, "--a2a", "hierarchical", "--schedule", "dualpipev",
+              "--layers", 4, "--batch", 16, "--train", 2])],
+    "zero2-and-buckets-during-the-backward": [
+        *[(4, ["--tp", 1, "--zero", z, "--bucket-mb", 0.02, "--train", 3]) for z in (0, 1, 2)],
+        (4, ["--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--zero", 2, "--bucket-mb", 0.02, "--train", 3]),
+        (4, ["--tp", 1, "--ep", 2, "--zero", 2, "--bucket-mb", 0.01, "--train", 3]),
+        (2, ["--tp", 1, "--zero", 2, "--train", 3])],
+    "zero3-dp2-dp4xpp2-mesh16-dp2xep2": [
+        (2, ["--tp", 1, "--zero", 3, "--train", 3]), (4, ["--tp", 1, "--pp", 2, "--microbatches", 4, "--zero", 3, "--train", 3]),
+        (16, ["--zero", 3, "--train", 2]), (4, ["--tp", 1, "--ep", 2, "--zero", 3, "--train", 3])],
+    "device-sim-tp2-cp2-ep2-pp2": [(2, SIM_SMALL), (2, SIM_SMALL + ["--tp", 1, "--cp", 2]),
+                                   (2, SIM_SMALL + ["--tp", 1, "--ep", 2]),
+                                   (2, SIM_SMALL + ["--tp", 1, "--pp", 2, "--schedule", "zb-h1"])],
+    "device-sim-sp-off-tp-copies-stay-equal": [
+        (2, ["--device", "sim", "--tp", 2, "--sp", "off", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 8, "--seq", 32])],
+}
+LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
+        "device-sim-tp2-cp2-ep2-pp2", "device-sim-sp-off-tp-copies-stay-equal", "dualpipe-stages-on-two-ranks-summed"}
+
+
+@pytest.mark.parametrize("runs", [pytest.param(r, id=k, marks=[pytest.mark.long] if k in LONG else [])
+                                  for k, r in MESHES.items()])
+def test_mesh_equals_one_process(lesson, runs):
+    for np_, args in runs:
+        lesson(L08, np_, *args).ok()
+
+
+# planted bugs: (np, args, what the check must FAIL)
+BUGS = {
+    "local-causal-mask-under-cp": (2, ["--tp", 1, "--cp", 2, "--bug", "local-causal-mask"], r"loss of the mesh = one process.s .*FAIL"),
+    "local-rope-positions-under-cp": (2, ["--tp", 1, "--cp", 2, "--bug", "local-rope-positions"], r"mean gradient of every weight .*FAIL"),
+    "ep-grad-mean-over-expert-dp": (2, ["--tp", 1, "--ep", 2, "--bug", "ep-grad-mean"], r"mean gradient of every weight .*experts.*FAIL"),
+    "dualpipe-no-pair-sum": (2, ["--tp", 1, "--pp", 2, "--schedule", "dualpipe", "--bug", "dualpipe-no-pair-sum"], r"mean gradient of every weight .*FAIL"),
+    "pp-micro-batch-losses-summed": (2, ["--tp", 1, "--pp", 2, "--bug", "pp-mb-sum"], r"mean gradient of every weight .*FAIL"),
+    "kpe-per-head-copies-differ": (2, ["--tp", 1, "--bug", "kpe-per-head", "--train", 3], r"every head.s copy of W_kr stays equal .*FAIL"),
+    "kpe-per-head-step-0-forward-unchanged": (1, ["--bug", "kpe-per-head"], r"the forward is unchanged.*PASS"),
+    "sp-norm-grad-not-all-reduced": (2, ["--bug", "sp-norm-grad"], r"mean gradient of every weight .*norm.*FAIL"),
+    "f-no-allreduce-tp2-no-sp": (2, ["--sp", "off", "--bug", "f-no-allreduce"], r"mean gradient of every weight .*FAIL"),
+    "ce-local-softmax": (2, ["--bug", "ce-local-softmax"], r"mean gradient of every weight .*FAIL"),
+    "zero1-sum-as-mean": (2, ["--tp", 1, "--bug", "zero-no-divide"], r"mean gradient of every weight .*FAIL"),
+    "zero1-stale-shard": (2, ["--tp", 1, "--bug", "zero-stale-shard"], r"AdamW step .*first differs.*FAIL"),
+    "zero2-stale-shard": (2, ["--tp", 1, "--zero", 2, "--bug", "zero-stale-shard"], r"AdamW step .*first differs.*FAIL"),
+    "zero3-backward-on-freed-weights": (2, ["--tp", 1, "--zero", 3, "--bug", "zero3-stale-gather"], r"mean gradient of every weight .*FAIL"),
+}
+
+
+@pytest.mark.parametrize("np_, args, broken", BUGS.values(), ids=BUGS.keys())
+def test_planted_bug_fails_the_check(lesson, np_, args, broken):
+    train = [] if "--train" in args else ["--train", 2]
+    lesson(L08, np_, *args, *train).fails().has(broken)
+
+
+def test_planted_bug_a_bucket_reduced_before_its_last_gradient(lesson):
+    # dp2 ZeRO-2, dp2 x tp2 SP ZeRO-0, dp2 ZeRO-1
+    for np_, args in ((2, ["--tp", 1, "--zero", 2]), (4, ["--zero", 0]), (2, ["--tp", 1, "--zero", 1])):
+        lesson(L08, np_, *args, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2).fails() \
+            .has(r"gradient of every weight .*FAIL")
+
+
+def test_dualpipev_and_dualpipe_with_ep_overlapped_pairs_give_the_sequential_bits(lesson, tmp_path):
+    for schedule in ("dualpipev", "dualpipe"):
+        dumps = {}
+        for ov in ("on", "off"):
+            dumps[ov] = tmp_path / f"d08ov_{schedule}{ov}"
+            run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", schedule, "--layers", 4, "--train", 2,
+                         "--overlap", ov, "--dump", dumps[ov]).ok()
+            if ov == "on":
+                run.has(r"^  overlap: [1-9][0-9]* hand-overs")
+        same_files(dumps["on"], dumps["off"], "*")
+
+
+def test_the_cpu_matmuls_kernels_for_each_instruction_set_give_the_same_bits(lesson, tmp_path):
+    # FF_CPU_ISA: this CPU's best, avx2, portable; identical dumps after 3 steps (P=2)
+    dumps = {}
+    for isa in ("best", "avx2", "portable"):
+        dumps[isa] = tmp_path / f"d08isa_{isa}"
+        lesson(L08, 2, "--train", 3, "--dump", dumps[isa], env={"FF_CPU_ISA": isa}).ok()
+    for isa in ("avx2", "portable"):
+        assert same_files(dumps["best"], dumps[isa], "*") > 100
+
+
+def test_link_model_on_the_16_rank_mesh_and_under_dualpipev_with_ep(lesson):
+    run = lesson(L08, 16, "--train", 2, "--link", "intra=1GB/s,inter=200MB/s").ok()
+    run.has(r"^modelled links: intra-node 1 GB/s, inter-node 200 MB/s")
+    run.has("links modelled")
+    lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", "dualpipev", "--layers", 4, "--train", 2,
+           "--link", "inter=100MB/s").ok()
+
+
+@pytest.mark.long
+def test_the_5d_mesh_on_16_ranks_the_default_and_the_same_by_flags(lesson):
+    run = lesson(L08, 16, "--train", 3).ok()
+    run.has(r"^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded")
+    run.has(r"^model: .* 3 layers \(1 dense, 2 MoE")
+    run.has(r"^  ep: ")
+    lesson(L08, 16, "--dp", 2, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 2, "--train", 3).ok()
+
+
+def test_the_communication_counted_per_axis_equals_the_formula_printed_next_to_it(lesson):
+    run = lesson(L08, 4, "--train", 2)
+    assert run.rc == 0, run.why("exit 0")
+    for axis in ("tp", "dp"):
+        counted = run.has(rf"^  {axis}: *(.*)\n *formula: *(.*)$")
+        assert counted.group(1).strip() == counted.group(2).strip(), run.why(f"{axis}: counted != formula")
+
+
+def test_buckets_under_the_link_model_every_bucket_goes_during_the_backward(lesson):
+    run = lesson(L08, 2, "--tp", 1, "--zero", 2, "--bucket-mb", 0.02, "--train", 3, "--link", "intra=400MB/s,latency=20us")
+    assert run.rc == 0, run.why("exit 0")
+    run.has(r"hidden fraction .* = [01]\.[0-9][0-9] \(rank 0\), worst")
+    run.has("13 per step, 13.0 of them posted during the backward")
+
+
+@pytest.mark.long
+def test_buckets_under_sp_zero_0_1_2_on_dp2xtp2_and_the_16_rank_mesh(lesson):
+    for z in (0, 1, 2):
+        lesson(L08, 4, "--zero", z, "--bucket-mb", 0.02, "--train", 3).ok().has(", 10.0 of them posted during the backward")
+    lesson(L08, 16, "--zero", 2, "--bucket-mb", 0.02, "--train", 2).ok()
+
+
+def test_buckets_that_must_wait_for_the_backward_say_why(lesson):
+    run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--schedule", "dualpipev", "--bucket-mb", 0.02, "--train", 2)
+    assert run.rc == 0, run.why("exit 0")
+    run.has("all after the backward here: --schedule dualpipev holds two stages per rank")
+
+
+def test_zero3_memory_at_dp4_every_part_sharded_the_peak_gathered_printed(lesson):
+    run = lesson(L08, 4, "--tp", 1, "--zero", 3, "--train", 2)
+    assert run.rc == 0, run.why("exit 0")
+    run.has(r"memory: parameters 4 sum ceil\(N_u/dp\), gradients 4 sum ceil\(N_u/dp\).*PASS")
+    run.has("between steps ZeRO-3 holds no whole weight; during one, at most")
+
+
+def test_overlap_compare_the_pairs_one_after_the_other_and_overlapped_give_the_same_gradients(lesson):
+    run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", "dualpipev", "--layers", 4, "--dense-layers", 0,
+                 "--train", 2, "--ranks-per-node", 4, "--link", "intra=50MB/s,latency=50us", "--overlap", "compare")
+    assert run.rc == 0, run.why("exit 0")
+    run.has(r"overlapped pairs. gradients = one after the other.s, bit for bit, every step   PASS")
+    run.has(r"^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)")
+
+
+def step_columns(csv):
+    return [",".join(x.split(",")[5:8]) for x in csv.read_text().splitlines() if x.startswith("step,")]
+
+
+def test_checkpoint_saved_and_resumed_equals_an_uninterrupted_run_bit_for_bit(lesson, tmp_path):
+    # dp2 x tp2: every step's loss and the dump of a 6-step run, saved after 3 and resumed
+    d = tmp_path
+    lesson(L08, 4, "--train", 6, "--dump", d / "whole", "--csv", d / "whole.csv").ok()
+    lesson(L08, 4, "--train", 3, "--save", d / "ck", "--csv", d / "parts.csv").ok()
+    lesson(L08, 4, "--train", 6, "--resume", d / "ck", "--dump", d / "resumed", "--csv", d / "parts.csv").ok() \
+        .has(r"resumed from .*step-000003: 3 steps done")
+    whole, parts = step_columns(d / "whole.csv"), step_columns(d / "parts.csv")
+    assert len(whole) == 6 and whole == parts, f"the steps' losses differ:\n{whole}\n{parts}"
+    same_files(d / "whole", d / "resumed")
+
+
+@pytest.mark.long
+def test_checkpoint_saved_on_16_ranks_resumed_on_4_1_and_a_pipeline(lesson, tmp_path):
+    ck = tmp_path / "ck08b"  # ZeRO-2 with buckets, then dp2 x tp2, one process, pp2 zb-h1
+    lesson(L08, 16, "--layers", 3, "--zero", 2, "--bucket-mb", 0.02, "--train", 2, "--save", ck).ok()
+    lesson(L08, 4, "--layers", 3, "--train", 4, "--resume", ck).ok()
+    lesson(L08, 1, "--layers", 3, "--train", 4, "--resume", ck).ok()
+    lesson(L08, 4, "--layers", 3, "--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--zero", 0, "--train", 4, "--resume", ck).ok()
+
+
+@pytest.mark.long
+def test_checkpoint_under_zero3_same_mesh_bit_for_bit_16_ranks_and_one_process(lesson, tmp_path):
+    d = tmp_path
+    lesson(L08, 4, "--zero", 3, "--train", 4, "--dump", d / "whole").ok()
+    lesson(L08, 4, "--zero", 3, "--train", 2, "--save", d / "ck").ok()
+    lesson(L08, 16, "--layers", 2, "--zero", 3, "--train", 4, "--resume", d / "ck").ok()
+    lesson(L08, 1, "--train", 4, "--resume", d / "ck").ok()
+    lesson(L08, 4, "--zero", 3, "--train", 4, "--resume", d / "ck", "--dump", d / "resumed").ok()
+    same_files(d / "whole", d / "resumed")
+
+
+def test_checkpoint_a_rank_killed_during_a_save_leaves_the_previous_one_which_resumes_to_the_same_bits(lesson, tmp_path):
+    d = tmp_path
+    lesson(L08, 4, "--train", 5, "--dump", d / "whole").ok()
+    killed = lesson(L08, 4, "--train", 5, "--save-every", 2, "--save", d / "ck", env={"FF_TEST_KILL_IN_SAVE": "1:4"})
+    assert killed.rc != 0, killed.why("the killed run fails")
+    assert (d / "ck" / "step-000002").is_dir() and not (d / "ck" / "step-000004").exists(), \
+        f"want step-000002 and no step-000004 in {sorted(p.name for p in (d / 'ck').iterdir())}"
+    lesson(L08, 4, "--train", 5, "--resume", d / "ck", "--dump", d / "resumed").ok().has("step-000002: 2 steps done")
+    same_files(d / "whole", d / "resumed")
+
+
+def test_checkpoint_a_full_disk_during_a_save_is_one_error_naming_the_file_the_previous_resumes(lesson, tmp_path):
+    d = tmp_path / "ck08f"
+    run = lesson(L08, 4, "--train", 4, "--save-every", 2, "--save", d, env={"FF_TEST_FULL_DISK_IN_SAVE": "1:4"})
+    assert run.rc == 2, run.why("exit 2")
+    assert re.match(r"^error: --save: cannot write .*/\.tmp-step-000004/.*\.npy: No space left on device", run.lines[-1]), \
+        run.why("the last line names the file and ENOSPC")
+    assert not (d / "step-000004").exists()
+    lesson(L08, 4, "--train", 4, "--resume", d).ok()
+
+
+def test_checkpoint_keep_2_keeps_the_newest_two_train_0_samples_a_resumed_model(lesson, tmp_path):
+    d = tmp_path / "ck08d"
+    lesson(L08, 2, "--tp", 1, "--train", 6, "--save-every", 2, "--keep", 2, "--save", d).ok()
+    run = lesson(L08, 2, "--tp", 1, "--train", 0, "--resume", d, "--sample", 20)
+    assert run.rc == 0, run.why("exit 0")
+    run.has("^training: no step in this run")
+    assert sorted(p.name for p in d.iterdir()) == ["step-000004", "step-000006"]
+
+
+def test_checkpoint_into_pytorch_gives_lesson_08s_validation_loss(lesson, script, tmp_path):
+    lesson(L08, 4, "--train", 3, "--save", tmp_path / "ck").ok()
+    lesson(L08, 2, "--tp", 1, "--train", 0, "--resume", tmp_path / "ck", "--dump", tmp_path / "dump").ok()
+    script("tests/reference/load_checkpoint.py", tmp_path / "ck" / "step-000003", tmp_path / "dump") \
+        .succeeds(r"^validation batch 0: PyTorch .*: ok")
+
+
+def test_print_mesh_dp2xtp2_groups_and_every_ranks_name(lesson):
+    run = lesson(L08, 4, "--print-mesh")
+    assert run.rc == 0, run.why("exit 0")
+    run.has(r"rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)")
+    run.has(r"tp groups: \[0 1\] \[2 3\]")
+    run.has(r"dp groups: \[0 2\] \[1 3\]")
+
+
+def test_estimate_deepseek_v3_671b_parameters_and_every_table(lesson):
+    run = lesson(L08, 1, "--estimate", "deepseek-v3")
+    assert run.rc == 0, run.why("exit 0")
+    run.has(r"^  total  *671,026,404,352")
+    for section in ("ZeRO, seed 001", "5D memory model", "PP vs ZeRO-3", "TP vs FSDP", "incomplete"):
+        assert section in run.out, run.why(f"the estimate shows {section!r}")
+
+
+def test_estimate_run_the_tiny_models_estimate_next_to_the_measured_bytes(lesson):
+    lesson(L08, 4, "--train", 2, "--estimate", "run").ok().has("measured")
+
+
+def test_sample_the_same_seed_gives_the_same_text_another_seed_another(lesson):
+    def sample(*seed):
+        run = lesson(L08, 2, "--train", 2, "--sample", 80, *seed)
+        assert run.rc == 0, run.why("exit 0")
+        return run.has(r"^sample.*\n(?:.*\n)*?    .*$").group(0)
+    a, b, c = sample(), sample(), sample("--seed", 7)
+    assert a == b, f"the same seed, two texts:\n{a}\n{b}"
+    assert a != c, f"another seed, the same text:\n{a}"
+
+
+def test_dump_numpy_recomputes_the_losses_and_checks_gradients_by_central_differences(lesson, script, tmp_path):
+    lesson(L08, 4, "--train", 3, "--dump", tmp_path / "d08").ok()
+    script("tests/check_dump_08.py", tmp_path / "d08").succeeds("^dump ok")
+    lesson(L08, 2, "--tp", 1, "--cp", 2, "--train", 2, "--dump", tmp_path / "d08c").ok()
+    script("tests/check_dump_08.py", tmp_path / "d08c").succeeds("^dump ok")
+
+
+def test_trace_spans_nest_the_checks_traffic_on_its_own_track(lesson, script, tmp_path):
+    trace = tmp_path / "t08.json"
+    lesson(L08, 4, "--train", 2, "--trace", trace).ok()
+    assert '"check"' in trace.read_text(), "the check's traffic has its own category"
+    script("scripts/check-trace.py", trace, "-", 4).succeeds("^trace ok: 4 ranks")
+
+
+@pytest.mark.long
+def test_trace_of_the_32_rank_mesh_every_communication_span_named_by_its_axis(lesson, script, tmp_path):
+    trace = tmp_path / "t08x32.json"
+    lesson(L08, 32, "--train", 2, "--trace", trace).ok()
+    script("scripts/check-trace.py", trace, "-", 32).succeeds("^trace ok: 32 ranks")
+    script("tests/check_trace_08.py", trace, "tp", "cp", "ep", "dp-cp", "edp", "pp").succeeds("^trace axes ok")
+
+
+def test_help_lists_every_flag_with_its_default(lesson):
+    lesson(L08, 1, "--help").succeeds(r"--zero N .*\(default: 1\)")
+
+
+BAD = {
+    "tp-x-dp-not-the-world": (4, ["--tp", 2, "--dp", 3]),
+    "tp-not-dividing-the-world": (4, ["--tp", 3]),
+    "heads-not-a-multiple-of-tp": (3, ["--tp", 3, "--batch", 3]),
+    "batch-not-a-multiple-of-dp": (2, ["--tp", 1, "--batch", 7]),
+    "zero-4": (2, ["--tp", 1, "--zero", 4]),
+    "bucket-mb-negative": (2, ["--tp", 1, "--bucket-mb", -1]),
+    "bucket-early-without-buckets": (2, ["--tp", 1, "--bug", "bucket-early"]),
+    "bucket-early-where-buckets-wait-dualpipev": (4, ["--tp", 1, "--pp", 2, "--schedule", "dualpipev", "--bucket-mb", 0.02, "--bug", "bucket-early"]),
+    "zero3-with-a-split-backward": (2, ["--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--zero", 3]),
+    "zero3-with-bucket-mb": (2, ["--tp", 1, "--zero", 3, "--bucket-mb", 1]),
+    "zero3-stale-gather-without-zero3": (2, ["--tp", 1, "--bug", "zero3-stale-gather"]),
+    "overlap-compare-without-paired-steps": (2, ["--tp", 1, "--overlap", "compare"]),
+    "save-into-a-path-that-cannot-be-a-directory": (2, ["--tp", 1, "--save", "/proc/no-such-dir"]),
+    "train-0-without-resume": (2, ["--tp", 1, "--train", 0]),
+    "sp-norm-grad-with-bucket-mb": (4, ["--bucket-mb", 0.02, "--bug", "sp-norm-grad"]),
+    "sp-on-with-tp-1": (2, ["--tp", 1, "--sp", "on"]),
+    "sp-tokens-not-a-multiple-of-tp": (4, ["--tp", 4, "--batch", 1, "--seq", 31]),
+    "seq-not-a-multiple-of-2cp": (2, ["--tp", 1, "--cp", 2, "--seq", 30]),
+    "tp-x-cp-not-dividing-the-world": (4, ["--tp", 2, "--cp", 3]),
+    "ep-not-dividing-its-ranks": (4, ["--ep", 3]),
+    "experts-not-a-multiple-of-ep": (4, ["--ep", 4, "--experts", 6]),
+    "ep-over-tp-without-sp": (2, ["--ep", 2, "--sp", "off"]),
+    "a2a-without-ep": (2, ["--a2a", "hierarchical"]),
+    "ranks-per-node-not-dividing-ep": (4, ["--ep", 4, "--a2a", "hierarchical", "--ranks-per-node", 3]),
+    "ep-grad-mean-with-ep-equal-tp": (4, ["--ep", 2, "--bug", "ep-grad-mean"]),
+    "fewer-layers-than-stages": (2, ["--tp", 1, "--pp", 2, "--schedule", "dualpipev", "--layers", 2]),
+    "layers-per-stage-not-summing": (2, ["--tp", 1, "--pp", 2, "--layers", 2, "--layers-per-stage", "1,2"]),
+    "dualpipev-fewer-than-2-micro-batches": (2, ["--tp", 1, "--pp", 2, "--layers", 4, "--schedule", "dualpipev", "--microbatches", 2]),
+    "dualpipe-odd-pipeline": (3, ["--tp", 1, "--pp", 3, "--batch", 6, "--schedule", "dualpipe"]),
+    "micro-batches-not-dividing": (2, ["--tp", 1, "--pp", 2, "--microbatches", 3]),
+    "ep-counted-as-ranks": (32, ["--dp", 2, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 2]),
+    "link-malformed": (2, ["--link", "inter=0GB/s"]),
+    "link-ranks-per-node-not-dividing": (4, ["--link", "intra=1GB/s", "--ranks-per-node", 3]),
+    "local-causal-mask-without-cp": (2, ["--bug", "local-causal-mask"]),
+    "topk-above-experts": (2, ["--topk", 9]),
+    "odd-d-rope": (2, ["--d-rope", 7]),
+    "f-no-allreduce-under-sp": (2, ["--bug", "f-no-allreduce"]),
+    "kpe-per-head-with-tp-2": (2, ["--bug", "kpe-per-head"]),
+    "prompt-byte-not-in-the-text": (2, ["--sample", 5, "--prompt", "é"]),
+    "seq-longer-than-the-validation-text": (1, ["--seq", 1000, "--data", "tests/unit/main.cpp"]),
+}
+
+
+@pytest.mark.parametrize("np_, args", BAD.values(), ids=BAD.keys())
+def test_bad_input(lesson, np_, args):
+    lesson(L08, np_, *args).usage_error()
+
+
+def test_bad_input_resume_of_a_directory_with_no_checkpoint(lesson, tmp_path):
+    lesson(L08, 2, "--tp", 1, "--resume", tmp_path / "no-such-checkpoint").usage_error()
+
+
+@pytest.fixture
+def saved(lesson, tmp_path):
+    """A one-step checkpoint (dp2), its step directory."""
+    lesson(L08, 2, "--tp", 1, "--train", 1, "--save", tmp_path / "ck").ok()
+    return tmp_path / "ck" / "step-000001"
+
+
+def damage_at(path, offset, byte):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(byte)
+
+
+@pytest.mark.parametrize("damage", ["missing-file", "truncated-file", "crc-differs", "another-version", "another-model"])
+def test_bad_input_resume_of_a_damaged_or_other_checkpoint_names_what(lesson, saved, damage):
+    extra = []
+    if damage == "missing-file":
+        (saved / "head.exp_avg.npy").unlink()
+    elif damage == "truncated-file":
+        embed = saved / "embed.npy"
+        embed.write_bytes(embed.read_bytes()[:-4])
+    elif damage == "crc-differs":
+        damage_at(saved / "norm.npy", 200, b"\x01")
+    elif damage == "another-version":
+        manifest = saved / "manifest.json"
+        manifest.write_text(manifest.read_text().replace('"version": 2', '"version": 3'))
+    else:
+        extra = ["--dim", 32]  # the field named
+    lesson(L08, 2, "--tp", 1, *extra, "--train", 2, "--resume", saved).usage_error()
+
+
+def test_device_cuda(lesson, has_cuda):
+    if not has_cuda:
+        pytest.skip("no GPU here")
+    lesson(L08, 2, "--device", "cuda", "--train", 4).ok()
