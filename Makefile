@@ -376,9 +376,16 @@ bench: deps
 	@echo "lesson 09: decode tokens/s at batch 1 and 8 and the memory bandwidth a step uses (seed 002's measure), float32 and int8 weights"
 	bash tests/bench/bench_09_decode.sh $(BUILD)/bin/09_inference
 
+# make test: every test under pytest (tests/, pytest.ini; the doctest suites' cases as items),
+# TEST_JOBS at a time (pytest-xdist; default: one per core), the long ones first. L=NN: lesson NN's
+# tests only (its pytest file, its doctest cases, exercises, README blocks, bad input);
+# K=EXPR: pytest's -k EXPR. Ends with "N passed, N failed"; JUnit XML in $(BUILD)/test-results.xml.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST = $(PYTHON) -m pytest -n $(TEST_JOBS) -q --durations=10 --junitxml=$(BUILD)/test-results.xml \
+  $(if $(filter command line environment,$(origin L)),--lesson $(L)) $(if $(K),-k "$(K)")
 test: deps-test
 	@$(MAKE) $(SUBMAKE_FLAGS) build
-	@FF_TEST_LESSON=$(if $(filter command line environment,$(origin L)),$(L)) FF_TEST_K=$(K) bash scripts/run-tests.sh
+	@$(PYTEST)
 
 # everything that needs a GPU, in one report (build/gpu-check.txt); without a GPU: says so, exit 0
 gpu-check: deps
@@ -454,9 +461,15 @@ reference:
 # (the tests get the build's variables too: make grade builds the exercises with them)
 SANITIZE_VARS := BUILD=build/sanitize OPT=-O1 NO_CUDA=1 \
   SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+# Address, undefined-behaviour and leak errors fail the test. Open MPI keeps allocations for the
+# life of the process (scripts/lsan.supp names its libraries); the slow unwinder is needed so that
+# frames inside its dlopen'ed components can be matched by name.
+SANITIZE_RUNTIME := ASAN_OPTIONS=halt_on_error=1:fast_unwind_on_malloc=0 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 sanitize: deps
 	@$(MAKE) $(SUBMAKE_FLAGS) build $(SANITIZE_VARS)
-	@$(SANITIZE_VARS) SANITIZE=1 bash scripts/run-tests.sh
+	@$(SANITIZE_VARS) $(SANITIZE_RUNTIME) SANITIZE=1 $(PYTEST)
 
 clean:
 	rm -rf $(BUILD) plots/out
