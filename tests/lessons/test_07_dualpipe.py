@@ -11,12 +11,23 @@ L07 = "07_dualpipe"
 SCHEDULES = ["gpipe", "1f1b", "zb-h1", "zb-h2", "dualpipe", "dualpipev"]
 
 
+# The micro-batch counts of {2P, P, 2P+2, 7} each schedule allows at P stages (0: the default, 2P).
+# The four schedules on a line (gpipe, 1f1b, zb-h1, zb-h2) take every M; dualpipe needs P even and
+# M even >= 2P, dualpipev M >= 2P:
+#   P=1: 16 + dualpipev at M = 2, 4, 7                                  = 19
+#   P=2: 16 + dualpipe at M = 4, 6 + dualpipev at M = 4, 6, 7           = 21
+#   P=3: 16 + dualpipev at M = 6, 8, 7                                  = 19
+#   P=4: 16 + dualpipe at M = 8, 10 + dualpipev at M = 8, 10            = 20
+RUNS_PER_P = {1: 19, 2: 21, 3: 19, 4: 20}
+
+
+def candidate_m(p):
+    return [0, p, 2 * p + 2, 7]
+
+
 def allowed_m(schedule, p):
-    """The micro-batch counts of {2P (0: the default), P, 2P+2, 7} a schedule allows at P stages:
-    the four on a line take every M; dualpipe needs P even and M even >= 2P; dualpipev M >= 2P.
-    In all: P=1 19 runs, P=2 21, P=3 19, P=4 20."""
     out = []
-    for m in (0, p, 2 * p + 2, 7):
+    for m in candidate_m(p):
         real = m or 2 * p
         if schedule == "dualpipe" and not (p % 2 == 0 and real % 2 == 0 and real >= 2 * p):
             continue
@@ -26,13 +37,18 @@ def allowed_m(schedule, p):
     return out
 
 
-@pytest.mark.parametrize("np", [1, 2, 3, 4])
+# the table above, counted: the sweep below runs exactly these many runs per world size
+assert {p: sum(len(allowed_m(s, p)) for s in SCHEDULES) for p in RUNS_PER_P} == RUNS_PER_P
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_every_allowed_micro_batch_count_runs_and_equals_one_process(lesson, schedule, np):
-    # the program's own --print-schedule says which M it allows (its usage error otherwise): it must
-    # allow exactly these, so that a schedule skipped by mistake, or run where it should not, fails
+@pytest.mark.parametrize("np", [1, 2, 3, 4], ids=lambda p: f"P{p}")
+def test_every_allowed_micro_batch_count_runs_and_equals_one_process(lesson, np, schedule):
+    # The program's own --print-schedule says which M it allows (a usage error otherwise): it must
+    # allow exactly the table's, so that a schedule skipped by mistake, or run where it should not,
+    # fails. Each allowed M then runs on P ranks; loss and gradients == one process.
     want = allowed_m(schedule, np)
-    allowed = [m for m in (0, np, 2 * np + 2, 7)
+    allowed = [m for m in candidate_m(np)
                if lesson(L07, 1, "--print-schedule", "--schedule", schedule, "--stages", np, "--microbatches", m).rc == 0]
     assert allowed == want, f"{schedule} at P={np} allows M in {allowed}, want {want} (0: the default 2P)"
     for m in allowed:
@@ -58,26 +74,30 @@ def test_planted_bug_dualpipes_two_copies_not_summed_fails_the_check(lesson):
 
 
 def test_print_schedule_1f1b_is_warm_up_one_forward_one_backward_cool_down(lesson):
-    run = lesson(L07, 1, "--print-schedule", "--schedule", "1f1b", "--stages", 2, "--microbatches", 3)
+    run = lesson(L07, 1, "--print-schedule", "--schedule", "1f1b", "--stages", 2, "--microbatches", 3, separate=True)
     assert run.rc == 0, run.why("exit 0")
-    assert run.lines == ["rank 0: F0(0) F0(1) B0(0) F0(2) B0(1) B0(2)",
-                         "rank 1: F0(0) B0(0) F0(1) B0(1) F0(2) B0(2)"], run.why("1F1B's program for P=2, M=3")
+    # stdout alone, line for line
+    assert run.stdout.rstrip("\n").split("\n") == ["rank 0: F0(0) F0(1) B0(0) F0(2) B0(1) B0(2)",
+                                                   "rank 1: F0(0) B0(0) F0(1) B0(1) F0(2) B0(2)"], \
+        run.why("1F1B's program for P=2, M=3")
 
 
 def test_print_schedule_without_the_ranks_dualpipe_p8_m20_from_one_process(lesson):
-    run = lesson(L07, 1, "--print-schedule", "--schedule", "dualpipe", "--stages", 8, "--microbatches", 20)
+    run = lesson(L07, 1, "--print-schedule", "--schedule", "dualpipe", "--stages", 8, "--microbatches", 20, separate=True)
     assert run.rc == 0, run.why("exit 0")
     op = re.compile(r"^rank [0-7]:( [FBIW][01]\([0-9]+\)(&B[01]\([0-9]+\))?)+$")
-    bad = [x for x in run.lines if not op.match(x)]
-    assert not bad and len(run.lines) == 8, run.why(f"8 lines 'rank R: op ...'; these are not: {bad[:3]}")
+    lines = run.stdout.rstrip("\n").split("\n")
+    bad = [x for x in lines if not op.match(x)]
+    assert not bad and len(lines) == 8, run.why(f"8 lines 'rank R: op ...' on stdout; these are not: {bad[:3]}")
 
 
 def test_simulate_the_bubble_equals_table_2s_formula_on_every_row(lesson):
     # 6 rows (P = 4, 8 x M = 2P, 20, 64) per schedule. ZB-H2's formula (Qi et al.) counts iterations
     # run back to back; one iteration on its own adds the slant, (P-1)F = P-1 here.
-    run = lesson(L07, 1, "--simulate")
+    run = lesson(L07, 1, "--simulate", separate=True)
     assert run.rc == 0, run.why("exit 0")
-    rows = [x.split() for x in run.lines]
+    # the table's rows: nine or more fields, the seventh the formula "(P..."
+    rows = [x.split() for x in run.stdout.splitlines()]
     rows = [r for r in rows if len(r) >= 9 and r[6].startswith("(P")]
     zb = [r for r in rows if r[0] == "zb-h2"]
     others = [r for r in rows if r[0] != "zb-h2"]
