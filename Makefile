@@ -1,8 +1,9 @@
 # fivefold — one entry point. `make help` lists the targets.
 #
 #   make            install missing dependencies, build everything into build/ (lessons, tests)
-#   make test       build and run the whole test suite (ends with "N passed, N failed")
+#   make test       build and run the whole test suite with pytest (ends with "N passed, N failed")
 #   make test L=08  only lesson 08's tests; make test K=zero only the tests whose name says "zero"
+#                   (pytest's -k); TEST_JOBS=N tests at a time (default: one per core); tests/README.md
 #   make lessons    build the lessons, run each at its default rank count, with a summary table
 #   make run L=01 NP=4 ARGS="--rows 8"   build and run one lesson
 #   make exercise L=03   a lesson's exercises to write, in exercises/; make run L=03 EX=1 grades them
