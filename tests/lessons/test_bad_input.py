@@ -1,16 +1,14 @@
-"""The bad-input table: every lesson binary, every way a user (new or hostile) gets its input
-wrong. Each run must answer before any work: exit 2 on every rank, exactly one line on stderr and
-it starts with "error:", nothing on stdout (no backtrace, no "MPI_ABORT was invoked" banner, no
-narration), no output file left behind, and at -np 1 about as fast as --help (through
-MPI_Finalize, not an abort's grace period). A write that fails during the run (/dev/full) is one
-"error: cannot write ..." line and exit 1.
+"""The bad-input table: every lesson binary, every way a user (new or hostile) gets its input wrong.
+Each job must answer before any work: exit 2 on every rank, exactly one line on stderr and it starts
+with "error: ", nothing on stdout (no backtrace, no "MPI_ABORT was invoked" banner, no narration), no
+output file or .tmp- file left behind, and at -np 1 about as fast as --help (through MPI_Finalize,
+not an abort's grace period). A write that fails during the run (/dev/full) is one
+"error: cannot write ..." line and exit 1 on every rank.
 
-The speed rule: a usage error at -np 1 may take at most twice a clean `--help` exit of the same
-binary plus half a second (Open MPI's kill timer on a non-zero exit, 2 s without
---mca odls_base_sigkill_timeout 0, exceeds it). Other tests run beside this one, so both are
-measured in the same test, one right after the other: --help the faster of two runs, the usage
-error the fastest of three (a run the machine's load slowed is taken again; one that always
-waits for a timer fails every time).
+One test per row; each row is marked with its lesson, so that --lesson NN runs lesson NN's rows.
+Paths in a row's arguments: {d} is a directory of the lesson's own, {bi} the test's scratch
+directory, {plain} a regular file in it (to put paths under); every job runs in {bi}. {huge} stands
+for the lesson's sizes beyond memory.
 """
 import os
 import re
@@ -18,122 +16,146 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_command
-
-NP = {"01_online_softmax": 3, "02_ring_attention": 3, "03_smoe": 1, "04_gshard": 2, "05_deepseek_moe": 2,
-      "06_overlap": 2, "07_dualpipe": 2, "08_mesh": 2}
-# flags whose sizes pass every range check but not memory
-HUGE = {
-    "01_online_softmax": "--rows 4096 --cols 4194304",
-    "02_ring_attention": "--seq 65536 --dim 1024",
-    "03_smoe": "--batch 4096 --tokens 65536 --dim 4096",
-    "04_gshard": "--batch 4096 --tokens 65536 --dim 4096",
-    "05_deepseek_moe": "--batch 4096 --tokens 65536 --dim 4096",
-    "06_overlap": "--tokens 16384 --dim 4096 --ffn 16384",
-    "07_dualpipe": "--layers 4096 --dim 4096 --rows 65536",
-    "08_mesh": "--dim 4096 --layers 64 --batch 4096 --seq 1024",
+# lesson binary, its world size in the table, and flags whose sizes pass every range check but not memory
+LESSONS = {
+    "01_online_softmax": (3, ["--rows", "4096", "--cols", "4194304"]),
+    "02_ring_attention": (3, ["--seq", "65536", "--dim", "1024"]),
+    "03_smoe": (1, ["--batch", "4096", "--tokens", "65536", "--dim", "4096"]),
+    "04_gshard": (2, ["--batch", "4096", "--tokens", "65536", "--dim", "4096"]),
+    "05_deepseek_moe": (2, ["--batch", "4096", "--tokens", "65536", "--dim", "4096"]),
+    "06_overlap": (2, ["--tokens", "16384", "--dim", "4096", "--ffn", "16384"]),
+    "07_dualpipe": (2, ["--layers", "4096", "--dim", "4096", "--rows", "65536"]),
+    "08_mesh": (2, ["--dim", "4096", "--layers", "64", "--batch", "4096", "--seq", "1024"]),
 }
-BANNER = re.compile(r"MPI_ABORT|backtrace|terminate called|core dumped", re.I)
 
+# every lesson: (id, want exit, world size (None: the lesson's), environment, output file, arguments)
+EVERY_LESSON = [
+    ("csv-a-directory-given-as-the-file", 2, None, {}, None, ["--csv", "{d}"]),
+    ("trace-a-directory", 2, None, {}, None, ["--trace", "{d}"]),
+    ("trace-then-a-flag-taken-for-the-file", 2, None, {}, "--seed", ["--trace", "--seed", "3"]),
+    ("csv-its-file-missing-at-the-end", 2, None, {}, None, ["--csv"]),
+    ("dump-under-a-regular-file", 2, None, {}, None, ["--dump", "{plain}/dump"]),
+    ("csv-under-a-regular-file", 2, None, {}, None, ["--csv", "{plain}/x.csv"]),
+    ("dump-an-existing-regular-file", 2, None, {}, None, ["--dump", "{plain}"]),
+    ("trace-where-nothing-can-be-created-proc", 2, None, {}, None, ["--trace", "/proc/fivefold/t.json"]),
+    ("trace-and-csv-the-same-file", 2, None, {}, "{d}/same", ["--trace", "{d}/same", "--csv", "{d}/same"]),
+    ("device-nope", 2, None, {}, None, ["--device", "nope"]),
+    ("backend-gloo", 2, None, {}, None, ["--backend", "gloo"]),
+    ("backend-nccl-with-the-tensors-on-cpu", 2, None, {}, None, ["--backend", "nccl", "--device", "cpu"]),
+    ("seed-negative", 2, None, {}, None, ["--seed", "-1"]),
+    ("timeout-0", 2, None, {}, None, ["--timeout", "0"]),
+    ("max-memory-negative", 2, None, {}, None, ["--max-memory", "-1"]),
+    ("seed-1e3-not-an-integer", 2, None, {}, None, ["--seed", "1e3"]),
+    ("unknown-flag", 2, None, {}, None, ["--nope"]),
+    ("seed-an-empty-value", 2, None, {}, None, ["--seed="]),
+    ("SIMT_SEED-abc", 2, None, {"SIMT_SEED": "abc"}, None, []),
+    ("SIMT_RACECHECK-yes", 2, None, {"SIMT_RACECHECK": "yes"}, None, ["--device", "sim"]),
+    ("sizes-within-the-flags-ranges-beyond-memory", 2, None, {}, "{d}/huge.csv", ["{huge}", "--csv", "{d}/huge.csv"]),
+    ("usage-error-at-np-1-leaves-as-fast-as-help", 2, 1, {}, None, ["--device", "nope"]),
+]
 
-class Row:
-    """One invocation: its name, the exit code wanted, the rank count, extra environment, the output
-    file it must not leave ("" none), the binary and its arguments ({dir}: the lesson's scratch
-    directory, {plain}: a regular file, {tmp}: the scratch root)."""
-
-    def __init__(self, name, want, np_, env, out, binary, args):
-        self.name, self.want, self.np, self.env, self.out, self.binary, self.args = name, want, np_, env, out, binary, args
+# rows of one lesson: (lesson binary, id, want exit, world size, environment, output file, arguments)
+ONE_LESSON = [
+    ("07_dualpipe", "simulate-csv-a-directory", 2, 1, {}, None, ["--simulate", "--csv", "{bi}"]),
+    ("07_dualpipe", "cost-F-1-trailing-comma", 2, 1, {}, None, ["--simulate", "--cost", "F=1,"]),
+    ("07_dualpipe", "cost-F-inf", 2, 1, {}, None, ["--simulate", "--cost", "F=inf"]),
+    ("07_dualpipe", "cost-B-nan", 2, 1, {}, None, ["--simulate", "--cost", "B=nan"]),
+    ("07_dualpipe", "cost-with-unit-ms-beyond-a-minute", 2, 2, {}, None, ["--cost", "F=100", "--unit-ms", "1000"]),
+    # a write that fails during the run: one line naming the file, exit 1 on every rank
+    ("01_online_softmax", "csv-dev-full-the-lost-write-is-an-error", 1, 3, {}, "/dev/full", ["--csv", "/dev/full", "--reps", "1"]),
+    ("02_ring_attention", "trace-dev-full", 1, 2, {}, "/dev/full", ["--trace", "/dev/full"]),
+    ("03_smoe", "csv-dev-full", 1, 1, {}, "/dev/full", ["--csv", "/dev/full"]),
+    ("04_gshard", "bench-csv-dev-full", 1, 2, {}, "/dev/full", ["--bench", "--reps", "1", "--csv", "/dev/full"]),
+    ("06_overlap", "csv-dev-full", 1, 2, {}, "/dev/full", ["--reps", "1", "--microbatches", "2", "--csv", "/dev/full"]),
+    ("06_overlap", "gflops-so-low-a-phase-outlasts-the-watchdog", 2, 2, {}, None, ["--gflops", "0.001"]),
+    ("07_dualpipe", "simulate-csv-dev-full", 1, 1, {}, "/dev/full", ["--simulate", "--csv", "/dev/full"]),
+    ("08_mesh", "csv-dev-full", 1, 2, {}, "/dev/full", ["--train", "1", "--csv", "/dev/full"]),
+    ("08_mesh", "data-a-missing-file", 2, 2, {}, None, ["--data", "{bi}/no_such_text.txt"]),
+]
 
 
 def rows():
-    out = []
-    for L, np_ in NP.items():
-        def add(what, args, np_=np_, env=None, out_file="", want=2):
-            out.append(Row(f"{L} {what}", want, np_, env or {}, out_file, L, args))
-        add("--csv DIR (a directory given as a FILE)", "--csv {dir}")
-        add("--trace DIR", "--trace {dir}")
-        add("--trace --seed 3 (a flag taken for the FILE)", "--trace --seed 3", out_file="./--seed")
-        add("--csv FILE (missing at the end)", "--csv")
-        add("--dump under a regular file", "--dump {plain}/dump")
-        add("--csv under a regular file", "--csv {plain}/x.csv")
-        add("--dump an existing regular file", "--dump {plain}")
-        add("--trace where nothing can be created (/proc)", "--trace /proc/fivefold/t.json")
-        add("--trace and --csv the same file", "--trace {dir}/same --csv {dir}/same", out_file="{dir}/same")
-        add("--device nope", "--device nope")
-        add("--backend gloo", "--backend gloo")
-        add("--backend nccl with the tensors on cpu", "--backend nccl --device cpu")
-        add("--seed -1", "--seed -1")
-        add("--timeout 0", "--timeout 0")
-        add("--max-memory -1", "--max-memory -1")
-        add("--seed 1e3 (not an integer)", "--seed 1e3")
-        add("unknown flag", "--nope")
-        add("--seed= (an empty value)", "--seed=")
-        add("SIMT_SEED=abc", "", env={"SIMT_SEED": "abc"})
-        add("SIMT_RACECHECK=yes", "--device sim", env={"SIMT_RACECHECK": "yes"})
-        add("sizes within the flags' ranges, beyond memory", HUGE[L] + " --csv {dir}/huge.csv", out_file="{dir}/huge.csv")
-        add("usage error at -np 1 leaves as fast as --help", "--device nope", np_=1)
-    table = [
-        ("07_dualpipe --simulate --csv DIR", 2, 1, "", "07_dualpipe", "--simulate --csv {tmp}"),
-        ("07_dualpipe --cost F=1, (trailing comma)", 2, 1, "", "07_dualpipe", "--simulate --cost F=1,"),
-        ("07_dualpipe --cost F=inf", 2, 1, "", "07_dualpipe", "--simulate --cost F=inf"),
-        ("07_dualpipe --cost B=nan", 2, 1, "", "07_dualpipe", "--simulate --cost B=nan"),
-        ("07_dualpipe --cost x --unit-ms beyond a minute", 2, 2, "", "07_dualpipe", "--cost F=100 --unit-ms 1000"),
-        # a write that fails during the run: one line naming the file, exit 1 on every rank
-        ("01 --csv /dev/full: the lost write is an error", 1, 3, "/dev/full", "01_online_softmax", "--csv /dev/full --reps 1"),
-        ("02 --trace /dev/full", 1, 2, "/dev/full", "02_ring_attention", "--trace /dev/full"),
-        ("03 --csv /dev/full", 1, 1, "/dev/full", "03_smoe", "--csv /dev/full"),
-        ("04 --bench --csv /dev/full", 1, 2, "/dev/full", "04_gshard", "--bench --reps 1 --csv /dev/full"),
-        ("06 --csv /dev/full", 1, 2, "/dev/full", "06_overlap", "--reps 1 --microbatches 2 --csv /dev/full"),
-        ("06 --gflops so low a phase outlasts the watchdog", 2, 2, "", "06_overlap", "--gflops 0.001"),
-        ("07 --simulate --csv /dev/full", 1, 1, "/dev/full", "07_dualpipe", "--simulate --csv /dev/full"),
-        ("08 --csv /dev/full", 1, 2, "/dev/full", "08_mesh", "--train 1 --csv /dev/full"),
-        ("08 --data a missing file", 2, 2, "", "08_mesh", "--data {tmp}/no_such_text.txt"),
-    ]
-    out += [Row(name, want, np_, {}, out_file, binary, args) for name, want, np_, out_file, binary, args in table]
-    return [pytest.param(r, id=r.name, marks=pytest.mark.lesson(r.binary[:2])) for r in out]
+    def sized(name, args):  # {huge}: the lesson's sizes beyond memory
+        return sum((LESSONS[name][1] if a == "{huge}" else [a] for a in args), [])
+    table = [(name, slug, want, np_ or LESSONS[name][0], env, out, sized(name, args))
+             for name in LESSONS for slug, want, np_, env, out, args in EVERY_LESSON] + ONE_LESSON
+    return [pytest.param(*row, marks=pytest.mark.lesson(row[0][:2]), id=f"{row[0]}-{row[1]}") for row in table]
+
+
+ABORT = re.compile(r"MPI_ABORT|backtrace|terminate called|core dumped", re.I)
+ATTEMPTS = 3  # runs of a usage error at -np 1 against --help's time: the fastest counts
 
 
 @pytest.fixture(scope="session")
-def scratch(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bad_input")
-    (root / "plain_file").write_text("")  # a regular file, to put paths under
-    for L in NP:
-        (root / L).mkdir()
-    return root
+def help_ms(command, mpirun, build):
+    """help_ms(name): the time (ms) of a clean `--help` exit of lesson NAME at -np 1, the fastest of
+    three runs, measured once per worker."""
+    cache = {}
+
+    def measure(name):
+        if name not in cache:
+            times = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                run = command(mpirun + ["-np", "1", os.path.join(build, "bin", name), "--help"])
+                times.append((time.monotonic() - t0) * 1000)
+                assert run.rc == 0, run.why("--help exits 0")
+            cache[name] = min(times)
+        return cache[name]
+    return measure
 
 
-def timed(argv, env=None):
-    start = time.monotonic()
-    run = run_command(argv, env=env, timeout=60, separate=True)
-    return run, (time.monotonic() - start) * 1000
+def describe(run, ms, what):
+    head = lambda text: "\n".join("    | " + x for x in text.splitlines()[:5])
+    return (f"{what}\n  command: {' '.join(run.cmd)}\n  exit {run.rc} after {ms:.0f} ms\n"
+            f"  stdout:\n{head(run.stdout)}\n  stderr:\n{head(run.stderr)}")
 
 
-@pytest.mark.parametrize("row", rows())
-def test_bad_input(row, mpirun, build, scratch):
-    fill = {"dir": scratch / row.binary, "plain": scratch / "plain_file", "tmp": scratch}
-    args = [a.format(**fill) for a in row.args.split()]
-    out_file = os.path.join(ROOT, row.out.format(**fill)) if row.out else ""  # (the runs' directory: ROOT)
-    binary = os.path.join(build, "bin", row.binary)
-    exported = sum((["-x", k] for k in row.env), [])
-    argv = mpirun + exported + ["-np", str(row.np), binary] + args
-    run, ms = timed(argv, row.env)
-    what = f"{row.name}: exit {row.want}, one `error:` line on stderr, nothing else"
-    assert run.rc == row.want, run.why(f"{what}; got exit {run.rc}")
-    errors = [x for x in run.stderr.splitlines() if x.strip()]
-    assert len(errors) == 1 and errors[0].startswith("error: "), run.why(f"{what}; stderr has {len(errors)} lines")
-    if row.want == 2:
-        assert not run.stdout, run.why(f"{what}; stdout is not empty")
-    assert not BANNER.search(run.out), run.why(f"{what}; an abort banner or backtrace")
-    if out_file and out_file != "/dev/full":
-        assert not (os.path.exists(out_file) and not os.path.isdir(out_file)), run.why(f"left the output file {out_file}")
-        parent = os.path.dirname(out_file) or "."
-        assert not any(".tmp-" in n for n in os.listdir(parent)), run.why(f"left a temporary file in {parent}")
-    if row.np == 1 and row.want == 2:
-        help_ms = min(timed(mpirun + ["-np", "1", binary, "--help"])[1] for _ in range(2))
-        limit = 2 * help_ms + 500
-        for _ in range(2):  # a run the load slowed is taken again
-            if ms <= limit:
+@pytest.mark.parametrize("name, slug, want, np_, env, out, args", rows())
+def test_bad_input_is_one_error_line_and_nothing_else(command, mpirun, build, help_ms, tmp_path,
+                                                       name, slug, want, np_, env, out, args):
+    bi, d, plain = tmp_path, tmp_path / name, tmp_path / "plain_file"
+    d.mkdir()
+    plain.touch()
+    fill = {"bi": bi, "d": d, "plain": plain}
+    argv = [a.format(**fill) for a in args]
+    out = os.path.join(bi, out.format(**fill)) if out else None  # relative: in the job's directory
+    cmd = mpirun + ["-np", str(np_), os.path.join(build, "bin", name)] + argv
+
+    def attempt():
+        t0 = time.monotonic()
+        run = command(cmd, env=env, cwd=bi, timeout=60, separate=True)
+        ms = (time.monotonic() - t0) * 1000
+        assert run.rc == want, describe(run, ms, f"exit {want} on every rank")
+        errs = [x for x in run.stderr.splitlines() if x]
+        assert len(errs) == 1 and errs[0].startswith("error: "), describe(run, ms, "one line on stderr, `error: ...`")
+        if out == "/dev/full":
+            assert errs[0].startswith("error: cannot write"), describe(run, ms, "the lost write named: `error: cannot write ...`")
+        if want == 2:
+            assert run.stdout == "", describe(run, ms, "nothing on stdout")
+        assert not ABORT.search(run.stdout + run.stderr), describe(run, ms, "no abort banner or backtrace")
+        if out:
+            if out != "/dev/full":
+                assert not os.path.exists(out) or os.path.isdir(out), describe(run, ms, f"the output file {out} not left")
+            left = [f for f in os.listdir(os.path.dirname(out)) if ".tmp-" in f]
+            assert not left, describe(run, ms, f"no temporary file left in {os.path.dirname(out)}: {left}")
+        return run, ms
+
+    run, ms = attempt()
+    if np_ == 1 and want == 2:
+        # How fast a usage error must leave, relative to this machine and build (ASan is slow): a clean
+        # --help exit of the same binary at -np 1, doubled (other tests run beside it), plus half a
+        # second. Open MPI's kill timer on a non-zero exit (2 s, without --mca
+        # odls_base_sigkill_timeout 0) exceeds it. Under pytest-xdist the other workers' tests run
+        # beside this one, so both sides are best cases: --help's time is the fastest of three runs
+        # (help_ms), and the usage error's the fastest of up to ATTEMPTS runs, each held to the whole
+        # contract above; a busy neighbour delays a run, it cannot make a slow exit pass.
+        limit = 2 * help_ms(name) + 500
+        best = ms
+        for _ in range(ATTEMPTS - 1):
+            if best <= limit:
                 break
-            ms = min(ms, timed(argv, row.env)[1])
-        assert ms <= limit, run.why(f"took {ms:.0f} ms at -np 1, more than {limit:.0f} ms "
-                                    f"(twice --help's {help_ms:.0f} ms + 500): a usage error leaves as fast as --help")
+            run, ms = attempt()
+            best = min(best, ms)
+        assert best <= limit, describe(run, best, f"at -np 1 within {limit:.0f} ms (2 x --help's "
+                                                  f"{help_ms(name):.0f} ms + 500): a usage error leaves as fast as --help")
