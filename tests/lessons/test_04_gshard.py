@@ -34,27 +34,28 @@ def test_the_three_all_to_alls_give_the_same_bits(lesson, tmp_path):
         lesson(L04, 3, "--experts", 6, "--starve", 2, "--a2a", a2a, "--dump", tmp_path / a2a).ok()
     for f in ["y", "dx", "aux_loss", "d_router_w", "d_router_b", "d_experts_w1", "d_experts_w2", "d_experts_w3",
               "topk_idx"]:
-        want = (tmp_path / "ordered" / f"{f}.npy").read_bytes()
+        files = {a2a: tmp_path / a2a / f"{f}.npy" for a2a in A2AS}
+        missing = [str(x) for x in files.values() if not x.is_file()]
+        assert not missing, f"dumped by every all-to-all: {missing}"
+        want = files["ordered"].read_bytes()
         for a2a in ["async", "library"]:
-            assert (tmp_path / a2a / f"{f}.npy").read_bytes() == want, f"{f}.npy: {a2a} differs from ordered"
+            assert files[a2a].read_bytes() == want, f"{f}.npy: {a2a} differs from ordered"
 
 
 def test_trace_the_all_to_alls_spans_nest(lesson, script, tmp_path):
     trace = tmp_path / "t04.json"
     lesson(L04, 4, "--a2a", "async", "--trace", trace).ok()
-    script("scripts/check-trace.py", trace, "-", 4).has(r"^trace ok: 4 ranks, [0-9]+ spans, [1-9][0-9]* flights")
+    script("scripts/check-trace.py", trace, "-", 4).succeeds(r"^trace ok: 4 ranks, [0-9]+ spans, [1-9][0-9]* flights")
 
 
 def test_dump_numpy_recomputes_the_layer_on_all_ranks_tokens(lesson, script, tmp_path):
     d = tmp_path / "d04"
     lesson(L04, 3, "--experts", 6, "--starve", 2, "--a2a", "async", "--dump", d).ok()
-    script("tests/check_dump_03.py", d).has("^dump ok")  # lesson 03's check
+    script("tests/check_dump_03.py", d).succeeds("^dump ok")  # lesson 03's check
 
 
 def test_bench_times_the_three_as_ratios_to_mpi_alltoallv(lesson):
-    run = lesson(L04, 3, "--bench", "--reps", 2)
-    assert run.rc == 0, run.why("--bench exits 0")
-    run.has("ordered/lib")
+    lesson(L04, 3, "--bench", "--reps", 2).succeeds("ordered/lib")
 
 
 @pytest.mark.parametrize("np, args", [
@@ -63,7 +64,7 @@ def test_bench_times_the_three_as_ratios_to_mpi_alltoallv(lesson):
     (2, ["--experts", "4", "--topk", "6"]),   # --topk larger than --experts
 ], ids=["n-not-multiple-of-p", "a2a-typo", "topk-over-experts"])
 def test_bad_input(lesson, np, args):
-    lesson(L04, np, *args).usage_error()
+    lesson(L04, np, *args, timeout=60).usage_error()
 
 
 def test_device_sim_runs_the_moe_kernels_under_the_emulator(lesson):

@@ -9,8 +9,15 @@ import pytest
 
 L05 = "05_deepseek_moe"
 A2AS = ["hierarchical", "flat"]
-# a row of the capacity table: expert, load, capacity, kept, dropped, moved, ... (8 numbers)
+# a row of the capacity table: expert, capacity, demand, overflow, dropped, moved out, moved in, load
 TABLE_ROW = re.compile(r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$", re.M)
+
+
+def stdout_has(run, pattern):
+    """The first match of a regular expression (multiline) in the run's stdout alone (separate=True)."""
+    m = re.search(pattern, run.stdout, re.M)
+    assert m, run.why(f"expected stdout to match /{pattern}/")
+    return m
 
 
 @pytest.mark.parametrize("np", [1, 2, 4, 8])
@@ -38,11 +45,12 @@ def test_capacity_drop_and_next_best(lesson):
 
 
 def test_capacity_table_overflow_dropped_or_moved(lesson):
-    # capacity 0.8: some expert drops tokens (its 4th and 5th columns non-zero)
-    lesson(L05, 4, "--capacity-factor", 0.8).has(r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[1-9][0-9]* +[1-9]")
+    # capacity 0.8 (overflow drop): some expert overflows and drops (its overflow and dropped columns non-zero)
+    run = lesson(L05, 4, "--capacity-factor", 0.8, separate=True).ok()
+    stdout_has(run, r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[1-9][0-9]* +[1-9]")
     # capacity 1.2 with next-best: tokens moved, none dropped
-    run = lesson(L05, 4, "--capacity-factor", 1.2, "--overflow", "next-best")
-    rows = [list(map(int, m.group(0).split())) for m in TABLE_ROW.finditer(run.out)]
+    run = lesson(L05, 4, "--capacity-factor", 1.2, "--overflow", "next-best", separate=True).ok()
+    rows = [list(map(int, m.group(0).split())) for m in TABLE_ROW.finditer(run.stdout)]
     assert rows, run.why("the capacity table")
     assert sum(r[5] for r in rows) > 0, run.why("tokens moved to their next-best expert")
     assert sum(r[4] for r in rows) == 0, run.why("nothing dropped while room is left")
@@ -53,9 +61,10 @@ def test_flat_and_hierarchical_dumps_agree(lesson, script, tmp_path):
         lesson(L05, 8, "--capacity-factor", 0.8, "--overflow", "next-best", "--a2a", a2a, "--dump", tmp_path / a2a).ok()
     for f in ["x", "dy", "topk_idx", "kept", "gates", "router_w", "bias", "experts_w1", "experts_w2", "experts_w3",
               "shared_w1", "shared_w2", "shared_w3"]:
-        assert (tmp_path / "flat" / f"{f}.npy").read_bytes() == (tmp_path / "hierarchical" / f"{f}.npy").read_bytes(), \
-            f"{f}.npy: the routing and expert rows byte-identical"
-    script("tests/check_dump_05.py", tmp_path / "flat", tmp_path / "hierarchical").has("^dumps ok")
+        flat, hier = tmp_path / "flat" / f"{f}.npy", tmp_path / "hierarchical" / f"{f}.npy"
+        assert flat.is_file() and hier.is_file(), f"{f}.npy dumped by both all-to-alls"
+        assert flat.read_bytes() == hier.read_bytes(), f"{f}.npy: the routing and expert rows byte-identical"
+    script("tests/check_dump_05.py", tmp_path / "flat", tmp_path / "hierarchical").succeeds("^dumps ok")
 
 
 def test_aux_count_selected_counts_the_layers_selection(lesson, script, tmp_path):
@@ -63,13 +72,18 @@ def test_aux_count_selected_counts_the_layers_selection(lesson, script, tmp_path
     lesson(L05, 4, "--aux-count", "selected", "--dump", d).ok()
     run = script("tests/check_dump_05.py", d)
     assert run.rc == 0, run.why("numpy recomputes the dump")
-    a = lesson(L05, 4).ok().has(r"^.*balance loss.*$").group(0)
-    b = lesson(L05, 4, "--aux-count", "selected").ok().has(r"^.*balance loss.*$").group(0)
-    assert a != b, f"the selected count differs from the report's: {a!r}"
+    # every `balance loss` line on stdout, without and with --aux-count selected: some, and not the same
+    lines = []
+    for args in ([], ["--aux-count", "selected"]):
+        run = lesson(L05, 4, *args, separate=True).ok()
+        lines.append([x for x in run.stdout.splitlines() if "balance loss" in x])
+        assert lines[-1], run.why("a `balance loss` line on stdout")
+    assert lines[0] != lines[1], f"the selected count differs from the report's: {lines[0]!r}"
 
 
 def test_train_on_8_ranks_equals_one_process(lesson):
-    lesson(L05, 8, "--train", 20, "--log-every", 5).ok().has(r"the bias is the same on every rank  *PASS")
+    run = lesson(L05, 8, "--train", 20, "--log-every", 5, separate=True).ok()
+    stdout_has(run, r"the bias is the same on every rank  *PASS")
 
 
 def test_train_balance_aux_and_none_equal_one_process(lesson):
@@ -79,17 +93,21 @@ def test_train_balance_aux_and_none_equal_one_process(lesson):
 
 def test_train_planted_bias_update_bugs_run_and_are_named(lesson):
     for bug in ["ema-zero-init", "bias-peek"]:
-        run = lesson(L05, 2, "--train", 20, "--bug", bug)
+        run = lesson(L05, 2, "--train", 20, "--bug", bug, separate=True)
         assert run.rc == 0, run.why("a training bug runs to the end")
-        run.has(f"planted: {bug}")
+        stdout_has(run, f"planted: {bug}")
 
 
 def test_train_balance_bias_is_deepseek_v3s(lesson):
-    a = lesson(L05, 4, "--train", 3, "--log-every", 1).ok()
-    a.has(r"balance bias \+ sequence-wise loss \(alpha 0\.0001\)")
-    a.has(r"^ +0 +[0-9.]+ +0\.000[1-9]")
-    b = lesson(L05, 4, "--train", 3, "--log-every", 1, "--seq-alpha", 0).ok()
-    b.has(r"^ +0 +[0-9.]+ +0\.00000 ")
+    # the default: the bias and the sequence-wise loss (alpha 0.0001, its step-0 value in the log);
+    # --seq-alpha 0: the bias alone (the loss 0); each equals one process (one `check: PASS` each)
+    a = lesson(L05, 4, "--train", 3, "--log-every", 1, separate=True).ok()
+    assert "balance bias + sequence-wise loss (alpha 0.0001)" in a.stdout, a.why("the balance named on stdout")
+    stdout_has(a, r"^ +0 +[0-9.]+ +0\.000[1-9]")
+    b = lesson(L05, 4, "--train", 3, "--log-every", 1, "--seq-alpha", 0, separate=True).ok()
+    stdout_has(b, r"^ +0 +[0-9.]+ +0\.00000 ")
+    for run in (a, b):
+        assert len(re.findall(r"^check: PASS", run.stdout, re.M)) == 1, run.why("exactly one `check: PASS` line")
 
 
 @pytest.mark.parametrize("bug", ["bias-grad", "no-renorm", "no-shared-grad"])
@@ -98,15 +116,13 @@ def test_planted_bug_fails_the_check(lesson, bug):
 
 
 def test_help_lists_every_flag_with_its_default(lesson):
-    run = lesson(L05, 1, "--help")
-    assert run.rc == 0, run.why("--help exits 0")
-    run.has(r"--ranks-per-node N .*\(default: 2\)")
+    lesson(L05, 1, "--help").succeeds(r"--ranks-per-node N .*\(default: 2\)")
 
 
 def test_trace_spans_nest_on_every_track(lesson, script, tmp_path):
     trace = tmp_path / "t05.json"
     lesson(L05, 4, "--trace", trace).ok()
-    script("scripts/check-trace.py", trace, "-", 4).has("^trace ok: 4 ranks")
+    script("scripts/check-trace.py", trace, "-", 4).succeeds("^trace ok: 4 ranks")
 
 
 def test_link_bytes_equal_the_routing_maps_both_timed_under_the_model(lesson):
@@ -136,7 +152,7 @@ def test_link_bytes_equal_the_routing_maps_both_timed_under_the_model(lesson):
         "r-not-dividing-p", "capacity-0", "capacity-negative", "a2a-typo", "link-malformed", "link-unknown-key",
         "training-bug-without-train"])
 def test_bad_input(lesson, np, args):
-    lesson(L05, np, *args).usage_error()
+    lesson(L05, np, *args, timeout=60).usage_error()
 
 
 def test_device_sim_runs_the_layers_kernels_under_the_emulator(lesson):

@@ -22,6 +22,46 @@ def same_files(a, b, pattern="*.npy"):
     return len(names)
 
 
+def same_tree(a, b):
+    """Two directories with the same paths and every file byte-identical (diff -r); the file count."""
+    def paths(d):
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    pa, pb = paths(a), paths(b)
+    assert pa == pb, f"{a} and {b} hold different paths: only in the first {sorted(set(pa) - set(pb))[:10]}, " \
+                     f"only in the second {sorted(set(pb) - set(pa))[:10]}"
+    files = [x for x in pa if (a / x).is_file()]
+    _, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
+    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
+    return len(files)
+
+
+def stdout_has(run, pattern):
+    """The first match of a regular expression (multiline) in the run's stdout alone (separate=True)."""
+    m = re.search(pattern, run.stdout, re.M)
+    assert m, run.why(f"expected stdout to match /{pattern}/")
+    return m
+
+
+def passes_on_stdout(run):
+    """Exit 0, `check: PASS`, and that line on stdout."""
+    run.ok()
+    return stdout_has(run, r"^check: PASS")
+
+
+def sed_range(text, start, end):
+    """The lines sed -n '/start/,/end/p' prints: from a line matching start through the next line
+    matching end (or the last line), again at every later start."""
+    out, inside = [], False
+    for line in text.rstrip("\n").split("\n"):
+        if inside:
+            out.append(line)
+            inside = not re.search(end, line)
+        elif re.search(start, line):
+            out.append(line)
+            inside = True
+    return "\n".join(out)
+
+
 # (np, args) runs that must all PASS, one test each (the old suite's checks)
 MESHES = {
     "one-process": [(1, ["--train", 6])],
@@ -114,10 +154,12 @@ def test_planted_bug_fails_the_check(lesson, np_, args, broken):
 
 
 def test_planted_bug_a_bucket_reduced_before_its_last_gradient(lesson):
-    # dp2 ZeRO-2, dp2 x tp2 SP ZeRO-0, dp2 ZeRO-1
-    for np_, args in ((2, ["--tp", 1, "--zero", 2]), (4, ["--zero", 0]), (2, ["--tp", 1, "--zero", 1])):
-        lesson(L08, np_, *args, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2).fails() \
-            .has(r"gradient of every weight .*FAIL")
+    # dp2 ZeRO-2 and dp2 x tp2 SP ZeRO-0: the gradients' check FAILs on stdout; dp2 ZeRO-1: the mean's
+    for np_, args in ((2, ["--tp", 1, "--zero", 2]), (4, ["--zero", 0])):
+        run = lesson(L08, np_, *args, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2, separate=True).fails()
+        stdout_has(run, r"gradient of every weight .*FAIL")
+    lesson(L08, 2, "--tp", 1, "--zero", 1, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2).fails() \
+        .has(r"mean gradient of every weight .*FAIL")
 
 
 def test_dualpipev_and_dualpipe_with_ep_overlapped_pairs_give_the_sequential_bits(lesson, tmp_path):
@@ -126,10 +168,10 @@ def test_dualpipev_and_dualpipe_with_ep_overlapped_pairs_give_the_sequential_bit
         for ov in ("on", "off"):
             dumps[ov] = tmp_path / f"d08ov_{schedule}{ov}"
             run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", schedule, "--layers", 4, "--train", 2,
-                         "--overlap", ov, "--dump", dumps[ov]).ok()
+                         "--overlap", ov, "--dump", dumps[ov], separate=True).ok()
             if ov == "on":
-                run.has(r"^  overlap: [1-9][0-9]* hand-overs")
-        same_files(dumps["on"], dumps["off"], "*")
+                stdout_has(run, r"^  overlap: [1-9][0-9]* hand-overs")
+        same_tree(dumps["on"], dumps["off"])
 
 
 def test_the_cpu_matmuls_kernels_for_each_instruction_set_give_the_same_bits(lesson, tmp_path):
@@ -138,46 +180,54 @@ def test_the_cpu_matmuls_kernels_for_each_instruction_set_give_the_same_bits(les
     for isa in ("best", "avx2", "portable"):
         dumps[isa] = tmp_path / f"d08isa_{isa}"
         lesson(L08, 2, "--train", 3, "--dump", dumps[isa], env={"FF_CPU_ISA": isa}).ok()
+    n = len(list(dumps["best"].glob("*.npy")))
+    assert n > 100, f"{n} .npy files in {dumps['best']}, want more than 100"
     for isa in ("avx2", "portable"):
-        assert same_files(dumps["best"], dumps[isa], "*") > 100
+        same_tree(dumps["best"], dumps[isa])
 
 
 def test_link_model_on_the_16_rank_mesh_and_under_dualpipev_with_ep(lesson):
-    run = lesson(L08, 16, "--train", 2, "--link", "intra=1GB/s,inter=200MB/s").ok()
-    run.has(r"^modelled links: intra-node 1 GB/s, inter-node 200 MB/s")
-    run.has("links modelled")
+    run = lesson(L08, 16, "--train", 2, "--link", "intra=1GB/s,inter=200MB/s", separate=True).ok()
+    stdout_has(run, r"^modelled links: intra-node 1 GB/s, inter-node 200 MB/s")
+    stdout_has(run, "links modelled")
     lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", "dualpipev", "--layers", 4, "--train", 2,
            "--link", "inter=100MB/s").ok()
 
 
 @pytest.mark.long
 def test_the_5d_mesh_on_16_ranks_the_default_and_the_same_by_flags(lesson):
-    run = lesson(L08, 16, "--train", 3).ok()
-    run.has(r"^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded")
-    run.has(r"^model: .* 3 layers \(1 dense, 2 MoE")
-    run.has(r"^  ep: ")
+    run = lesson(L08, 16, "--train", 3, separate=True).ok()
+    stdout_has(run, r"^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded")
+    stdout_has(run, r"^model: .* 3 layers \(1 dense, 2 MoE")
+    stdout_has(run, r"^  ep: ")
     lesson(L08, 16, "--dp", 2, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 2, "--train", 3).ok()
 
 
 def test_the_communication_counted_per_axis_equals_the_formula_printed_next_to_it(lesson):
-    run = lesson(L08, 4, "--train", 2)
+    # stdout: the one line "  tp: ..." and the line after it, "formula: ...", say the same (so for dp)
+    run = lesson(L08, 4, "--train", 2, separate=True)
     assert run.rc == 0, run.why("exit 0")
+    lines = run.stdout.split("\n")
     for axis in ("tp", "dp"):
-        counted = run.has(rf"^  {axis}: *(.*)\n *formula: *(.*)$")
-        assert counted.group(1).strip() == counted.group(2).strip(), run.why(f"{axis}: counted != formula")
+        at = [i for i, x in enumerate(lines) if x.startswith(f"  {axis}: ")]
+        assert len(at) == 1 and at[0] + 1 < len(lines), run.why(f"one line '  {axis}: ...' on stdout, a line after it")
+        counted, formula = (re.sub(rf"^ *({axis}:|formula:) *", "", x) for x in lines[at[0]:at[0] + 2])
+        assert counted == formula, run.why(f"{axis}: counted {counted!r}, the formula {formula!r}")
 
 
 def test_buckets_under_the_link_model_every_bucket_goes_during_the_backward(lesson):
-    run = lesson(L08, 2, "--tp", 1, "--zero", 2, "--bucket-mb", 0.02, "--train", 3, "--link", "intra=400MB/s,latency=20us")
+    run = lesson(L08, 2, "--tp", 1, "--zero", 2, "--bucket-mb", 0.02, "--train", 3, "--link", "intra=400MB/s,latency=20us",
+                 separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"hidden fraction .* = [01]\.[0-9][0-9] \(rank 0\), worst")
-    run.has("13 per step, 13.0 of them posted during the backward")
+    stdout_has(run, "13 per step, 13.0 of them posted during the backward")
 
 
 @pytest.mark.long
 def test_buckets_under_sp_zero_0_1_2_on_dp2xtp2_and_the_16_rank_mesh(lesson):
     for z in (0, 1, 2):
-        lesson(L08, 4, "--zero", z, "--bucket-mb", 0.02, "--train", 3).ok().has(", 10.0 of them posted during the backward")
+        stdout_has(lesson(L08, 4, "--zero", z, "--bucket-mb", 0.02, "--train", 3, separate=True).ok(),
+                   ", 10.0 of them posted during the backward")
     lesson(L08, 16, "--zero", 2, "--bucket-mb", 0.02, "--train", 2).ok()
 
 
@@ -188,18 +238,19 @@ def test_buckets_that_must_wait_for_the_backward_say_why(lesson):
 
 
 def test_zero3_memory_at_dp4_every_part_sharded_the_peak_gathered_printed(lesson):
-    run = lesson(L08, 4, "--tp", 1, "--zero", 3, "--train", 2)
+    run = lesson(L08, 4, "--tp", 1, "--zero", 3, "--train", 2, separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"memory: parameters 4 sum ceil\(N_u/dp\), gradients 4 sum ceil\(N_u/dp\).*PASS")
-    run.has("between steps ZeRO-3 holds no whole weight; during one, at most")
+    stdout_has(run, "between steps ZeRO-3 holds no whole weight; during one, at most")
 
 
 def test_overlap_compare_the_pairs_one_after_the_other_and_overlapped_give_the_same_gradients(lesson):
     run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", "dualpipev", "--layers", 4, "--dense-layers", 0,
-                 "--train", 2, "--ranks-per-node", 4, "--link", "intra=50MB/s,latency=50us", "--overlap", "compare")
+                 "--train", 2, "--ranks-per-node", 4, "--link", "intra=50MB/s,latency=50us", "--overlap", "compare",
+                 separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"overlapped pairs. gradients = one after the other.s, bit for bit, every step   PASS")
-    run.has(r"^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)")
+    stdout_has(run, r"^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)")
 
 
 def step_columns(csv):
@@ -211,8 +262,8 @@ def test_checkpoint_saved_and_resumed_equals_an_uninterrupted_run_bit_for_bit(le
     d = tmp_path
     lesson(L08, 4, "--train", 6, "--dump", d / "whole", "--csv", d / "whole.csv").ok()
     lesson(L08, 4, "--train", 3, "--save", d / "ck", "--csv", d / "parts.csv").ok()
-    lesson(L08, 4, "--train", 6, "--resume", d / "ck", "--dump", d / "resumed", "--csv", d / "parts.csv").ok() \
-        .has(r"resumed from .*step-000003: 3 steps done")
+    stdout_has(lesson(L08, 4, "--train", 6, "--resume", d / "ck", "--dump", d / "resumed", "--csv", d / "parts.csv",
+                      separate=True).ok(), r"resumed from .*step-000003: 3 steps done")
     whole, parts = step_columns(d / "whole.csv"), step_columns(d / "parts.csv")
     assert len(whole) == 6 and whole == parts, f"the steps' losses differ:\n{whole}\n{parts}"
     same_files(d / "whole", d / "resumed")
@@ -222,9 +273,10 @@ def test_checkpoint_saved_and_resumed_equals_an_uninterrupted_run_bit_for_bit(le
 def test_checkpoint_saved_on_16_ranks_resumed_on_4_1_and_a_pipeline(lesson, tmp_path):
     ck = tmp_path / "ck08b"  # ZeRO-2 with buckets, then dp2 x tp2, one process, pp2 zb-h1
     lesson(L08, 16, "--layers", 3, "--zero", 2, "--bucket-mb", 0.02, "--train", 2, "--save", ck).ok()
-    lesson(L08, 4, "--layers", 3, "--train", 4, "--resume", ck).ok()
-    lesson(L08, 1, "--layers", 3, "--train", 4, "--resume", ck).ok()
-    lesson(L08, 4, "--layers", 3, "--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--zero", 0, "--train", 4, "--resume", ck).ok()
+    passes_on_stdout(lesson(L08, 4, "--layers", 3, "--train", 4, "--resume", ck, separate=True))
+    passes_on_stdout(lesson(L08, 1, "--layers", 3, "--train", 4, "--resume", ck, separate=True))
+    passes_on_stdout(lesson(L08, 4, "--layers", 3, "--tp", 1, "--pp", 2, "--schedule", "zb-h1", "--zero", 0, "--train", 4,
+                            "--resume", ck, separate=True))
 
 
 @pytest.mark.long
@@ -232,8 +284,8 @@ def test_checkpoint_under_zero3_same_mesh_bit_for_bit_16_ranks_and_one_process(l
     d = tmp_path
     lesson(L08, 4, "--zero", 3, "--train", 4, "--dump", d / "whole").ok()
     lesson(L08, 4, "--zero", 3, "--train", 2, "--save", d / "ck").ok()
-    lesson(L08, 16, "--layers", 2, "--zero", 3, "--train", 4, "--resume", d / "ck").ok()
-    lesson(L08, 1, "--train", 4, "--resume", d / "ck").ok()
+    passes_on_stdout(lesson(L08, 16, "--layers", 2, "--zero", 3, "--train", 4, "--resume", d / "ck", separate=True))
+    passes_on_stdout(lesson(L08, 1, "--train", 4, "--resume", d / "ck", separate=True))
     lesson(L08, 4, "--zero", 3, "--train", 4, "--resume", d / "ck", "--dump", d / "resumed").ok()
     same_files(d / "whole", d / "resumed")
 
@@ -245,7 +297,8 @@ def test_checkpoint_a_rank_killed_during_a_save_leaves_the_previous_one_which_re
     assert killed.rc != 0, killed.why("the killed run fails")
     assert (d / "ck" / "step-000002").is_dir() and not (d / "ck" / "step-000004").exists(), \
         f"want step-000002 and no step-000004 in {sorted(p.name for p in (d / 'ck').iterdir())}"
-    lesson(L08, 4, "--train", 5, "--resume", d / "ck", "--dump", d / "resumed").ok().has("step-000002: 2 steps done")
+    stdout_has(lesson(L08, 4, "--train", 5, "--resume", d / "ck", "--dump", d / "resumed", separate=True).ok(),
+               "step-000002: 2 steps done")
     same_files(d / "whole", d / "resumed")
 
 
@@ -255,16 +308,16 @@ def test_checkpoint_a_full_disk_during_a_save_is_one_error_naming_the_file_the_p
     assert run.rc == 2, run.why("exit 2")
     assert re.match(r"^error: --save: cannot write .*/\.tmp-step-000004/.*\.npy: No space left on device", run.lines[-1]), \
         run.why("the last line names the file and ENOSPC")
-    assert not (d / "step-000004").exists()
-    lesson(L08, 4, "--train", 4, "--resume", d).ok()
+    assert not (d / "step-000004").exists(), f"no step-000004 in {d}"
+    passes_on_stdout(lesson(L08, 4, "--train", 4, "--resume", d, separate=True))
 
 
 def test_checkpoint_keep_2_keeps_the_newest_two_train_0_samples_a_resumed_model(lesson, tmp_path):
     d = tmp_path / "ck08d"
     lesson(L08, 2, "--tp", 1, "--train", 6, "--save-every", 2, "--keep", 2, "--save", d).ok()
-    run = lesson(L08, 2, "--tp", 1, "--train", 0, "--resume", d, "--sample", 20)
+    run = lesson(L08, 2, "--tp", 1, "--train", 0, "--resume", d, "--sample", 20, separate=True)
     assert run.rc == 0, run.why("exit 0")
-    run.has("^training: no step in this run")
+    stdout_has(run, "^training: no step in this run")
     assert sorted(p.name for p in d.iterdir()) == ["step-000004", "step-000006"]
 
 
@@ -276,31 +329,33 @@ def test_checkpoint_into_pytorch_gives_lesson_08s_validation_loss(lesson, script
 
 
 def test_print_mesh_dp2xtp2_groups_and_every_ranks_name(lesson):
-    run = lesson(L08, 4, "--print-mesh")
+    run = lesson(L08, 4, "--print-mesh", separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)")
-    run.has(r"tp groups: \[0 1\] \[2 3\]")
-    run.has(r"dp groups: \[0 2\] \[1 3\]")
+    stdout_has(run, r"tp groups: \[0 1\] \[2 3\]")
+    stdout_has(run, r"dp groups: \[0 2\] \[1 3\]")
 
 
 def test_estimate_deepseek_v3_671b_parameters_and_every_table(lesson):
-    run = lesson(L08, 1, "--estimate", "deepseek-v3")
+    run = lesson(L08, 1, "--estimate", "deepseek-v3", separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"^  total  *671,026,404,352")
     for section in ("ZeRO, seed 001", "5D memory model", "PP vs ZeRO-3", "TP vs FSDP", "incomplete"):
-        assert section in run.out, run.why(f"the estimate shows {section!r}")
+        assert section in run.stdout, run.why(f"the estimate shows {section!r} on stdout")
 
 
 def test_estimate_run_the_tiny_models_estimate_next_to_the_measured_bytes(lesson):
-    lesson(L08, 4, "--train", 2, "--estimate", "run").ok().has("measured")
+    stdout_has(lesson(L08, 4, "--train", 2, "--estimate", "run", separate=True).ok(), "measured")
 
 
 def test_sample_the_same_seed_gives_the_same_text_another_seed_another(lesson):
     def sample(*seed):
-        run = lesson(L08, 2, "--train", 2, "--sample", 80, *seed)
+        # stdout from the line "sample ..." through the next line indented by four spaces
+        run = lesson(L08, 2, "--train", 2, "--sample", 80, *seed, separate=True)
         assert run.rc == 0, run.why("exit 0")
-        return run.has(r"^sample.*\n(?:.*\n)*?    .*$").group(0)
+        return sed_range(run.stdout, r"^sample", r"^    ")
     a, b, c = sample(), sample(), sample("--seed", 7)
+    assert a, "a sample printed"
     assert a == b, f"the same seed, two texts:\n{a}\n{b}"
     assert a != c, f"another seed, the same text:\n{a}"
 
@@ -375,30 +430,42 @@ BAD = {
 }
 
 
+# a usage error comes at once: 60 s at most, even for 32 ranks on a loaded machine
+USAGE_TIMEOUT = 60
+
+
 @pytest.mark.parametrize("np_, args", BAD.values(), ids=BAD.keys())
 def test_bad_input(lesson, np_, args):
-    lesson(L08, np_, *args).usage_error()
+    lesson(L08, np_, *args, timeout=USAGE_TIMEOUT).usage_error()
 
 
 def test_bad_input_resume_of_a_directory_with_no_checkpoint(lesson, tmp_path):
-    lesson(L08, 2, "--tp", 1, "--resume", tmp_path / "no-such-checkpoint").usage_error()
+    lesson(L08, 2, "--tp", 1, "--resume", tmp_path / "no-such-checkpoint", timeout=USAGE_TIMEOUT).usage_error()
 
 
 @pytest.fixture
 def saved(lesson, tmp_path):
-    """A one-step checkpoint (dp2), its step directory."""
-    lesson(L08, 2, "--tp", 1, "--train", 1, "--save", tmp_path / "ck").ok()
+    """A one-step checkpoint (dp2), its step directory; the save prints nothing on stderr (the error
+    contract's one line is the whole output of the save and the resume)."""
+    run = lesson(L08, 2, "--tp", 1, "--train", 1, "--save", tmp_path / "ck", timeout=USAGE_TIMEOUT, separate=True).ok()
+    assert not run.stderr.strip(), run.why("nothing on stderr from the save")
     return tmp_path / "ck" / "step-000001"
 
 
-def damage_at(path, offset, byte):
+def damage_at(path, offset, data):
     with open(path, "r+b") as f:
         f.seek(offset)
-        f.write(byte)
+        before = f.read(len(data))
+        f.seek(offset)
+        f.write(data)
+    assert before != data, f"{path}: bytes {offset}.. already {data!r}"
 
 
-@pytest.mark.parametrize("damage", ["missing-file", "truncated-file", "crc-differs", "another-version", "another-model"])
-def test_bad_input_resume_of_a_damaged_or_other_checkpoint_names_what(lesson, saved, damage):
+@pytest.mark.parametrize("damage, named", [("missing-file", "head.exp_avg.npy"), ("truncated-file", "embed.npy"),
+                                           ("crc-differs", "norm.npy"), ("another-version", "field version"),
+                                           ("another-model", "dim")],
+                         ids=["missing-file", "truncated-file", "crc-differs", "another-version", "another-model"])
+def test_bad_input_resume_of_a_damaged_or_other_checkpoint_names_what(lesson, saved, damage, named):
     extra = []
     if damage == "missing-file":
         (saved / "head.exp_avg.npy").unlink()
@@ -406,13 +473,15 @@ def test_bad_input_resume_of_a_damaged_or_other_checkpoint_names_what(lesson, sa
         embed = saved / "embed.npy"
         embed.write_bytes(embed.read_bytes()[:-4])
     elif damage == "crc-differs":
-        damage_at(saved / "norm.npy", 200, b"\x01")
+        damage_at(saved / "norm.npy", 200, b"'\x01'")  # three bytes of the data
     elif damage == "another-version":
         manifest = saved / "manifest.json"
-        manifest.write_text(manifest.read_text().replace('"version": 2', '"version": 3'))
+        text = manifest.read_text()
+        assert text.count('"version": 2') == 1, "the manifest's format version, once"
+        manifest.write_text(text.replace('"version": 2', '"version": 3'))
     else:
-        extra = ["--dim", 32]  # the field named
-    lesson(L08, 2, "--tp", 1, *extra, "--train", 2, "--resume", saved).usage_error()
+        extra = ["--dim", 32]
+    lesson(L08, 2, "--tp", 1, *extra, "--train", 2, "--resume", saved, timeout=USAGE_TIMEOUT).usage_error(named)
 
 
 def test_device_cuda(lesson, has_cuda):

@@ -13,19 +13,31 @@ from conftest import ROOT
 LESSONS = sorted(os.path.basename(d) for d in glob.glob(os.path.join(ROOT, "lessons", "[0-9][0-9]_*")))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.lesson(n[:2])) for n in LESSONS])
-def test_default_demo_passes_started_from_root_with_the_binarys_full_path(lesson, name):
-    with open(os.path.join(ROOT, "lessons", name, "NP")) as f:
-        np_ = int(f.read())
-    args = ["--train", 2] if name == "05_deepseek_moe" else []
-    lesson(name, np_, *args, cwd="/").ok()
+def passes_on_stdout(run):
+    """Exit 0, `check: PASS`, and that line on stdout (separate=True)."""
+    run.ok()
+    assert re.search(r"^check: PASS", run.stdout, re.M), run.why("expected `check: PASS` on stdout")
+
+
+@pytest.mark.long
+@pytest.mark.lesson(*(n[:2] for n in LESSONS))
+def test_every_lessons_default_demo_passes_started_from_root_with_the_binarys_full_path(lesson):
+    # each lesson's default run on its NP file's ranks (05 with --train 2), all nine of them
+    assert len(LESSONS) == 9, f"the course's lessons: {LESSONS}"
+    for name in LESSONS:
+        with open(os.path.join(ROOT, "lessons", name, "NP")) as f:
+            np_ = int(f.read())
+        args = ["--train", 2] if name == "05_deepseek_moe" else []
+        passes_on_stdout(lesson(name, np_, *args, cwd="/", separate=True))
 
 
 @pytest.mark.lesson("08")
 def test_08_copied_out_of_the_tree_reads_the_data_of_the_tree_it_was_built_from(command, mpirun, build, tmp_path):
+    # run from /tmp: --help names the data file of the tree it was built from, and the run finds it
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     binary = shutil.copy(os.path.join(os.path.realpath(build), "bin", "08_mesh"), elsewhere)
     data = os.path.join(os.path.realpath(ROOT), "data", "tinyshakespeare.txt")
-    command(mpirun + ["-np", 1, binary, "--help"], cwd="/tmp").succeeds(re.escape(f"(default: {data})"))
-    command(mpirun + ["-np", 2, binary, "--train", 2], cwd="/tmp").ok()
+    run = command(mpirun + ["-np", 1, binary, "--help"], cwd="/tmp", separate=True)
+    assert run.rc == 0 and f"(default: {data})" in run.stdout, run.why(f"--help names (default: {data}) on stdout")
+    passes_on_stdout(command(mpirun + ["-np", 2, binary, "--train", 2], cwd="/tmp", separate=True))

@@ -5,37 +5,65 @@ import re
 
 import pytest
 
+# NCCL ran at least one launch on every rank: the tensors' collectives went to it, not to MPI
 NCCL_RAN = r"NCCL (\(emulated\)|[0-9.]+) ran [1-9][0-9]* to [0-9]+ launches per rank"
 SMALL_08 = ["--train", 2, "--dim", 32, "--ffn", 32, "--batch", 4, "--seq", 16]
 
 
+def passes_on_stdout(run):
+    """Exit 0, `check: PASS`, and that line on stdout (separate=True); the run, for more asserts."""
+    run.ok()
+    assert re.search(r"^check: PASS", run.stdout, re.M), run.why("expected `check: PASS` on stdout")
+    return run
+
+
+def same_tree(a, b):
+    """Two directories with the same paths and every file byte-identical (diff -r); the file count."""
+    def paths(d):
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    pa, pb = paths(a), paths(b)
+    assert pa == pb, f"{a} and {b} hold different paths: only in the first {sorted(set(pa) - set(pb))[:10]}, " \
+                     f"only in the second {sorted(set(pb) - set(pa))[:10]}"
+    files = [x for x in pa if (a / x).is_file()]
+    _, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
+    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
+    return len(files)
+
+
 @pytest.mark.lesson("04")
 def test_04_the_routers_gradient_all_reduces_on_nccl(lesson):
-    lesson("04_gshard", 3, "--device", "sim", "--backend", "nccl", "--experts", 6).ok()
-    lesson("04_gshard", 2, "--device", "sim", "--backend", "nccl").ok().has(NCCL_RAN)
+    # P=3 with 6 experts, P=2
+    passes_on_stdout(lesson("04_gshard", 3, "--device", "sim", "--backend", "nccl", "--experts", 6, separate=True))
+    passes_on_stdout(lesson("04_gshard", 2, "--device", "sim", "--backend", "nccl", separate=True)).has(NCCL_RAN)
 
 
 @pytest.mark.lesson("05")
 def test_05_the_gradient_all_reduces_on_nccl(lesson):
-    lesson("05_deepseek_moe", 3, "--device", "sim", "--backend", "nccl", "--batch", 1, "--experts", 6).ok()
-    lesson("05_deepseek_moe", 2, "--device", "sim", "--backend", "nccl", "--batch", 1).ok().has(NCCL_RAN)
+    # P=3 with 6 experts, P=2
+    passes_on_stdout(lesson("05_deepseek_moe", 3, "--device", "sim", "--backend", "nccl", "--batch", 1, "--experts", 6,
+                            separate=True))
+    passes_on_stdout(lesson("05_deepseek_moe", 2, "--device", "sim", "--backend", "nccl", "--batch", 1,
+                            separate=True)).has(NCCL_RAN)
 
 
 @pytest.mark.lesson("06")
 def test_06_the_blocks_gradient_all_reduces_on_nccl(lesson):
-    lesson("06_overlap", 2, "--device", "sim", "--backend", "nccl", "--reps", 1, "--tokens", 16, "--dim", 32,
-           "--ffn", 32, "--microbatches", 3).ok().has(NCCL_RAN)
+    passes_on_stdout(lesson("06_overlap", 2, "--device", "sim", "--backend", "nccl", "--reps", 1, "--tokens", 16,
+                            "--dim", 32, "--ffn", 32, "--microbatches", 3, separate=True)).has(NCCL_RAN)
 
 
+@pytest.mark.long
 @pytest.mark.lesson("08")
 @pytest.mark.parametrize("np_, mesh", [
     (2, ["--tp", 2]), (2, ["--tp", 2, "--ep", 2]), (4, ["--tp", 2, "--cp", 2]), (4, ["--tp", 2, "--pp", 2, "--layers", 2]),
     (4, ["--tp", 2, "--pp", 2, "--layers", 2, "--schedule", "dualpipe"]),
 ], ids=["tp2", "tp2-ep2", "tp2-cp2", "tp2-pp2", "tp2-pp2-dualpipe"])
 def test_08_tps_all_reduces_gathers_and_scatters_on_nccl(lesson, np_, mesh):
-    lesson("08_mesh", np_, "--device", "sim", "--backend", "nccl", *mesh, *SMALL_08).ok().has(NCCL_RAN)
+    passes_on_stdout(lesson("08_mesh", np_, "--device", "sim", "--backend", "nccl", *mesh, *SMALL_08,
+                            separate=True)).has(NCCL_RAN)
 
 
+@pytest.mark.long
 @pytest.mark.lesson("08")
 def test_08_nccl_and_mpi_dump_the_same_bits(lesson, tmp_path):
     # tp2 + SP, ep2: NCCL's path changes no number
@@ -43,11 +71,7 @@ def test_08_nccl_and_mpi_dump_the_same_bits(lesson, tmp_path):
     for backend in ("nccl", "mpi"):
         dumps[backend] = tmp_path / f"d08{backend[0]}"
         lesson("08_mesh", 2, "--device", "sim", "--backend", backend, "--ep", 2, *SMALL_08, "--dump", dumps[backend]).ok()
-    cmp = filecmp.dircmp(dumps["nccl"], dumps["mpi"])
-    names = sorted(p.name for p in dumps["nccl"].rglob("*") if p.is_file())
-    _, mismatch, errors = filecmp.cmpfiles(dumps["nccl"], dumps["mpi"], names, shallow=False)
-    assert names and not (cmp.left_only or cmp.right_only or mismatch or errors), \
-        f"the two backends' dumps differ: only nccl {cmp.left_only}, only mpi {cmp.right_only}, differ {mismatch + errors}"
+    same_tree(dumps["nccl"], dumps["mpi"])
 
 
 @pytest.mark.parametrize("name", [
@@ -57,7 +81,8 @@ def test_08_nccl_and_mpi_dump_the_same_bits(lesson, tmp_path):
 ])
 def test_host_buffer_lessons_pass_and_their_messages_stay_on_mpi(lesson, name):
     # their messages are on host buffers, so MPI's: 0 NCCL launches
-    lesson(name, 2, "--device", "sim", "--backend", "nccl").ok().has(r"NCCL \(emulated\) ran 0 to 0 launches")
+    passes_on_stdout(lesson(name, 2, "--device", "sim", "--backend", "nccl", separate=True)) \
+        .has(r"NCCL \(emulated\) ran 0 to 0 launches")
 
 
 @pytest.fixture(scope="session")
@@ -72,4 +97,4 @@ def two_gpus_with_nccl(command, build):
 def test_cuda_nccl_a_gpu_each(lesson, two_gpus_with_nccl, name):
     if not two_gpus_with_nccl:
         pytest.skip("no two GPUs with NCCL here")
-    lesson(name, 2, "--device", "cuda", "--backend", "nccl").ok().has(NCCL_RAN)
+    passes_on_stdout(lesson(name, 2, "--device", "cuda", "--backend", "nccl", separate=True)).has(NCCL_RAN)
