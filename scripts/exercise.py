@@ -399,9 +399,13 @@ def sh(cmd, env=None, timeout=600):
     return p.returncode, out
 
 
-def build(exdir):
+def build(exdir, cxxflags=None):
+    """Builds the copies in exdir with the lesson's other objects; cxxflags, when given, replaces
+    the copies' optimisation and debug flags (the grader's builds: no debug information)."""
     make = os.environ.get("MAKE", "make")
     passed = [f"{k}={os.environ[k]}" for k in ("BUILD", "OPT", "SANFLAGS", "NO_CUDA") if k in os.environ]
+    if cxxflags is not None:
+        passed.append(f"CXXFLAGS={cxxflags}")
     code, out = sh([make, "--no-print-directory", "-s", "exercise-bin", f"EXDIR={exdir}"] + passed)
     if code != 0:
         raise Problem(f"{exdir} does not build:\n{out[-3000:]}")
@@ -449,9 +453,11 @@ def check_docs(lesson, exs):
             raise Problem(f"slides/{decks[0] if decks else lesson + '.md'}: its 'Your turn' slide does not list `{e.name}`")
 
 
-def build_copies(lesson, exs, files, tag=""):
+def build_copies(lesson, exs, files, tag="", student=True):
     """The student's copy and the grading copy of the lesson, written under build/grade and built:
-    (the student's binary, the grading binary)."""
+    (the student's binary, the grading binary). The student's copy is only run to its first stub,
+    so it is compiled without optimisation (what it checks: it compiles, and stops there); the
+    grading copy with the build's optimisation. Neither needs debug information."""
     check_docs(lesson, exs)
     base = os.path.join(os.environ.get("BUILD", "build"), "grade")
     student_dir = os.path.join(base, lesson + tag)
@@ -459,9 +465,12 @@ def build_copies(lesson, exs, files, tag=""):
     for d in (student_dir, grading_dir):
         if os.path.isdir(os.path.join(ROOT, d)):
             shutil.rmtree(os.path.join(ROOT, d))
-    write_copy(lesson, exs, files, os.path.join(ROOT, student_dir), "student")
     write_copy(lesson, exs, files, os.path.join(ROOT, grading_dir), "grading")
-    return build(student_dir), build(grading_dir)
+    grading = build(grading_dir, os.environ.get("OPT", "-O2"))
+    if not student:
+        return None, grading
+    write_copy(lesson, exs, files, os.path.join(ROOT, student_dir), "student")
+    return build(student_dir, "-O0"), grading
 
 
 def grade_student(lesson, binary):
@@ -514,7 +523,8 @@ def cmd_self_test():
     old, _ = exs[0].bugs[0]
     exs[0].bugs[0] = (old, old)
     try:
-        grade_lesson(lesson, exs, files, tag="-selftest")
+        _, grading = build_copies(lesson, exs, files, tag="-selftest", student=False)
+        grade_mistake(lesson, exs[0], grading, 1)
     except Problem as p:
         if "does not fail the lesson's check" in str(p):
             print(f"self-test ok: a mistake that changes nothing in {exs[0].name} is caught")
