@@ -55,7 +55,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^<!--\s*expected-output(?::\s*(?P<opts>.*?))?\s*-->\s*$")

@@ -24,6 +24,7 @@ Marks:
                       --lesson 08 (make test L=08) runs those tests only
   long                a test of tens of seconds: started first, so that it does not run alone at the end
 """
+import filecmp
 import os
 import re
 import shlex
@@ -77,6 +78,12 @@ class Run:
         """Exit 0 and the output matching a regular expression (multiline); returns the match."""
         assert self.rc == 0, self.why("expected exit 0")
         return self.has(pattern)
+
+    def stdout_has(self, pattern):
+        """The first match of a regular expression (multiline) in stdout alone (separate=True)."""
+        m = re.search(pattern, self.stdout, re.M)
+        assert m, self.why(f"expected stdout to match /{pattern}/")
+        return m
 
     def has(self, pattern):
         """The first match of a regular expression in the output (multiline), asserted to exist."""
@@ -137,6 +144,35 @@ def pytest_unconfigure(config):
     # the last line of make test, after pytest's own summary: the plain count
     if not hasattr(config, "workerinput") and not config.option.collectonly:
         print(f"{len(PASSED - FAILED)} passed, {len(FAILED)} failed")
+
+
+def passes_on_stdout(run):
+    """Exit 0 and `check: PASS` on stdout (a run made with separate=True); the run."""
+    run.ok()
+    run.stdout_has(r"^check: PASS")
+    return run
+
+
+def same_tree(a, b):
+    """Two directories with the same paths and every file byte-identical (diff -r); the file count."""
+    def paths(d):
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    pa, pb = paths(a), paths(b)
+    assert pa == pb, f"{a} and {b} hold different paths: only in the first {sorted(set(pa) - set(pb))[:10]}, " \
+                     f"only in the second {sorted(set(pb) - set(pa))[:10]}"
+    files = [x for x in pa if (a / x).is_file()]
+    _, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
+    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
+    return len(files)
+
+
+def same_files(a, b, pattern="*.npy"):
+    """The number of files of a matching pattern, each byte-identical to its namesake in b (asserted)."""
+    names = sorted(p.name for p in a.glob(pattern))
+    assert names, f"no {pattern} in {a}"
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
+    return len(names)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ A lesson's two builds happen once per pytest process (its tests share an xdist g
 in one worker: pytest.ini's --dist loadgroup).
 """
 import os
-import re
 import sys
 
 import pytest

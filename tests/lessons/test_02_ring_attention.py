@@ -2,19 +2,11 @@
 shapes too; zigzag and striped balance the causal work; the naive send order deadlocks and the
 watchdog names it; each planted bug FAILs the gradient it breaks; dumps and traces are checked by
 independent code; bad input is one `error:` line with exit 2."""
-import re
 
 import pytest
 
 L02 = "02_ring_attention"
 LAYOUTS = ["contiguous", "zigzag", "striped"]
-
-
-def stdout_has(run, pattern):
-    """The first match of a regular expression (multiline) in the run's stdout alone (separate=True)."""
-    m = re.search(pattern, run.stdout, re.M)
-    assert m, run.why(f"expected stdout to match /{pattern}/")
-    return m
 
 
 @pytest.mark.parametrize("np", [1, 2, 3, 4])
@@ -38,9 +30,9 @@ def test_batch_heads_odd_head_dim_s_equal_2p(lesson):
 def test_balance_zigzag_and_striped_within_5_percent_contiguous_not(lesson):
     # the balance table on stdout: the layout run is starred, every layout's max/mean of the causal work
     run = lesson(L02, 4, "--causal", "--seq", 256, "--layout", "zigzag", separate=True).ok()
-    stdout_has(run, r"^ *\* zigzag .* max/mean 1\.0[0-5]")
-    stdout_has(run, r"^ +striped .* max/mean 1\.0[0-5]")
-    stdout_has(run, r"^ +contiguous .* max/mean 1\.[3-9]")
+    run.stdout_has(r"^ *\* zigzag .* max/mean 1\.0[0-5]")
+    run.stdout_has(r"^ +striped .* max/mean 1\.0[0-5]")
+    run.stdout_has(r"^ +contiguous .* max/mean 1\.[3-9]")
 
 
 def test_order_naive_deadlocks_and_the_watchdog_names_it(lesson):

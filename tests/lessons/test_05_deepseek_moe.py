@@ -13,12 +13,6 @@ A2AS = ["hierarchical", "flat"]
 TABLE_ROW = re.compile(r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+$", re.M)
 
 
-def stdout_has(run, pattern):
-    """The first match of a regular expression (multiline) in the run's stdout alone (separate=True)."""
-    m = re.search(pattern, run.stdout, re.M)
-    assert m, run.why(f"expected stdout to match /{pattern}/")
-    return m
-
 
 @pytest.mark.parametrize("np", [1, 2, 4, 8])
 def test_both_all_to_alls_pass(lesson, np):
@@ -47,7 +41,7 @@ def test_capacity_drop_and_next_best(lesson):
 def test_capacity_table_overflow_dropped_or_moved(lesson):
     # capacity 0.8 (overflow drop): some expert overflows and drops (its overflow and dropped columns non-zero)
     run = lesson(L05, 4, "--capacity-factor", 0.8, separate=True).ok()
-    stdout_has(run, r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[1-9][0-9]* +[1-9]")
+    run.stdout_has(r"^ +[0-9]+ +[0-9]+ +[0-9]+ +[1-9][0-9]* +[1-9]")
     # capacity 1.2 with next-best: tokens moved, none dropped
     run = lesson(L05, 4, "--capacity-factor", 1.2, "--overflow", "next-best", separate=True).ok()
     rows = [list(map(int, m.group(0).split())) for m in TABLE_ROW.finditer(run.stdout)]
@@ -83,7 +77,7 @@ def test_aux_count_selected_counts_the_layers_selection(lesson, script, tmp_path
 
 def test_train_on_8_ranks_equals_one_process(lesson):
     run = lesson(L05, 8, "--train", 20, "--log-every", 5, separate=True).ok()
-    stdout_has(run, r"the bias is the same on every rank  *PASS")
+    run.stdout_has(r"the bias is the same on every rank  *PASS")
 
 
 def test_train_balance_aux_and_none_equal_one_process(lesson):
@@ -95,7 +89,7 @@ def test_train_planted_bias_update_bugs_run_and_are_named(lesson):
     for bug in ["ema-zero-init", "bias-peek"]:
         run = lesson(L05, 2, "--train", 20, "--bug", bug, separate=True)
         assert run.rc == 0, run.why("a training bug runs to the end")
-        stdout_has(run, f"planted: {bug}")
+        run.stdout_has(f"planted: {bug}")
 
 
 def test_train_balance_bias_is_deepseek_v3s(lesson):
@@ -103,9 +97,9 @@ def test_train_balance_bias_is_deepseek_v3s(lesson):
     # --seq-alpha 0: the bias alone (the loss 0); each equals one process (one `check: PASS` each)
     a = lesson(L05, 4, "--train", 3, "--log-every", 1, separate=True).ok()
     assert "balance bias + sequence-wise loss (alpha 0.0001)" in a.stdout, a.why("the balance named on stdout")
-    stdout_has(a, r"^ +0 +[0-9.]+ +0\.000[1-9]")
+    a.stdout_has(r"^ +0 +[0-9.]+ +0\.000[1-9]")
     b = lesson(L05, 4, "--train", 3, "--log-every", 1, "--seq-alpha", 0, separate=True).ok()
-    stdout_has(b, r"^ +0 +[0-9.]+ +0\.00000 ")
+    b.stdout_has(r"^ +0 +[0-9.]+ +0\.00000 ")
     for run in (a, b):
         assert len(re.findall(r"^check: PASS", run.stdout, re.M)) == 1, run.why("exactly one `check: PASS` line")
 

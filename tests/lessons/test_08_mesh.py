@@ -4,48 +4,15 @@ replicas equal, communication = its formula, memory = seed 001's fp32 formula), 
 each planted bug FAILs the check it breaks; checkpoints resume on any mesh; dumps, traces and
 estimates are checked by independent code; bad input is one `error:` line with exit 2.
 (The checkpoints against crashes and users: test_08_checkpoint.py.)"""
-import filecmp
 import re
 
 import pytest
 
+from conftest import passes_on_stdout, same_tree, same_files
+
 L08 = "08_mesh"
 SIM_SMALL = ["--device", "sim", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 2, "--seq", 16]
 
-
-def same_files(a, b, pattern="*.npy"):
-    """The number of files in a, each byte-identical to its namesake in b (asserted)."""
-    names = sorted(p.name for p in a.glob(pattern))
-    assert names, f"no {pattern} in {a}"
-    _, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
-    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
-    return len(names)
-
-
-def same_tree(a, b):
-    """Two directories with the same paths and every file byte-identical (diff -r); the file count."""
-    def paths(d):
-        return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
-    pa, pb = paths(a), paths(b)
-    assert pa == pb, f"{a} and {b} hold different paths: only in the first {sorted(set(pa) - set(pb))[:10]}, " \
-                     f"only in the second {sorted(set(pb) - set(pa))[:10]}"
-    files = [x for x in pa if (a / x).is_file()]
-    _, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
-    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
-    return len(files)
-
-
-def stdout_has(run, pattern):
-    """The first match of a regular expression (multiline) in the run's stdout alone (separate=True)."""
-    m = re.search(pattern, run.stdout, re.M)
-    assert m, run.why(f"expected stdout to match /{pattern}/")
-    return m
-
-
-def passes_on_stdout(run):
-    """Exit 0, `check: PASS`, and that line on stdout."""
-    run.ok()
-    return stdout_has(run, r"^check: PASS")
 
 
 def sed_range(text, start, end):
@@ -157,7 +124,7 @@ def test_planted_bug_a_bucket_reduced_before_its_last_gradient(lesson):
     # dp2 ZeRO-2 and dp2 x tp2 SP ZeRO-0: the gradients' check FAILs on stdout; dp2 ZeRO-1: the mean's
     for np_, args in ((2, ["--tp", 1, "--zero", 2]), (4, ["--zero", 0])):
         run = lesson(L08, np_, *args, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2, separate=True).fails()
-        stdout_has(run, r"gradient of every weight .*FAIL")
+        run.stdout_has(r"gradient of every weight .*FAIL")
     lesson(L08, 2, "--tp", 1, "--zero", 1, "--bucket-mb", 0.02, "--bug", "bucket-early", "--train", 2).fails() \
         .has(r"mean gradient of every weight .*FAIL")
 
@@ -170,7 +137,7 @@ def test_dualpipev_and_dualpipe_with_ep_overlapped_pairs_give_the_sequential_bit
             run = lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", schedule, "--layers", 4, "--train", 2,
                          "--overlap", ov, "--dump", dumps[ov], separate=True).ok()
             if ov == "on":
-                stdout_has(run, r"^  overlap: [1-9][0-9]* hand-overs")
+                run.stdout_has(r"^  overlap: [1-9][0-9]* hand-overs")
         same_tree(dumps["on"], dumps["off"])
 
 
@@ -188,8 +155,8 @@ def test_the_cpu_matmuls_kernels_for_each_instruction_set_give_the_same_bits(les
 
 def test_link_model_on_the_16_rank_mesh_and_under_dualpipev_with_ep(lesson):
     run = lesson(L08, 16, "--train", 2, "--link", "intra=1GB/s,inter=200MB/s", separate=True).ok()
-    stdout_has(run, r"^modelled links: intra-node 1 GB/s, inter-node 200 MB/s")
-    stdout_has(run, "links modelled")
+    run.stdout_has(r"^modelled links: intra-node 1 GB/s, inter-node 200 MB/s")
+    run.stdout_has("links modelled")
     lesson(L08, 4, "--tp", 1, "--pp", 2, "--ep", 2, "--schedule", "dualpipev", "--layers", 4, "--train", 2,
            "--link", "inter=100MB/s").ok()
 
@@ -197,9 +164,9 @@ def test_link_model_on_the_16_rank_mesh_and_under_dualpipev_with_ep(lesson):
 @pytest.mark.long
 def test_the_5d_mesh_on_16_ranks_the_default_and_the_same_by_flags(lesson):
     run = lesson(L08, 16, "--train", 3, separate=True).ok()
-    stdout_has(run, r"^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded")
-    stdout_has(run, r"^model: .* 3 layers \(1 dense, 2 MoE")
-    stdout_has(run, r"^  ep: ")
+    run.stdout_has(r"^mesh .*: dp 2 x pp 2 x cp 2 x tp 2 = 16 ranks, ep 2 folded")
+    run.stdout_has(r"^model: .* 3 layers \(1 dense, 2 MoE")
+    run.stdout_has(r"^  ep: ")
     lesson(L08, 16, "--dp", 2, "--pp", 2, "--cp", 2, "--tp", 2, "--ep", 2, "--train", 3).ok()
 
 
@@ -220,14 +187,14 @@ def test_buckets_under_the_link_model_every_bucket_goes_during_the_backward(less
                  separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"hidden fraction .* = [01]\.[0-9][0-9] \(rank 0\), worst")
-    stdout_has(run, "13 per step, 13.0 of them posted during the backward")
+    run.stdout_has("13 per step, 13.0 of them posted during the backward")
 
 
 @pytest.mark.long
 def test_buckets_under_sp_zero_0_1_2_on_dp2xtp2_and_the_16_rank_mesh(lesson):
     for z in (0, 1, 2):
-        stdout_has(lesson(L08, 4, "--zero", z, "--bucket-mb", 0.02, "--train", 3, separate=True).ok(),
-                   ", 10.0 of them posted during the backward")
+        lesson(L08, 4, "--zero", z, "--bucket-mb", 0.02, "--train", 3, separate=True).ok() \
+            .stdout_has(", 10.0 of them posted during the backward")
     lesson(L08, 16, "--zero", 2, "--bucket-mb", 0.02, "--train", 2).ok()
 
 
@@ -241,7 +208,7 @@ def test_zero3_memory_at_dp4_every_part_sharded_the_peak_gathered_printed(lesson
     run = lesson(L08, 4, "--tp", 1, "--zero", 3, "--train", 2, separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"memory: parameters 4 sum ceil\(N_u/dp\), gradients 4 sum ceil\(N_u/dp\).*PASS")
-    stdout_has(run, "between steps ZeRO-3 holds no whole weight; during one, at most")
+    run.stdout_has("between steps ZeRO-3 holds no whole weight; during one, at most")
 
 
 def test_overlap_compare_the_pairs_one_after_the_other_and_overlapped_give_the_same_gradients(lesson):
@@ -250,7 +217,7 @@ def test_overlap_compare_the_pairs_one_after_the_other_and_overlapped_give_the_s
                  separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"overlapped pairs. gradients = one after the other.s, bit for bit, every step   PASS")
-    stdout_has(run, r"^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)")
+    run.stdout_has(r"^hidden fraction of the paired steps: (worst -?[0-9.]+, mean|n/a)")
 
 
 def step_columns(csv):
@@ -262,8 +229,8 @@ def test_checkpoint_saved_and_resumed_equals_an_uninterrupted_run_bit_for_bit(le
     d = tmp_path
     lesson(L08, 4, "--train", 6, "--dump", d / "whole", "--csv", d / "whole.csv").ok()
     lesson(L08, 4, "--train", 3, "--save", d / "ck", "--csv", d / "parts.csv").ok()
-    stdout_has(lesson(L08, 4, "--train", 6, "--resume", d / "ck", "--dump", d / "resumed", "--csv", d / "parts.csv",
-                      separate=True).ok(), r"resumed from .*step-000003: 3 steps done")
+    lesson(L08, 4, "--train", 6, "--resume", d / "ck", "--dump", d / "resumed", "--csv", d / "parts.csv",
+           separate=True).ok().stdout_has(r"resumed from .*step-000003: 3 steps done")
     whole, parts = step_columns(d / "whole.csv"), step_columns(d / "parts.csv")
     assert len(whole) == 6 and whole == parts, f"the steps' losses differ:\n{whole}\n{parts}"
     same_files(d / "whole", d / "resumed")
@@ -297,8 +264,8 @@ def test_checkpoint_a_rank_killed_during_a_save_leaves_the_previous_one_which_re
     assert killed.rc != 0, killed.why("the killed run fails")
     assert (d / "ck" / "step-000002").is_dir() and not (d / "ck" / "step-000004").exists(), \
         f"want step-000002 and no step-000004 in {sorted(p.name for p in (d / 'ck').iterdir())}"
-    stdout_has(lesson(L08, 4, "--train", 5, "--resume", d / "ck", "--dump", d / "resumed", separate=True).ok(),
-               "step-000002: 2 steps done")
+    lesson(L08, 4, "--train", 5, "--resume", d / "ck", "--dump", d / "resumed", separate=True).ok() \
+        .stdout_has("step-000002: 2 steps done")
     same_files(d / "whole", d / "resumed")
 
 
@@ -317,7 +284,7 @@ def test_checkpoint_keep_2_keeps_the_newest_two_train_0_samples_a_resumed_model(
     lesson(L08, 2, "--tp", 1, "--train", 6, "--save-every", 2, "--keep", 2, "--save", d).ok()
     run = lesson(L08, 2, "--tp", 1, "--train", 0, "--resume", d, "--sample", 20, separate=True)
     assert run.rc == 0, run.why("exit 0")
-    stdout_has(run, "^training: no step in this run")
+    run.stdout_has("^training: no step in this run")
     assert sorted(p.name for p in d.iterdir()) == ["step-000004", "step-000006"]
 
 
@@ -332,8 +299,8 @@ def test_print_mesh_dp2xtp2_groups_and_every_ranks_name(lesson):
     run = lesson(L08, 4, "--print-mesh", separate=True)
     assert run.rc == 0, run.why("exit 0")
     run.has(r"rank 3: DP\(2\)-PP\(1\)-CP\(1\)-TP\(2\)-EP\(1\)-Rank\(3\)")
-    stdout_has(run, r"tp groups: \[0 1\] \[2 3\]")
-    stdout_has(run, r"dp groups: \[0 2\] \[1 3\]")
+    run.stdout_has(r"tp groups: \[0 1\] \[2 3\]")
+    run.stdout_has(r"dp groups: \[0 2\] \[1 3\]")
 
 
 def test_estimate_deepseek_v3_671b_parameters_and_every_table(lesson):
@@ -345,7 +312,7 @@ def test_estimate_deepseek_v3_671b_parameters_and_every_table(lesson):
 
 
 def test_estimate_run_the_tiny_models_estimate_next_to_the_measured_bytes(lesson):
-    stdout_has(lesson(L08, 4, "--train", 2, "--estimate", "run", separate=True).ok(), "measured")
+    lesson(L08, 4, "--train", 2, "--estimate", "run", separate=True).ok().stdout_has("measured")
 
 
 def test_sample_the_same_seed_gives_the_same_text_another_seed_another(lesson):

@@ -3,20 +3,13 @@ with --train and 08) found from the executable's directory upward, or else in th
 was built from (common/util/files.h: course_data_file)."""
 import glob
 import os
-import re
 import shutil
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, passes_on_stdout
 
 LESSONS = sorted(os.path.basename(d) for d in glob.glob(os.path.join(ROOT, "lessons", "[0-9][0-9]_*")))
-
-
-def passes_on_stdout(run):
-    """Exit 0, `check: PASS`, and that line on stdout (separate=True)."""
-    run.ok()
-    assert re.search(r"^check: PASS", run.stdout, re.M), run.why("expected `check: PASS` on stdout")
 
 
 @pytest.mark.long

@@ -1,33 +1,14 @@
 """--backend nccl: the tensors' collectives go to NCCL (emulated on device sim here; on cuda where
 there is a GPU per rank), every check still PASSes, and NCCL's path changes no number."""
-import filecmp
 import re
 
 import pytest
 
+from conftest import passes_on_stdout, same_tree
+
 # NCCL ran at least one launch on every rank: the tensors' collectives went to it, not to MPI
 NCCL_RAN = r"NCCL (\(emulated\)|[0-9.]+) ran [1-9][0-9]* to [0-9]+ launches per rank"
 SMALL_08 = ["--train", 2, "--dim", 32, "--ffn", 32, "--batch", 4, "--seq", 16]
-
-
-def passes_on_stdout(run):
-    """Exit 0, `check: PASS`, and that line on stdout (separate=True); the run, for more asserts."""
-    run.ok()
-    assert re.search(r"^check: PASS", run.stdout, re.M), run.why("expected `check: PASS` on stdout")
-    return run
-
-
-def same_tree(a, b):
-    """Two directories with the same paths and every file byte-identical (diff -r); the file count."""
-    def paths(d):
-        return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
-    pa, pb = paths(a), paths(b)
-    assert pa == pb, f"{a} and {b} hold different paths: only in the first {sorted(set(pa) - set(pb))[:10]}, " \
-                     f"only in the second {sorted(set(pb) - set(pa))[:10]}"
-    files = [x for x in pa if (a / x).is_file()]
-    _, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
-    assert not (mismatch or errors), f"files of {a} that differ in {b}: {(mismatch + errors)[:10]}"
-    return len(files)
 
 
 @pytest.mark.lesson("04")
