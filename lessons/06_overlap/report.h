@@ -24,7 +24,7 @@ void report_runs(Lesson& lesson, const Setup& setup, const Options& opts,
 // "d_" and the parameter's name, as lesson 05 names them (d_wq, d_router_w, d_experts_w1, ...).
 std::vector<moe::NamedTensor> named_grads(const RunResult& run);
 // --dump: what this rank computed (before any sum over ranks), for a byte-for-byte comparison
-// of two runs (tests/lessons.sh: sequential against overlapped): y_rank<r>_mb<m>,
+// of two runs (tests/lessons/test_06_overlap.py: sequential against overlapped): y_rank<r>_mb<m>,
 // dx_rank<r>_mb<m> and each gradient as <name>_rank<r>.
 void dump_run(Lesson& lesson, const RunResult& run, int64_t microbatches, bool prefill);
 

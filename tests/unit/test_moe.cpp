@@ -101,7 +101,7 @@ double aux_tolerance(const Problem& pr, double want) {
 
 // The layer as lesson 03 composes it (lessons/03_smoe/main.cpp: smoe_forward, smoe_backward),
 // from the same steps of common/layers/moe.h: these tests check the steps together; lesson
-// 03's own composition is checked by its runs in tests/lessons.sh against the same autograd
+// 03's own composition is checked by its runs in tests/lessons/test_03_smoe.py against the same autograd
 // reference.
 moe::Forward layer_forward(const moe::Config& c, const moe::Params& p, const Tensor& x) {
   moe::Forward f;
