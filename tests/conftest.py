@@ -1,23 +1,25 @@
-"""pytest's shared fixtures for the tests that run the lessons (tests/lessons/test_NN_*.py).
+"""pytest's shared fixtures and helpers for every test here (tests/README.md says what is where).
 
-    make test L=01                      everything of lesson 01 (its pytest file among it)
+    make test L=01                                   everything of lesson 01
     /usr/bin/python3 -m pytest tests/lessons -k 01 -n 2      directly, after make
 
 Fixtures:
   build     the build directory (BUILD from the environment, as the Makefile exports it; else build/)
   mpirun    the mpirun command as a list (MPIRUN from the environment: the Makefile's flags)
-  lesson    lesson("01_online_softmax", np, *args, env=None, timeout=300, separate=False, cwd=ROOT) runs a lesson binary under mpirun and
-            returns a Run: its exit code, stdout + stderr (out), the command (cmd), and the `check:`
-            verdict parsed; run.ok() asserts exit 0 and `check: PASS`, run.fails() exit 1 and
-            `check: FAIL`, run.usage_error(text) the error contract (exit 2, one line, `error: ...`
-            containing text), run.succeeds(regex) exit 0 and a line matching; every failed assertion shows the command and the output's tail
+  lesson    lesson("01_online_softmax", np, *args, env=None, timeout=300, separate=False, cwd=ROOT)
+            runs a lesson binary under mpirun and returns a Run: its exit code (rc), stdout +
+            stderr (out; separate=True keeps them apart as .stdout and .stderr too), the command
+            (cmd), the `check:` verdict parsed. run.ok() asserts exit 0 and `check: PASS`,
+            run.fails() exit 1 and `check: FAIL`, run.usage_error(text) the error contract (exit 2,
+            one line, `error: ...` containing text), run.succeeds(regex) exit 0 and a matching
+            line, run.has(regex) a matching line, run.stdout_has(regex) one on stdout alone. Every
+            failed assertion shows the command and the output's tail
   script    script("tests/check_dump_01.py", dir, 3) runs one of the repository's Python checkers
-            with Debian's python (PYTHON) from the repository's root; returns a Run (no `check:`
-            line: run.has("^dump ok") asserts what it printed)
-  command   command(argv, env=None, cwd=ROOT, timeout=300, separate=False, unset=()) runs any command (make,
-            a test program) and returns a Run; separate=True keeps stdout and stderr apart
-            (run.stdout, run.stderr) for the error contract's "nothing on stdout"
+            with Debian's python (PYTHON) from the repository's root; returns a Run
+  command   command(argv, env=None, cwd=ROOT, timeout=300, separate=False, unset=()) runs any
+            command (make, a test program) and returns a Run
   tmp_path  pytest's own: a fresh directory per test
+Helpers: passes_on_stdout(run), same_tree(a, b) (diff -r), same_files(a, b, pattern).
 
 Marks:
   lesson("08", ...)   the lessons a test belongs to, beyond its file's (test_NN_*.py is lesson NN's):
