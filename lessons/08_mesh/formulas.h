@@ -73,12 +73,7 @@ std::string first_difference(const AxisCounts& got, const AxisCounts& want);
 // "dp x cp" under CP; cp, ep, edp and pp only where the mesh has them).
 std::string communication_text(const AxisCounts& got, const AxisCounts& want, const MeshSizes& sizes);
 
-// "1.50 KiB", "2.00 MiB", "12 B"
 struct RankModel;
-// What each axis should move in one step of this rank, by the formulas above (EP's depends on
-// the step's routing: formula_ep after the step). dense_numel and expert_numel: the weights of
-// the two optimizers (over dp x cp, data_ranks of them, and over expert-DP, edp ranks); pair_sums: the
-// DualPipe pair's all-reduce of every gradient this rank holds and of the MoE loads.
 // The optimizer groups of lesson 08: the dense weights (over DP x CP), under ZeRO-3 with SP the
 // replicated ones apart (their gradient shards summed over TP), the experts (over expert-DP).
 enum class Group { dense, replicated, experts };
@@ -89,10 +84,16 @@ int unit_of(const std::string& name, int64_t layers);
 // The pieces of this rank's weights of group g reduced one by one: the gradient buckets by
 // --bucket-mb (ZeRO 0 to 2), the units (ZeRO-3; those with weights here).
 std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, Group g);
+// What each axis should move in one step of this rank, by the formulas above (EP's depends on
+// the step's routing: formula_ep after the step). The weights of each optimizer group come from
+// `here` (group_buckets); data_ranks: the ranks the dense weights' optimizer spans (dp x cp); edp:
+// the experts' (expert-DP); pair_sums: the DualPipe pair's all-reduce of every gradient this rank
+// holds and of the MoE loads.
 AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Options& opts,
                            int data_ranks, int edp,
                            bool pair_sums);
 
+// "1.50 KiB", "2.00 MiB", "12 B"
 std::string human_bytes(double b);
 // "allreduce 3 x, 1.5 KiB, send 8 x, 4.0 KiB" (or "none")
 std::string counts_text(const CollectiveCounts& m);
