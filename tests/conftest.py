@@ -18,6 +18,7 @@ Fixtures:
             with Debian's python (PYTHON) from the repository's root; returns a Run
   command   command(argv, env=None, cwd=ROOT, timeout=300, separate=False, unset=()) runs any
             command (make, a test program) and returns a Run
+  has_cuda, two_gpus_with_nccl   what device_query says this machine has
   tmp_path  pytest's own: a fresh directory per test
 Helpers: passes_on_stdout(run), same_tree(a, b) (diff -r), same_files(a, b, pattern).
 
@@ -230,11 +231,23 @@ def command():
     return run_command
 
 
+def device_query(build):
+    """What tests/progs/device_query says this build and machine have: (cuda usable, GPUs with NCCL
+    between them: at least two)."""
+    out = run_command([os.path.join(build, "tests", "device_query")], timeout=60).out
+    gpus = re.search(r"^gpus: (\d+)", out, re.M)
+    nccl = bool(re.search(r"^backends:.* nccl", out, re.M) and gpus and int(gpus.group(1)) >= 2)
+    return re.search(r"\bcuda\b", out) is not None, nccl
+
+
 @pytest.fixture(scope="session")
 def has_cuda(build):
-    out = subprocess.run([os.path.join(build, "tests", "device_query")], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True).stdout
-    return re.search(r"\bcuda\b", out) is not None
+    return device_query(build)[0]
+
+
+@pytest.fixture(scope="session")
+def two_gpus_with_nccl(build):
+    return device_query(build)[1]
 
 
 @pytest.fixture(scope="session")

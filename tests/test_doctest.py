@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import DEFAULT_MPIRUN, ROOT, run_command
+from conftest import DEFAULT_MPIRUN, ROOT, device_query, run_command
 
 BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))
 UNIT = os.path.join(BUILD, "tests", "unit_tests")
@@ -39,11 +39,6 @@ LESSONS_OF_FILE = {
     "test_corpus.cpp": ["08"],
     "test_inference.cpp": ["09"],
 }
-
-
-def has_gpu():
-    out = run_command([os.path.join(BUILD, "tests", "device_query")]).out
-    return re.search(r"\bcuda\b", out) is not None
 
 
 def listing(cmd):
@@ -139,7 +134,7 @@ def params():
     for base, cases in by_file(unit).items():
         add(Group(f"unit/{base}", [UNIT, "--test-suite-exclude=kernels", f"--source-file=*/{base}"]), cases)
     kernels = listing([UNIT, "--test-suite=kernels"])
-    gpu = has_gpu()
+    gpu = device_query(BUILD)[0]
     for device in ("sim", "cuda"):
         for base, cases in by_file(kernels).items():
             cmd = [UNIT, "--test-suite=kernels", f"--source-file=*/{base}"]
