@@ -61,7 +61,7 @@ Tensor f(const Tensor& x, Comm& tp) {
   // hint: each TP rank's dL/dx covers only its own columns' contribution: allreduced(dy, c) sums them (capture a copy of the Comm).
   // see: lessons/08_mesh/README.md, Exercises
   // minutes: 10
-  // args: --sp off --ep 1
+  // args: --sp off --ep 1 --train 3
   // bug: return {allreduced(dy, c)}; -> return {dy};
   Comm c = tp;
   // Identity forward: a new tensor sharing x's storage, so that the tape has its own node.
@@ -78,7 +78,7 @@ Tensor g(const Tensor& x, Comm& tp) {
   // hint: the conjugate of f: what f does in its backward, g does in its forward.
   // see: lessons/08_mesh/README.md, Exercises
   // minutes: 10
-  // args: --sp off --ep 1
+  // args: --sp off --ep 1 --train 3
   // bug: return record(allreduced(x, tp), -> return record(x.detach(),
   return record(allreduced(x, tp), "tp_g", {x},
                 [](const Tensor& dy) -> std::vector<Tensor> { return {dy}; });

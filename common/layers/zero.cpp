@@ -338,6 +338,7 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   // hint: adam_.step({&param_shard_}, {buckets_.shard()}) updates the shard with its gradients; the all-gather below spreads every rank's blocks.
   // see: lessons/08_mesh/README.md, Exercises
   // minutes: 20
+  // args: --train 3
   // bug: std::memcpy(mine(b), param_shard_.data() + b.offset / dp, -> std::memcpy(param_shard_.data() + b.offset / dp, mine(b),
   for (const GradBuckets::Bucket& b : buckets_.buckets())
     std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
