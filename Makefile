@@ -256,20 +256,25 @@ $(LIB): $(LIB_OBJS)
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name, with the
-# lesson's own .cu kernels built for sim (and for cuda when nvcc exists), and the files of
-# earlier lessons whose headers it includes (a later lesson may include an earlier lesson's
-# header, never the other way, never a main.cpp; lesson 06's last table is the one look ahead)
-RING_02      := $(BUILD)/obj/lessons/02_ring_attention/ring.o
-SCHEDULES_07 := $(BUILD)/obj/lessons/07_dualpipe/schedules.o
-uses_06_overlap := $(SCHEDULES_07)
-uses_08_mesh    := $(RING_02) $(SCHEDULES_07)
-# lesson 09 reads lesson 08's checkpoints (lessons/08_mesh/checkpoint.h): lesson 08's files but its main
-uses_09_inference := $(filter-out %/main.o,$(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/08_mesh/*.cpp))) \
-                     $(uses_08_mesh)
-lesson_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard lessons/$(1)/*.cpp)) $(uses_$(1)) \
-              $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/$(1)/*.cu)) \
-              $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/$(1)/*.cu)))
+# ---- lessons: every .cpp of lessons/NN_name/ links into build/bin/NN_name, with the lesson's
+# own .cu kernels built for sim (and for cuda when nvcc exists), and the files of other lessons
+# it uses: found from the #include lines, not kept by hand. A source that includes
+# lessons/MM_x/y.h links y's object (y.cpp, or y.cu's kernels), and whatever y.h and y.cpp
+# include in turn. (A later lesson may include an earlier lesson's header, never the other way,
+# never a main.cpp; lesson 06's last table is the one look ahead, tests/check_layers.py.)
+# lesson_incs: the lessons/ headers the files $(1) include, as stems (lessons/08_mesh/manifest)
+lesson_incs = $(patsubst %.h,%,$(shell sed -n 's|^\#include "\(lessons/[^"]*\.h\)".*|\1|p' $(1) /dev/null))
+# lesson_closure: $(2) and every stem reached from the stems $(1), transitively
+lesson_closure = $(if $(1),$(call lesson_closure,$(filter-out $(2) $(1),$(sort $(call lesson_incs,$(wildcard \
+                   $(addsuffix .h,$(1)) $(addsuffix .cpp,$(1)) $(addsuffix .cu,$(1)))))),$(2) $(1)),$(2))
+# stem_objs: the objects of the stems $(1), a .cpp's or a .cu's (sim, and cuda with nvcc)
+stem_objs = $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard $(addsuffix .cpp,$(1)))) \
+            $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard $(addsuffix .cu,$(1)))) \
+            $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard $(addsuffix .cu,$(1)))))
+# included_objs: the objects of the lessons' files that the sources $(1) use, but their own
+included_objs = $(call stem_objs,$(filter-out $(basename $(1)),$(call lesson_closure,$(sort $(call lesson_incs,$(1))))))
+lesson_srcs = $(wildcard lessons/$(1)/*.cpp lessons/$(1)/*.cu)
+lesson_objs = $(call stem_objs,$(basename $(call lesson_srcs,$(1)))) $(call included_objs,$(call lesson_srcs,$(1)))
 # Keep every object (make would delete the lessons' and programs' as intermediates).
 .SECONDARY:
 .SECONDEXPANSION:
@@ -308,24 +313,18 @@ exercise-bin: $(EX_BIN)
 	@$(if $(EXDIR),:,echo "error: make exercise-bin EXDIR=DIR (a copy make exercise L=NN writes)" >&2; exit 2)
 
 # ---- tests
-# the lessons' own CUDA kernels (lesson 01's), for their kernel tests
-LESSON_KERNEL_OBJS := $(patsubst %.cu,$(BUILD)/obj/sim/%.o,$(wildcard lessons/*/*.cu)) \
-                      $(if $(NVCC),$(patsubst %.cu,$(BUILD)/obj/cuda/%.o,$(wildcard lessons/*/*.cu)))
 $(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/mpi/%.o $(BUILD)/obj/tests/progs/%.o: FLAGS += $(TEST_OPT)
 $(BUILD)/obj/tests/unit/test_cpu_exp.o: FLAGS += $(OMP_FLAGS)  # it includes kernels/cpu/row_math.h
 # its scalar reference loops must round as kernels/cpu does (no fused a * b + c): a bitwise test
 $(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
-# lesson code that unit tests cover directly (lesson 07's schedules, lesson 08's memory and
-# communication model and its checkpoints' manifest)
-UNIT_LESSON_OBJS := $(SCHEDULES_07) $(BUILD)/obj/lessons/08_mesh/estimate.o $(BUILD)/obj/lessons/08_mesh/manifest.o \
-                    $(BUILD)/obj/lessons/09_inference/attention_cache.o $(BUILD)/obj/lessons/09_inference/int8.o
-$(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(LESSON_KERNEL_OBJS) $(UNIT_LESSON_OBJS) $(LIB)
+# the lessons' code that the tests cover directly (lesson 01's kernels, 07's schedules, 08's memory
+# and communication model and its checkpoints' manifest, 09's caches), from their #include lines
+$(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(call included_objs,$(UNIT_SRCS)) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
-# (and the ones MPI tests cover: lesson 07's schedules, under the pipeline executor)
-$(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(SCHEDULES_07) $(LIB)
+$(BUILD)/tests/mpi_tests: $(MPI_SRCS:%.cpp=$(BUILD)/obj/%.o) $(call included_objs,$(MPI_SRCS)) $(LIB)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)
 	$(Q)$(CXX) $(FLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)

@@ -1,16 +1,9 @@
 // lessons/08_mesh/checkpoint.h — lesson 08's checkpoints: the model written down independently
 // of the mesh, saved by every rank at once, resumed on any mesh.
 //
-// A checkpoint is a directory, step-NNNNNN, of numpy files, one per FULL (unsharded) tensor:
-//   NAME.npy             every weight, by its stable name (model::Params::named_parameters)
-//   NAME.exp_avg.npy     AdamW's m for it, NAME.exp_avg_sq.npy its v (PyTorch's names)
-//   BIAS.npy             every MoE layer's balancing bias (named_buffers)
-//   manifest.json        the run's lineage, the steps done, AdamW's step count, the data position
-//                        (seed, batch, seq and the text), the rates, the model's configuration, the
-//                        mesh it was written from, and every file's shape, dtype, bytes and CRC-32;
-//                        manifest.crc32 its own CRC-32 (manifest.h: every field is checked on reading)
-// Why full tensors and not each rank's shards: a shard only means something on the mesh that
-// cut it; a full tensor means the same on any mesh, in PyTorch, in numpy. Each rank still writes
+// A checkpoint is a directory of numpy files, one per full (unsharded) tensor, and a manifest
+// (checkpoint_io.h: the files, and reading them back). A full tensor means the same on any mesh,
+// in PyTorch, in numpy; a shard only on the mesh that cut it. Each rank still writes
 // only what it owns, straight into the full files at the right offsets (pwrite): rank 0 creates
 // every file at its final size with its header, every rank writes its slices (a TP rank its
 // columns or rows, an EP rank its experts, a ZeRO rank its block of m and v (ZeRO-3: of the
@@ -29,8 +22,7 @@
 // checkpoints are never pruned, replaced or mixed with this run's (check_save_dir refuses first).
 // Resuming reads the same way backwards: each rank reads from the full files only the slices its
 // own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage), checked against the
-// manifest's CRC-32 and shapes first; the data start where each file's own header ends (a file
-// rewritten by numpy or another writer with a longer header reads the same).
+// manifest's CRC-32 and shapes first.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,24 +33,11 @@
 #include "common/core/tensor.h"
 #include "common/layers/zero.h"
 #include "common/lesson/lesson.h"
-#include "lessons/08_mesh/manifest.h"
+#include "lessons/08_mesh/checkpoint_io.h"
 #include "lessons/08_mesh/mesh_model.h"
 #include "lessons/08_mesh/options.h"
-#include "lessons/08_mesh/sharding.h"
 
 namespace ff::mesh {
-
-// Where in a full tensor a rank's tensor sits: the whole (dim -1), or [begin, end) along dim.
-struct Region {
-  int dim = -1;
-  int64_t begin = 0, end = 0;
-};
-Region region_of(const std::string& name, const Shape& full, const MeshCoords& co, const MeshSizes& sizes);
-// fn(full_at, local_at, count) for the runs of a local tensor's elements [lo, hi) that are
-// contiguous in the full tensor (row-major both): one run for a whole tensor or a split along
-// dim 0, one per row for columns.
-void for_each_run(const Shape& full, const Region& r, int64_t lo, int64_t hi,
-                  const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
 // What a checkpoint holds besides the tensors.
 struct CheckpointInfo {
@@ -93,10 +72,6 @@ void save_checkpoint(Lesson& lesson, const std::string& dir, int64_t keep, const
 // of another lineage), else the error, the same on every rank.
 std::string check_save_dir(Comm& world, const std::string& dir, const std::string& run);
 
-// Collective: the checkpoint path names (checkpoint_dir) into *dir, its manifest read and checked
-// (manifest.h) into *m; "" or the error naming the file and the field, the same on every rank.
-std::string read_checkpoint(Comm& world, const std::string& path, std::string* dir, Manifest* m);
-
 // The checkpoint --resume names: the directory itself when it holds a manifest, else its newest
 // complete step-* (a --save directory). Collective: reads and checks the manifest and every
 // file's CRC-32, shape and the model's configuration against the flags (a mismatch or a
@@ -104,20 +79,5 @@ std::string read_checkpoint(Comm& world, const std::string& path, std::string* d
 // then gives every rank's weights, balancing biases and AdamW state their slices.
 CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const Options& opts,
                                  const Setup& setup, Mesh& mesh, RankModel& here, const StateGroups& state);
-
-// The checkpoint directory resume_checkpoint reads (the newest step-* of a --save directory).
-std::string checkpoint_dir(const std::string& path);
-
-// The model a checkpoint holds, from its manifest (the newest step-* of a --save directory):
-// every field the manifest records (model_fields); c->seq_len is left as it was. Collective over world: ""
-// or the error line, the same on every rank.
-std::string checkpoint_model(Comm& world, const std::string& path, model::Config* c);
-// A checkpoint's weights whole, on every rank of world (lesson 09 serves the model lesson 08
-// trained): the manifest checked against c as --resume checks it (format, version, every field
-// of the model), every weight's and balancing bias's shape, the CRC-32s shared by the ranks,
-// then read into *out (model::load_params). Collective: "" or the error line (naming the file
-// or the field), the same on every rank; AdamW's state is not read.
-std::string load_checkpoint_weights(Comm& world, const std::string& path, const model::Config& c,
-                                    model::Params* out, Device dev = Device::cpu);
 
 }  // namespace ff::mesh

@@ -146,10 +146,6 @@ model::Config model_from(const Reader& r, const json& j) {
   return c;
 }
 
-std::string sys_error(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
-}
-
 std::string crc_hex(uint32_t crc) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08x", crc);
@@ -192,6 +188,10 @@ bool is_run_id(const std::string& s) {
 }
 
 }  // namespace
+
+std::string sys_error(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
 
 std::map<std::string, Shape> checkpoint_files(const model::Config& c) {
   const model::Params shapes = model::zero_params(c);

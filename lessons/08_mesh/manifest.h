@@ -76,4 +76,7 @@ std::string read_manifest_run(const std::string& dir, std::string* run);
 // A fresh lineage: 16 hex digits from the system's entropy.
 std::string new_run_id();
 
+// "WHAT PATH: the system's reason" (strerror of errno), for a failed call on PATH.
+std::string sys_error(const std::string& what, const std::string& path);
+
 }  // namespace ff::mesh

@@ -23,7 +23,7 @@
 
 #include "common/lesson/lesson.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "lessons/08_mesh/checkpoint.h"
+#include "lessons/08_mesh/checkpoint_io.h"
 #include "lessons/09_inference/attention_cache.h"
 #include "lessons/09_inference/decoder.h"
 #include "lessons/09_inference/int8.h"

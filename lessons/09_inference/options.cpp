@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "common/util/files.h"
-#include "lessons/08_mesh/checkpoint.h"
+#include "lessons/08_mesh/checkpoint_io.h"
 
 namespace ff::infer {
 

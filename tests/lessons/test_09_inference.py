@@ -185,3 +185,14 @@ def test_device_cuda(lesson, has_cuda):
     if not has_cuda:
         pytest.skip("no GPU here")
     lesson(L09, 1, "--device", "cuda").ok()
+
+
+def test_the_binary_holds_lesson_08s_checkpoint_files_but_not_its_mesh_model(command, build):
+    # the Makefile links what lesson 09's #include lines reach (checkpoint_io, manifest, sharding):
+    # lesson 08's readers of a checkpoint are in the binary, its mesh model, pipeline and
+    # optimizer groups are not
+    syms = command(["nm", "-C", f"{build}/bin/{L09}"], separate=True)
+    assert syms.rc == 0, syms.why("nm reads the binary")
+    assert "ff::mesh::load_checkpoint_weights" in syms.stdout, syms.why("lesson 08's checkpoint reader linked")
+    for absent in ("MeshStages", "ff::mesh::save_checkpoint", "ff::mesh::resume_checkpoint", "ff::mesh::train_step"):
+        assert absent not in syms.stdout, f"{build}/bin/{L09} holds {absent}: lesson 08's mesh model is linked into lesson 09"

@@ -3,7 +3,7 @@ the weights go elsewhere as they are, and the loss they give on lesson 08's vali
 is lesson 08's.
 
 usage: load_checkpoint.py CHECKPOINT DUMP_DIR
-  CHECKPOINT  a checkpoint directory (lessons/08_mesh/checkpoint.h: manifest.json and one .npy
+  CHECKPOINT  a checkpoint directory (lessons/08_mesh/checkpoint_io.h: manifest.json and one .npy
               per full tensor, named as model.h names the weights)
   DUMP_DIR    lesson 08's --dump of a run resumed from it with no training step
               (--resume CHECKPOINT --train 0 --dump DUMP_DIR): its validation batch 0
