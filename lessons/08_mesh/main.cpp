@@ -96,8 +96,8 @@ struct Optimizers {
   std::optional<fsdp::Fsdp> fsdp;
 };
 
-zero::Bug zero_bug(const std::string& bug) {
-  return bug == "zero-no-divide" ? zero::Bug::no_divide : bug == "zero-stale-shard" ? zero::Bug::stale_shard : zero::Bug::none;
+zero::Bug zero_bug(Bug bug) {  // the ZeRO optimizer's own planted bugs
+  return bug == Bug::zero_no_divide ? zero::Bug::no_divide : bug == Bug::zero_stale_shard ? zero::Bug::stale_shard : zero::Bug::none;
 }
 int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embedding, blocks, head
   return opts.zero == 3 ? (int)setup.c.layers + 2 : 0;
@@ -121,16 +121,16 @@ Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, Rank
       (g == Group::experts ? experts : g == Group::replicated ? replicated : dense)
           .add(table.params[k], k, unit_of(table.names[k], setup.c.layers));
     }
-  if (opts.bug != "ep-grad-mean") experts.divide_by(mesh.dp_cp().size());
+  if (opts.bug != Bug::ep_grad_mean) experts.divide_by(mesh.dp_cp().size());
   // [/slide]
   dense.layout(), experts.layout(), replicated.layout();  // the buckets, and the hooks that post them
   if (opts.zero < 3 && !replicated.params.empty()) replicated.sum_after_reduce(&mesh.tp());  // SP's sum
-  if (opts.bug == "bucket-early") dense.buckets().post_one_early(true);
+  if (opts.bug == Bug::bucket_early) dense.buckets().post_one_early(true);
   if (opts.zero < 3) return;
   // ZeRO-3: every group's shards, gathered unit by unit around the model's forward and backward
   std::vector<fsdp::ShardGroup*> sharded;
   for (zero::GroupAdam* g : {&dense, &replicated, &experts})
-    if (g->shards()) sharded.push_back(g->shards()), g->shards()->stale_backward = opts.bug == "zero3-stale-gather";
+    if (g->shards()) sharded.push_back(g->shards()), g->shards()->stale_backward = opts.bug == Bug::zero3_stale_gather;
   fsdp.emplace(sharded, zero3_units(opts, setup));
   fsdp->start();
   here.mm.fsdp = &*fsdp;
@@ -217,7 +217,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
     std::vector<Tensor*> replicated;
     for (size_t k = 0; k < table.names.size(); k++)
       if (table.params[k] && split_of(table.names[k], setup.sizes.ep) == Split::replicated &&
-          !(opts.bug == "sp-norm-grad" && is_norm_weight(table.names[k])))
+          !(opts.bug == Bug::sp_norm_grad && is_norm_weight(table.names[k])))
         replicated.push_back(table.params[k]);
     zero::sum_grads(replicated, mesh.tp());
     // [/slide:sp-grads]
@@ -228,7 +228,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   // DualPipe: stage s lives on rank s (direction 0) and on rank P-1-s (direction 1), each
   // copy's gradient from its direction's micro-batches: the pair sums them, so both copies
   // take the same AdamW step (the replica check compares their bits), and their MoE loads
-  if (dual && opts.bug != "dualpipe-no-pair-sum") {
+  if (dual && opts.bug != Bug::dualpipe_no_pair_sum) {
     std::vector<Tensor*> held;
     for (Tensor* p : table.params)
       if (p) held.push_back(p);
@@ -273,7 +273,7 @@ int mesh_lesson(Lesson& lesson) {
   Optimizers opt(opts, setup, mesh, here, adam);
   zero::GroupAdam &dense_opt = opt.dense, &expert_opt = opt.experts, &replicated_opt = opt.replicated;
   std::optional<fsdp::Fsdp>& fsdp = opt.fsdp;
-  if (opts.bug == "f-no-allreduce") tp::testing::set_f_skips_allreduce(true);
+  if (opts.bug == Bug::f_no_allreduce) tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
   const bool dual = here.sched.layout == pp::Layout::dual;
   const int pp_rank = mesh.coords().pp;
@@ -283,7 +283,7 @@ int mesh_lesson(Lesson& lesson) {
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
   const double n_terms = (double)(opts.batch * setup.seq);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
-  OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, setup.bug_kpe, table.names, n_terms, setup.corpus, opts.batch);
+  OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, opts.bug == Bug::kpe_per_head, table.names, n_terms, setup.corpus, opts.batch);
   const int64_t first_step = resume_if_asked(lesson, opts, setup, mesh, here, opt, one_process);
   Lineage lineage{setup.run, {}};  // --save: this run's checkpoints (--keep prunes the lineage's)
   print_header(lesson, opts, setup, here, edp.size());

@@ -128,20 +128,20 @@ RankModel::RankModel(const Options& opts, const Setup& setup, Mesh& mesh, const 
   const MeshCoords& co = mesh.coords();
   const model::Config& c = setup.c;
   mm.c = c;
-  mm.p = shard_model(c, full, co, setup.sizes, setup.bug_kpe);
+  mm.p = shard_model(c, full, co, setup.sizes, opts.bug == Bug::kpe_per_head);
   mm.device = dev;
   // TP (and SP): the heads, the dense FFN and the vocabulary split over the TP ranks
   mm.tp = &mesh.tp();
   mm.sp = opts.sp;
-  mm.ce_local_softmax = opts.bug == "ce-local-softmax";
+  mm.ce_local_softmax = opts.bug == Bug::ce_local_softmax;
   int64_t vocab_end;
   split_range(c.vocab, setup.sizes.tp, co.tp, &mm.v0, &vocab_end);
   // CP: every CP rank's tokens of each sequence, in the zigzag layout
   mm.cp = &mesh.cp();
   for (int r = 0; r < setup.sizes.cp; r++)
     mm.cp_positions.push_back(ring::layout_positions(ring::Layout::zigzag, setup.seq, setup.sizes.cp, r));
-  mm.local_mask = opts.bug == "local-causal-mask";
-  mm.local_rope = opts.bug == "local-rope-positions";
+  mm.local_mask = opts.bug == Bug::local_causal_mask;
+  mm.local_rope = opts.bug == Bug::local_rope_positions;
   // EP: the experts over the EP group, the all-to-all flat or through the nodes
   mm.ep = &mesh.ep();
   topo.node_comm.set_label("ep-node"), topo.rail_comm.set_label("ep-rail");
@@ -153,8 +153,8 @@ RankModel::RankModel(const Options& opts, const Setup& setup, Mesh& mesh, const 
   release_other_stages(&mm.p, plan, co.pp);
   for (const model::Block& b : mm.p.layers) held_moe += b.moe && b.experts.bias.defined();
   stages.mm = &mm, stages.begin = setup.stage_begin, stages.M = setup.microbatches, stages.Bm = setup.microbatch, stages.T = setup.seq_per_cp;
-  stages.mb_sum = opts.bug == "pp-mb-sum";
-  fill_param_table(&table, c, full, mm.p, plan, co.pp, setup.sizes.ep, setup.bug_kpe);
+  stages.mb_sum = opts.bug == Bug::pp_mb_sum;
+  fill_param_table(&table, c, full, mm.p, plan, co.pp, setup.sizes.ep, opts.bug == Bug::kpe_per_head);
 }
 
 }  // namespace ff::mesh

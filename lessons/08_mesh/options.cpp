@@ -13,8 +13,19 @@
 
 namespace ff::mesh {
 
-// Every flag of the lesson, on cli (sp: --sp's auto | on | off, decided after the parse).
-static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
+const std::vector<std::string>& bug_names() {
+  static const std::vector<std::string> names = {
+      "none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax", "zero-no-divide",
+      "zero-stale-shard", "bucket-early", "zero3-stale-gather", "local-causal-mask", "local-rope-positions",
+      "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"};
+  return names;
+}
+
+const std::string& bug_name(Bug bug) { return bug_names().at((size_t)bug); }
+
+// Every flag of the lesson, on cli (sp: --sp's auto | on | off, decided after the parse; bug:
+// --bug's name, Options::bug after it).
+static void declare_flags(Cli& cli, Options& opts, std::string* sp, std::string* bug_flag) {
   cli.summary(
       "A tiny DeepSeek-style language model (MLA + MoE) trained on tinyshakespeare by a DP x PP x CP x "
       "TP x EP mesh (ZeRO-1, sequence parallelism, ring attention, lesson 05's expert-parallel MoE, "
@@ -100,11 +111,7 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
   cli.flag("--temperature", &opts.temperature, "sampling temperature", 0.01, 100.0);
   cli.flag("--prompt", &opts.prompt, "the text sampling starts from", "TEXT");
   cli.flag("--data", &opts.data, "the training text (its distinct bytes are the vocabulary; the default is the course's data/tinyshakespeare.txt, found from the executable)");
-  cli.choice("--bug", &opts.bug,
-             {"none", "kpe-per-head", "sp-norm-grad", "f-no-allreduce", "ce-local-softmax",
-              "zero-no-divide", "zero-stale-shard", "bucket-early", "zero3-stale-gather", "local-causal-mask", "local-rope-positions",
-              "ep-grad-mean", "pp-mb-sum", "dualpipe-no-pair-sum"},
-             "plant a known mistake (the check must FAIL)");
+  cli.choice("--bug", bug_flag, bug_names(), "plant a known mistake (the check must FAIL)");
   cli.epilog(
       "  make run L=08                          16 ranks: DP 2 x PP 2 x CP 2 x TP 2, EP 2 folded\n"
       "  make run L=08 NP=32                    the same with DP 4\n"
@@ -118,13 +125,13 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp) {
 // --zero, --bucket-mb and their planted bugs against the mesh and the schedule; returns whether
 // the gradient buckets can go during the backward (else *why_not says why, when asked for).
 static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshSizes& sizes, std::string* why_not) {
-  lesson.usage_error_if(opts.bug.rfind("zero-", 0) == 0 && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
-                        "--bug " + opts.bug + " needs --zero 1 or 2 and dp x cp > 1");
+  lesson.usage_error_if((opts.bug == Bug::zero_no_divide || opts.bug == Bug::zero_stale_shard) && (opts.zero == 0 || opts.zero == 3 || sizes.dp * sizes.cp == 1),
+                        "--bug " + bug_name(opts.bug) + " needs --zero 1 or 2 and dp x cp > 1");
   const bool checkpoints = !opts.save.empty() || !opts.resume.empty();
   lesson.usage_error_if(opts.save.empty() && (lesson.cli.given("--save-every") || lesson.cli.given("--keep")),
                         "--save-every and --keep need --save DIR (they say when checkpoints are written and how many stay)");
   lesson.usage_error_if(opts.steps == 0 && opts.resume.empty(), "--train 0 needs --resume (a model to validate or sample)");
-  lesson.usage_error_if(checkpoints && opts.bug != "none", "--save and --resume run without --bug");
+  lesson.usage_error_if(checkpoints && opts.bug != Bug::none, "--save and --resume run without --bug");
   if (!opts.save.empty()) {
     const std::string err = check_output_path(opts.save, PathKind::dir);
     lesson.usage_error_if(!err.empty(), "--save: " + err);
@@ -132,7 +139,7 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
                         "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
                         "one's starts: no split backward, one stage per rank)");
-  lesson.usage_error_if(opts.bug == "zero3-stale-gather" && opts.zero != 3, "--bug zero3-stale-gather needs --zero 3");
+  lesson.usage_error_if(opts.bug == Bug::zero3_stale_gather && opts.zero != 3, "--bug zero3-stale-gather needs --zero 3");
   lesson.usage_error_if(opts.zero == 3 && opts.bucket_mb > 0,
                         "--bucket-mb is for --zero 0, 1 and 2 (ZeRO-3 reduces each layer's gradients as "
                         "soon as its backward ends)");
@@ -142,7 +149,7 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   if (opts.bucket_mb > 0 && (opts.schedule == "dualpipe" || opts.schedule == "dualpipev"))
     *why_not = "--schedule " + opts.schedule + " holds two stages per rank";
   const bool overlap = opts.bucket_mb > 0 && why_not->empty();
-  lesson.usage_error_if(opts.bug == "bucket-early" && (!overlap || sizes.dp * sizes.cp == 1),
+  lesson.usage_error_if(opts.bug == Bug::bucket_early && (!overlap || sizes.dp * sizes.cp == 1),
                         "--bug bucket-early needs --bucket-mb > 0, dp x cp > 1 and one stage per rank" +
                             (why_not->empty() ? std::string() : " (here: " + *why_not + ")"));
   return overlap;
@@ -225,9 +232,11 @@ static std::string checkpoint_lineage(Lesson& lesson, const Options& opts, const
 
 std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   Cli& cli = lesson.cli;
-  std::string sp = "auto";
-  declare_flags(cli, opts, &sp);
+  std::string sp = "auto", bug_flag = "none";
+  declare_flags(cli, opts, &sp, &bug_flag);
   lesson.parse();
+  const auto& names = bug_names();
+  opts.bug = (Bug)(std::find(names.begin(), names.end(), bug_flag) - names.begin());  // (one of them: cli.choice)
   std::string restored;  // --resume: the run goes on as it was saved
   const std::optional<Manifest> resumed = restore_run(lesson, opts, &restored);
   const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&
@@ -308,7 +317,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.usage_error_if(opts.a2a == "hierarchical" && opts.ep % opts.ranks_per_node != 0,
                         "--ranks-per-node " + std::to_string(opts.ranks_per_node) + " must divide --ep " +
                             std::to_string(opts.ep) + " (the EP group is cut into virtual nodes)");
-  lesson.usage_error_if(opts.bug == "ep-grad-mean" && (opts.ep == 1 || opts.ep == opts.tp),
+  lesson.usage_error_if(opts.bug == Bug::ep_grad_mean && (opts.ep == 1 || opts.ep == opts.tp),
                         "--bug ep-grad-mean needs --ep > 1 and --ep != --tp (with ep = tp, expert-DP has "
                         "dp x cp ranks and dividing by its size happens to be right)");
   lesson.usage_error_if(opts.heads % opts.tp != 0, "--heads " + std::to_string(opts.heads) + " must be a multiple "
@@ -333,9 +342,9 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         " = " + std::to_string(rank_batch) + " sequences per DP rank must be a multiple of the " +
                         std::to_string(microbatches) + " micro-batches (--microbatches; default 2 x --pp, or --pp)");
   const int64_t microbatch = rank_batch / microbatches;
-  lesson.usage_error_if(opts.bug == "dualpipe-no-pair-sum" && opts.schedule != "dualpipe",
+  lesson.usage_error_if(opts.bug == Bug::dualpipe_no_pair_sum && opts.schedule != "dualpipe",
                         "--bug dualpipe-no-pair-sum needs --schedule dualpipe");
-  lesson.usage_error_if(opts.bug == "pp-mb-sum" && microbatches == 1, "--bug pp-mb-sum needs more than one micro-batch "
+  lesson.usage_error_if(opts.bug == Bug::pp_mb_sum && microbatches == 1, "--bug pp-mb-sum needs more than one micro-batch "
                         "(--pp > 1 or --microbatches > 1)");
   const std::string sched_err = pp::check_args(opts.schedule, opts.pp, microbatches);
   lesson.usage_error_if(!sched_err.empty(), "--schedule " + opts.schedule + ": " + sched_err);
@@ -378,21 +387,20 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "--q-lora and --kv-lora must be at least 2 (the RMSNorm of a single number is "
                         "+-1 whatever it was: no gradient flows through it)");
   lesson.usage_error_if(opts.d_rope % 2 != 0, "--d-rope " + std::to_string(opts.d_rope) + " must be even (RoPE rotates pairs)");
-  const bool bug_kpe = opts.bug == "kpe-per-head";
-  lesson.usage_error_if(bug_kpe && opts.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
+  lesson.usage_error_if(opts.bug == Bug::kpe_per_head && opts.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
                         "not a TP one)");
-  lesson.usage_error_if(opts.bug == "sp-norm-grad" && !opts.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
-  lesson.usage_error_if(opts.bug == "sp-norm-grad" && (opts.bucket_mb > 0 || opts.zero == 3),
+  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && !opts.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
+  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && (opts.bucket_mb > 0 || opts.zero == 3),
                         "--bug sp-norm-grad runs without --bucket-mb and --zero 3 (there the replicated weights' "
                         "reductions are summed over TP after DP's, and the bug forgets the sum before it)");
-  lesson.usage_error_if(opts.bug == "f-no-allreduce" && (opts.tp == 1 || opts.sp),
+  lesson.usage_error_if(opts.bug == Bug::f_no_allreduce && (opts.tp == 1 || opts.sp),
                         "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
                         "reduce-scatter takes f's all-reduce's place)");
-  lesson.usage_error_if(opts.bug == "ce-local-softmax" && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
+  lesson.usage_error_if(opts.bug == Bug::ce_local_softmax && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
   std::string bucket_why_not;
   const bool bucket_overlap = check_data_parallel(lesson, opts, sizes, &bucket_why_not);
-  lesson.usage_error_if((opts.bug == "local-causal-mask" || opts.bug == "local-rope-positions") && opts.cp == 1,
-                        "--bug " + opts.bug + " needs --cp > 1 (with one CP rank local and global positions "
+  lesson.usage_error_if((opts.bug == Bug::local_causal_mask || opts.bug == Bug::local_rope_positions) && opts.cp == 1,
+                        "--bug " + bug_name(opts.bug) + " needs --cp > 1 (with one CP rank local and global positions "
                         "are the same)");
   CharCorpus corpus;
   const std::string err = CharCorpus::try_load(opts.data, &corpus);
@@ -421,7 +429,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   lesson.require_memory(16.0 * 4 * (double)full_numel + act, "--dim, --layers, --batch or --seq");
   const std::string run = checkpoint_lineage(lesson, opts, resumed, corpus);  // (before corpus moves)
   return Setup{sizes, rank_batch, seq, seq_per_cp, microbatches, microbatch, stages, sched_pairs, stage_begin, link, real_nodes, std::move(corpus),
-               c, full_numel, bug_kpe, bucket_overlap, bucket_why_not, run, restored};
+               c, full_numel, bucket_overlap, bucket_why_not, run, restored};
 }
 
 }  // namespace ff::mesh

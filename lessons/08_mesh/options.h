@@ -18,6 +18,29 @@
 
 namespace ff::mesh {
 
+// --bug: a known mistake planted in the step, so that the check is seen to FAIL where it must
+// (tests/lessons/test_08_mesh.py plants each). Parsed once with the flags; the step asks
+// `opts.bug == Bug::...` where the mistake goes, never the flag's text.
+enum class Bug {
+  none,
+  kpe_per_head,          // the shared RoPE key W_kr as a copy per head (a model mistake)
+  sp_norm_grad,          // SP: the norms' weight gradients not summed over TP
+  f_no_allreduce,        // Megatron's f: no all-reduce in its backward
+  ce_local_softmax,      // the vocabulary-parallel cross-entropy's softmax over local columns
+  zero_no_divide,        // ZeRO-1/2: the gradient shard summed, not averaged
+  zero_stale_shard,      // ZeRO-1/2: the updated shard never gathered back
+  bucket_early,          // a gradient bucket reduced before its last gradient arrived
+  zero3_stale_gather,    // ZeRO-3: the backward on weights already released
+  local_causal_mask,     // CP: the causal mask from local positions
+  local_rope_positions,  // CP: RoPE at local positions
+  ep_grad_mean,          // EP: the experts' gradient averaged over expert-DP, not data ranks
+  pp_mb_sum,             // PP: micro-batch losses summed, not averaged
+  dualpipe_no_pair_sum,  // DualPipe: the two copies of a stage not summed
+};
+// The flag's spelling of each ("none", "kpe-per-head", ...), in the order above.
+const std::vector<std::string>& bug_names();
+const std::string& bug_name(Bug bug);
+
 // The flags, as given (0 for an axis, --layers or --microbatches: decided from the world)
 struct Options {
   int64_t tp = 0, dp = 0, cp = 0, ep = 0, pp = 0, zero = 1, ranks_per_node = 0, microbatches = 0;
@@ -28,7 +51,8 @@ struct Options {
   double lr = 3e-3, bias_rate = 1e-3, temperature = 0.8, bucket_mb = 0;
   int64_t sample = 0, val_batches = 8, save_every = 0, keep = 2;
   std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
-              bug = "none", a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link, save, resume;
+              a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link, save, resume;
+  Bug bug = Bug::none;
 };
 
 // What the flags and the world size decide, every check passed.
@@ -47,7 +71,6 @@ struct Setup {
   CharCorpus corpus;                 // --data
   model::Config c;                   // the model
   int64_t full_numel = 0;            // its parameters
-  bool bug_kpe = false;              // --bug kpe-per-head
   // --bucket-mb > 0 and the buckets can go during the backward: one stage per rank (a line
   // schedule) and no sum over TP before DP's (sequence parallelism's replicated weights)
   bool bucket_overlap = false;

@@ -30,7 +30,7 @@ void print_header(const Lesson& lesson, const Options& opts, const Setup& setup,
                sizes.dp, sizes.pp > 1 ? ("pp " + std::to_string(sizes.pp) + " x ").c_str() : "",
                sizes.cp > 1 ? ("cp " + std::to_string(sizes.cp) + " x ").c_str() : "", sizes.tp,
                sizes.world(), ep_text.c_str(), (long long)opts.zero, opts.sp ? "on" : "off",
-               opts.bug == "none" ? "" : ("; planted bug: " + opts.bug).c_str());
+               opts.bug == Bug::none ? "" : ("; planted bug: " + bug_name(opts.bug)).c_str());
   lesson.print("model: vocab %lld, d %lld, %lld layers (%lld dense, %lld MoE: %lld experts, top-%lld, "
                "%lld shared), %lld heads, r_q %lld, r_kv %lld; %lld parameters, %lld on rank 0\n",
                (long long)c.vocab, (long long)c.dim, (long long)c.layers, (long long)c.dense_layers,
