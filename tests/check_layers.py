@@ -13,6 +13,9 @@ goes down or sideways, never up.
 A later lesson may build on an earlier one's files (lesson 08 runs lesson 02's ring and lesson
 07's schedules); LOOK_AHEAD names the one include of a later lesson's header.
 
+And common/ holds only what is shared: every header of common/layers is included by two lessons or
+more, or by another file of common/ (what one lesson alone uses lives in its folder).
+
   check_layers.py              check the tree
   check_layers.py --self-test  show that an include going up is caught
 """
@@ -40,8 +43,41 @@ def floor_of(path):
     return None
 
 
-def problems(root):
+def used_by_one_lesson(root):
+    """common/layers headers that one lesson alone includes (and no other file of common/)."""
+    users = {}  # header -> the lessons and the common/ files that include it
+    for top in ("common", "lessons"):
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for name in sorted(files):
+                path = os.path.relpath(os.path.join(d, name), root)
+                if not name.endswith((".h", ".cpp", ".cu", ".cuh")):
+                    continue
+                with open(os.path.join(root, path), errors="replace") as f:
+                    for line in f:
+                        m = INCLUDE.match(line)
+                        if not m or not m.group(1).startswith("common/layers/"):
+                            continue
+                        inc = m.group(1)
+                        if os.path.splitext(path)[0] == os.path.splitext(inc)[0]:
+                            continue  # its own .cpp
+                        lesson = LESSON.match(path)
+                        users.setdefault(inc, set()).add(lesson.group(0) if lesson else path)
     out = []
+    layers = os.path.join(root, "common", "layers")
+    for name in sorted(os.listdir(layers)) if os.path.isdir(layers) else []:
+        if not name.endswith(".h"):
+            continue
+        inc = "common/layers/" + name
+        who = users.get(inc, set())
+        lessons = sorted(u for u in who if u.startswith("lessons/"))
+        if len(lessons) < 2 and len(who) == len(lessons):
+            out.append(f"{inc}: included by {' '.join(lessons) or 'no lesson'} alone: a file one lesson uses "
+                       f"lives in that lesson's folder")
+    return out
+
+
+def problems(root):
+    out = used_by_one_lesson(root)
     for top in ("common", "kernels", "lessons"):
         for d, _, files in os.walk(os.path.join(root, top)):
             for name in sorted(files):
@@ -85,17 +121,26 @@ def self_test():
         write("lessons/08_mesh/ok.cpp", '#include "lessons/07_dualpipe/schedules.h"\n')
         write("lessons/07_dualpipe/up.cpp", '#include "lessons/08_mesh/mesh_model.h"\n')
         write("lessons/08_mesh/main_inc.cpp", '#include "lessons/07_dualpipe/main.cpp"\n')
+        # common/layers: shared.h by two lessons, inner.h by common/, lonely.h by one lesson only
+        for h in ("shared", "inner", "lonely"):
+            write(f"common/layers/{h}.h", "#pragma once\n")
+            write(f"common/layers/{h}.cpp", f'#include "common/layers/{h}.h"\n')
+        write("lessons/05_x/a.cpp", '#include "common/layers/shared.h"\n#include "common/layers/lonely.h"\n')
+        write("lessons/06_y/b.cpp", '#include "common/layers/shared.h"\n')
+        write("common/layers/user.cpp", '#include "common/layers/inner.h"\n')
         found = problems(tmp)
         want = ["common/core/up.cpp", "common/util/up.cpp", "common/layers/up.cpp",
-                "lessons/07_dualpipe/up.cpp", "lessons/08_mesh/main_inc.cpp"]
+                "lessons/07_dualpipe/up.cpp", "lessons/08_mesh/main_inc.cpp", "common/layers/lonely.h"]
         for w in want:
             if not any(p.startswith(w + ":") for p in found):
                 print(f"self-test FAILED: {w} not caught")
                 return 1
-        if any(p.startswith(("common/core/ok.cpp", "lessons/08_mesh/ok.cpp")) for p in found):
+        if any(p.startswith(("common/core/ok.cpp", "lessons/08_mesh/ok.cpp", "common/layers/shared.h",
+                             "common/layers/inner.h")) for p in found):
             print("self-test FAILED: an allowed include was flagged")
             return 1
-    print(f"  self-test: {len(want)} includes going up caught, the allowed ones not")
+    print(f"  self-test: {len(want) - 1} includes going up and a common/layers header one lesson alone uses "
+          f"caught, the allowed ones not")
     return 0
 
 
@@ -107,7 +152,8 @@ def main(argv):
         print("error: " + p)
     if found:
         return 1
-    print("layers ok: every include in common/, kernels/ and lessons/ goes down or sideways")
+    print("layers ok: every include in common/, kernels/ and lessons/ goes down or sideways; every "
+          "common/layers header is shared")
     return 0
 
 

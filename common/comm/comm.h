@@ -243,7 +243,7 @@ class Comm {
   // block (blocks laid out back to back in rank order) of the elementwise sum over ranks.
   void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
   // Non-blocking twins, for a collective that flies while this rank computes (the DP axis's
-  // gradient buckets, common/layers/zero.h): posted and counted now, finished by wait() or
+  // gradient buckets, lessons/08_mesh/buckets.h): posted and counted now, finished by wait() or
   // wait_all() (test() progresses it). The buffers must stay untouched until then. On NCCL
   // when the buffers are device memory. ireduce_scatter_sum gives every rank an equal block of
   // `count` floats (send holds size() * count).

@@ -36,7 +36,7 @@ struct Storage {
   // Frees the memory and keeps the object: every tensor sharing the storage sees it gone, and a
   // later allocate() gives them all new memory (its contents undefined). PyTorch's
   // storage.resize_(0) and back, as FSDP uses it: ZeRO-3 frees a unit's parameters between
-  // its forward and its backward (common/layers/fsdp.h). Reading a released storage is an
+  // its forward and its backward (lesson 08's ZeRO-3, lessons/08_mesh/fsdp.h). Reading a released storage is an
   // error, not a crash.
   void release();
   void allocate(size_t bytes);
@@ -58,7 +58,7 @@ struct TensorImpl {
   // read it has had its turn and its gradient is in .grad (PyTorch's
   // register_post_accumulate_grad_hook); also when none of them sent it a gradient (.grad then
   // unchanged). A weight whose gradient a split backward defers: when its W has run.
-  // common/layers/zero.h starts a bucket's reduction there, while the rest of the backward
+  // lesson 08's gradient buckets (lessons/08_mesh/buckets.h) start a bucket's reduction there, while the rest of the backward
   // runs. Empty: none.
   std::function<void()> post_accumulate_grad;
 };

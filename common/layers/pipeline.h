@@ -48,7 +48,7 @@ struct ExecutorOptions {
   // Called once, just before the rank's last step that adds into the weights' gradients (its
   // last B, or its last W when the schedule splits the backward): from there on, a weight's
   // next gradient is its last of the batch (lesson 08 arms its gradient buckets there,
-  // common/layers/zero.h). On a layout that holds one stage per rank (Layout::line) only: with
+  // lessons/08_mesh/buckets.h). On a layout that holds one stage per rank (Layout::line) only: with
   // two stages a rank's last such step is the last of one of them, not of both.
   std::function<void()> before_last_weight_grads;
 };

@@ -16,7 +16,7 @@
 #include <map>
 
 #include "common/core/npy.h"
-#include "common/layers/fsdp.h"
+#include "lessons/08_mesh/fsdp.h"
 #include "common/util/files.h"
 #include "lessons/08_mesh/formulas.h"
 

@@ -31,7 +31,7 @@
 
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/checkpoint_io.h"
 #include "lessons/08_mesh/mesh_model.h"

@@ -409,7 +409,7 @@ static void report_zero(std::ostringstream& os, const ModelShape& m, const Paral
        << pad(bytes(zero_bytes(whole, p.dp, s, kMixed).total()), 27, false)
        << pad(bytes(zero_bytes(local, p.dp, s, kMixed).total()), 26, false)
        << pad(bytes(zero_bytes(local, p.dp, s, kFp32).total()), 15, false) << "\n";
-  os << "  (fp32, common/layers/zero.h: 4 bytes params + 4 grads + 8 AdamW m and v: 16N,\n"
+  os << "  (fp32, lessons/08_mesh/zero.h: 4 bytes params + 4 grads + 8 AdamW m and v: 16N,\n"
         "   8N + 8N/W, 4N + 12N/W, 16N/W; \"this rank's\" Φ is the 5D model's Φ_local below)\n";
 }
 

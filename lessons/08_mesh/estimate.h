@@ -109,7 +109,7 @@ struct Precision {
 };
 // Seed 001's mixed precision: bf16 params and grads, fp32 master copy, m and v (4 + 4 + 4).
 constexpr Precision kMixed = {"mixed precision", 2, 2, 12, 2};
-// What lesson 08 runs (common/layers/zero.h): float32 params and grads, AdamW's m and v.
+// What lesson 08 runs (lessons/08_mesh/zero.h): float32 params and grads, AdamW's m and v.
 constexpr Precision kFp32 = {"fp32", 4, 4, 8, 4};
 
 // Bytes one rank holds.

@@ -11,8 +11,8 @@
 //         over DP by the optimizer: ZeRO-0 (all-reduce, AdamW everywhere), ZeRO-1
 //         (reduce-scatter, AdamW on this rank's shard of m and v, all-gather), ZeRO-2 (the full
 //         gradients released too) or ZeRO-3 (the parameters sharded too, each layer gathered
-//         around its forward and its backward: common/layers/fsdp.h); with --bucket-mb the
-//         gradients reduced in buckets while the backward runs (common/layers/zero.h).
+//         around its forward and its backward: fsdp.h); with --bucket-mb the
+//         gradients reduced in buckets while the backward runs (buckets.h).
 //     TP  the attention heads are split over the TP ranks (W_uq, W_uk, W_uv by columns, W_o by
 //         rows); the down-projections W_dq, W_dkv, W_kr and the latent norms stay replicated
 //         (seed 002), so TP's all-reduce in the backward carries the per-token latents
@@ -72,7 +72,7 @@
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/tensor_parallel.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/checkpoint.h"

@@ -9,7 +9,7 @@
 #include "common/comm/comm.h"
 #include "common/layers/dsv3_ep.h"
 #include "common/layers/model.h"
-#include "common/layers/fsdp.h"
+#include "lessons/08_mesh/fsdp.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/tensor_parallel.h"
 #include "common/lesson/lesson.h"

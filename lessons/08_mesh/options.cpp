@@ -23,6 +23,12 @@ const std::vector<std::string>& bug_names() {
 
 const std::string& bug_name(Bug bug) { return bug_names().at((size_t)bug); }
 
+// --bug's name as the enum (one of bug_names(): cli.choice allows no other)
+static Bug bug_of(const std::string& name) {
+  const auto& names = bug_names();
+  return (Bug)(std::find(names.begin(), names.end(), name) - names.begin());
+}
+
 // Every flag of the lesson, on cli (sp: --sp's auto | on | off, decided after the parse; bug:
 // --bug's name, Options::bug after it).
 static void declare_flags(Cli& cli, Options& opts, std::string* sp, std::string* bug_flag) {
@@ -235,8 +241,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   std::string sp = "auto", bug_flag = "none";
   declare_flags(cli, opts, &sp, &bug_flag);
   lesson.parse();
-  const auto& names = bug_names();
-  opts.bug = (Bug)(std::find(names.begin(), names.end(), bug_flag) - names.begin());  // (one of them: cli.choice)
+  opts.bug = bug_of(bug_flag);
   std::string restored;  // --resume: the run goes on as it was saved
   const std::optional<Manifest> resumed = restore_run(lesson, opts, &restored);
   const bool no_axis = !cli.given("--tp") && !cli.given("--dp") && !cli.given("--cp") &&

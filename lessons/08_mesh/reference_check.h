@@ -10,7 +10,7 @@
 
 #include "common/comm/comm.h"
 #include "common/comm/mesh.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 #include "common/core/check.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/layers/model.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
 #include "lessons/08_mesh/formulas.h"

@@ -1,4 +1,4 @@
-// ZeRO-3 under mpirun (common/layers/fsdp.h), the whole world one group: a two-unit model's
+// ZeRO-3 under mpirun (lessons/08_mesh/fsdp.h), the whole world one group: a two-unit model's
 // training steps equal ZeRO-0's (bit for bit at dp <= 2, where a sum of two is one addition;
 // within float rounding beyond), the weights are really freed between uses, and the planted
 // bug (the backward on freed weights) is caught.
@@ -11,8 +11,8 @@
 #include "common/core/autograd.h"
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
-#include "common/layers/fsdp.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/fsdp.h"
+#include "lessons/08_mesh/zero.h"
 #include "common/util/error.h"
 
 using namespace ff;

@@ -1,4 +1,4 @@
-// Data-parallel AdamW under mpirun (common/layers/zero.h), at any world size 1..4, the whole
+// Data-parallel AdamW under mpirun (lessons/08_mesh/zero.h), at any world size 1..4, the whole
 // world being the DP group. Every rank's gradient of parameter i at step s comes from the
 // counter-based RNG with a seed of (rank, i, s), so each rank can regenerate every other
 // rank's gradients and compute the mean gradient itself, with no communication.
@@ -23,7 +23,7 @@
 #include "common/core/ops.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 
 using namespace ff;
 

@@ -5,7 +5,7 @@
 //      the rest equals the split by parameter name;
 //   2. DeepSeek-V3 comes out within 3% of its published 671B total and 37B activated;
 //   3. the ZeRO formulas give hand-computed bytes for stages 0-3 and agree with
-//      common/layers/zero.h's own formulas;
+//      lessons/08_mesh/zero.h's own formulas;
 //   4. the 5D memory model divides each part by its own axes and by no other;
 //   5. the communication volumes equal hand-computed values;
 //   6. bad configurations are refused, and the report keeps its lines under 100 characters.
@@ -17,7 +17,7 @@
 
 #include "common/core/check.h"
 #include "common/layers/model.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 #include "lessons/08_mesh/estimate.h"
 
 using namespace ff;

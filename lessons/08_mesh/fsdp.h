@@ -1,4 +1,4 @@
-// common/layers/fsdp.h — ZeRO-3 (PyTorch's FSDP): the parameters sharded too, each unit (a layer)
+// lessons/08_mesh/fsdp.h — ZeRO-3 (PyTorch's FSDP): the parameters sharded too, each unit (a layer)
 // gathered just before its forward and its backward and freed after.
 //
 // Seed 001 §2.2, seed 004. ZeRO-1 and -2 (zero.h) shard what AdamW needs and the gradients; every
@@ -36,7 +36,7 @@
 #include "common/comm/comm.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
-#include "common/layers/zero.h"
+#include "lessons/08_mesh/zero.h"
 
 namespace ff::fsdp {
 

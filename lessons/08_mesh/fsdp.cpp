@@ -1,5 +1,5 @@
-// common/layers/fsdp.cpp — ZeRO-3 (the scheme is in fsdp.h).
-#include "common/layers/fsdp.h"
+// lessons/08_mesh/fsdp.cpp — ZeRO-3 (the scheme is in fsdp.h).
+#include "lessons/08_mesh/fsdp.h"
 
 #include <algorithm>
 #include <cstring>
