@@ -1,5 +1,7 @@
 """The shape of the lessons: each lesson's main.cpp reads in one sitting, so no lessons/*/main.cpp
-is longer than MAX_MAIN lines and no function in lessons/ longer than MAX_FUNCTION lines. An
+is longer than MAX_MAIN lines and no function in lessons/ longer than MAX_FUNCTION lines; the
+floors every lesson reads through hold shorter pieces still, no function in common/ longer than
+MAX_COMMON_FUNCTION. An
 exercise's marks (its `// [exercise:...]` line, its key lines and its closing line:
 scripts/exercise.py) are annotations, not the code, and are not counted in a main.cpp.
 
@@ -24,8 +26,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_MAIN = 550
 MAX_FUNCTION = 200
+MAX_COMMON_FUNCTION = 100
 # file or file:function -> the most lines it may have until it is cut down
 CEILINGS = {
+    "common/layers/schedule.cpp:bubble_ratio": 112,
 }
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -93,15 +97,26 @@ def problems_in(root, ceilings):
                 judge(rel, f"{rel}:", len(lines) - (1 if lines[-1] == "" else 0) - marks, MAX_MAIN)
             for name, first, length in functions(lines):
                 judge(f"{rel}:{name}", f"{rel}:{first}: {name} is", length, MAX_FUNCTION)
+    for dirpath, _, files in os.walk(os.path.join(root, "common")):
+        for f in sorted(files):
+            if not f.endswith((".cpp", ".h", ".cu")):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), root)
+            for name, first, length in functions(open(os.path.join(dirpath, f), encoding="utf-8").read().split("\n")):
+                judge(f"{rel}:{name}", f"{rel}:{first}: {name} is", length, MAX_COMMON_FUNCTION)
     for key in sorted(set(ceilings) - seen):
         problems.append(f"{key}: in CEILINGS but not found (gone or renamed): take it out")
     return problems
 
 
 def self_test():
-    """A main.cpp of 600 lines and a function of 250 are caught; the tree's own code is not."""
+    """A main.cpp of 600 lines, a function of 250 and one of 120 in common/ are caught; the tree's
+    own code is not."""
     with tempfile.TemporaryDirectory() as d:
         os.makedirs(os.path.join(d, "lessons", "99_x"))
+        os.makedirs(os.path.join(d, "common", "core"))
+        with open(os.path.join(d, "common", "core", "long.cpp"), "w") as f:
+            f.write("\n".join(["void walk() {"] + ["  x++;"] * 118 + ["}"]) + "\n")
         body = ["int helper() {"] + ["  x++;"] * 250 + ["}"]
         filler = ["// line"] * (600 - len(body))
         with open(os.path.join(d, "lessons", "99_x", "main.cpp"), "w") as f:
@@ -111,10 +126,12 @@ def self_test():
         want_fn = any("helper is 252 lines, more than 200" in p for p in got)
         stale = problems_in(d, {"lessons/99_x/main.cpp:gone": 300})
         want_stale = any("not found" in p for p in stale)
-        if not (want_main and want_fn and want_stale):
+        want_common = any("walk is 120 lines, more than 100" in p for p in got)
+        if not (want_main and want_fn and want_stale and want_common):
             print("self-test failed: " + "; ".join(got + stale), file=sys.stderr)
             return 1
-    print("self-test: an oversized main.cpp, an oversized function and a stale ceiling are caught")
+    print("self-test: an oversized main.cpp, an oversized function in lessons/ and in common/ and a stale "
+          "ceiling are caught")
     return 0
 
 
@@ -127,8 +144,8 @@ def main(argv):
     if problems:
         return 1
     cut = f", but {len(CEILINGS)} still being cut down (tests/check_shape.py: CEILINGS)" if CEILINGS else ""
-    print(f"shape ok: every lessons/*/main.cpp within {MAX_MAIN} lines and every function within "
-          f"{MAX_FUNCTION}{cut}")
+    print(f"shape ok: every lessons/*/main.cpp within {MAX_MAIN} lines, every function within "
+          f"{MAX_FUNCTION} and every one of common/ within {MAX_COMMON_FUNCTION}{cut}")
     return 0
 
 

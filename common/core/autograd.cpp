@@ -2,6 +2,7 @@
 #include "common/core/autograd.h"
 
 #include <algorithm>
+#include <deque>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -126,155 +127,196 @@ bool DeferredGrads::run_next() {
   return true;
 }
 
-void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred,
-                  const std::function<void()>& after_each_op) {
-  FF_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
-  FF_CHECK(grad_output.shape() == root.shape(),
-           "backward: gradient shape " << shape_str(grad_output.shape()) << " != tensor shape "
-                                       << shape_str(root.shape()));
-  NoGradGuard no_grad;  // gradients are computed with ops, but never recorded
+namespace {
 
-  // Topological order of the impls reachable from root through grad_fn, and for every leaf the
-  // number of edges into it (the ops that read it): its gradient is final once they have all
-  // had their turn.
-  std::vector<TensorImpl*> order;
-  std::unordered_set<TensorImpl*> seen;
-  std::unordered_map<TensorImpl*, int> leaf_edges;
-  std::vector<std::pair<TensorImpl*, size_t>> stack{{root.impl(), 0}};
-  seen.insert(root.impl());
-  while (!stack.empty()) {
-    auto& [t, next] = stack.back();
-    Node* node = t->grad_fn.get();
-    if (node && next < node->inputs.size()) {
-      TensorImpl* child = node->inputs[next++].impl();
-      if (child && child->requires_grad) {
-        if (!child->grad_fn) leaf_edges[child]++;
-        if (!seen.count(child)) {
-          seen.insert(child);
-          stack.push_back({child, 0});
-        }
+// A weight whose gradient a split op defers: the W's of this backward still to run for it, and
+// whether every op that reads it has had its turn. Its hook fires when both are done.
+struct PendingW {
+  int ws = 0;
+  bool edges_done = false;
+};
+
+// Checks a backward's gradient for input `i` of op `name` against the input's shape.
+void check_grad_shape(const std::string& name, const char* what, size_t i, const Tensor& grad, const Tensor& input) {
+  FF_CHECK(grad.shape() == input.shape(), what << name << ": gradient " << i << " has shape " << shape_str(grad.shape())
+                                               << ", input has " << shape_str(input.shape()));
+}
+
+// A split op's W, queued on DeferredGrads: the weights' gradients go into their .grad, and a
+// weight whose last W this is, its readers all done, is finished (its hook fires, with or
+// without a gradient). It keeps the weights and (through the op's captures) what their
+// gradients need alive until it runs.
+struct DeferredW {
+  std::vector<std::shared_ptr<TensorImpl>> weights;
+  std::vector<std::shared_ptr<PendingW>> waits;  // each weight's pending W's, this one among them
+  std::vector<int> ws;                           // the weights' places among the op's inputs
+  size_t n_inputs = 0;
+  std::string name;
+  std::function<std::vector<Tensor>()> fn;
+
+  void operator()() const {
+    std::vector<Tensor> w = fn();
+    FF_CHECK(w.size() == ws.size(), "weight backward of " << name << " returned " << w.size() << " gradients for "
+                                                           << ws.size() << " weights");
+    std::vector<Tensor> grads(n_inputs);  // as the full backward returns them
+    for (size_t k = 0; k < ws.size(); k++) grads[(size_t)ws[k]] = std::move(w[k]);
+    apply_planted_bug(name, grads);
+    for (size_t k = 0; k < ws.size(); k++) {
+      Tensor& gk = grads[(size_t)ws[k]];
+      if (gk.defined()) {
+        check_grad_shape(name, "weight backward of ", (size_t)ws[k], gk, Tensor(weights[k]));
+        std::shared_ptr<TensorImpl> handed = gk.impl_ptr();
+        gk = Tensor();  // (handed is the only handle left)
+        accumulate(weights[k]->grad, std::move(handed));
       }
-      continue;
+      if (--waits[k]->ws == 0 && waits[k]->edges_done && weights[k]->post_accumulate_grad)
+        weights[k]->post_accumulate_grad();
     }
-    order.push_back(t);
-    stack.pop_back();
+  }
+};
+
+// One backward from one root, in named steps: the order, then each tensor's turn.
+class BackwardPass {
+ public:
+  // deferred: where split ops' W's go (DeferredGrads' queue), or nullptr: every op whole
+  BackwardPass(const Tensor& root, const Tensor& grad_output, std::deque<std::function<void()>>* deferred)
+      : root_(root.impl()), deferred_(deferred) {
+    grads_[root_] = grad_output.clone().impl_ptr();
   }
 
-  // Reverse walk: order has every tensor after its inputs. A leaf is finished as soon as the
-  // last op that reads it has had its turn (whether or not that op sent it a gradient): its
-  // gradient goes into .grad then, and its post_accumulate_grad hook fires, without waiting for
-  // the leaf's own place in the order (which can be anywhere after its readers). A weight whose
-  // gradient a split op defers has W's pending: its hook fires when the last of them has run
-  // (after its readers' edges are all done, and its other gradients are in .grad).
-  struct Pending {
-    int ws = 0;               // deferred W's of this backward still to run for the leaf
-    bool edges_done = false;  // every reader had its turn
-  };
-  std::unordered_map<TensorImpl*, std::shared_ptr<Pending>> pending;
-  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads;
-  grads[root.impl()] = grad_output.clone().impl_ptr();
-  const auto edge_done = [&](TensorImpl* leaf) {
-    if (--leaf_edges[leaf] > 0) return;
-    auto found = grads.find(leaf);
-    if (found != grads.end()) {
-      accumulate(leaf->grad, std::move(found->second));
-      grads.erase(found);
+  // Topological order of the impls reachable from root through grad_fn (every tensor after its
+  // inputs), counting for every leaf the edges into it (the ops that read it): its gradient is
+  // final once they have all had their turn.
+  std::vector<TensorImpl*> topological_order() {
+    std::vector<TensorImpl*> order;
+    std::unordered_set<TensorImpl*> seen{root_};
+    std::vector<std::pair<TensorImpl*, size_t>> stack{{root_, 0}};
+    while (!stack.empty()) {
+      auto& [t, next] = stack.back();
+      Node* node = t->grad_fn.get();
+      if (node && next < node->inputs.size()) {
+        TensorImpl* child = node->inputs[next++].impl();
+        if (child && child->requires_grad) {
+          if (!child->grad_fn) leaf_edges_[child]++;
+          if (seen.insert(child).second) stack.push_back({child, 0});
+        }
+        continue;
+      }
+      order.push_back(t);
+      stack.pop_back();
     }
-    auto p = pending.find(leaf);
-    if (p != pending.end() && p->second->ws > 0) {
-      p->second->edges_done = true;  // the last W fires the hook
-      return;
-    }
-    if (leaf->post_accumulate_grad) leaf->post_accumulate_grad();
-  };
-  // every edge of a node into a leaf, once the node has had its turn
-  const auto node_done = [&](Node* node) {
-    for (size_t i = 0; i < node->inputs.size(); i++) {
-      TensorImpl* in = node->inputs[i].impl();
-      if (in && in->requires_grad && !in->grad_fn) edge_done(in);
-    }
-  };
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    TensorImpl* t = *it;
+    return order;
+  }
+
+  // Tensor t's turn in the reverse walk: its op's backward (the input gradients now, the weight
+  // gradients deferred when the op splits and a DeferredGrads is given), its inputs' gradients
+  // accumulated, its own freed, and every leaf it reads one edge closer to finished. Whether an
+  // op's backward ran.
+  bool visit(TensorImpl* t) {
     if (!t->grad_fn) {  // a leaf: finished by its readers (or the root itself, a lone leaf)
-      if (t == root.impl()) {
-        accumulate(t->grad, grads[t]);
+      if (t == root_) {
+        accumulate(t->grad, grads_[t]);
         if (t->post_accumulate_grad) t->post_accumulate_grad();
       }
-      continue;
+      return false;
     }
-    auto found = grads.find(t);
-    if (found == grads.end()) {  // no gradient flowed here: its readers' edges are done all the same
-      node_done(t->grad_fn.get());
-      continue;
-    }
-    Tensor g(found->second);
     Node* node = t->grad_fn.get();
-    std::vector<Tensor> in_grads;
-    bool split = deferred && !node->weight_inputs.empty();
-    for (int w : node->weight_inputs) {
-      const Tensor& weight = node->inputs[(size_t)w];
-      split = split && weight.requires_grad() && !weight.impl()->grad_fn;
+    auto found = grads_.find(t);
+    if (found == grads_.end()) {  // no gradient flowed here: its readers' edges are done all the same
+      node_done(node);
+      return false;
     }
-    if (split) {
-      // "I" now, "W" later: the closure keeps the weights and (through the op's captures)
-      // what their gradients need alive until it runs.
-      SplitGrads s = node->split_backward(g);
-      in_grads = std::move(s.inputs);
-      std::vector<std::shared_ptr<TensorImpl>> weights;
-      std::vector<std::shared_ptr<Pending>> waits;  // each weight's pending W's, this one among them
-      for (int w : node->weight_inputs) {
-        TensorImpl* leaf = node->inputs[(size_t)w].impl();
-        weights.push_back(node->inputs[(size_t)w].impl_ptr());
-        std::shared_ptr<Pending>& p = pending[leaf];
-        if (!p) p = std::make_shared<Pending>();
-        p->ws++;
-        waits.push_back(p);
-      }
-      deferred->pending_.push_back([weights, waits, ws = node->weight_inputs, n_inputs = node->inputs.size(),
-                                    name = node->name, fn = std::move(s.weights)] {
-        std::vector<Tensor> w = fn();
-        FF_CHECK(w.size() == ws.size(), "weight backward of " << name << " returned " << w.size()
-                                            << " gradients for " << ws.size() << " weights");
-        std::vector<Tensor> grads(n_inputs);  // as the full backward returns them
-        for (size_t k = 0; k < ws.size(); k++) grads[(size_t)ws[k]] = std::move(w[k]);
-        apply_planted_bug(name, grads);
-        for (size_t k = 0; k < ws.size(); k++) {
-          const Tensor& gk = grads[(size_t)ws[k]];
-          if (gk.defined()) {
-            FF_CHECK(gk.shape() == Tensor(weights[k]).shape(),
-                     "weight backward of " << name << ": gradient " << ws[k] << " has shape "
-                                           << shape_str(gk.shape()) << ", input has "
-                                           << shape_str(Tensor(weights[k]).shape()));
-            std::shared_ptr<TensorImpl> handed = gk.impl_ptr();
-            grads[(size_t)ws[k]] = Tensor();  // (gk refers to it: not used past here)
-            accumulate(weights[k]->grad, std::move(handed));
-          }
-          // the leaf's last W, its readers all done: finished (with or without a gradient)
-          if (--waits[k]->ws == 0 && waits[k]->edges_done && weights[k]->post_accumulate_grad)
-            weights[k]->post_accumulate_grad();
-        }
-      });
-    } else {
-      in_grads = node->backward(g);
-    }
-    FF_CHECK(in_grads.size() == node->inputs.size(),
-             "backward of " << node->name << " returned " << in_grads.size() << " gradients for "
-                            << node->inputs.size() << " inputs");
+    const Tensor g(found->second);
+    std::vector<Tensor> in_grads = splits(*node) ? input_grads_deferring_weights(node, g) : node->backward(g);
+    FF_CHECK(in_grads.size() == node->inputs.size(), "backward of " << node->name << " returned " << in_grads.size()
+                                                                     << " gradients for " << node->inputs.size() << " inputs");
     apply_planted_bug(node->name, in_grads);
     for (size_t i = 0; i < in_grads.size(); i++) {
       const Tensor& in = node->inputs[i];
       if (!in.requires_grad() || !in_grads[i].defined()) continue;
-      FF_CHECK(in_grads[i].shape() == in.shape(),
-               "backward of " << node->name << ": gradient " << i << " has shape "
-                              << shape_str(in_grads[i].shape()) << ", input has "
-                              << shape_str(in.shape()));
+      check_grad_shape(node->name, "backward of ", i, in_grads[i], in);
       std::shared_ptr<TensorImpl> handed = in_grads[i].impl_ptr();
       in_grads[i] = Tensor();
-      accumulate(grads[in.impl()], std::move(handed));
+      accumulate(grads_[in.impl()], std::move(handed));
     }
-    grads.erase(t);  // free intermediate gradients as soon as they are consumed
+    grads_.erase(t);  // free intermediate gradients as soon as they are consumed
     node_done(node);
+    return true;
+  }
+
+ private:
+  // A leaf is finished as soon as the last op that reads it has had its turn (whether or not
+  // that op sent it a gradient): its gradient goes into .grad then, and its post_accumulate_grad
+  // hook fires, without waiting for the leaf's own place in the order (which can be anywhere
+  // after its readers). A weight with deferred W's pending: the last of them fires the hook.
+  void edge_done(TensorImpl* leaf) {
+    if (--leaf_edges_[leaf] > 0) return;
+    auto found = grads_.find(leaf);
+    if (found != grads_.end()) {
+      accumulate(leaf->grad, std::move(found->second));
+      grads_.erase(found);
+    }
+    auto p = pending_.find(leaf);
+    if (p != pending_.end() && p->second->ws > 0) {
+      p->second->edges_done = true;  // the last W fires the hook
+      return;
+    }
+    if (leaf->post_accumulate_grad) leaf->post_accumulate_grad();
+  }
+
+  // every edge of a node into a leaf, once the node has had its turn
+  void node_done(Node* node) {
+    for (const Tensor& in : node->inputs)
+      if (in.impl() && in.impl()->requires_grad && !in.impl()->grad_fn) edge_done(in.impl());
+  }
+
+  // The op's weight gradients can wait: a DeferredGrads to put them on, and every weight input
+  // a leaf that wants a gradient.
+  bool splits(const Node& node) const {
+    if (!deferred_ || node.weight_inputs.empty()) return false;
+    for (int w : node.weight_inputs) {
+      const Tensor& weight = node.inputs[(size_t)w];
+      if (!weight.requires_grad() || weight.impl()->grad_fn) return false;
+    }
+    return true;
+  }
+
+  // "I" now, "W" later: the op's input gradients, its weights' queued as a DeferredW.
+  std::vector<Tensor> input_grads_deferring_weights(Node* node, const Tensor& g) {
+    SplitGrads s = node->split_backward(g);
+    DeferredW w;
+    for (int i : node->weight_inputs) {
+      TensorImpl* leaf = node->inputs[(size_t)i].impl();
+      w.weights.push_back(node->inputs[(size_t)i].impl_ptr());
+      std::shared_ptr<PendingW>& p = pending_[leaf];
+      if (!p) p = std::make_shared<PendingW>();
+      p->ws++;
+      w.waits.push_back(p);
+    }
+    w.ws = node->weight_inputs, w.n_inputs = node->inputs.size(), w.name = node->name, w.fn = std::move(s.weights);
+    deferred_->push_back(std::move(w));
+    return std::move(s.inputs);
+  }
+
+  TensorImpl* root_;
+  std::deque<std::function<void()>>* deferred_;
+  std::unordered_map<TensorImpl*, int> leaf_edges_;
+  std::unordered_map<TensorImpl*, std::shared_ptr<PendingW>> pending_;
+  std::unordered_map<TensorImpl*, std::shared_ptr<TensorImpl>> grads_;
+};
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& grad_output, DeferredGrads* deferred,
+                  const std::function<void()>& after_each_op) {
+  FF_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
+  FF_CHECK(grad_output.shape() == root.shape(), "backward: gradient shape " << shape_str(grad_output.shape())
+                                                    << " != tensor shape " << shape_str(root.shape()));
+  NoGradGuard no_grad;  // gradients are computed with ops, but never recorded
+  BackwardPass pass(root, grad_output, deferred ? &deferred->pending_ : nullptr);
+  const std::vector<TensorImpl*> order = pass.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (!pass.visit(*it)) continue;
     if (after_each_op) after_each_op();
     if (g_between_ops) g_between_ops();
   }
