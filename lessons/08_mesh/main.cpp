@@ -99,6 +99,14 @@ struct Optimizers {
 zero::Bug zero_bug(Bug bug) {  // the ZeRO optimizer's own planted bugs
   return bug == Bug::zero_no_divide ? zero::Bug::no_divide : bug == Bug::zero_stale_shard ? zero::Bug::stale_shard : zero::Bug::none;
 }
+// The one-process twin's configuration: the mesh's model, AdamW, ZeRO stage, rates and batch.
+OneProcess::Config twin_config(const Options& opts, const Setup& setup, const AdamConfig& adam, const ParamTable& table,
+                               double n_terms) {
+  OneProcess::Config twin;
+  twin.model = setup.c, twin.adam = adam, twin.zero_stage = (int)opts.zero, twin.bias_rate = opts.bias_rate;
+  twin.bug_kpe = opts.bug == Bug::kpe_per_head, twin.names = table.names, twin.n_terms = n_terms, twin.batch = opts.batch;
+  return twin;
+}
 int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embedding, blocks, head
   return opts.zero == 3 ? (int)setup.c.layers + 2 : 0;
 }
@@ -283,7 +291,7 @@ int mesh_lesson(Lesson& lesson) {
   // the reference: one process, on rank 0, from the same weights (resynchronised every step)
   const double n_terms = (double)(opts.batch * setup.seq);  // the longest sum: a weight gradient's, over tokens
   const double eps = std::numeric_limits<float>::epsilon();
-  OneProcess one_process(lesson, setup.c, adam, (int)opts.zero, opts.bias_rate, opts.bug == Bug::kpe_per_head, table.names, n_terms, setup.corpus, opts.batch);
+  OneProcess one_process(lesson, twin_config(opts, setup, adam, table, n_terms), setup.corpus);
   const int64_t first_step = resume_if_asked(lesson, opts, setup, mesh, here, opt, one_process);
   Lineage lineage{setup.run, {}};  // --save: this run's checkpoints (--keep prunes the lineage's)
   print_header(lesson, opts, setup, here, edp.size());
@@ -353,8 +361,9 @@ int mesh_lesson(Lesson& lesson) {
       Trace::Category check_traffic(trace(), "check");
       fsdp->gather_all();
     }
-    const CheckedStep checked = check_step(lesson, one_process, check_comms, here, dense_opt, replicated_opt, expert_opt,
-                                           sizes, local_loss, step, checking, step + 1 == opts.steps, &disagree);
+    StepOnMesh on_mesh{here, dense_opt, replicated_opt, expert_opt, sizes};
+    on_mesh.local_loss = local_loss, on_mesh.step = step, on_mesh.checking = checking, on_mesh.last = step + 1 == opts.steps;
+    const CheckedStep checked = check_step(lesson, one_process, check_comms, on_mesh, &disagree);
     if (fsdp) fsdp->free_all();
     if (root) {  // one process's loss, the row's reference, is rank 0's: print_step is rank 0's
       const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
@@ -368,16 +377,19 @@ int mesh_lesson(Lesson& lesson) {
 
   // ---- memory, communication per axis, the estimate, the CSV
   // under EP two optimizers: the dense weights over DP x CP, the experts over expert-DP
-  MemoryUse mem;
+  RunSummary run;
+  run.last = last, run.want = want;
+  MemoryUse& mem = run.mem;
   mem.measured = dense_opt.memory() + replicated_opt.memory() + expert_opt.memory();
   mem.formula = zero::formula(group_buckets(here, setup, opts, Group::dense), data_ranks, (int)opts.zero) +
                 zero::formula(group_buckets(here, setup, opts, Group::replicated), data_ranks, (int)opts.zero) +
                 (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, Group::experts), edp.size(), (int)opts.zero)
                               : zero::Memory{});
-  Zero3Use zero3;
-  if (fsdp) zero3 = {fsdp->peak_gathered_bytes(), gathers_in_step};
-  print_report(lesson, opts, setup, last, want, mem, dense_opt, expert_opt, table.local_numel, data_ranks, edp.size(),
-               train_s, opts.steps - first_step, zero3, csv);
+  run.dense_numel = dense_opt.numel, run.expert_numel = expert_opt.numel, run.local_numel = table.local_numel;
+  run.data_ranks = data_ranks, run.edp = edp.size();
+  run.train_s = train_s, run.trained_steps = opts.steps - first_step;
+  if (fsdp) run.zero3 = {fsdp->peak_gathered_bytes(), gathers_in_step};
+  print_report(lesson, opts, setup, run, csv);
   if (compare) print_pair_overlap(lesson, check_comms.world, setup, *compare);
   if (opts.bucket_mb > 0) print_buckets(lesson, check_comms.world, opts, setup, bucket_times);
   if (opts.estimate == "run") print_estimate(lesson, setup, opts, mem, table.local_numel, last);

@@ -106,13 +106,10 @@ double error_ratio(const Tensor& got, const Tensor& want, double n) {
   return diff / bound;
 }
 
-OneProcess::OneProcess(const Lesson& lesson, const model::Config& c, const AdamConfig& ac,
-                       int zero_stage, double bias_rate, bool bug_kpe,
-                       std::vector<std::string> names, double n_terms, const CharCorpus& corpus,
-                       int64_t batch)
-    : c(c), bias_rate(bias_rate), bug_kpe(bug_kpe), names(std::move(names)), n_terms(n_terms),
-      corpus(corpus), batch(batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed), device(lesson.device),
-      adam_dev(zero_stage >= 1 ? Device::cpu : lesson.device), ref_adam(ac) {
+OneProcess::OneProcess(const Lesson& lesson, Config config, const CharCorpus& corpus)
+    : c(config.model), bias_rate(config.bias_rate), bug_kpe(config.bug_kpe), names(std::move(config.names)),
+      n_terms(config.n_terms), corpus(corpus), batch(config.batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed),
+      device(lesson.device), adam_dev(config.zero_stage >= 1 ? Device::cpu : lesson.device), ref_adam(config.adam) {
   if (lesson.rank() != 0) return;
   ref = model::init_params(c, seed, device);
   ref_named = ref.named_parameters();
@@ -261,20 +258,19 @@ void OneProcess::kpe_verdict(CheckReport& check, bool root) const {
   }
 }
 
-CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
-                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& replicated_opt, const zero::GroupAdam& expert_opt,
-                       const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
-                       bool last, std::string* disagree) {
+CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const StepOnMesh& s, std::string* disagree) {
+  const RankModel& here = s.here;
+  const MeshSizes& sizes = s.sizes;
   Trace::Category check_traffic(trace(), "check");
   const ParamTable& table = here.table;
   CheckedStep out;
-  out.loss_mesh = local_loss;
+  out.loss_mesh = s.local_loss;
   comms.world.allreduce(&out.loss_mesh, 1, MPI_DOUBLE, MPI_SUM);
   out.loss_mesh /= (double)(comms.dp_cp.size() * sizes.tp);
   // the mean gradient each rank's optimizer used, and the weights after its step
   std::vector<Tensor> mean_grads(table.params.size());
-  for (const zero::GroupAdam* opt : {&dense_opt, &replicated_opt, &expert_opt}) {
-    const std::vector<Tensor> mg = opt->mean_grads(opt == &expert_opt ? comms.edp : comms.dp_cp);
+  for (const zero::GroupAdam* opt : {&s.dense, &s.replicated, &s.experts}) {
+    const std::vector<Tensor> mg = opt->mean_grads(opt == &s.experts ? comms.edp : comms.dp_cp);
     for (size_t i = 0; i < mg.size(); i++) mean_grads[opt->keys[i]] = mg[i];
   }
   std::vector<Tensor> now, held_grads;
@@ -294,7 +290,7 @@ CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, cons
   }
   // rank 0: one process from the same weights on the whole global batch, and AdamW on the
   // mesh's own mean gradient
-  if (lesson.rank() == 0) out.twin = twin.step(lesson, step, checking, last, out.loss_mesh, grads, params, mesh_bias);
+  if (lesson.rank() == 0) out.twin = twin.step(lesson, s.step, s.checking, s.last, out.loss_mesh, grads, params, mesh_bias);
   return out;
 }
 

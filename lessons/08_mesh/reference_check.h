@@ -62,11 +62,20 @@ struct Worst {
 // bits) and its own bias update from its own routes (the same bits again).
 class OneProcess {
  public:
+  // What the twin runs: the model, AdamW and the data, as the mesh runs them.
+  struct Config {
+    model::Config model;
+    AdamConfig adam;
+    int zero_stage = 1;              // the mesh's (ZeRO-1 and up run AdamW on the host)
+    double bias_rate = 0;            // the balancing biases' update rate
+    bool bug_kpe = false;            // --bug kpe-per-head: W_kr a copy per head on the mesh
+    std::vector<std::string> names;  // the weights, in the model's order
+    double n_terms = 0;              // the longest sum (a weight gradient's, over tokens): the bounds'
+    int64_t batch = 0;               // sequences per step
+  };
   OneProcess(const OneProcess&) = delete;  // ref_params point into its own ref_named
   OneProcess& operator=(const OneProcess&) = delete;
-  OneProcess(const Lesson& lesson, const model::Config& c, const AdamConfig& ac, int zero_stage,
-             double bias_rate, bool bug_kpe, std::vector<std::string> names, double n_terms,
-             const CharCorpus& corpus, int64_t batch);
+  OneProcess(const Lesson& lesson, Config config, const CharCorpus& corpus);
   struct Step {
     double loss = NAN;        // one process's loss (NAN: not a checked step)
     double grad_ratio = 0;    // the worst gradient's error over its bound
@@ -134,10 +143,20 @@ struct CheckedStep {
   double loss_mesh = 0;
   OneProcess::Step twin;
 };
-CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const RankModel& here,
-                       const zero::GroupAdam& dense_opt, const zero::GroupAdam& replicated_opt, const zero::GroupAdam& expert_opt,
-                       const MeshSizes& sizes, double local_loss, int64_t step, bool checking,
-                       bool last, std::string* disagree);
+// The step of the mesh that check_step reads: the rank's model, its three optimizers, the sizes
+// and where the step stands.
+struct StepOnMesh {
+  const RankModel& here;
+  const zero::GroupAdam& dense;       // the dense weights' (over dp x cp)
+  const zero::GroupAdam& replicated;  // SP's replicated weights' (summed over TP too)
+  const zero::GroupAdam& experts;     // the experts' (over expert-DP)
+  const MeshSizes& sizes;
+  double local_loss = 0;  // this rank's loss of the step
+  int64_t step = 0;
+  bool checking = false;  // a step --check-every checks
+  bool last = false;      // the run's last step
+};
+CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, const StepOnMesh& s, std::string* disagree);
 
 // The validation loss after training (the mean over --val-batches global batches of the
 // held-out text, forward only): the mesh's on every rank, one process's on rank 0.

@@ -92,25 +92,23 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
   csv << row;
 }
 
-void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
-                  const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
-                  const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, int64_t trained_steps, const Zero3Use& zero3, std::ostringstream& csv) {
+void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const RunSummary& run,
+                  std::ostringstream& csv) {
   const MeshSizes& sizes = setup.sizes;
-  const zero::Memory& got = mem.measured;
-  const zero::Memory& formula = mem.formula;
+  const zero::Memory& got = run.mem.measured;
+  const zero::Memory& formula = run.mem.formula;
   lesson.print("\ncommunication of one step (rank 0; Comm's counters, payload bytes):\n");
-  lesson.print("%s", communication_text(last, want, sizes).c_str());
+  lesson.print("%s", communication_text(run.last, run.want, sizes).c_str());
   if (setup.sched_pairs && opts.overlap == "on")
     lesson.print("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
                  "over the whole run\n", overlap::switches());
   lesson.print("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
-               "(ZeRO-%lld, %s %d)\n", (long long)local_numel, (long long)opts.zero,
-               sizes.cp > 1 ? "dp x cp" : "dp", data_ranks);
+               "(ZeRO-%lld, %s %d)\n", (long long)run.local_numel, (long long)opts.zero,
+               sizes.cp > 1 ? "dp x cp" : "dp", run.data_ranks);
   if (sizes.ep > 1)
     lesson.print("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
-                 "(ZeRO over edp, %d ranks)\n", (long long)dense_opt.numel, data_ranks,
-                 (long long)expert_opt.numel, edp);
+                 "(ZeRO over edp, %d ranks)\n", (long long)run.dense_numel, run.data_ranks,
+                 (long long)run.expert_numel, run.edp);
   const bool z3 = opts.zero == 3, z2 = opts.zero >= 2, pieces = z3 || opts.bucket_mb > 0;
   const char* shard = z3 ? "S_u" : pieces ? "S_b" : "ceil(N/dp)";  // S: the sum over units or buckets
   const std::string p_label = z3 ? std::string("4 ") + shard : "4N";
@@ -130,15 +128,15 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
   if (z3)
     lesson.print("  between steps ZeRO-3 holds no whole weight; during one, at most %s of them gathered at "
                  "once (the largest units in use), %lld unit gathers per step\n",
-                 human_bytes((double)zero3.peak_bytes).c_str(), (long long)zero3.gathers_per_step);
+                 human_bytes((double)run.zero3.peak_bytes).c_str(), (long long)run.zero3.gathers_per_step);
   lesson.print("  seed 001's mixed precision for the same N: ZeRO-0 %s, -1 %s, -2 %s, -3 %s "
                "(16N, 4N + 12N/dp, 2N + 14N/dp, 16N/dp)\n",
-               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 0)).c_str(),
-               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 1)).c_str(),
-               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 2)).c_str(),
-               human_bytes(zero::mixed_precision_bytes(local_numel, data_ranks, 3)).c_str());
-  const double step_s = train_s / (double)std::max<int64_t>(trained_steps, 1);
-  if (trained_steps == 0)
+               human_bytes(zero::mixed_precision_bytes(run.local_numel, run.data_ranks, 0)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(run.local_numel, run.data_ranks, 1)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(run.local_numel, run.data_ranks, 2)).c_str(),
+               human_bytes(zero::mixed_precision_bytes(run.local_numel, run.data_ranks, 3)).c_str());
+  const double step_s = run.train_s / (double)std::max<int64_t>(run.trained_steps, 1);
+  if (run.trained_steps == 0)
     lesson.print("\ntraining: no step in this run (--train 0)\n");
   else
     lesson.print("\ntraining: %.2f ms per step (rank 0, the check excluded%s), %.0f tokens/s\n",

@@ -59,13 +59,24 @@ struct Zero3Use {
   int64_t gathers_per_step = 0;
 };
 
+// What the report after training tells of the run, besides the flags and the setup.
+struct RunSummary {
+  AxisCounts last, want;          // the last step's communication per axis: Comm's counts, the formulas'
+  MemoryUse mem;                  // this rank's memory, measured and by the formula
+  int64_t dense_numel = 0;        // the weights the dense optimizer holds (over dp x cp)
+  int64_t expert_numel = 0;       // and the experts' (over expert-DP)
+  int64_t local_numel = 0;        // every parameter this rank holds
+  int data_ranks = 0;             // dp x cp: the ranks the dense weights are averaged and sharded over
+  int edp = 0;                    // expert-DP's ranks
+  double train_s = 0;             // the training steps' wall time
+  int64_t trained_steps = 0;      // this run's steps (a resumed run's: from its checkpoint on)
+  Zero3Use zero3;
+};
+
 // After training, rank 0's: the communication of the last step per axis against the formulas,
 // the memory against its formula, the time per step; the memory's CSV row into csv.
-// data_ranks: the dp x cp size the dense weights are averaged and sharded over.
-void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const AxisCounts& last,
-                  const AxisCounts& want, const MemoryUse& mem, const zero::GroupAdam& dense_opt,
-                  const zero::GroupAdam& expert_opt, int64_t local_numel, int data_ranks, int edp,
-                  double train_s, int64_t trained_steps, const Zero3Use& zero3, std::ostringstream& csv);
+void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const RunSummary& run,
+                  std::ostringstream& csv);
 // --bucket-mb: DP's gradient buckets (every group's, side by side: BucketTimes::concurrent),
 // summed over the steps, on every rank; rank 0 prints how
 // many there were, how many went during the backward, and under --link the hidden fraction of
