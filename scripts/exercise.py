@@ -7,20 +7,25 @@
     /usr/bin/python3 scripts/exercise.py grade [NN...]       make grade: every exercise can fail and pass
     /usr/bin/python3 scripts/exercise.py grade --self-test   the grader reports a mistake that does not fail
 
-A region of code is marked so (in a .cpp of the lesson, or of common/ for a subject the lesson
-teaches from there):
+A region of code is marked so (in a .cpp of the lesson, or of common/ or kernels/ for a subject
+the lesson teaches from there), the marks alone in the code:
 
     // [exercise:NAME] The task, in one line.
-    // hint: what to look at (any number of hint lines)
-    // minutes: 20                  how long it takes, about
-    // args: --gate topk-softmax    the flags of a run that reaches the region, one per line; the
-    //                              stub and the mistakes are graded on the first, the solution on
-    //                              each ("(none)": the default run; no args line: only that)
-    // bug: OLD -> NEW              a planted mistake: the text OLD of the solution, replaced by
-    //                              NEW, must fail the lesson's check (one or more)
-    // stub: CODE                   what the stub needs to compile, after the call (optional)
     ... the solution: the lesson's own code, whole statements ...
     // [/exercise]
+
+and what teaching it needs is in the lesson's exercises.json (lessons/NN_name/exercises.json,
+which also says whose a region in common/ is), NAME: {
+    "minutes": 20,                       how long it takes, about
+    "hints": ["what to look at", ...],
+    "args": ["--gate topk-softmax", ...] the flags of runs that reach the region: the stub and the
+                                         mistakes are graded on the first, the solution on each
+                                         ("": the default run; no args: only that)
+    "mistakes": [{"write": OLD, "as": NEW}, ...]   planted mistakes: the text OLD of the solution
+                                         (once in it), replaced by NEW, must fail the lesson's check
+    "stub": CODE                         what the stub needs to compile, after the call (optional)
+    "see": WHERE                         where the student reads up (default: the lesson's README)
+}
 
 The region must be a sequence of whole statements that declares nothing the code after it uses
 (a function's body, or statements that assign to variables declared before it): the stub and the
@@ -54,10 +59,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPEN = re.compile(r"^(?P<indent>\s*)// \[exercise:(?P<name>[a-z0-9][a-z0-9-]*)\]\s*(?P<task>.*)$")
 CLOSE = re.compile(r"^\s*// \[/exercise\]\s*$")
+# the old key lines (hint:, bug: ... under the mark): their content belongs in exercises.json
 KEY = re.compile(r"^\s*// (?P<key>hint|minutes|args|bug|stub|see):\s?(?P<value>.*)$")
-# any line of an exercise's marks (its opening, a key line, its closing): what the slides'
-# excerpts and the shape check leave out (scripts/slides.py, tests/check_shape.py)
-EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\]|(hint|minutes|args|bug|stub|see): )")
+# an exercise's marks (its opening, its closing): what the slides' excerpts and the shape check
+# leave out (scripts/slides.py, tests/check_shape.py)
+EXERCISE_MARK = re.compile(r"^\s*// (\[exercise:|\[/exercise\])")
+META = "exercises.json"  # each lesson's exercises' teaching: hints, mistakes, minutes, args
 SOURCES = ("lessons", "common", "kernels")
 MANIFEST = ".exercise.json"
 
@@ -89,7 +96,7 @@ def lesson_dir(nn):
 
 
 def parse_file(path):
-    """The exercises marked in one file (path relative to ROOT)."""
+    """The exercises marked in one file (path relative to ROOT), their teaching not yet attached."""
     lines = open(os.path.join(ROOT, path)).read().split("\n")
     found, cur = [], None
     for i, line in enumerate(lines):
@@ -99,39 +106,17 @@ def parse_file(path):
                 raise Problem(f"{path}:{i + 1}: exercise {m['name']} opens inside exercise {cur.name}")
             cur = Exercise(path, i + 1, m["indent"], m["name"], m["task"].strip())
             cur.first = i
-            j = i + 1
-            while j < len(lines) and KEY.match(lines[j]):
-                k = KEY.match(lines[j])
-                key, value = k["key"], k["value"].strip()
-                if key == "hint":
-                    cur.hints.append(value)
-                elif key == "bug":
-                    if " -> " not in value:
-                        raise Problem(f"{path}:{j + 1}: bug: OLD -> NEW, got '{value}'")
-                    old, new = value.split(" -> ", 1)
-                    cur.bugs.append((old, new))
-                elif key == "minutes":
-                    cur.minutes = int(value)
-                elif key == "args":
-                    cur.args.append("" if value == "(none)" else value)
-                else:
-                    setattr(cur, key, value)
-                j += 1
-            cur.body_start = j
+            cur.body_start = i + 1
+            if i + 1 < len(lines) and KEY.match(lines[i + 1]):
+                raise Problem(f"{path}:{i + 2}: exercise {cur.name}: its {KEY.match(lines[i + 1])['key']}: belongs in "
+                              f"its lesson's {META}, the code keeps only the marks")
             continue
         if CLOSE.match(line):
             if not cur:
                 raise Problem(f"{path}:{i + 1}: [/exercise] without an opening mark")
             cur.last = i
-            body = "\n".join(lines[cur.body_start:i])
             if not cur.task:
                 raise Problem(f"{cur.where()}: exercise {cur.name} has no task on its mark")
-            if not cur.bugs:
-                raise Problem(f"{cur.where()}: exercise {cur.name} has no planted mistake (bug: OLD -> NEW)")
-            for old, _ in cur.bugs:
-                if body.count(old) != 1:
-                    raise Problem(f"{cur.where()}: exercise {cur.name}: bug text '{old}' occurs "
-                                  f"{body.count(old)} times in the solution (must be once)")
             found.append(cur)
             cur = None
     if cur:
@@ -139,9 +124,27 @@ def parse_file(path):
     return found, lines
 
 
+def attach(e, lesson, meta, lines):
+    """Exercise e's teaching from its lesson's exercises.json entry, checked."""
+    where = f"lessons/{lesson}/{META}: {e.name}"
+    known = {"minutes", "hints", "args", "mistakes", "stub", "see"}
+    if set(meta) - known:
+        raise Problem(f"{where}: unknown keys {sorted(set(meta) - known)} (allowed: {sorted(known)})")
+    e.minutes = int(meta.get("minutes", 0))
+    e.hints, e.args, e.stub, e.see = list(meta.get("hints", [])), list(meta.get("args", [])), meta.get("stub", ""), meta.get("see", "")
+    e.bugs = [(b["write"], b["as"]) for b in meta.get("mistakes", [])]
+    if not e.bugs:
+        raise Problem(f"{where}: no planted mistake (mistakes: [{{\"write\": OLD, \"as\": NEW}}])")
+    body = "\n".join(lines[e.body_start:e.last])
+    for old, _ in e.bugs:
+        if body.count(old) != 1:
+            raise Problem(f"{where}: the mistake's text '{old}' occurs {body.count(old)} times in the solution at "
+                          f"{e.where()} (must be once)")
+
+
 def all_exercises():
     """{lesson dir: [Exercise...]}, in file order within a lesson, and the files' lines."""
-    by_lesson, files = {}, {}
+    by_lesson, files, marked = {}, {}, []
     for top in SOURCES:
         for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
             for n in sorted(names):
@@ -153,29 +156,38 @@ def all_exercises():
                     continue
                 exs, lines = parse_file(path)
                 files[path] = lines
-                for e in exs:
-                    owner = lesson_of(e)
-                    by_lesson.setdefault(owner, []).append(e)
+                marked += exs
+    teaching = {}  # exercise name -> (its lesson, its entry)
+    for lesson in lesson_dirs():
+        meta_path = os.path.join(ROOT, "lessons", lesson, META)
+        if not os.path.exists(meta_path):
+            continue
+        try:
+            entries = json.load(open(meta_path))
+        except ValueError as err:
+            raise Problem(f"lessons/{lesson}/{META}: not valid JSON: {err}")
+        for name, meta in entries.items():
+            if name in teaching:
+                raise Problem(f"lessons/{lesson}/{META}: exercise {name} is also lessons/{teaching[name][0]}/{META}'s")
+            teaching[name] = (lesson, meta)
     names = {}
-    for owner, exs in by_lesson.items():
-        for e in exs:
-            if e.name in names:
-                raise Problem(f"{e.where()}: exercise name {e.name} is used twice (also {names[e.name]})")
-            names[e.name] = e.where()
+    for e in marked:
+        if e.name in names:
+            raise Problem(f"{e.where()}: exercise name {e.name} is used twice (also {names[e.name]})")
+        names[e.name] = e.where()
+        if e.name not in teaching:
+            raise Problem(f"{e.where()}: exercise {e.name} is in no lesson's {META}")
+        owner, meta = teaching[e.name]
+        inside = re.match(r"^lessons/(\d\d_[^/]+)/", e.path)
+        if inside and inside.group(1) != owner:
+            raise Problem(f"{e.where()}: exercise {e.name} is marked in lesson {inside.group(1)} but listed in "
+                          f"lessons/{owner}/{META}")
+        attach(e, owner, meta, files[e.path])
+        by_lesson.setdefault(owner, []).append(e)
+    for name, (lesson, _) in teaching.items():
+        if name not in names:
+            raise Problem(f"lessons/{lesson}/{META}: exercise {name} is marked nowhere (// [exercise:{name}])")
     return by_lesson, files
-
-
-def lesson_of(e):
-    """A mark in lessons/NN_name/ belongs to that lesson; one in common/ says its lesson by the
-    see: key (lessons/NN_name/README.md ...)."""
-    m = re.match(r"^lessons/(\d\d_[^/]+)/", e.path)
-    if m:
-        return m.group(1)
-    m = re.search(r"lessons/(\d\d_[^/]+)/", e.see)
-    if not m:
-        raise Problem(f"{e.where()}: exercise {e.name} is outside lessons/: its see: must name the "
-                      "lesson's README (see: lessons/NN_name/README.md, Exercises)")
-    return m.group(1)
 
 
 def see_of(e, lesson):

@@ -293,6 +293,41 @@ def title_of(deck):
     return deck.stem
 
 
+def marker_ranges(lines):
+    """{name: (first line, last line)} of every [slide:NAME] in a file, as excerpt_lines reads it:
+    from its marker to the next [/slide] or [/slide:NAME] (1-based; last None: never closed)."""
+    out = {}
+    for i, l in enumerate(lines):
+        for m in re.finditer(r"\[slide:([\w-]+)\]", l):
+            end_re = re.compile(rf"\[/slide(:{re.escape(m.group(1))})?\]")
+            end = next((j for j in range(i + 1, len(lines)) if end_re.search(lines[j])), None)
+            out[m.group(1)] = (i + 1, None if end is None else end + 1)
+    return out
+
+
+def crossing_markers(path, lines):
+    """Two excerpts of one file that overlap without one holding the other: a reader of the code
+    cannot tell where either is (each problem names the file, the lines and both markers)."""
+    ranges = sorted((a, b, n) for n, (a, b) in marker_ranges(lines).items() if b is not None)
+    out = []
+    for i, (a1, b1, n1) in enumerate(ranges):
+        for a2, b2, n2 in ranges[i + 1:]:
+            if a1 < a2 <= b1 < b2:
+                out.append(f"{path}:{a2}: [slide:{n2}] (lines {a2}-{b2}) crosses [slide:{n1}] (lines {a1}-{b1}): "
+                           f"excerpts nest or stay apart")
+    return out
+
+
+def check_markers_nest():
+    """Every source file's [slide:] excerpts nest or stay apart."""
+    problems = []
+    for top in ("lessons", "common", "kernels"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix in (".cpp", ".h", ".cu", ".cuh") and "[slide:" in path.read_text():
+                problems += crossing_markers(path.relative_to(ROOT), path.read_text().splitlines())
+    return problems
+
+
 def check_lessons_have_decks():
     have = {d.stem for d in decks()}
     missing = [n for n in lessons() if n not in have]
@@ -385,8 +420,14 @@ def static_self_test(out):
                 continue
             raise DeckError(f"static self-test: {deck.name} gave '{e}', not '…{name}…'")
         raise DeckError(f"static self-test: {deck.name} ({name}) was not caught")
+    crossed = crossing_markers("x.cpp", ["// [slide:a]", "int x;", "// [slide:b]", "int y;", "// [/slide:a]",
+                                         "int z;", "// [/slide]"])
+    nested = crossing_markers("y.cpp", ["// [slide:a]", "// [slide:b]", "int y;", "// [/slide:b]", "int z;",
+                                        "// [/slide:a]"])
+    if len(crossed) != 1 or "[slide:b] (lines 3-7) crosses [slide:a] (lines 1-5)" not in crossed[0] or nested:
+        raise DeckError(f"static self-test: crossing markers gave {crossed}, nested ones {nested}")
     print(f"  self-test: {len(cases)} bad references caught, each naming its deck, line and name; "
-          f"a slide too wordy, one with too much code and one without notes caught")
+          f"a slide too wordy, one with too much code, one without notes and two crossing excerpts caught")
 
 
 def self_test(out):
@@ -532,6 +573,7 @@ def main(argv):
     if only and len(todo) != len(only):
         problems.append(f"no deck for {' '.join(only)} in slides/")
     if mode == "check":
+        problems += check_markers_nest()
         try:
             static_self_test(out)
         except DeckError as e:

@@ -82,11 +82,6 @@ static void hier_plan(const Topology& topo, EPForward& f) {
   };
   // hop 1, sender side: my tokens, per target node
   // [exercise:rail-hop] The rail hop's sending side: for each node n, how many of my tokens go to my rail peer there (f.rail.send_rows[n]) and which, in order (f.rail_src).
-  // hint: a token crosses to node n once, however many of its experts live there: node_needs(me, t, n) says whether any does.
-  // hint: rows go node by node, tokens in order: the forwarder expects them so (its side is the next loop).
-  // see: lessons/05_deepseek_moe/README.md, Exercises
-  // minutes: 20
-  // bug: if (node_needs(me, t, n)) -> if (m.needs(me, t, n * topo.R + topo.local))
   for (int n = 0; n < topo.nodes; n++)
     for (int64_t t = 0; t < m.T; t++)
       if (node_needs(me, t, n)) f.rail.send_rows[(size_t)n]++, f.rail_src.push_back(t);

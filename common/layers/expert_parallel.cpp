@@ -9,11 +9,6 @@ namespace ff::ep {
 
 int64_t Routes::rows_to(int q) const {
   // [exercise:rows-to] How many rows this rank sends to rank q in the dispatch: its block of the all-to-all's send layout.
-  // hint: counts[p][e] is how many of rank p's routing slots chose expert e; rank q holds experts [q E, (q + 1) E).
-  // hint: rows_from below is the receiving side of the same table.
-  // see: lessons/04_gshard/README.md, Exercises
-  // minutes: 10
-  // bug: counts[(size_t)rank][(size_t)e] -> counts[(size_t)q][(size_t)e]
   int64_t n = 0;
   for (int64_t e = q * E; e < (q + 1) * E; e++) n += counts[(size_t)rank][(size_t)e];
   return n;
@@ -36,11 +31,6 @@ std::vector<size_t> Routes::bytes(bool to, int64_t width) const {
 // [slide:regroup-order]
 std::vector<int64_t> Routes::regroup_order() const {
   // [exercise:regroup-order] The received rows come grouped by source rank, then expert; return the order that groups them by expert, then source.
-  // hint: first find where each (source p, expert e) run of rows starts in what arrived: rank p sent counts[p][rank E + e] rows for local expert e.
-  // hint: then list, for each expert, each source's run in turn: order[k] is the received row that goes k-th.
-  // see: lessons/04_gshard/README.md, Exercises
-  // minutes: 20
-  // bug: order.push_back(start[(size_t)(p * E + e)] + i); -> order.push_back(start[(size_t)(e * P + p) % (size_t)(P * E)] + i);
   // [slide:regroup-order-short]
   std::vector<int64_t> start((size_t)(P * E));  // first received row of (source p, expert e)
   int64_t row = 0;

@@ -150,12 +150,6 @@ ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cach
   // [slide:smoe-silu-bwd]
   Tensor s = silu(cache.a), db, da = Tensor::empty({M, f}, dev);
   // [exercise:swiglu-backward] From dH, the gradients of h = silu(a) * b: db = dB and da = dA.
-  // hint: the product rule: dB = dH * silu(a) (s holds silu(a)); dA = dH * b * silu'(a).
-  // hint: kernels.unary_backward(UnaryOp::silu, out, a, s, upstream, n) writes upstream * silu'(a).
-  // see: lessons/03_smoe/README.md, The backward, written out
-  // minutes: 20
-  // bug: db = mul(dh, s); -> db = mul(dh, cache.a);
-  // bug: mul(dh, cache.b).data() -> cache.b.data()
   db = mul(dh, s);
   // dA = silu'(a) * (dH * b): the kernel multiplies its "upstream" argument by silu'(a)
   kernels.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), mul(dh, cache.b).data(), M * f);
@@ -307,14 +301,6 @@ Tensor router_dlogits(const Config& c, const Routing& r, const Tensor& dgates,
   for (int64_t t = 0; t < T; t++) {
     const float* pt = &p[(size_t)(t * N)];
     // [exercise:router-backward] Token t's row of dz = dL/d(router logits), from dp (the aux path, daux) and dg.
-    // hint: softmax-topk: g_tj = p_t[idx_tj], so dL/dp_t = daux + dg scattered to idx_t; then through the softmax: dz = p (dp - <dp, p>).
-    // hint: topk-softmax (--gate topk-softmax): add g_tj (dg_tj - <dg_t, g_t>) at idx_tj, on top of the aux path through the full softmax.
-    // see: lessons/03_smoe/README.md, The backward, written out
-    // minutes: 30
-    // args: (none)
-    // args: --gate topk-softmax
-    // bug: (pt[i] * (dp[(size_t)i] - dot)) -> (pt[i] * (dot - dp[(size_t)i]))
-    // bug: dp[(size_t)idx[(size_t)(t * k + j)]] += dg -> dp[(size_t)idx[(size_t)(t * k + j)]] -= dg
     dp = daux;
     if (c.gate == Gate::softmax_topk)
       for (int64_t j = 0; j < k; j++) dp[(size_t)idx[(size_t)(t * k + j)]] += dg[(size_t)(t * k + j)];

@@ -57,12 +57,6 @@ void check_divisible(const Tensor& x, Comm& tp, const char* op) {
 Tensor f(const Tensor& x, Comm& tp) {
   check_f32(x, "tp::f");
   // [exercise:tp-f] Megatron's f, before a column-parallel matmul: the identity forward; in the backward, the gradient summed over the TP group.
-  // hint: record(out, name, {x}, backward) puts an op on the tape; backward maps dL/d(out) to {dL/dx}.
-  // hint: each TP rank's dL/dx covers only its own columns' contribution: allreduced(dy, c) sums them (capture a copy of the Comm).
-  // see: lessons/08_mesh/README.md, Exercises
-  // minutes: 10
-  // args: --sp off --ep 1 --train 3
-  // bug: return {allreduced(dy, c)}; -> return {dy};
   Comm c = tp;
   // Identity forward: a new tensor sharing x's storage, so that the tape has its own node.
   return record(x.detach(), "tp_f", {x}, [c](const Tensor& dy) mutable -> std::vector<Tensor> {
@@ -75,11 +69,6 @@ Tensor f(const Tensor& x, Comm& tp) {
 Tensor g(const Tensor& x, Comm& tp) {
   check_f32(x, "tp::g");
   // [exercise:tp-g] Megatron's g, after a row-parallel matmul: the partial outputs summed over the TP group; in the backward, the identity.
-  // hint: the conjugate of f: what f does in its backward, g does in its forward.
-  // see: lessons/08_mesh/README.md, Exercises
-  // minutes: 10
-  // args: --sp off --ep 1 --train 3
-  // bug: return record(allreduced(x, tp), -> return record(x.detach(),
   return record(allreduced(x, tp), "tp_g", {x},
                 [](const Tensor& dy) -> std::vector<Tensor> { return {dy}; });
   // [/exercise]

@@ -2,9 +2,10 @@
 //
 // A lesson marks the parts a student writes in its own code:
 //     // [exercise:NAME] the task, one line
-//     // hint: ...                          (key: value lines: hint, see, minutes, args, bug, stub)
 //     ... the lesson's code: the solution ...
 //     // [/exercise]
+// and keeps what teaching each needs (hints, planted mistakes, minutes, the runs that grade it)
+// in its lessons/NN_name/exercises.json.
 // `make exercise L=NN` copies the files that hold a lesson's marks into exercises/NN_name/ with
 // every marked region replaced by its task, its hints and a call of exercise_missing; `make run
 // L=NN EX=1` builds that copy and runs it, and the lesson's own check grades it.

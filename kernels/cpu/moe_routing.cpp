@@ -34,13 +34,6 @@ void moe_group_topk(int64_t* idx, int64_t* kept_groups, const float* scores, int
   std::vector<float> masked((size_t)N);
   for (int64_t t = 0; t < T; t++) {
     // [exercise:group-topk] Token t's group-limited choice: its M best groups into kept_groups + t M, then its K best experts among them into idx + t K.
-    // hint: topk_rows(vals, ids, x, 1, n, k) writes the k largest of x[0..n) (and their indices), larger first, lower index on ties.
-    // hint: a group's score is the sum of its `chosen` best affinities, added in ascending expert index (the order the devices share).
-    // hint: then mask every expert outside the kept groups with -INFINITY and take the top K of what is left.
-    // see: lessons/05_deepseek_moe/README.md, Exercises
-    // minutes: 30
-    // bug: topk_rows(vals.data(), kept, group_score.data(), 1, G, M); -> topk_rows(vals.data(), kept, s, 1, G, M);
-    // bug: std::fill(masked.begin(), masked.end(), -INFINITY); -> std::copy(s, s + N, masked.begin());
     const float* s = scores + t * N;
     // 1. group scores: the group's `chosen` largest, added in ascending index order
     for (int64_t g = 0; g < G; g++) {

@@ -83,12 +83,6 @@ static SoftmaxState fold_block(SoftmaxState s, const float* x, int64_t n) {
 static SoftmaxState merge(SoftmaxState a, SoftmaxState b) {
   if (g_bug == Bug::no_rescale) return {std::max(a.m, b.m), a.l + b.l};
   // [exercise:merge] Merge two partial states (m, l) of one row into the state of both.
-  // hint: the merged max is the larger; each sum was taken against its own max, so rescale it.
-  // hint: rescale(x, m) is exp(x - m), with rescale(-inf, m) = 0 (an empty state).
-  // see: lessons/01_online_softmax/README.md, Exercises
-  // minutes: 10
-  // bug: a.l * rescale(a.m, m) -> a.l
-  // bug: std::max(a.m, b.m) -> std::min(a.m, b.m)
   const float m = std::max(a.m, b.m);
   return {m, a.l * rescale(a.m, m) + b.l * rescale(b.m, m)};
   // [/exercise]
@@ -190,10 +184,6 @@ static std::vector<SoftmaxState> chain_merge(Comm& comm, std::vector<SoftmaxStat
 // merge() is associative and commutative. O(log P) latency.
 static void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
   // [exercise:merge-op] MPI's reduction op: fold the *len states at `in` into those at `inout`.
-  // hint: MPI's contract for a user op: inout[i] = in[i] (op) inout[i], for each of *len elements.
-  // see: lessons/01_online_softmax/README.md, Exercises
-  // minutes: 10
-  // bug: b[i] = merge(a[i], b[i]); -> b[i] = a[i];
   auto* a = static_cast<SoftmaxState*>(in);
   auto* b = static_cast<SoftmaxState*>(inout);
   for (int i = 0; i < *len; i++) b[i] = merge(a[i], b[i]);

@@ -84,13 +84,6 @@ void hop_sync(Comm& comm, Order order, const std::vector<float>& out, std::vecto
   const size_t out_bytes = out.size() * sizeof(float), in_bytes = in.size() * sizeof(float);
   // [slide:hop-sync]
   // [exercise:even-odd] One hop with synchronous sends: send `out` to next, receive `in` from prev, without deadlock for any P.
-  // hint: comm.ssend returns only once the receiver has started to receive; if every rank sends first, every rank waits.
-  // hint: --order naive must still deadlock, as the lesson shows (its watchdog names the ranks).
-  // see: lessons/02_ring_attention/README.md, Exercises
-  // minutes: 15
-  // args: --timeout 5
-  // args: --timeout 5 --causal --layout zigzag
-  // bug: order == Order::naive || r % 2 == 0 -> true
   if (order == Order::naive || r % 2 == 0) {
     comm.ssend(out.data(), out_bytes, next, tag);
     comm.recv(in.data(), in_bytes, prev, tag);
@@ -258,14 +251,6 @@ Backward backward(Comm& comm, const Config& c, const Tensor& q, const Tensor& k,
     // [slide:ring-bwd-dkv]
     if (P == 1) break;  // the only block is this rank's own: nothing travels, no self-send
     // [exercise:dkv-route] After this step's compute: send dK, dV on with their block and take in the next block, its K, V and its dK, dV so far.
-    // hint: K, V were sent before the compute (kv); dK, dV exist only now, so they make one more hop than K, V do: P in all.
-    // hint: dk, dv then hold the partial sums of block next_owner, which this rank adds to at the next step.
-    // see: lessons/02_ring_attention/README.md, Exercises
-    // minutes: 20
-    // args: --timeout 5
-    // args: --timeout 5 --causal --layout zigzag --order async
-    // bug: unpack(dkv.in, {&dk, &dv}, c.dev); -> unpack(dkv.in, {&dv, &dk}, c.dev);
-    // bug: dkv.out = pack({dk, dv}); -> dkv.out = pack({dk_here, dv_here});
     // [slide:ring-bwd-dkv-hop]
     // dK, dV exist only now: their hop follows the block's (P hops, one more than K, V make)
     Hop dkv{comm, c.order, kTagBackwardGrads + step};

@@ -385,12 +385,6 @@ static RunResult run_schedule(Comm& comm, const Setup& setup, Weights& weights, 
         // backward first, then turn about (lesson 08's paired steps run the same order)
         timed(&result.fb_s, [&] {
           // [exercise:overlapped-step] The overlapped step: the forward of fwd and the backward of bwd, each pass's three phases in its own order, the two passes taking turns in DeepSeek-V3's order (overlap::kStepOrder: the backward first).
-          // hint: a phase that waits for an all-to-all needs that all-to-all started by its pass's previous phase.
-          // hint: any order that respects each pass's own order gives the same bits; kStepOrder's hides the most (README: why this order).
-          // see: lessons/06_overlap/README.md, Exercises
-          // minutes: 15
-          // bug: phases[(int)pass][next[(int)pass]++]() -> phases[(int)pass][2 - next[(int)pass]++]()
-          // args: --timeout 10
           const std::function<void()> phases[2][3] = {
               {[&] { runner.f_attn_gate(fwd); },  // F attention + gate; start F's dispatch
                [&] { runner.f_experts(fwd); },    // wait F's dispatch; F experts; start F's combine

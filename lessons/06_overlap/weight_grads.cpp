@@ -25,11 +25,6 @@ void WeightGrads::add_shared(const moe::ExpertGrads& shared, const dsv3::Params&
 void WeightGrads::add_expert(const moe::ExpertGrads& expert, int64_t e) {
   auto into = [&](Tensor& sum, const Tensor& t) {
     // [exercise:add-expert] Add local expert e's weight gradient t (one expert's) into sum, the rank's (local experts, ...) stack, starting it at zeros.
-    // hint: sum holds this rank's experts only (setup_.moe.experts / ranks_ of them); every micro-batch adds its gradient to expert e's slice.
-    // hint: slice, add and concat build the new stack (the tensors are immutable values here).
-    // see: lessons/06_overlap/README.md, Exercises
-    // minutes: 10
-    // bug: pieces.push_back(add(slice(sum, 0, e, e + 1), t)); -> pieces.push_back(t);
     if (!sum.defined()) {
       Shape shape = t.shape();
       shape[0] = setup_.moe.experts / ranks_;

@@ -63,13 +63,6 @@ static void one_f_one_b(Schedule& s) {
     auto& prog = s.ranks[r];
     // [slide:one-f-one-b]
     // [exercise:one-f-one-b] Rank r's 1F1B program into prog: warm-up forwards, then one forward and one backward at a time, then the cool-down backwards.
-    // hint: one(Kind::F, 0, m) and one(Kind::B, 0, m) are micro-batch m's forward and backward (direction 0); s.P ranks, s.M micro-batches.
-    // hint: rank r runs as many forwards before its first backward as the ranks after it need: min(P - r - 1, M).
-    // see: lessons/07_dualpipe/README.md, Exercises
-    // minutes: 15
-    // args: --schedule 1f1b --timeout 10
-    // bug: const int warmup = std::min(s.P - r - 1, s.M); -> const int warmup = std::min(s.P - r - 2, s.M);
-    // bug: prog.push_back(one(Kind::B, 0, i)); -> prog.push_back(one(Kind::B, 0, i + 1));
     const int warmup = std::min(s.P - r - 1, s.M);
     // warm-up
     for (int m = 0; m < warmup; m++) prog.push_back(one(Kind::F, 0, m));
@@ -194,14 +187,6 @@ static void dual_program(DualProgram& chunk, int num_ranks, int rank, int num_ch
   // where the pipeline turns: DualPipe's two middle ranks, DualPipeV's last rank (the V's bottom)
   const bool turning_rank = rank == num_ranks - 1;
   // [exercise:dualpipe-warmup] DualPipe's first three steps on this rank: nF0 (warm-up forwards of phase 0), nF0F1 (both phases alternating), nB1W1F1 (an input backward, its weight gradient, a forward).
-  // hint: the counts: (P - r - 1) * 2 forwards, then r + 1 pairs, then P - r - 1 triples (P = num_ranks); DualPipe's reference (deepseek-ai/DualPipe, dualpipe.py) writes the same.
-  // hint: chunk.forward_chunk(phase), chunk.backward_chunk(phase, enable_zb), chunk.weight_chunk(): the zero-bubble step defers its W (enable_zb) and runs it at once.
-  // see: lessons/07_dualpipe/README.md, Exercises
-  // minutes: 20
-  // args: --timeout 10
-  // args: --schedule dualpipev --timeout 10
-  // bug: const int step_2 = rank + 1; -> const int step_2 = rank;
-  // bug: chunk.backward_chunk(1, /*enable_zb=*/true); -> chunk.backward_chunk(0, /*enable_zb=*/true);
   // Step 1: nF0 — warm-up forwards of phase 0
   const int step_1 = (num_ranks - rank - 1) * 2;
   for (int i = 0; i < step_1; i++) chunk.forward_chunk(0);

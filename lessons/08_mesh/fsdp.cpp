@@ -253,7 +253,6 @@ void Fsdp::unuse(int unit) {
 // [slide:fsdp-hooks-short]
 void Fsdp::before_forward(int unit) { use(unit); }
 
-// [slide:fsdp-hooks]
 Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   unuse(unit);
   if (!grad_enabled() || !y.requires_grad()) return y;
@@ -272,7 +271,6 @@ Tensor Fsdp::after_forward(int unit, const Tensor& y) {
   });
   return out;
 }
-// [/slide]
 
 void Fsdp::weight_done(int unit) {
   if (++done_[(size_t)unit] < weights_[(size_t)unit]) return;

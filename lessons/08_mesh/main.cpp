@@ -228,10 +228,10 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
           !(opts.bug == Bug::sp_norm_grad && is_norm_weight(table.names[k])))
         replicated.push_back(table.params[k]);
     zero::sum_grads(replicated, mesh.tp());
-    // [/slide:sp-grads]
     if (here.held_moe > 0) mesh.tp().allreduce_sum(load.data(), load.size());
   }
   // [/slide:sp-grads-short]
+  // [/slide:sp-grads]
   // [slide:dualpipe-copies]
   // DualPipe: stage s lives on rank s (direction 0) and on rank P-1-s (direction 1), each
   // copy's gradient from its direction's micro-batches: the pair sums them, so both copies

@@ -131,12 +131,6 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
   const auto mine = [&](const GradBuckets::Bucket& b) { return flat + b.offset + b.padded / dp * dp_rank_; };
   // [exercise:zero1-step] ZeRO-1's update: AdamW on this rank's blocks only — gather them from flat into param_shard_, step, and put them back.
-  // hint: bucket b's block of this rank is mine(b), b.padded / dp floats; in param_shard_ (and in the gradient shard) it sits at b.offset / dp.
-  // hint: adam_.step({&param_shard_}, {buckets_.shard()}) updates the shard with its gradients; the all-gather below spreads every rank's blocks.
-  // see: lessons/08_mesh/README.md, Exercises
-  // minutes: 20
-  // args: --train 3
-  // bug: std::memcpy(mine(b), param_shard_.data() + b.offset / dp, -> std::memcpy(param_shard_.data() + b.offset / dp, mine(b),
   for (const GradBuckets::Bucket& b : buckets_.buckets())
     std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
   adam_.step({&param_shard_}, {buckets_.shard()});

@@ -149,12 +149,6 @@ Tensor decode_attention(const model::Config& c, const model::Attention& a, const
   } else if (kind == CacheKind::latent) {
     // [slide:decode-latent]
     // [exercise:latent-attention] Decode attention from the latent cache: K's no-RoPE part and V re-expanded from c_kv (W_uk, W_uv), the scores of both parts, the masked softmax, the output. Set probs (B, H, L) and o (B, H d_v).
-    // hint: per_head(t, H) turns (B, L, H e) into (B H, L, e); k_pe is shared by the heads: its scores need no per_head.
-    // hint: mask_lengths(scores, cache) hides each sequence's positions past its length; scale by inv = 1/sqrt(d_n + d_r) before the softmax.
-    // see: lessons/09_inference/README.md, Exercises
-    // minutes: 20
-    // bug: probs = softmax(mask_lengths(scale(add(s_nope, s_pe), inv), cache)); -> probs = softmax(scale(add(s_nope, s_pe), inv));
-    // bug: Tensor V = per_head(matmul(c_kv, a.w_uv), H); -> Tensor V = per_head(matmul(c_kv, a.w_uk), H);
     Tensor c_kv = cache.first(L, dev), k_pe = cache.second(L, dev);            // (B, L, r), (B, L, d_r)
     Tensor k_nope = per_head(matmul(c_kv, a.w_uk), H);                         // (B H, L, d_n): re-expanded
     Tensor V = per_head(matmul(c_kv, a.w_uv), H);                              // (B H, L, d_v)
@@ -167,13 +161,6 @@ Tensor decode_attention(const model::Config& c, const model::Attention& a, const
   } else {
     // [slide:decode-absorbed]
     // [exercise:absorbed-attention] Decode attention on the latent cache without forming K or V: W_uk folded into the query (q_lat, per head in the latent space), W_uv applied after the sum over positions. Set probs (B, H, L) and o (B, H d_v).
-    // hint: a.w_uk is (r, H d_n): per head h, W_uk,h is (r, d_n), and q_lat,h = W_uk,h q_nope,h is (r); the scores are c_kv q_lat plus k_pe q_pe.
-    // hint: the values stay latent through the softmax: o_lat = probs c_kv (B, H, r); then each head's W_uv,h (r, d_v) maps it out.
-    // hint: DeepSeek-V3's inference/model.py, attn_impl == "absorb", does the same with einsums.
-    // see: lessons/09_inference/README.md, Exercises
-    // minutes: 30
-    // bug: : transpose(w_uk, 1, 2); -> : reshape(w_uk, {H, dn, r});
-    // bug: probs = softmax(mask_lengths(scale(transpose(add(s_nope, s_pe), 1, 2), inv), cache)); -> probs = softmax(mask_lengths(transpose(add(s_nope, s_pe), 1, 2), cache));
     Tensor c_kv = cache.first(L, dev), k_pe = cache.second(L, dev);            // (B, L, r), (B, L, d_r)
     // W_uk per head, (H, d_n, r): the query moves into the latent space, q_lat,h = W_uk,h q_nope,h
     Tensor w_uk = transpose(reshape(a.w_uk, {r, H, dn}), 0, 1);                // (H, r, d_n)
