@@ -295,7 +295,7 @@ std::string publish(const std::string& dir, const std::string& tmp, const std::s
   // [slide:ckpt-publish]
   const std::string aside = dir + "/.replaced-" + step_name(steps);
   const bool replaces = ::access(final_dir.c_str(), F_OK) == 0;
-  if (replaces) {  // the old one set aside, not removed: the step always has a complete directory
+  if (replaces) {  // set aside, not removed: the step always has a complete directory
     point("aside");
     if (std::string err = remove_tree(aside); !err.empty()) return err;
     if (::rename(final_dir.c_str(), aside.c_str()) != 0) return sys_error("cannot rename", final_dir);

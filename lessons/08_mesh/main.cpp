@@ -56,7 +56,7 @@
 // This file is the story: the mesh, the model on it and its optimizers, then every step
 // trained (train_step) and checked against one process, the report and the verdict. Beside it:
 // options.h (the flags and their checks), sharding.h (who holds what), mesh_model.h (the model
-// on the mesh and its pipeline stages), reference_check.h (the mesh gathered for the check and
+// on the mesh and its pipeline stages; forward.cpp, its forward), reference_check.h (the mesh gathered for the check and
 // its one-process twin), formulas.h (the bytes each axis should move), report.h (what is
 // printed and written), estimate.h (--estimate).
 #include <algorithm>
