@@ -185,57 +185,57 @@ GroupAdam::GroupAdam(const Comm& group, const AdamConfig& config, int zero_stage
   FF_CHECK(zero_stage >= 0 && zero_stage <= 3, "GroupAdam: ZeRO stage 0..3, got " << zero_stage);
   FF_CHECK((zero_stage == 3) == (fsdp_units > 0), "GroupAdam: ZeRO-3 and only ZeRO-3 has units");
   if (zero_stage == 0)
-    z0_ = std::make_unique<DataParallelAdam>(group, config, bucket_bytes);
+    zero0_ = std::make_unique<DataParallelAdam>(group, config, bucket_bytes);
   else if (zero_stage < 3)
-    z1_ = std::make_unique<ShardedAdam>(group, config, bug, zero_stage, bucket_bytes);
+    sharded_ = std::make_unique<ShardedAdam>(group, config, bug, zero_stage, bucket_bytes);
   else
-    z3_ = std::make_unique<fsdp::ShardGroup>(group, config, fsdp_units);
+    zero3_ = std::make_unique<fsdp::ShardGroup>(group, config, fsdp_units);
 }
 
 GroupAdam::~GroupAdam() = default;
 
-Adam* GroupAdam::adam() { return z0_ ? &z0_->adam() : z1_ ? &z1_->adam() : &z3_->adam(); }
+Adam* GroupAdam::adam() { return zero0_ ? &zero0_->adam() : sharded_ ? &sharded_->adam() : &zero3_->adam(); }
 
 void GroupAdam::add(Tensor* p, size_t key, int unit) {
   params.push_back(p), keys.push_back(key), numel += p->numel();
-  if (z3_) z3_->add(p, unit);
+  if (zero3_) zero3_->add(p, unit);
 }
 
 void GroupAdam::sum_after_reduce(Comm* c) {
-  FF_CHECK(!z3_, "GroupAdam::sum_after_reduce: ZeRO-3 sums its shards itself (ShardGroup::sum_grad_shards)");
-  if (z0_) z0_->sum_after_reduce(c);
-  if (z1_) z1_->sum_after_reduce(c);
+  FF_CHECK(!zero3_, "GroupAdam::sum_after_reduce: ZeRO-3 sums its shards itself (ShardGroup::sum_grad_shards)");
+  if (zero0_) zero0_->sum_after_reduce(c);
+  if (sharded_) sharded_->sum_after_reduce(c);
 }
 
 void GroupAdam::divide_by(int n) {
-  if (z0_) z0_->divide_by(n);
-  if (z1_) z1_->divide_by(n);
-  if (z3_) z3_->divide_by(n);
+  if (zero0_) zero0_->divide_by(n);
+  if (sharded_) sharded_->divide_by(n);
+  if (zero3_) zero3_->divide_by(n);
 }
 
 Memory GroupAdam::memory() const {
-  if (z3_) return z3_->memory();
-  return z0_ ? z0_->memory(params) : z1_->memory(params);
+  if (zero3_) return zero3_->memory();
+  return zero0_ ? zero0_->memory(params) : sharded_->memory(params);
 }
 
 void GroupAdam::layout() {
-  if (!params.empty() && !z3_) buckets().layout(params);
+  if (!params.empty() && !zero3_) buckets().layout(params);
 }
 
 void GroupAdam::step() {
   if (params.empty()) return;
-  if (z3_) return z3_->step();
-  z0_ ? z0_->step(params) : z1_->step(params);
+  if (zero3_) return zero3_->step();
+  zero0_ ? zero0_->step(params) : sharded_->step(params);
 }
 
 std::vector<Tensor> GroupAdam::mean_grads(Comm& check) const {
-  if (z3_) return z3_->mean_grads(check);
+  if (zero3_) return zero3_->mean_grads(check);
   std::vector<Tensor> out;
-  if (z0_ || params.empty()) {
+  if (zero0_ || params.empty()) {
     for (Tensor* p : params) out.push_back(p->grad());
     return out;
   }
-  const std::vector<float> flat = z1_->gather_mean_grad(check);
+  const std::vector<float> flat = sharded_->gather_mean_grad(check);
   size_t at = 0;
   for (Tensor* p : params) {
     const size_t n = (size_t)p->numel();

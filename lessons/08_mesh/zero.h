@@ -191,31 +191,32 @@ class GroupAdam {
   void step();  // nothing for a group with no weight
   // Fixes the buckets and installs their hooks before the first step (step() does it too).
   void layout();
-  void arm() { if (!params.empty() && !z3_) buckets().arm(); }  // GradBuckets::arm (not ZeRO-3's)
+  void arm() { if (!params.empty() && !zero3_) buckets().arm(); }  // GradBuckets::arm (not ZeRO-3's)
   // GradBuckets::flush: the backward is over, every bucket goes (step() does it too; lesson 08
   // flushes every group before any waits, so that no group's window holds another's wait)
-  void flush() { if (!params.empty() && !z3_) buckets().flush(); }
-  fsdp::ShardGroup* shards() { return z3_.get(); }  // ZeRO-3's, else nullptr
+  void flush() { if (!params.empty() && !zero3_) buckets().flush(); }
+  fsdp::ShardGroup* shards() { return zero3_.get(); }  // ZeRO-3's, else nullptr
   // The stage's AdamW (ZeRO-0: m and v per weight; ZeRO-1, -2: one shard tensor laid out by
   // sharded()->buckets(); ZeRO-3: one laid out by shards()).
   Adam* adam();
-  const ShardedAdam* sharded() const { return z1_.get(); }
+  const ShardedAdam* sharded() const { return sharded_.get(); }
   Memory memory() const;
   // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered
   // over `check`, a copy of the group's communicator that keeps the check's traffic apart).
   std::vector<Tensor> mean_grads(Comm& check) const;
   // The gradient buckets (their hooks, arm() and this step's times); nullptr for a group with
   // no weight before its first step.
-  GradBuckets& buckets() { return z0_ ? z0_->buckets() : z1_->buckets(); }
+  GradBuckets& buckets() { return zero0_ ? zero0_->buckets() : sharded_->buckets(); }
 
   std::vector<Tensor*> params;  // the group's weights
   std::vector<size_t> keys;     // the caller's number for each
   int64_t numel = 0;            // their numbers, all together
 
  private:
-  std::unique_ptr<DataParallelAdam> z0_;
-  std::unique_ptr<ShardedAdam> z1_;
-  std::unique_ptr<fsdp::ShardGroup> z3_;
+  // the group's stage, one of the three set
+  std::unique_ptr<DataParallelAdam> zero0_;  // ZeRO-0
+  std::unique_ptr<ShardedAdam> sharded_;     // ZeRO-1 and ZeRO-2
+  std::unique_ptr<fsdp::ShardGroup> zero3_;  // ZeRO-3
 };
 
 }  // namespace ff::zero
