@@ -132,7 +132,10 @@ def attach(e, lesson, meta, lines):
         raise Problem(f"{where}: unknown keys {sorted(set(meta) - known)} (allowed: {sorted(known)})")
     e.minutes = int(meta.get("minutes", 0))
     e.hints, e.args, e.stub, e.see = list(meta.get("hints", [])), list(meta.get("args", [])), meta.get("stub", ""), meta.get("see", "")
-    e.bugs = [(b["write"], b["as"]) for b in meta.get("mistakes", [])]
+    mistakes = meta.get("mistakes", [])
+    if any(not isinstance(b, dict) or set(b) != {"write", "as"} for b in mistakes):
+        raise Problem(f"{where}: each mistake is {{\"write\": OLD, \"as\": NEW}}, got {mistakes}")
+    e.bugs = [(b["write"], b["as"]) for b in mistakes]
     if not e.bugs:
         raise Problem(f"{where}: no planted mistake (mistakes: [{{\"write\": OLD, \"as\": NEW}}])")
     body = "\n".join(lines[e.body_start:e.last])

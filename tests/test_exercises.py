@@ -106,3 +106,54 @@ def test_make_exercise_run_and_grade_flow_and_an_edited_copy_is_kept(command, tm
     assert kept.rc != 0 and "// mine" in copy.read_text(), kept.why("make exercise refuses to overwrite an edited copy")
     forced = command(make + ["exercise", "L=01", f"EXERCISES={d}", "FORCE=1"], unset=unset)
     assert forced.rc == 0 and "// mine" not in copy.read_text(), forced.why("FORCE=1 starts the copy over")
+
+
+@pytest.mark.lesson("01")
+@pytest.mark.parametrize("case, want", [
+    ("ok", None),
+    ("key-line-left", "its hint: belongs in its lesson's exercises.json"),
+    ("not-listed", "exercise add is in no lesson's exercises.json"),
+    ("listed-nowhere", "exercise gone is marked nowhere"),
+    ("mistake-twice", "occurs 2 times in the solution"),
+    ("mistake-malformed", 'each mistake is {"write": OLD, "as": NEW}'),
+    ("other-lessons-mark", "is marked in lesson 02_y but listed in lessons/01_x/exercises.json"),
+])
+def test_the_exercises_metadata_is_refused_where_it_does_not_match_the_marks(tmp_path, monkeypatch, case, want):
+    """scripts/exercise.py reads the marks in the code and each lesson's exercises.json together:
+    a key line left under a mark, a mark no lesson lists, an entry marked nowhere, a mistake's
+    text that is not once in the solution, a malformed mistake and a lesson listing another
+    lesson's mark are each one Problem naming it; a mark under common/ belongs to the lesson
+    that lists it."""
+    import json
+    code = {"lessons/01_x/main.cpp": "int f(int x) {\n  // [exercise:add] Add one.\n  return x + 1;\n  // [/exercise]\n}\n",
+            "common/layers/twice.cpp": "int g(int x) {\n  // [exercise:twice] Double it.\n  return x * 2;\n  // [/exercise]\n}\n"}
+    meta = {"add": {"minutes": 5, "hints": ["one more"], "mistakes": [{"write": "x + 1", "as": "x"}]},
+            "twice": {"minutes": 5, "mistakes": [{"write": "x * 2", "as": "x * 3"}]}}
+    if case == "key-line-left":
+        code["lessons/01_x/main.cpp"] = code["lessons/01_x/main.cpp"].replace("Add one.\n", "Add one.\n  // hint: one more\n")
+    elif case == "not-listed":
+        del meta["add"]
+    elif case == "listed-nowhere":
+        meta["gone"] = meta["add"]
+    elif case == "mistake-twice":
+        code["lessons/01_x/main.cpp"] = code["lessons/01_x/main.cpp"].replace("return x + 1;", "return x + 1 + (x + 1) * 0;")
+    elif case == "mistake-malformed":
+        meta["add"]["mistakes"] = [{"write": "x + 1"}]
+    elif case == "other-lessons-mark":
+        code["lessons/02_y/main.cpp"] = "int h() {\n  // [exercise:h] Zero.\n  return 0;\n  // [/exercise]\n}\n"
+        meta["h"] = {"mistakes": [{"write": "0", "as": "1"}]}
+    for path, text in code.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / "lessons" / "01_x" / "exercises.json").write_text(json.dumps(meta))
+    monkeypatch.setattr(exercise, "ROOT", str(tmp_path))
+    if want is None:
+        by_lesson, _ = exercise.all_exercises()
+        assert sorted(by_lesson) == ["01_x"], by_lesson
+        got = {e.name: (e.path, e.bugs, e.hints) for e in by_lesson["01_x"]}
+        assert got == {"add": ("lessons/01_x/main.cpp", [("x + 1", "x")], ["one more"]),
+                       "twice": ("common/layers/twice.cpp", [("x * 2", "x * 3")], [])}, got
+        return
+    with pytest.raises(exercise.Problem) as refused:
+        exercise.all_exercises()
+    assert want in str(refused.value), str(refused.value)
