@@ -69,15 +69,4 @@ Tensor row_parallel_sp(const Tensor& x_shard, const Tensor& w_shard, Comm& tp);
 Tensor column_shard(const Tensor& w, int r, int P);
 Tensor row_shard(const Tensor& w, int r, int P);
 
-// ---- test-only: plant the classic TP bug, so that tests show a check catches it.
-namespace testing {
-// While set, f's backward returns the local gradient without the all-reduce: each rank's dx
-// is then only its own columns' contribution (wrong whenever P > 1).
-void set_f_skips_allreduce(bool on);
-struct FSkipsAllreduce {  // RAII form
-  FSkipsAllreduce() { set_f_skips_allreduce(true); }
-  ~FSkipsAllreduce() { set_f_skips_allreduce(false); }
-};
-}  // namespace testing
-
 }  // namespace ff::tp

@@ -109,7 +109,7 @@ Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int ze
   }
   // the balancing biases (every rank of a stage holds them whole)
   std::map<std::string, Tensor> biases;
-  for (const model::NamedTensor& b : here.mm.p.named_buffers())
+  for (const model::NamedTensor& b : here.model.weights.named_buffers())
     if (b.t.defined()) biases[b.name] = b.t;
   for (size_t k = table.names.size(); k < table.all_names.size(); k++) {
     auto it = biases.find(table.all_names[k]);

@@ -75,6 +75,7 @@
 #include "lessons/08_mesh/zero.h"
 #include "common/lesson/corpus.h"
 #include "common/lesson/lesson.h"
+#include "common/util/trace.h"
 #include "lessons/08_mesh/checkpoint.h"
 #include "lessons/08_mesh/formulas.h"
 #include "lessons/08_mesh/mesh_model.h"
@@ -94,6 +95,9 @@ struct Optimizers {
   Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here, const AdamConfig& adam);
   zero::GroupAdam dense, experts, replicated;
   std::optional<fsdp::Fsdp> fsdp;
+  // From here on a weight's next gradient is its last of the step: each group's buckets post
+  // their reduction as soon as they fill, while the backward goes on (buckets.h)
+  void arm_buckets() { dense.arm(), experts.arm(), replicated.arm(); }
 };
 
 zero::Bug zero_bug(Bug bug) {  // the ZeRO optimizer's own planted bugs
@@ -141,7 +145,7 @@ Optimizers::Optimizers(const Options& opts, const Setup& setup, Mesh& mesh, Rank
     if (g->shards()) sharded.push_back(g->shards()), g->shards()->stale_backward = opts.bug == Bug::zero3_stale_gather;
   fsdp.emplace(sharded, zero3_units(opts, setup));
   fsdp->start();
-  here.mm.fsdp = &*fsdp;
+  here.model.fsdp = &*fsdp;
 }
 
 // --overlap compare: the step's forward and backward twice more before it with its paired F&B
@@ -186,6 +190,42 @@ int64_t resume_if_asked(Lesson& lesson, Options& opts, const Setup& setup, Mesh&
   return got.steps_done;
 }
 
+// pp = 1: this rank's micro-batches one after the other through the whole model, each its
+// forward (forward.cpp), its share of the step's loss and its backward (core/autograd.cpp),
+// the weights' gradients adding up over the micro-batches. Returns the sum of the shares.
+double forward_backward(const Setup& setup, RankModel& here, Optimizers& opt, Device device) {
+  MeshModel& model = here.model;
+  MeshStages& step = here.stages;  // this step's sequences, by micro-batch, and their routes
+  const MeshModel::Tokens tokens = model.tokens(step.Bm, step.T);
+  double loss_sum = 0;
+  for (int gm = 0; gm < step.M; gm++) {
+    Trace::Scope span(trace(), "F+B(" + std::to_string(gm) + ")", "compute");  // --trace
+    Tensor x = model.embed(step.inputs_of(gm), tokens);
+    x = model.blocks(x, 0, setup.c.layers, tokens, &step.routes);
+    const Tensor loss = step.share_of_step(model.head_loss(x, step.targets_of(gm)));
+    loss_sum += loss.item();
+    // DP's gradient buckets fly during the last micro-batch's backward
+    if (gm + 1 == step.M && setup.bucket_overlap) opt.arm_buckets();
+    run_backward(loss, Tensor::full({}, 1.f, device));
+  }
+  return loss_sum;
+}
+
+// pp > 1: lesson 07's executor runs this rank's program of the schedule, calling
+// MeshStages::forward (forward.cpp) for each F and run_backward for each B, I and W.
+// Returns the sum of this rank's micro-batches' shares of the loss (0 off the last stage).
+double pipeline_forward_backward(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here,
+                                 Optimizers& opt, PairCompare* compare) {
+  pp::ExecutorOptions executor_options;
+  executor_options.overlap_pairs = opts.overlap != "off";
+  // DP's gradient buckets fly from the rank's last step that adds into the weights' gradients
+  if (setup.bucket_overlap) executor_options.before_last_weight_grads = [&opt] { opt.arm_buckets(); };
+  pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
+  executor.run();
+  if (compare) compare->overlapped(executor.paired_wall_s(), here.table.params);
+  return executor.local_loss();
+}
+
 // [slide:step]
 // One training step of this rank on its share of the global batch (its DP rows, its CP
 // columns); returns its share of the loss (on the last pipeline stage; 0 elsewhere).
@@ -194,19 +234,13 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   const ParamTable& table = here.table;
   const bool dual = here.sched.layout == pp::Layout::dual;
   // 1. forward and backward of this rank's share: its DP slice, its heads (its tokens), its
-  //    stages, micro-batch by micro-batch in the order of the pipeline schedule
+  //    stages, micro-batch by micro-batch (under PP in the order of the pipeline schedule)
   for (Tensor* p : table.params)
     if (p) p->zero_grad();
   here.stages.inputs = batch.inputs.to(device), here.stages.targets = batch.targets.to(device);
   here.stages.routes.clear();
-  pp::ExecutorOptions executor_options;
-  executor_options.overlap_pairs = opts.overlap != "off";
-  // DP's gradient buckets fly from the rank's last backward on (zero.h)
-  if (setup.bucket_overlap)
-    executor_options.before_last_weight_grads = [&] { opt.dense.arm(), opt.experts.arm(), opt.replicated.arm(); };
-  pp::Executor executor(mesh.pp(), here.sched, here.stages, executor_options);
-  executor.run();
-  if (compare) compare->overlapped(executor.paired_wall_s(), table.params);
+  const double local_loss = setup.stages == 1 ? forward_backward(setup, here, opt, device)
+                                              : pipeline_forward_backward(opts, setup, mesh, here, opt, compare);
   if (opt.fsdp) opt.fsdp->end_backward();
   std::vector<float> load = expert_loads(here.stages.routes, setup.c);
   // [slide:sp-grads]
@@ -252,8 +286,8 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   opt.experts.step();
   // 4. the balancing bias from the loads of the whole global batch
   if (mesh.dp_cp().size() > 1 && here.held_moe > 0) mesh.dp_cp().allreduce_sum(load.data(), load.size());
-  update_biases(here.mm.p, load, setup.c.experts, opts.bias_rate);
-  return executor.local_loss();  // the sum of the micro-batches' shares
+  update_biases(here.model.weights, load, setup.c.experts, opts.bias_rate);
+  return local_loss;
 }
 // [/slide]
 
@@ -281,7 +315,6 @@ int mesh_lesson(Lesson& lesson) {
   Optimizers opt(opts, setup, mesh, here, adam);
   zero::GroupAdam &dense_opt = opt.dense, &expert_opt = opt.experts, &replicated_opt = opt.replicated;
   std::optional<fsdp::Fsdp>& fsdp = opt.fsdp;
-  if (opts.bug == Bug::f_no_allreduce) tp::testing::set_f_skips_allreduce(true);
   // DualPipe's pair: pipeline ranks q and P-1-q hold the same two stages
   const bool dual = here.sched.layout == pp::Layout::dual;
   const int pp_rank = mesh.coords().pp;
@@ -350,7 +383,7 @@ int mesh_lesson(Lesson& lesson) {
     step_span.reset();
     // what each axis moved against the formulas (EP's from this step's routing)
     last = axes.counts();
-    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.mm.scheme, setup.c.dim, 1);
+    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.model.scheme, setup.c.dim, 1);
     const std::string differs = first_difference(last, want);
     if (!differs.empty() && comm_equal) {
       comm_equal = false;

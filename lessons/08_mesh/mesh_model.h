@@ -20,7 +20,7 @@
 
 namespace ff::mesh {
 
-// Cross-entropy over a vocabulary split across the TP ranks (mesh_model.cpp says how): logits
+// Cross-entropy over a vocabulary split across the TP ranks (forward.cpp says how): logits
 // (n, V_r) of this rank's columns [v0, v0 + V_r), targets (n) global ids; one all-gather of 3
 // numbers per token. local_softmax: the planted bug (each rank normalises by its own max and sum).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const std::vector<int64_t>& targets,
@@ -40,7 +40,7 @@ struct Route {
 struct MeshModel {
   model::Config c;
   Device device = Device::cpu;
-  model::Params p;  // this TP rank's weights (shard_model)
+  model::Params weights;  // this TP rank's weights (shard_model)
   Comm* tp = nullptr;
   bool sp = false, ce_local_softmax = false;
   int64_t v0 = 0;   // this rank's first vocabulary column
@@ -63,8 +63,10 @@ struct MeshModel {
   Tensor leave_unit(int u, const Tensor& y) const { return fsdp ? fsdp->after_forward(u, y) : y; }
 
   // Into the TP region: f (identity forward, all-reduce of the gradient backward), or under SP
-  // gather_seq (all-gather of the tokens forward, reduce-scatter backward).
-  Tensor enter(const Tensor& x) { return sp ? tp::gather_seq(x, *tp) : tp::f(x, *tp); }
+  // gather_seq (all-gather of the tokens forward, reduce-scatter backward). The planted bug
+  // f-no-allreduce (f_no_allreduce): f without the all-reduce in its backward.
+  bool f_no_allreduce = false;
+  Tensor enter(const Tensor& x);
   // Out of it: g (all-reduce of the partial sums), or under SP scatter_seq (reduce-scatter).
   Tensor leave(const Tensor& y) { return sp ? tp::scatter_seq(y, *tp) : tp::g(y, *tp); }
 
@@ -84,10 +86,10 @@ struct MeshModel {
   Tokens tokens(int64_t B, int64_t T) const;
 
   // The first stage: this rank's token rows, embedded (rows, d).
-  Tensor embed(const Tensor& inputs, const Tokens& k) const;
+  Tensor embed(const Tensor& inputs, const Tokens& tok) const;
   // Blocks [l0, l1) on this rank's token rows x (rows, d). routes gets each MoE layer's chosen
   // experts for these rows (its MoE index: the layer's place among the MoE layers).
-  Tensor blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& k, std::vector<Route>* routes);
+  Tensor blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& tok, std::vector<Route>* routes);
   // The last stage: the LM head split over the vocabulary, every token's logits of this
   // rank's columns, and the mean loss over the B T tokens (the same on every TP rank).
   Tensor head_loss(const Tensor& x, const Tensor& targets);
@@ -100,7 +102,7 @@ struct MeshModel {
 // micro-batch, (rows, d): under SP each TP rank sends its slice to the same TP rank of the
 // next stage, under CP its zigzag chunks.
 struct MeshStages : pp::StageModel {
-  MeshModel* mm = nullptr;
+  MeshModel* model = nullptr;
   std::vector<int64_t> begin;  // S + 1 layer indices
   int64_t M = 1, Bm = 1, T = 1;  // micro-batches, sequences in each, tokens of each (this rank)
   bool mb_sum = false;
@@ -108,15 +110,20 @@ struct MeshStages : pp::StageModel {
   std::vector<Route> routes;     // every MoE layer's routing of every micro-batch this step
 
   int stages() const { return (int)begin.size() - 1; }
+  // micro-batch gm's Bm sequences of this rank's M Bm, and their targets
+  Tensor inputs_of(int gm) const;
+  Tensor targets_of(int gm) const;
+  // a micro-batch's mean loss as its share of the step's: / M (the planted bug pp-mb-sum: whole)
+  Tensor share_of_step(const Tensor& loss) const;
   // micro-batch gm through stage `stage`: lesson 07's executor calls it for each F
   Tensor forward(int stage, int gm, const Tensor& x) override;
-  Shape boundary_shape(int, int) const override { return {mm->tokens(Bm, T).rows, mm->c.dim}; }
+  Shape boundary_shape(int, int) const override { return {model->tokens(Bm, T).rows, model->c.dim}; }
 
   // The loss of this rank's (B, T) sequences through the pipeline, forward only, as one batch
   // (validation): each stage receives the previous stage's output, computes, sends it on.
   // Returns the loss on the ranks of the last stage, 0 elsewhere.
   double forward_only(Comm& pipe, const pp::Schedule& s, const Tensor& in, const Tensor& tg);
-  Device device() const override { return mm->device; }
+  Device device() const override { return model->device; }
 };
 
 // What this rank holds of the model on the mesh: the model (its shards of its pipeline stages'
@@ -128,7 +135,7 @@ struct RankModel {
   RankModel(const RankModel&) = delete;
   RankModel& operator=(const RankModel&) = delete;
 
-  MeshModel mm;
+  MeshModel model;
   dsv3::Topology topo;                  // the EP group's nodes (the hierarchical all-to-all)
   std::vector<dsv3::RoutingMap> maps;   // this step's routing of every EP MoE layer
   pp::Schedule sched;
@@ -138,7 +145,7 @@ struct RankModel {
   int64_t held_moe = 0;                 // the MoE layers of this rank's stages
   int pp_rank = 0;                      // this rank's place in the pipeline
   // this CP rank's tokens of every sequence (the zigzag layout's positions)
-  const std::vector<int64_t>& my_columns() const { return mm.cp_positions[(size_t)mm.cp->rank()]; }
+  const std::vector<int64_t>& my_columns() const { return model.cp_positions[(size_t)model.cp->rank()]; }
 };
 
 // The balancing bias (DeepSeek-V3's auxiliary-loss-free update, lesson 05): after each step,
@@ -147,6 +154,6 @@ struct RankModel {
 std::vector<float> expert_loads(const std::vector<Route>& routes, const model::Config& c);
 // The balancing bias of every MoE layer this rank holds, from every layer's loads (load: N per
 // MoE layer, summed over every rank that routed), by lesson 05's rule.
-void update_biases(model::Params& p, const std::vector<float>& load, int64_t N, double gamma);
+void update_biases(model::Params& weights, const std::vector<float>& load, int64_t N, double gamma);
 
 }  // namespace ff::mesh

@@ -276,7 +276,7 @@ CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, cons
   std::vector<Tensor> now, held_grads;
   for (size_t k = 0; k < table.names.size(); k++)
     if (table.params[k]) now.push_back(*table.params[k]), held_grads.push_back(mean_grads[k]);
-  for (const model::NamedTensor& b : here.mm.p.named_buffers())  // the biases, with the weights
+  for (const model::NamedTensor& b : here.model.weights.named_buffers())  // the biases, with the weights
     if (b.t.defined()) now.push_back(b.t);
   const Gathered grads = gather_full(table.names, table.full_shapes, held_grads, sizes, here.plan, comms.world);
   const Gathered params = gather_full(table.all_names, table.all_shapes, now, sizes, here.plan, comms.world);
@@ -299,8 +299,8 @@ Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankMod
   Trace::Category check_traffic(trace(), "check");  // not training: the trace keeps it apart
   NoGradGuard no_grad;
   // forward only: no routing maps to record (the EP formula reads the training's), restored after
-  std::vector<dsv3::RoutingMap>* const maps = here.mm.maps;
-  here.mm.maps = nullptr;
+  std::vector<dsv3::RoutingMap>* const maps = here.model.maps;
+  here.model.maps = nullptr;
   Validation out;
   const int64_t row0 = (int64_t)dp_rank * setup.rank_batch;
   for (int64_t k = 0; k < opts.val_batches; k++) {
@@ -320,7 +320,7 @@ Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankMod
                          (double)opts.val_batches;
     }
   }
-  here.mm.maps = maps;
+  here.model.maps = maps;
   return out;
 }
 

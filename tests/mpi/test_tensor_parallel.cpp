@@ -114,7 +114,14 @@ Grads full_mlp(const Weights& w) {
 
 // How the sharded MLP is written: f once, shared by both column-parallel matmuls (one
 // all-reduce in the backward), or the column_parallel helper for each (two, same result).
-enum class Form { shared_f, helpers };
+// f_without_allreduce: the classic TP bug planted, f's backward without its all-reduce (each
+// rank's dx only its own columns' contribution), so that the test shows a check catches it.
+enum class Form { shared_f, helpers, f_without_allreduce };
+
+Tensor f_without_allreduce(const Tensor& x) {
+  return record(x.detach(), "tp_f_without_allreduce", {x},
+                [](const Tensor& dy) -> std::vector<Tensor> { return {dy}; });
+}
 
 // TP: x replicated; W1, W3 column-parallel, W2 row-parallel. One all-reduce forward (g).
 Grads tp_mlp(const Weights& w, Comm& tp, Form form) {
@@ -123,8 +130,8 @@ Grads tp_mlp(const Weights& w, Comm& tp, Form form) {
          w3 = tp::column_shard(w.w3, r, P).requires_grad_(),
          w2 = tp::row_shard(w.w2, r, P).requires_grad_();
   Tensor a1, a3;
-  if (form == Form::shared_f) {
-    const Tensor xf = tp::f(x, tp);
+  if (form != Form::helpers) {
+    const Tensor xf = form == Form::shared_f ? tp::f(x, tp) : f_without_allreduce(x);
     a1 = matmul(xf, w1);
     a3 = matmul(xf, w3);
   } else {
@@ -226,11 +233,7 @@ TEST_CASE("tensor parallel: a planted bug (f without its backward all-reduce) is
   const Weights w = make_weights();
   const Grads full = full_mlp(w);
   const Tols t = derive(w, tp.size());
-  Grads bad;
-  {
-    tp::testing::FSkipsAllreduce bug;
-    bad = tp_mlp(w, tp, Form::shared_f);
-  }
+  const Grads bad = tp_mlp(w, tp, Form::f_without_allreduce);
   CAPTURE(tp.size());
   const Diff d = compare(bad.dx, full.dx, t.dx);
   if (tp.size() == 1) {
@@ -242,7 +245,7 @@ TEST_CASE("tensor parallel: a planted bug (f without its backward all-reduce) is
   // The forward does not see the bug, nor do the weight gradients: only dx does.
   CHECK(compare(bad.y, full.y, t.y).pass);
   CHECK(compare(bad.dw1, tp::column_shard(full.dw1, tp.rank(), tp.size()), t.dw1).pass);
-  // And with the flag cleared, the same run is right again.
+  // And with f itself, the same run is right.
   CHECK(compare(tp_mlp(w, tp, Form::shared_f).dx, full.dx, t.dx).pass);
 }
 
