@@ -223,115 +223,153 @@ double Simulation::inner_bubble() const {
 }
 double Simulation::bubble_ratio() const { return makespan > 0 ? bubble() / makespan : 0; }
 
-Simulation simulate(const Schedule& s, const Costs& c) {
-  Simulation sim;
-  const int P = s.P;
-  sim.busy.assign((size_t)P, 0);
-  sim.peak_live.assign((size_t)P, 0);
-  sim.warmup.assign((size_t)P, 0);
-  // when (forward | gradient) of (flow, stage, mb) is ready; absent = not yet
-  std::map<std::tuple<bool, int, int, int>, double> ready;
-  std::vector<size_t> pc((size_t)P, 0);
-  std::vector<double> free_at((size_t)P, 0);
-  std::vector<int> live((size_t)P, 0);
-  std::vector<bool> backward_seen((size_t)P, false);
+namespace {
 
+// One run of simulate(): every rank's place in its program and when what it waits for is ready.
+class Simulator {
+ public:
+  Simulator(const Schedule& s, const Costs& c)
+      : s_(s), c_(c), pc_((size_t)s.P, 0), free_at_((size_t)s.P, 0), live_((size_t)s.P, 0),
+        backward_seen_((size_t)s.P, false) {
+    sim.busy.assign((size_t)s.P, 0);
+    sim.peak_live.assign((size_t)s.P, 0);
+    sim.warmup.assign((size_t)s.P, 0);
+  }
+
+  // Runs rank r's next steps for as long as their inputs are there; false if none could run.
+  bool advance(int r) {
+    const std::vector<Step>& prog = s_.ranks[(size_t)r];
+    bool ran = false;
+    // [slide:sim-step]
+    while (pc_[(size_t)r] < prog.size()) {
+      const Step& step = prog[pc_[(size_t)r]];
+      double start = free_at_[(size_t)r];
+      bool blocked = false;
+      for (const Op& op : ops_of(step)) {
+        double t = inputs_ready(r, op);
+        if (t < 0) blocked = true;
+        start = std::max(start, t);
+      }
+      if (blocked) break;
+      // [/slide:sim-step]
+      run(r, step, start);
+      ran = true;
+    }
+    return ran;
+  }
+
+  // After the last step that could run: what each unfinished rank waits for (sim.stuck).
+  void explain_stuck() {
+    sim.completed = true;
+    for (int r = 0; r < s_.P; r++) {
+      if (pc_[(size_t)r] == s_.ranks[(size_t)r].size()) continue;
+      sim.completed = false;
+      const Step& step = s_.ranks[(size_t)r][pc_[(size_t)r]];
+      std::string waits;
+      for (const Op& op : ops_of(step))
+        for (auto& [peer, msg] : io_of(s_, r, op).recv)
+          if (!ready_.count({msg.grad, msg.flow, msg.stage, msg.mb}))
+            waits += (waits.empty() ? "" : ", ") + describe(s_, msg) + " (rank " + std::to_string(peer) + ")";
+      sim.stuck += (sim.stuck.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at " +
+                   to_string(step) + " waits for " + (waits.empty() ? "a same-rank hand-over" : waits);
+    }
+  }
+
+  // Every rank's idle time: against the makespan, and between its own first start and last end.
+  void idle_times() {
+    const int P = s_.P;
+    sim.idle.resize((size_t)P);
+    for (int r = 0; r < P; r++) sim.idle[(size_t)r] = sim.makespan - sim.busy[(size_t)r];
+    std::vector<double> first((size_t)P, -1), last((size_t)P, 0);  // spans are in each rank's order
+    for (const Span& sp : sim.spans) {
+      if (first[(size_t)sp.rank] < 0) first[(size_t)sp.rank] = sp.start;
+      last[(size_t)sp.rank] = sp.end;
+    }
+    sim.inner_idle.assign((size_t)P, 0);
+    for (int r = 0; r < P; r++)
+      if (first[(size_t)r] >= 0)
+        sim.inner_idle[(size_t)r] = last[(size_t)r] - first[(size_t)r] - sim.busy[(size_t)r];
+  }
+
+  Simulation sim;
+
+ private:
   // The time the inputs of op (on rank r) have arrived, or -1 when one is still missing.
-  auto inputs_ready = [&](int r, const Op& op) -> double {
+  double inputs_ready(int r, const Op& op) const {
     double t = 0;
-    for (auto& peer_msg : io_of(s, r, op).recv) {
+    for (auto& peer_msg : io_of(s_, r, op).recv) {
       const Message& msg = peer_msg.second;
-      auto it = ready.find({msg.grad, msg.flow, msg.stage, msg.mb});
-      if (it == ready.end()) return -1;
-      t = std::max(t, it->second + c.comm);
+      auto it = ready_.find({msg.grad, msg.flow, msg.stage, msg.mb});
+      if (it == ready_.end()) return -1;
+      t = std::max(t, it->second + c_.comm);
     }
     // the same-rank hand-over at the bottom of the V (no message, no comm)
-    int S = s.num_stages(), st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);
-    if (op.kind == Kind::F && st > 0 && s.rank_of(f, st - 1) == r) {
-      auto it = ready.find({false, f, st - 1, op.mb});
-      if (it == ready.end()) return -1;
+    int S = s_.num_stages(), st = s_.stage_of(r, op.dir), f = s_.flow_of(op.dir);
+    if (op.kind == Kind::F && st > 0 && s_.rank_of(f, st - 1) == r) {
+      auto it = ready_.find({false, f, st - 1, op.mb});
+      if (it == ready_.end()) return -1;
       t = std::max(t, it->second);
     }
-    if (is_backward(op.kind) && st < S - 1 && s.rank_of(f, st + 1) == r) {
-      auto it = ready.find({true, f, st + 1, op.mb});
-      if (it == ready.end()) return -1;
+    if (is_backward(op.kind) && st < S - 1 && s_.rank_of(f, st + 1) == r) {
+      auto it = ready_.find({true, f, st + 1, op.mb});
+      if (it == ready_.end()) return -1;
       t = std::max(t, it->second);
     }
     return t;
-  };
+  }
 
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < P; r++) {
-      auto& prog = s.ranks[(size_t)r];
-      // [slide:sim-step]
-      while (pc[(size_t)r] < prog.size()) {
-        const Step& step = prog[pc[(size_t)r]];
-        double start = free_at[(size_t)r];
-        bool blocked = false;
-        for (const Op& op : ops_of(step)) {
-          double t = inputs_ready(r, op);
-          if (t < 0) blocked = true;
-          start = std::max(start, t);
-        }
-        if (blocked) break;
-        // [/slide:sim-step]
-        // [slide:sim-end]
-        double cost = c.of(step);
-        double end = start + cost;
-        for (const Op& op : ops_of(step)) {
-          int st = s.stage_of(r, op.dir), f = s.flow_of(op.dir);
-          if (op.kind == Kind::F) {
-            ready[{false, f, st, op.mb}] = end;
-            live[(size_t)r]++;
-            if (!backward_seen[(size_t)r] && !step.paired) sim.warmup[(size_t)r]++;
-          }
-          if (is_backward(op.kind)) {
-            ready[{true, f, st, op.mb}] = end;
-            backward_seen[(size_t)r] = true;
-          }
-        }
-        // [/slide:sim-end]
-        // an overlapped pair holds its forward's activations and its backward's at once
-        sim.peak_live[(size_t)r] = std::max(sim.peak_live[(size_t)r], live[(size_t)r]);
-        for (const Op& op : ops_of(step))
-          if (op.kind == Kind::B || op.kind == Kind::W) live[(size_t)r]--;
-        sim.busy[(size_t)r] += cost;
-        sim.spans.push_back(Span{r, step, start, end});
-        free_at[(size_t)r] = end;
-        sim.makespan = std::max(sim.makespan, end);
-        pc[(size_t)r]++;
-        progress = true;
+  // Step runs on rank r from start: its outputs are ready at its end.
+  void run(int r, const Step& step, double start) {
+    // [slide:sim-end]
+    double cost = c_.of(step);
+    double end = start + cost;
+    for (const Op& op : ops_of(step)) {
+      int st = s_.stage_of(r, op.dir), f = s_.flow_of(op.dir);
+      if (op.kind == Kind::F) {
+        ready_[{false, f, st, op.mb}] = end;
+        live_[(size_t)r]++;
+        if (!backward_seen_[(size_t)r] && !step.paired) sim.warmup[(size_t)r]++;
+      }
+      if (is_backward(op.kind)) {
+        ready_[{true, f, st, op.mb}] = end;
+        backward_seen_[(size_t)r] = true;
       }
     }
-  }
-  sim.completed = true;
-  for (int r = 0; r < P; r++) {
-    if (pc[(size_t)r] == s.ranks[(size_t)r].size()) continue;
-    sim.completed = false;
-    const Step& step = s.ranks[(size_t)r][pc[(size_t)r]];
-    std::string waits;
+    // [/slide:sim-end]
+    // an overlapped pair holds its forward's activations and its backward's at once
+    sim.peak_live[(size_t)r] = std::max(sim.peak_live[(size_t)r], live_[(size_t)r]);
     for (const Op& op : ops_of(step))
-      for (auto& [peer, msg] : io_of(s, r, op).recv)
-        if (!ready.count({msg.grad, msg.flow, msg.stage, msg.mb}))
-          waits += (waits.empty() ? "" : ", ") + describe(s, msg) + " (rank " + std::to_string(peer) + ")";
-    sim.stuck += (sim.stuck.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at " +
-                 to_string(step) + " waits for " + (waits.empty() ? "a same-rank hand-over" : waits);
+      if (op.kind == Kind::B || op.kind == Kind::W) live_[(size_t)r]--;
+    sim.busy[(size_t)r] += cost;
+    sim.spans.push_back(Span{r, step, start, end});
+    free_at_[(size_t)r] = end;
+    sim.makespan = std::max(sim.makespan, end);
+    pc_[(size_t)r]++;
   }
-  sim.idle.resize((size_t)P);
-  for (int r = 0; r < P; r++) sim.idle[(size_t)r] = sim.makespan - sim.busy[(size_t)r];
-  // inner idle: from the rank's first start to its last end (spans are in each rank's order)
-  std::vector<double> first((size_t)P, -1), last((size_t)P, 0);
-  for (const Span& sp : sim.spans) {
-    if (first[(size_t)sp.rank] < 0) first[(size_t)sp.rank] = sp.start;
-    last[(size_t)sp.rank] = sp.end;
+
+  const Schedule& s_;
+  const Costs& c_;
+  // when (forward | gradient) of (flow, stage, mb) is ready; absent = not yet
+  std::map<std::tuple<bool, int, int, int>, double> ready_;
+  std::vector<size_t> pc_;          // each rank's next step
+  std::vector<double> free_at_;     // when each rank's last step ended
+  std::vector<int> live_;           // micro-batches each rank holds activations of
+  std::vector<bool> backward_seen_;  // each rank has run a backward (its warm-up is over)
+};
+
+}  // namespace
+
+// Every rank runs its next step as soon as its inputs are there, round after round, until no
+// rank can go on: all done, or stuck (a schedule whose ranks wait for each other).
+Simulation simulate(const Schedule& s, const Costs& c) {
+  Simulator ranks(s, c);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.P; r++) progress = ranks.advance(r) || progress;
   }
-  sim.inner_idle.assign((size_t)P, 0);
-  for (int r = 0; r < P; r++)
-    if (first[(size_t)r] >= 0)
-      sim.inner_idle[(size_t)r] = last[(size_t)r] - first[(size_t)r] - sim.busy[(size_t)r];
-  return sim;
+  ranks.explain_stuck();
+  ranks.idle_times();
+  return ranks.sim;
 }
 
 }  // namespace ff::pp
