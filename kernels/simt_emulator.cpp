@@ -250,10 +250,16 @@ static bool lane_in(unsigned mask, unsigned lane) { return (mask >> lane) & 1u; 
 static bool resolve_warp(Block& b, size_t w0, bool final) {
   size_t n = b.threads.size(), w1 = std::min(n, w0 + 32);
   bool any = false;
+  const Thread* checked = nullptr;  // the last lane whose mask was walked
   for (size_t i = w0; i < w1; i++) {
     Thread& t = b.threads[i];
     if (t.wait != Wait::warp) continue;
     any = true;
+    // a lane at the same collective with the same mask as one already walked finds the same
+    if (checked && t.mask == checked->mask && t.is_ballot == checked->is_ballot &&
+        t.is_syncwarp == checked->is_syncwarp && t.kind == checked->kind)
+      continue;
+    checked = &t;
     for (unsigned lane = 0; lane < 32; lane++) {
       if (!lane_in(t.mask, lane)) continue;
       if (w0 + lane >= n)
@@ -575,6 +581,7 @@ void detail::note_atomic_slow(const void* p, size_t bytes) {
 }
 
 struct RaceCheck {
+  static constexpr size_t kSpan = 4096;  // compared at once before 64-byte chunks
   std::vector<Watched> watched;
   bool on = false;
 
@@ -626,6 +633,14 @@ struct RaceCheck {
     const uint32_t me = (uint32_t)linear + 1;
     for (Watched& w : watched) {
       for (size_t chunk = 0; chunk < w.bytes; chunk += 64) {
+        // a block writes a small part of an argument: skip whole unchanged pages at once
+        if (chunk % kSpan == 0) {
+          const size_t span = std::min<size_t>(kSpan, w.bytes - chunk);
+          if (std::memcmp(w.base + chunk, w.shadow.data() + chunk, span) == 0) {
+            chunk += span - 64;
+            continue;
+          }
+        }
         const size_t n = std::min<size_t>(64, w.bytes - chunk);
         if (std::memcmp(w.base + chunk, w.shadow.data() + chunk, n) == 0) continue;
         for (size_t i = chunk; i < chunk + n; i++) {

@@ -234,6 +234,16 @@ TEST_CASE("sim memory: the race check catches two blocks writing one element wit
   CHECK(error.find(" both wrote argument 1 at byte offset ") != std::string::npos);
   CHECK(run(true) == want);  // atomicAdd: fine
   CHECK(simt::stats().racecheck_launches == checked + 2);
+  // the check skips a block's unchanged pages at once: a race two pages into an allocation
+  // (bytes 10000 to 10011 of 12000) is found all the same
+  Tensor big = Tensor::zeros({3000}, Device::sim);
+  error.clear();
+  try {
+    SIMT_LAUNCH(row_sums, dim3(4, rows), dim3(32), 0, 0, big.data() + 2500, x.data(), cols, false);
+  } catch (const simt::Error& e) {
+    error = e.what();
+  }
+  CHECK(error.find(" both wrote argument 1 at byte offset 100") != std::string::npos);
   // over the budget, a launch is skipped and counted, not checked
   simt::options().racecheck_budget_bytes = 16;
   const uint64_t skipped = simt::stats().racecheck_skipped;
