@@ -166,6 +166,15 @@ struct KernelTable {
   // forward, sign = -1 the inverse rotation (the backward). y may be x.
   void (*rope)(float* y, const float* x, const int64_t* pos, int64_t T, int64_t M, int64_t D,
                float theta, int sign);
+  // ---- bfloat16 (kernels/bf16.h: the format, the rounding). out (n) = x rounded to bf16 (to
+  // nearest, ties to even; NaN stays NaN); out (n) = x widened to float32 (exact).
+  void (*to_bf16)(uint16_t* out, const float* x, int64_t n);
+  void (*from_bf16)(float* out, const uint16_t* x, int64_t n);
+  // matmul's contract (above) with a and b in bf16 and c in float32: every product exact in
+  // float32, summed there, so c holds the bits matmul gives on the widened a and b.
+  void (*matmul_bf16)(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int64_t M,
+                      int64_t Nc, int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a,
+                      bool trans_b, bool accumulate);
   // one AdamW step of n parameters, in place: m, v and p updated from g (AdamWStep above), each
   // element on its own, every operation rounded to float in the order written there
   void (*adamw)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& step);
@@ -187,7 +196,7 @@ const KernelTable& kernels_for(Device d);
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
         grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk,    \
-        rope, adamw                                                                          \
+        rope, to_bf16, from_bf16, matmul_bf16, adamw                                         \
   }
 
 }  // namespace ff

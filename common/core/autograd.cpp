@@ -94,8 +94,16 @@ static void accumulate(std::shared_ptr<TensorImpl>& acc, std::shared_ptr<TensorI
     return;
   }
   Tensor a(acc), more(std::move(g));
-  kernels_for(a.device()).binary(BinaryOp::add, a.data(), a.data(), more.data(), a.numel(), 1,
-                                 Broadcast::same);
+  const KernelTable& k = kernels_for(a.device());
+  if (a.dtype() == DType::bf16) {  // added in float32, rounded to bf16 once (as PyTorch does)
+    Tensor wa = Tensor::empty(a.shape(), a.device()), wm = Tensor::empty(a.shape(), a.device());
+    k.from_bf16(wa.data(), a.bf16_data(), a.numel());
+    k.from_bf16(wm.data(), more.bf16_data(), a.numel());
+    k.binary(BinaryOp::add, wa.data(), wa.data(), wm.data(), a.numel(), 1, Broadcast::same);
+    k.to_bf16(a.bf16_data(), wa.data(), a.numel());
+    return;
+  }
+  k.binary(BinaryOp::add, a.data(), a.data(), more.data(), a.numel(), 1, Broadcast::same);
 }
 
 static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads) {
@@ -104,12 +112,23 @@ static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads)
   for (size_t i = 0; i < grads.size(); i++) {
     Tensor& g = grads[i];
     if (!g.defined()) continue;
-    g = g.clone();
     const KernelTable& k = kernels_for(g.device());
-    if (testing::g_bug == Bug::flip_sign) k.affine(g.data(), g.data(), g.numel(), -1.f, 0.f);
-    if (testing::g_bug == Bug::scale_by_1_01) k.affine(g.data(), g.data(), g.numel(), 1.01f, 0.f);
+    const bool half = g.dtype() == DType::bf16;  // planted in float32, rounded back to bf16
+    Tensor w = Tensor::empty(g.shape(), g.device());
+    if (half)
+      k.from_bf16(w.data(), g.bf16_data(), g.numel());
+    else
+      w = g.clone();
+    if (testing::g_bug == Bug::flip_sign) k.affine(w.data(), w.data(), w.numel(), -1.f, 0.f);
+    if (testing::g_bug == Bug::scale_by_1_01) k.affine(w.data(), w.data(), w.numel(), 1.01f, 0.f);
     if (testing::g_bug == Bug::drop_first_input && i == 0)
-      k.fill(g.data(), g.numel(), 0.f);
+      k.fill(w.data(), w.numel(), 0.f);
+    if (half) {
+      g = Tensor::empty(g.shape(), g.device(), DType::bf16);
+      k.to_bf16(g.bf16_data(), w.data(), w.numel());
+    } else {
+      g = w;
+    }
   }
 }
 
@@ -140,6 +159,8 @@ struct PendingW {
 void check_grad_shape(const std::string& name, const char* what, size_t i, const Tensor& grad, const Tensor& input) {
   FF_CHECK(grad.shape() == input.shape(), what << name << ": gradient " << i << " has shape " << shape_str(grad.shape())
                                                << ", input has " << shape_str(input.shape()));
+  FF_CHECK(grad.dtype() == input.dtype(), what << name << ": gradient " << i << " is " << dtype_name(grad.dtype())
+                                               << ", input is " << dtype_name(input.dtype()));
 }
 
 // A split op's W, queued on DeferredGrads: the weights' gradients go into their .grad, and a

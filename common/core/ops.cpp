@@ -182,9 +182,63 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
 // ---------------------------------------------------------------------------
 // matmul
 
+// ---- bfloat16
+
+// x as a new tensor of dtype `to` (float32 <-> bf16), no autograd.
+static Tensor converted(const Tensor& x, DType to) {
+  Tensor out = Tensor::empty(x.shape(), x.device(), to);
+  if (to == DType::bf16)
+    kernels_of(x).to_bf16(out.bf16_data(), x.data(), x.numel());
+  else
+    kernels_of(x).from_bf16(out.data(), x.bf16_data(), x.numel());
+  return out;
+}
+
+Tensor cast(const Tensor& x, DType to) {
+  FF_CHECK(x.defined(), "cast: undefined tensor");
+  const DType from = x.dtype();
+  FF_CHECK((from == DType::f32 || from == DType::bf16) && (to == DType::f32 || to == DType::bf16),
+           "cast: between float32 and bf16 only, got " << dtype_name(from) << " to " << dtype_name(to));
+  if (from == to) return x;
+  // the gradient of a rounding is taken as 1 (straight through): g, in the input's dtype
+  return record(converted(x, to), "cast", {x}, [from](const Tensor& g) -> Grads { return {converted(g, from)}; });
+}
+
+// matmul of two bf16 tensors (matmul's shapes as computed there): c in float32. The backward's
+// gradients are bf16 as the inputs are: dC rounded to bf16, multiplied in float32, rounded.
+static Tensor matmul_bf16(const Tensor& a, const Tensor& b, int64_t B, int64_t M, int64_t N, int64_t Kd,
+                          bool shared_b, const Shape& out_shape) {
+  const int64_t stride_b = shared_b ? 0 : Kd * N;
+  Tensor c = Tensor::empty(out_shape, a.device());
+  kernels_of(a).matmul_bf16(c.data(), a.bf16_data(), b.bf16_data(), B, M, N, Kd, M * Kd, stride_b, false, false,
+                            false);
+  auto input_grad = [a, b, B, M, N, Kd, stride_b](const Tensor& g) -> Grads {
+    const Tensor g16 = converted(g, DType::bf16);
+    Tensor da = Tensor::empty(a.shape(), a.device());
+    kernels_of(a).matmul_bf16(da.data(), g16.bf16_data(), b.bf16_data(), B, M, Kd, N, M * N, stride_b, false,
+                              true, false);
+    return {converted(da, DType::bf16), Tensor()};
+  };
+  auto weight_grad = [a, b, B, M, N, Kd, shared_b](const Tensor& g) -> Tensor {
+    const Tensor g16 = converted(g, DType::bf16);
+    Tensor db = Tensor::empty(b.shape(), b.device());
+    if (shared_b)
+      kernels_of(a).matmul_bf16(db.data(), a.bf16_data(), g16.bf16_data(), 1, Kd, N, B * M, 0, 0, true, false,
+                                false);
+    else
+      kernels_of(a).matmul_bf16(db.data(), a.bf16_data(), g16.bf16_data(), B, Kd, N, M, M * Kd, M * N, true,
+                                false, false);
+    return converted(db, DType::bf16);
+  };
+  return record_split(c, "matmul_bf16", {a, b}, 1, input_grad, weight_grad);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_float(a, "matmul");
-  check_float(b, "matmul");
+  const bool half = a.defined() && b.defined() && a.dtype() == DType::bf16 && b.dtype() == DType::bf16;
+  if (!half) {
+    check_float(a, "matmul");
+    check_float(b, "matmul");
+  }
   check_same_device(a, b, "matmul");
   FF_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs at least 2-D operands, got "
                                              << shape_str(a.shape()) << " @ " << shape_str(b.shape()));
@@ -202,6 +256,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape out_shape(a.shape().begin(), a.shape().end() - 2);
   out_shape.push_back(M);
   out_shape.push_back(N);
+  if (half) return matmul_bf16(a, b, B, M, N, Kd, shared_b, out_shape);
   Tensor c = Tensor::empty(out_shape, a.device());
   int64_t stride_b = shared_b ? 0 : Kd * N;
   kernels_of(a).matmul(c.data(), a.data(), b.data(), B, M, N, Kd, M * Kd, stride_b, false, false, false);

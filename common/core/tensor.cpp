@@ -8,12 +8,13 @@
 
 #include "common/core/autograd.h"
 #include "common/core/check.h"
+#include "kernels/bf16.h"
 #include "kernels/kernels.h"
 
 namespace ff {
 
-const char* dtype_name(DType t) { return t == DType::f32 ? "float32" : "int64"; }
-size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 8; }
+const char* dtype_name(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bf16" : "int64"; }
+size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 8; }
 
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
@@ -122,7 +123,19 @@ int64_t* Tensor::index_data() const {
   return static_cast<int64_t*>(raw());
 }
 
+uint16_t* Tensor::bf16_data() const {
+  FF_CHECK(dtype() == DType::bf16, "expected a bf16 tensor, got " << dtype_name(dtype()));
+  return static_cast<uint16_t*>(raw());
+}
+
 std::vector<float> Tensor::to_vector() const {
+  if (dtype() == DType::bf16) {
+    std::vector<uint16_t> h((size_t)numel());
+    device_memcpy(h.data(), Device::cpu, bf16_data(), device(), nbytes());
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
+    return v;
+  }
   std::vector<float> v((size_t)numel());
   device_memcpy(v.data(), Device::cpu, data(), device(), nbytes());
   return v;

@@ -3,7 +3,8 @@
 // Design rules:
 //  * Always contiguous and row-major. Views (reshape, detach) share storage;
 //    every other op writes a new tensor.
-//  * float32 data; int64 only for index tensors (top-k, routing, targets).
+//  * float32 data; int64 only for index tensors (top-k, routing, targets); bfloat16 (the bits
+//    of kernels/bf16.h) for mixed precision, made by cast() and multiplied by matmul().
 //  * Storage lives on one device (cpu, sim, cuda) and is moved with .to(device).
 //  * Random tensors come from a counter-based RNG: element i of a tensor of seed s
 //    is a pure function of (s, i), so any rank can generate any slice of a
@@ -19,7 +20,7 @@
 
 namespace ff {
 
-enum class DType { f32, i64 };
+enum class DType { f32, i64, bf16 };
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
@@ -88,10 +89,11 @@ class Tensor {
   size_t nbytes() const { return (size_t)numel() * dtype_size(dtype()); }
   float* data() const;           // f32 storage on any device (a device pointer off cpu)
   int64_t* index_data() const;   // i64 storage
+  uint16_t* bf16_data() const;   // bf16 storage: the bits (kernels/bf16.h)
   void* raw() const;
 
   // ---- host access (copies through the host for non-cpu devices)
-  std::vector<float> to_vector() const;
+  std::vector<float> to_vector() const;  // float32, or bf16 widened to float32
   std::vector<int64_t> to_index_vector() const;
   float item() const;  // one-element tensor
 

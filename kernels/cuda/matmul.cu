@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/bf16.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/simt.h"
 
@@ -52,16 +53,22 @@ namespace ff::SIMT_DEVICE_NS {
 // ----------------------------------------------------------------------------
 // shared helpers
 
+// An element as the float32 the products take: itself, or a bf16 widened (exact).
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(uint16_t v) { return bf16_to_float(v); }
+
 // op(a)[i][p] of batch entry a (already offset by z * stride_a): a is (M, K), or (K, M) when
 // trans_a. The caller has checked i < M and p < K.
-__device__ __forceinline__ float op_a(const float* a, int64_t i, int64_t p, int64_t M, int64_t K,
+template <typename T>
+__device__ __forceinline__ float op_a(const T* a, int64_t i, int64_t p, int64_t M, int64_t K,
                                       bool trans_a) {
-  return trans_a ? a[p * M + i] : a[i * K + p];
+  return widen(trans_a ? a[p * M + i] : a[i * K + p]);
 }
 // op(b)[p][j]: b is (K, Nc), or (Nc, K) when trans_b. The caller has checked p < K, j < Nc.
-__device__ __forceinline__ float op_b(const float* b, int64_t p, int64_t j, int64_t Nc, int64_t K,
+template <typename T>
+__device__ __forceinline__ float op_b(const T* b, int64_t p, int64_t j, int64_t Nc, int64_t K,
                                       bool trans_b) {
-  return trans_b ? b[j * K + p] : b[p * Nc + j];
+  return widen(trans_b ? b[j * K + p] : b[p * Nc + j]);
 }
 
 // CUDA's limits on a grid: x up to 2^31 - 1 blocks, y and z up to 65535. Each kernel loops
@@ -194,8 +201,10 @@ constexpr int kV3Threads = (kBM / kTM) * (kBN / kTN);  // 8 x 8 = 64 threads
 // 16-byte aligned so the compiler can read a thread's 8 contiguous values as two float4s.
 constexpr int kPad = 4;
 
-// c (B, M, Nc); a (M, K) or (K, M) per batch entry; b (K, Nc) or (Nc, K) per batch entry
-__global__ void matmul_kernel_v3(float* c, const float* a, const float* b, int64_t B, int64_t M,
+// c (B, M, Nc); a (M, K) or (K, M) per batch entry; b (K, Nc) or (Nc, K) per batch entry.
+// T: float, or uint16_t for bf16 operands (matmul_bf16), widened as the tiles are loaded.
+template <typename T>
+__global__ void matmul_kernel_v3(float* c, const T* a, const T* b, int64_t B, int64_t M,
                                  int64_t Nc, int64_t K, int64_t stride_a, int64_t stride_b,
                                  bool trans_a, bool trans_b, bool accumulate) {
   // As[p][i] = op(a)[m0 + i][k0 + p]: the op(a) tile stored transposed, k-major, so that a
@@ -214,8 +223,8 @@ __global__ void matmul_kernel_v3(float* c, const float* a, const float* b, int64
   for (int64_t z = blockIdx.z; z < B; z += gridDim.z)
     for (int64_t tm = blockIdx.y; tm < tiles_m; tm += gridDim.y)
       for (int64_t tn = blockIdx.x; tn < tiles_n; tn += gridDim.x) {
-        const float* az = a + z * stride_a;
-        const float* bz = b + z * stride_b;
+        const T* az = a + z * stride_a;
+        const T* bz = b + z * stride_b;
         const int64_t m0 = tm * kBM, n0 = tn * kBN;
         float acc[kTM][kTN] = {};  // the micro-tile of c, in registers
         float a_frag[kTM], b_frag[kTN];
@@ -272,8 +281,24 @@ void matmul_v3(float* c, const float* a, const float* b, int64_t B, int64_t M, i
                bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
   dim3 grid = clamped_grid(ceil_div(Nc, kBN), ceil_div(M, kBM), B);
-  SIMT_LAUNCH(matmul_kernel_v3, grid, kV3Threads, 0, 0, c, a, b, B, M, Nc, K, stride_a, stride_b,
+  SIMT_LAUNCH(matmul_kernel_v3<float>, grid, kV3Threads, 0, 0, c, a, b, B, M, Nc, K, stride_a, stride_b,
               trans_a, trans_b, accumulate);
+  SIMT_CHECK_LAUNCH();
+}
+
+// bf16 operands, float32 c: version 3 with its tiles widened as they are loaded into shared
+// memory, so each product is exact and the sums are version 3's, in its order: c holds the
+// bits matmul gives on the widened operands. A tensor-core version would keep the tiles in
+// bf16 and hand 16 x 16 x 16 fragments to mma (nvcuda::wmma, or mma.sync m16n8k16 with bf16
+// inputs and float32 accumulators), summing each fragment's 16 products in the hardware's
+// order: close to these sums, not their bits.
+void matmul_bf16(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int64_t M, int64_t Nc,
+                 int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b,
+                 bool accumulate) {
+  if (B == 0 || M == 0 || Nc == 0) return;
+  dim3 grid = clamped_grid(ceil_div(Nc, kBN), ceil_div(M, kBM), B);
+  SIMT_LAUNCH(matmul_kernel_v3<uint16_t>, grid, kV3Threads, 0, 0, c, a, b, B, M, Nc, K, stride_a,
+              stride_b, trans_a, trans_b, accumulate);
   SIMT_CHECK_LAUNCH();
 }
 

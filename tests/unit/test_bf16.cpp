@@ -1,0 +1,225 @@
+// Kernel tests: bfloat16 (kernels/bf16.h). The rounding from float32 against a reference that
+// rounds by arithmetic (the two bf16 neighbours in double, the nearer, ties to the even one) on
+// every high half of a float with the low halves around the tie; the conversion kernels on the
+// device under test equal the cpu's; the bf16 matmul against float64 sums of the same bf16
+// inputs within the float32 accumulation bound, and bit for bit the float32 matmul of the
+// widened inputs on the same device (a bf16 product is exact in float32: the sums round the
+// same). Then the ops: cast both ways, matmul of two bf16 tensors, and their gradients.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/core/autograd.h"
+#include "common/core/ops.h"
+#include "kernels/bf16.h"
+#include "tests/unit/kernel_check.h"
+
+using namespace ff;
+
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The magnitude of bf16 bits h (sign ignored) in double; bf16's largest finite value plus one
+// ulp, 2^128, for the bits of infinity: the rounding boundary past which a value overflows.
+double magnitude(uint16_t h) {
+  if ((h & 0x7fffu) == 0x7f80u) return std::ldexp(1.0, 128);
+  return std::fabs((double)float_of((uint32_t)h << 16));
+}
+
+// Round to nearest, ties to even, by arithmetic on the two candidates: the bf16 of f's sign
+// whose magnitude is the largest not above |f| (f's high half), and the next one up.
+uint16_t reference_round(float f) {
+  const uint32_t u = bits_of(f);
+  const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+  const double d = std::fabs((double)f), below = magnitude(lo), above = magnitude(hi);
+  if (d == below) return lo;
+  if (d - below < above - d) return lo;
+  if (d - below > above - d) return hi;
+  return (lo & 1u) ? hi : lo;  // a tie: the even mantissa
+}
+
+std::string hex(uint32_t u) {
+  char s[16];
+  std::snprintf(s, sizeof s, "0x%08x", u);
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("kernels") {
+
+TEST_CASE("bf16: float32 rounds to the nearest bf16, ties to even; NaN stays NaN, overflow is infinity") {
+  // every high half, with the low halves that matter: exact, just above, just under the tie,
+  // the tie, just above it, the most
+  const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+  int64_t checked = 0, bad = 0;
+  std::string first;
+  for (uint32_t high = 0; high <= 0xffff; high++)
+    for (uint32_t low : lows) {
+      const uint32_t u = high << 16 | low;
+      const float f = float_of(u);
+      const uint16_t got = float_to_bf16(f);
+      bool ok;
+      if (std::isnan(f)) {  // any NaN of the same sign, never infinity
+        const float g = bf16_to_float(got);
+        ok = std::isnan(g) && std::signbit(g) == std::signbit(f);
+      } else {
+        ok = got == reference_round(f);
+      }
+      checked++;
+      if (!ok && bad++ == 0) first = hex(u) + " -> " + hex(got) + ", want " + hex(reference_round(f));
+    }
+  CHECK_MESSAGE(bad == 0, bad << " of " << checked << " floats round wrongly; first: " << first);
+  // the named cases
+  CHECK(float_to_bf16(1.f) == 0x3f80);
+  CHECK(float_to_bf16(float_of(0x3f808000)) == 0x3f80);  // 1 + 2^-8: a tie, to the even 1
+  CHECK(float_to_bf16(float_of(0x3f818000)) == 0x3f82);  // a tie above an odd one: up
+  CHECK(float_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);  // overflows to infinity
+  CHECK(float_to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
+  CHECK(float_to_bf16(-0.f) == 0x8000);
+  CHECK(std::isnan(bf16_to_float(float_to_bf16(float_of(0x7f800001)))));  // a NaN whose payload would round to inf
+  CHECK(bf16_to_float(float_to_bf16(float_of(0x00010000))) == float_of(0x00010000));  // a subnormal, kept
+}
+
+TEST_CASE("bf16: widening is exact and the conversion kernels equal the cpu's on the device under test") {
+  std::vector<float> x = kt::inputs(1000, 17);
+  x.push_back(std::numeric_limits<float>::infinity()), x.push_back(std::nanf("")),
+      x.push_back(float_of(0x3f808000)), x.push_back(1e-40f), x.push_back(-0.f);
+  const int64_t n = (int64_t)x.size();
+  for (Device d : {Device::cpu, kt::device_under_test()}) {
+    CAPTURE(device_name(d));
+    const KernelTable& k = kernels_for(d);
+    Tensor src = kt::upload(x, d), half = Tensor::empty({n}, d, DType::bf16), back = kt::scratch(n, d);
+    k.to_bf16(half.bf16_data(), src.data(), n);
+    k.from_bf16(back.data(), half.bf16_data(), n);
+    const std::vector<float> got = back.to_vector();
+    for (int64_t i = 0; i < n; i++) {
+      const float want = bf16_to_float(float_to_bf16(x[(size_t)i]));
+      CHECK_MESSAGE((bits_of(got[(size_t)i]) == bits_of(want) || (std::isnan(want) && std::isnan(got[(size_t)i]))),
+                    "element " << i << ": " << x[(size_t)i] << " -> " << got[(size_t)i] << ", want " << want);
+    }
+  }
+}
+
+TEST_CASE("bf16: matmul of bf16 inputs sums in float32: within K u sum|a||b| of float64, the float32 matmul's bits") {
+  struct Case {
+    int64_t B, M, Nc, K;
+    bool trans_a, trans_b, shared_b, accumulate;
+  };
+  const Case cases[] = {{1, 1, 1, 1, false, false, true, false}, {1, 7, 33, 65, false, false, true, false},
+                        {3, 13, 7, 100, true, false, false, false}, {2, 33, 65, 7, false, true, true, true},
+                        {2, 64, 64, 64, true, true, false, false}, {1, 100, 70, 300, false, false, true, true}};
+  for (Device d : {Device::cpu, kt::device_under_test()})
+    for (const Case& c : cases) {
+      CAPTURE(device_name(d));
+      const std::string shape = std::to_string(c.B) + " x (" + std::to_string(c.M) + ", " + std::to_string(c.K) +
+                                ") @ (" + std::to_string(c.K) + ", " + std::to_string(c.Nc) + ")" +
+                                (c.trans_a ? ", a transposed" : "") + (c.trans_b ? ", b transposed" : "") +
+                                (c.shared_b ? ", b shared" : "") + (c.accumulate ? ", accumulating" : "");
+      CAPTURE(shape);
+      const KernelTable& k = kernels_for(d);
+      const int64_t na = c.B * c.M * c.K, nb = (c.shared_b ? 1 : c.B) * c.K * c.Nc, nc = c.B * c.M * c.Nc;
+      // inputs rounded to bf16 on the host; the kernel gets their bits, the reference their values
+      std::vector<float> a = kt::inputs(na, 1), b = kt::inputs(nb, 2), c0 = kt::inputs(nc, 3);
+      for (float& v : a) v = bf16_to_float(float_to_bf16(v));
+      for (float& v : b) v = bf16_to_float(float_to_bf16(v));
+      Tensor a16 = Tensor::empty({na}, d, DType::bf16), b16 = Tensor::empty({nb}, d, DType::bf16);
+      k.to_bf16(a16.bf16_data(), kt::upload(a, d).data(), na);
+      k.to_bf16(b16.bf16_data(), kt::upload(b, d).data(), nb);
+      const int64_t sa = c.M * c.K, sb = c.shared_b ? 0 : c.K * c.Nc;
+      Tensor got = kt::upload(c0, d), wide = kt::upload(c0, d);
+      k.matmul_bf16(got.data(), a16.bf16_data(), b16.bf16_data(), c.B, c.M, c.Nc, c.K, sa, sb, c.trans_a, c.trans_b,
+                    c.accumulate);
+      k.matmul(wide.data(), kt::upload(a, d).data(), kt::upload(b, d).data(), c.B, c.M, c.Nc, c.K, sa, sb, c.trans_a,
+               c.trans_b, c.accumulate);
+      const std::vector<float> g = got.to_vector(), w = wide.to_vector();
+      std::vector<float> exact((size_t)nc);
+      std::vector<double> tol((size_t)nc);
+      for (int64_t z = 0; z < c.B; z++)
+        for (int64_t i = 0; i < c.M; i++)
+          for (int64_t j = 0; j < c.Nc; j++) {
+            double s = 0, mag = 0;
+            for (int64_t p = 0; p < c.K; p++) {
+              const double x = a[(size_t)(z * sa + (c.trans_a ? p * c.M + i : i * c.K + p))];
+              const double y = b[(size_t)(z * sb + (c.trans_b ? j * c.K + p : p * c.Nc + j))];
+              s += x * y, mag += std::fabs(x * y);
+            }
+            const size_t at = (size_t)((z * c.M + i) * c.Nc + j);
+            const double base = c.accumulate ? c0[at] : 0.0;
+            exact[at] = (float)(base + s);
+            // K + 1 roundings (one more adding c), each within u of the sums so far, plus the
+            // float64 reference's own rounding to float: half an ulp of the result
+            const double u = std::ldexp(1.0, -24);
+            tol[at] = (double)(c.K + 1) * u * (mag + std::fabs(base)) + u * std::fabs(base + s);
+          }
+      kt::require_within(g, exact, tol, c.Nc, "matmul_bf16 against float64");
+      int64_t differ = 0;
+      for (int64_t i = 0; i < nc; i++) differ += bits_of(g[(size_t)i]) != bits_of(w[(size_t)i]);
+      CHECK_MESSAGE(differ == 0, differ << " of " << nc << " elements differ from the float32 matmul of the widened inputs");
+    }
+}
+
+}  // TEST_SUITE("kernels")
+
+TEST_CASE("bf16 ops: cast both ways, matmul of two bf16 tensors, and their gradients") {
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    Tensor a = scale(randn({5, 70}, 11), 3.f).to(d).requires_grad_(), b = randn({70, 9}, 12).to(d).requires_grad_();
+    Tensor a16 = cast(a, DType::bf16), b16 = cast(b, DType::bf16);
+    REQUIRE(a16.dtype() == DType::bf16);
+    // cast there and back rounds each value once
+    const std::vector<float> av = a.to_vector(), back = cast(a16, DType::f32).to_vector();
+    for (size_t i = 0; i < av.size(); i++) REQUIRE(bits_of(back[i]) == bits_of(bf16_to_float(float_to_bf16(av[i]))));
+    // the product of two bf16 tensors is float32: the float32 product of the widened values
+    Tensor y = matmul(a16, b16);
+    REQUIRE(y.dtype() == DType::f32);
+    const std::vector<float> yw = matmul(cast(a16, DType::f32), cast(b16, DType::f32)).to_vector(), yv = y.to_vector();
+    for (size_t i = 0; i < yv.size(); i++) REQUIRE(bits_of(yv[i]) == bits_of(yw[i]));
+    // backward: the gradient enters bf16, as the matmul's inputs are: da = bf16(bf16(g) b^T),
+    // db = bf16(a^T bf16(g)), widened to float32 by the casts' backward
+    Tensor g = randn({5, 9}, 13).to(d);
+    y.backward(g);
+    NoGradGuard no_grad;
+    auto bf = [](const Tensor& t) { return cast(cast(t, DType::bf16), DType::f32); };
+    const Tensor gw = bf(g), aw = cast(a16, DType::f32), bw = cast(b16, DType::f32);
+    const std::vector<float> da = bf(matmul(gw, transpose(bw, 0, 1))).to_vector(),
+                             db = bf(matmul(transpose(aw, 0, 1), gw)).to_vector();
+    const std::vector<float> ga = a.grad().to_vector(), gb = b.grad().to_vector();
+    REQUIRE(a.grad().dtype() == DType::f32);
+    int64_t differ = 0;
+    for (size_t i = 0; i < da.size(); i++) differ += bits_of(ga[i]) != bits_of(da[i]);
+    for (size_t i = 0; i < db.size(); i++) differ += bits_of(gb[i]) != bits_of(db[i]);
+    CHECK_MESSAGE(differ == 0, differ << " gradient elements differ from bf16(bf16(g) b^T) and bf16(a^T bf16(g))");
+  }
+}
+
+TEST_CASE("bf16 ops: a planted bug in the bf16 matmul's backward is caught by the same comparison") {
+  Tensor a = randn({4, 16}, 21).requires_grad_(), b = randn({16, 3}, 22);
+  Tensor a16 = cast(a, DType::bf16), b16 = cast(b, DType::bf16);
+  {
+    testing::PlantedBug bug("matmul_bf16", testing::Bug::scale_by_1_01);
+    matmul(a16, b16).backward(Tensor::full({4, 3}, 1.f));
+  }
+  NoGradGuard no_grad;
+  const Tensor want = cast(cast(matmul(Tensor::full({4, 3}, 1.f), transpose(cast(b16, DType::f32), 0, 1)), DType::bf16),
+                           DType::f32);
+  const std::vector<float> got = a.grad().to_vector(), w = want.to_vector();
+  int64_t differ = 0;
+  for (size_t i = 0; i < w.size(); i++) differ += bits_of(got[i]) != bits_of(w[i]);
+  CHECK(differ > 0);  // the scaled gradient no longer matches
+  // and in bits: every element off by about 1%, far beyond a bf16 rounding of the product
+  CHECK(std::fabs(got[0] / w[0] - 1.01f) < 0.01f);
+}
