@@ -56,4 +56,9 @@ FF_BF16_HD uint16_t float_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// An operand element as the float32 a kernel multiplies: itself, or a bf16 widened. Lets one
+// kernel template read float32 or bf16 operands (cuda/matmul.cu, cuda/moe.cu).
+FF_BF16_HD float widen(float v) { return v; }
+FF_BF16_HD float widen(uint16_t v) { return bf16_to_float(v); }
+
 }  // namespace ff

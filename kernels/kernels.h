@@ -175,6 +175,13 @@ struct KernelTable {
   void (*matmul_bf16)(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int64_t M,
                       int64_t Nc, int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a,
                       bool trans_b, bool accumulate);
+  // grouped_gemm and grouped_gemm_dw with bf16 operands and a float32 result, the same way
+  void (*grouped_gemm_bf16)(float* c, const uint16_t* a, const uint16_t* w,
+                            const int64_t* group_sizes, int64_t G, int64_t M, int64_t K, int64_t Nc,
+                            bool trans_w, bool accumulate);
+  void (*grouped_gemm_dw_bf16)(float* dw, const uint16_t* a, const uint16_t* dc,
+                               const int64_t* group_sizes, int64_t G, int64_t M, int64_t K,
+                               int64_t Nc, bool accumulate);
   // one AdamW step of n parameters, in place: m, v and p updated from g (AdamWStep above), each
   // element on its own, every operation rounded to float in the order written there
   void (*adamw)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& step);
@@ -196,7 +203,7 @@ const KernelTable& kernels_for(Device d);
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
         grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk,    \
-        rope, to_bf16, from_bf16, matmul_bf16, adamw                                         \
+        rope, to_bf16, from_bf16, matmul_bf16, grouped_gemm_bf16, grouped_gemm_dw_bf16, adamw \
   }
 
 }  // namespace ff

@@ -3,7 +3,8 @@
 // float32 — exact, a shift of each value's bits — and runs the float32 matmul (matmul.cpp:
 // packed, tiled, threaded): a product of two bf16 values is exact in float32, so c holds the
 // float32 matmul's bits on the widened values, on every instruction set. The widening costs a
-// pass over a and b, O(M K + K Nc) against the product's O(M K Nc).
+// pass over a and b, O(M K + K Nc) against the product's O(M K Nc). The grouped GEMMs of the MoE
+// (moe.cpp) the same way.
 #include <vector>
 
 #include "kernels/bf16.h"
@@ -36,6 +37,20 @@ void matmul_bf16(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int6
   if (B == 0 || M == 0 || Nc == 0) return;
   const std::vector<float> wa = widened(a, span(B, stride_a, M * K)), wb = widened(b, span(B, stride_b, K * Nc));
   matmul(c, wa.data(), wb.data(), B, M, Nc, K, stride_a, stride_b, trans_a, trans_b, accumulate);
+}
+
+void grouped_gemm_bf16(float* c, const uint16_t* a, const uint16_t* w, const int64_t* group_sizes,
+                       int64_t G, int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
+  if (M == 0 || Nc == 0) return;
+  const std::vector<float> wa = widened(a, M * K), ww = widened(w, G * K * Nc);
+  grouped_gemm(c, wa.data(), ww.data(), group_sizes, G, M, K, Nc, trans_w, accumulate);
+}
+
+void grouped_gemm_dw_bf16(float* dw, const uint16_t* a, const uint16_t* dc,
+                          const int64_t* group_sizes, int64_t G, int64_t M, int64_t K, int64_t Nc,
+                          bool accumulate) {
+  const std::vector<float> wa = widened(a, M * K), wdc = widened(dc, M * Nc);
+  grouped_gemm_dw(dw, wa.data(), wdc.data(), group_sizes, G, M, K, Nc, accumulate);
 }
 
 }  // namespace ff::cpu

@@ -53,10 +53,6 @@ namespace ff::SIMT_DEVICE_NS {
 // ----------------------------------------------------------------------------
 // shared helpers
 
-// An element as the float32 the products take: itself, or a bf16 widened (exact).
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(uint16_t v) { return bf16_to_float(v); }
-
 // op(a)[i][p] of batch entry a (already offset by z * stride_a): a is (M, K), or (K, M) when
 // trans_a. The caller has checked i < M and p < K.
 template <typename T>

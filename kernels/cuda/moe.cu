@@ -65,6 +65,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/bf16.h"
 #include "kernels/cuda/grid.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/rows.h"
@@ -172,7 +173,9 @@ __device__ RowTile find_row_tile(const int64_t* group_sizes, int64_t G, int64_t 
 
 // c (M, Nc) (+)= a (M, K) rows of group e times op(w_e); w (G, K, Nc), or (G, Nc, K) when
 // trans_w. row_tiles: the launcher's bound on the tiles of the schedule.
-__global__ void grouped_gemm_kernel(float* c, const float* a, const float* w,
+// T: float, or uint16_t for bf16 operands (grouped_gemm_bf16), widened as the tiles load.
+template <typename T>
+__global__ void grouped_gemm_kernel(float* c, const T* a, const T* w,
                                     const int64_t* group_sizes, int64_t G, int64_t K, int64_t Nc,
                                     int64_t row_tiles, bool trans_w, bool accumulate) {
   // As[r][p] = a[row0 + r][k0 + p], Ws[p][j] = op(w_e)[k0 + p][n0 + j]. The +1 column of
@@ -186,7 +189,7 @@ __global__ void grouped_gemm_kernel(float* c, const float* a, const float* w,
   for (int64_t tile = blockIdx.y; tile < row_tiles; tile += gridDim.y) {
     const RowTile rt = find_row_tile(group_sizes, G, tile);
     if (!rt.valid) break;  // past the schedule's end (uniform; later tiles are past it too)
-    const float* we = w + rt.e * K * Nc;
+    const T* we = w + rt.e * K * Nc;
     for (int64_t tn = blockIdx.x; tn < col_tiles; tn += gridDim.x) {
       const int64_t n0 = tn * kGemmTile;
       float sum = 0.f;
@@ -194,11 +197,11 @@ __global__ void grouped_gemm_kernel(float* c, const float* a, const float* w,
         // One element of each tile per thread, 0 outside the group's rows and the matrices.
         // a is (M, K): tx runs along K, so consecutive threads read consecutive addresses.
         const int64_t r = rt.row0 + ty;
-        As[ty][tx] = (r < rt.row_end && k0 + tx < K) ? a[r * K + k0 + tx] : 0.f;
+        As[ty][tx] = (r < rt.row_end && k0 + tx < K) ? widen(a[r * K + k0 + tx]) : 0.f;
         if (!trans_w)  // w_e is (K, Nc): tx along Nc
-          Ws[ty][tx] = (k0 + ty < K && n0 + tx < Nc) ? we[(k0 + ty) * Nc + n0 + tx] : 0.f;
+          Ws[ty][tx] = (k0 + ty < K && n0 + tx < Nc) ? widen(we[(k0 + ty) * Nc + n0 + tx]) : 0.f;
         else           // w_e is (Nc, K): tx along K, stored transposed into Ws
-          Ws[tx][ty] = (k0 + tx < K && n0 + ty < Nc) ? we[(n0 + ty) * K + k0 + tx] : 0.f;
+          Ws[tx][ty] = (k0 + tx < K && n0 + ty < Nc) ? widen(we[(n0 + ty) * K + k0 + tx]) : 0.f;
         __syncthreads();  // the tiles are complete
         for (int p = 0; p < kGemmTile; p++) sum += As[ty][p] * Ws[p][tx];
         __syncthreads();  // everyone is done with the tiles before the next load
@@ -213,7 +216,8 @@ __global__ void grouped_gemm_kernel(float* c, const float* a, const float* w,
 }
 
 // dw (G, K, Nc) (+)= a_e^T dc_e per group; a (M, K), dc (M, Nc).
-__global__ void grouped_gemm_dw_kernel(float* dw, const float* a, const float* dc,
+template <typename T>
+__global__ void grouped_gemm_dw_kernel(float* dw, const T* a, const T* dc,
                                        const int64_t* group_sizes, int64_t G, int64_t K,
                                        int64_t Nc, bool accumulate) {
   // As[r][i] = a[r0 + r][i0 + i], Ds[r][j] = dc[r0 + r][n0 + j]: 32 rows of the group. In the
@@ -235,8 +239,8 @@ __global__ void grouped_gemm_dw_kernel(float* dw, const float* a, const float* d
         for (int64_t r0 = first; r0 < end; r0 += kGemmTile) {
           // Thread (ty, tx) loads row r0 + ty, column tx of each tile: coalesced along rows.
           const bool row_in = r0 + ty < end;
-          As[ty][tx] = (row_in && i0 + tx < K) ? a[(r0 + ty) * K + i0 + tx] : 0.f;
-          Ds[ty][tx] = (row_in && n0 + tx < Nc) ? dc[(r0 + ty) * Nc + n0 + tx] : 0.f;
+          As[ty][tx] = (row_in && i0 + tx < K) ? widen(a[(r0 + ty) * K + i0 + tx]) : 0.f;
+          Ds[ty][tx] = (row_in && n0 + tx < Nc) ? widen(dc[(r0 + ty) * Nc + n0 + tx]) : 0.f;
           __syncthreads();  // the tiles are complete
           for (int r = 0; r < kGemmTile; r++) sum += As[r][ty] * Ds[r][tx];
           __syncthreads();  // everyone is done with the tiles before the next load
@@ -299,27 +303,52 @@ void moe_permute_plan(int64_t* group_sizes, int64_t* src_token, int64_t* pos,
   SIMT_CHECK_LAUNCH();
 }
 
-void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
-                  int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
+template <typename T>
+static void launch_grouped_gemm(float* c, const T* a, const T* w, const int64_t* group_sizes, int64_t G,
+                                int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
   if (M == 0 || Nc == 0) return;
   const int64_t row_tiles = M / kGemmTile + std::min(G, M);  // >= the schedule's tiles
   const dim3 grid((unsigned)std::min(ceil_div(Nc, kGemmTile), kMaxGridX),
                   (unsigned)std::min(row_tiles, kMaxGridYZ));
-  SIMT_LAUNCH(grouped_gemm_kernel, grid, dim3(kGemmTile, kGemmTile), 0, 0, c, a, w, group_sizes,
+  SIMT_LAUNCH(grouped_gemm_kernel<T>, grid, dim3(kGemmTile, kGemmTile), 0, 0, c, a, w, group_sizes,
               G, K, Nc, row_tiles, trans_w, accumulate);
   SIMT_CHECK_LAUNCH();
+}
+
+template <typename T>
+static void launch_grouped_gemm_dw(float* dw, const T* a, const T* dc, const int64_t* group_sizes,
+                                   int64_t G, int64_t K, int64_t Nc, bool accumulate) {
+  if (G == 0 || K == 0 || Nc == 0) return;
+  const dim3 grid((unsigned)std::min(ceil_div(Nc, kGemmTile), kMaxGridX),
+                  (unsigned)std::min(ceil_div(K, kGemmTile), kMaxGridYZ),
+                  (unsigned)std::min(G, kMaxGridYZ));
+  SIMT_LAUNCH(grouped_gemm_dw_kernel<T>, grid, dim3(kGemmTile, kGemmTile), 0, 0, dw, a, dc,
+              group_sizes, G, K, Nc, accumulate);
+  SIMT_CHECK_LAUNCH();
+}
+
+void grouped_gemm(float* c, const float* a, const float* w, const int64_t* group_sizes, int64_t G,
+                  int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
+  launch_grouped_gemm(c, a, w, group_sizes, G, M, K, Nc, trans_w, accumulate);
 }
 
 void grouped_gemm_dw(float* dw, const float* a, const float* dc, const int64_t* group_sizes,
                      int64_t G, int64_t M, int64_t K, int64_t Nc, bool accumulate) {
   (void)M;  // the rows are the groups' (sizes on the device); M == 0 still writes dw = 0
-  if (G == 0 || K == 0 || Nc == 0) return;
-  const dim3 grid((unsigned)std::min(ceil_div(Nc, kGemmTile), kMaxGridX),
-                  (unsigned)std::min(ceil_div(K, kGemmTile), kMaxGridYZ),
-                  (unsigned)std::min(G, kMaxGridYZ));
-  SIMT_LAUNCH(grouped_gemm_dw_kernel, grid, dim3(kGemmTile, kGemmTile), 0, 0, dw, a, dc,
-              group_sizes, G, K, Nc, accumulate);
-  SIMT_CHECK_LAUNCH();
+  launch_grouped_gemm_dw(dw, a, dc, group_sizes, G, K, Nc, accumulate);
+}
+
+// bf16 operands: the same kernels, each tile widened as it loads (as matmul_bf16 in matmul.cu)
+void grouped_gemm_bf16(float* c, const uint16_t* a, const uint16_t* w, const int64_t* group_sizes,
+                       int64_t G, int64_t M, int64_t K, int64_t Nc, bool trans_w, bool accumulate) {
+  launch_grouped_gemm(c, a, w, group_sizes, G, M, K, Nc, trans_w, accumulate);
+}
+
+void grouped_gemm_dw_bf16(float* dw, const uint16_t* a, const uint16_t* dc,
+                          const int64_t* group_sizes, int64_t G, int64_t M, int64_t K, int64_t Nc,
+                          bool accumulate) {
+  (void)M;
+  launch_grouped_gemm_dw(dw, a, dc, group_sizes, G, K, Nc, accumulate);
 }
 
 void moe_combine(float* y, const float* yp, const int64_t* pos, const float* gates, int64_t T,

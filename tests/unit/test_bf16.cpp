@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/core/autograd.h"
@@ -169,6 +170,49 @@ TEST_CASE("bf16: matmul of bf16 inputs sums in float32: within K u sum|a||b| of 
       int64_t differ = 0;
       for (int64_t i = 0; i < nc; i++) differ += bits_of(g[(size_t)i]) != bits_of(w[(size_t)i]);
       CHECK_MESSAGE(differ == 0, differ << " of " << nc << " elements differ from the float32 matmul of the widened inputs");
+    }
+}
+
+TEST_CASE("bf16: the MoE's grouped GEMMs with bf16 operands give the float32 kernels' bits on the widened inputs") {
+  // 4 experts of (K 40, Nc 24) over 53 rows, one expert with none; both orientations of w
+  const int64_t G = 4, K = 40, Nc = 24;
+  const std::vector<int64_t> sizes = {20, 0, 31, 2};
+  const int64_t M = 53;
+  for (Device d : {Device::cpu, kt::device_under_test()})
+    for (bool trans_w : {false, true}) {
+      CAPTURE(device_name(d));
+      CAPTURE(trans_w);
+      const KernelTable& k = kernels_for(d);
+      auto bf16_of = [&](int64_t n, uint64_t seed, std::vector<float>* wide) {
+        *wide = kt::inputs(n, seed);
+        for (float& v : *wide) v = bf16_to_float(float_to_bf16(v));
+        Tensor h = Tensor::empty({n}, d, DType::bf16);
+        k.to_bf16(h.bf16_data(), kt::upload(*wide, d).data(), n);
+        return h;
+      };
+      std::vector<float> a, w, dc;
+      const Tensor a16 = bf16_of(M * K, 31, &a), w16 = bf16_of(G * K * Nc, 32, &w), dc16 = bf16_of(M * Nc, 33, &dc);
+      const Tensor gs = kt::upload_indices(sizes, d);
+      Tensor c = kt::scratch(M * Nc, d), c32 = kt::scratch(M * Nc, d), dw = kt::scratch(G * K * Nc, d),
+             dw32 = kt::scratch(G * K * Nc, d);
+      k.grouped_gemm_bf16(c.data(), a16.bf16_data(), w16.bf16_data(), gs.index_data(), G, M, K, Nc, trans_w, false);
+      k.grouped_gemm(c32.data(), kt::upload(a, d).data(), kt::upload(w, d).data(), gs.index_data(), G, M, K, Nc,
+                     trans_w, false);
+      k.grouped_gemm_dw_bf16(dw.data(), a16.bf16_data(), dc16.bf16_data(), gs.index_data(), G, M, K, Nc, false);
+      k.grouped_gemm_dw(dw32.data(), kt::upload(a, d).data(), kt::upload(dc, d).data(), gs.index_data(), G, M, K, Nc,
+                        false);
+      for (auto [got, want, what] : {std::tuple{c, c32, "grouped_gemm_bf16"}, std::tuple{dw, dw32, "grouped_gemm_dw_bf16"}}) {
+        const std::vector<float> g = got.to_vector(), w_ = want.to_vector();
+        int64_t differ = 0;
+        for (size_t i = 0; i < g.size(); i++) differ += bits_of(g[i]) != bits_of(w_[i]);
+        CHECK_MESSAGE(differ == 0, what << ": " << differ << " of " << g.size() << " elements differ from float32's");
+      }
+      // and the float32 kernel itself is right: one output against float64 (expert 2's first row)
+      const int64_t row = 20, col = 5;
+      double s = 0;
+      for (int64_t p = 0; p < K; p++)
+        s += (double)a[(size_t)(row * K + p)] * w[(size_t)(2 * K * Nc + (trans_w ? col * K + p : p * Nc + col))];
+      CHECK(std::fabs(c.to_vector()[(size_t)(row * Nc + col)] - s) <= 1e-4 * (1 + std::fabs(s)));
     }
 }
 
