@@ -7,7 +7,8 @@
 //                         SGEMM on the same shape, timed in this run; on cpu version 1 (the
 //                         double-summing triple loop, at 256^3 only: it is slow), version 2
 //                         (the cpu device's) and OpenBLAS's cblas_sgemm, at 256^3 and 1024^3,
-//                         on 1 and 2 threads (OpenBLAS given the same count), and the ratio
+//                         on 1 and 2 threads (OpenBLAS given the same count); the bf16 matmul
+//                         (bf16 operands, float32 sums) against version 2; and the ratio
 //                         version 2 / OpenBLAS;
 //   bandwidth-bound ones: GB/s of the bytes the kernel must read and write at least once;
 //                         on cuda also the ratio to a cudaMemcpy device-to-device moving
@@ -34,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/launchers.h"
@@ -147,6 +149,7 @@ void bench_cpu_matmul(bool quick) {
               cpu::matmul_isa(), cpu_best_isa().c_str());
   for (int64_t n : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{256, 1024}) {
     Tensor a = randn({n, n}, 1, d), b = randn({n, n}, 2, d), c = Tensor::zeros({n, n}, d);
+    const Tensor a16 = cast(a, DType::bf16), b16 = cast(b, DType::bf16);
     const double flop = 2.0 * n * n * n;
     for (int threads : {1, 2}) {
       const std::string shape = std::to_string(n) + "^3 " + std::to_string(threads) + " thr";
@@ -173,6 +176,12 @@ void bench_cpu_matmul(bool quick) {
       row("matmul OpenBLAS sgemm", d, shape, blas, fmt("%.1f GFLOP/s", flop / blas / 1e6),
           "(reference)");
       row("matmul v2 blocked", d, shape, v2, fmt("%.1f GFLOP/s", flop / v2 / 1e6), of_openblas(blas, v2));
+      // bf16 operands (kernels/cpu/bf16.cpp: widened, then version 2), against version 2 itself
+      const double bf = median_ms(d, reps_for(d), [&] {
+        cpu::matmul_bf16(c.data(), a16.bf16_data(), b16.bf16_data(), 1, n, n, n, 0, 0, false, false, false);
+      });
+      row("matmul bf16 widened", d, shape, bf, fmt("%.1f GFLOP/s", flop / bf / 1e6),
+          fmt("%.2fx float32 v2", v2 / bf));
     }
   }
   cpu::set_matmul_threads(default_threads);
