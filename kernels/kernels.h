@@ -182,6 +182,22 @@ struct KernelTable {
   void (*grouped_gemm_dw_bf16)(float* dw, const uint16_t* a, const uint16_t* dc,
                                const int64_t* group_sizes, int64_t G, int64_t M, int64_t K,
                                int64_t Nc, bool accumulate);
+  // ---- FP8 e4m3 (kernels/fp8.h) with fine-grained scales, as DeepSeek-V3 trains (lesson 10).
+  // x (R, C) in tiles of tr x tc (the last ones ragged): s (ceil(R/tr), ceil(C/tc)) = the
+  // tile's largest |x| / 448 (1 for a tile of zeros), q (R, C) = x / s rounded to e4m3.
+  void (*fp8_quantize)(uint8_t* q, float* s, const float* x, int64_t R, int64_t C, int64_t tr,
+                       int64_t tc);
+  // x (R, C) = q times its tile's scale
+  void (*fp8_dequantize)(float* x, const uint8_t* q, const float* s, int64_t R, int64_t C,
+                         int64_t tr, int64_t tc);
+  // c (M, N) (+)= a @ b of quantized operands: a (M, K), scales sa (M, ceil(K/tk)) (tiles
+  // 1 x tk); b (K, N), scales sb (ceil(K/tk), ceil(N/tn)) (tiles tk x tn). Per element of c,
+  // in order of K: the e4m3 products (exact) summed `promote` at a time (promote divides tk)
+  // in an accumulator of acc_bits mantissa bits (accumulate_bits), each partial sum then
+  // times its tiles' scales, fused into a float32 sum: fma(partial sa, sb, sum).
+  void (*matmul_fp8)(float* c, const uint8_t* a, const float* sa, const uint8_t* b,
+                     const float* sb, int64_t M, int64_t N, int64_t K, int64_t tk, int64_t tn,
+                     int64_t promote, int acc_bits, bool accumulate);
   // one AdamW step of n parameters, in place: m, v and p updated from g (AdamWStep above), each
   // element on its own, every operation rounded to float in the order written there
   void (*adamw)(float* p, float* m, float* v, const float* g, int64_t n, const AdamWStep& step);
@@ -203,7 +219,8 @@ const KernelTable& kernels_for(Device d);
         cross_entropy_backward, index_select_rows, index_add_rows, topk_rows, topk_backward, \
         masked_fill, flash_forward_block, flash_backward_block, moe_permute_plan,            \
         grouped_gemm, grouped_gemm_dw, moe_combine, moe_combine_backward, moe_group_topk,    \
-        rope, to_bf16, from_bf16, matmul_bf16, grouped_gemm_bf16, grouped_gemm_dw_bf16, adamw \
+        rope, to_bf16, from_bf16, matmul_bf16, grouped_gemm_bf16, grouped_gemm_dw_bf16,      \
+        fp8_quantize, fp8_dequantize, matmul_fp8, adamw                                      \
   }
 
 }  // namespace ff

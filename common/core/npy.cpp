@@ -340,6 +340,9 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
 
 void save_npy(const std::string& path, const Tensor& t) {
   NPY_CHECK(t.defined(), "save_npy: undefined tensor");
+  NPY_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::i64,
+            "save_npy: a " << dtype_name(t.dtype()) << " tensor (numpy has no such dtype: save it "
+                         "widened to float32)");
   Tensor host = t.device() == Device::cpu ? t : t.to(Device::cpu);
   std::vector<char> bytes(host.nbytes());
   if (!bytes.empty()) std::memcpy(bytes.data(), host.raw(), bytes.size());

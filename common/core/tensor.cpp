@@ -9,12 +9,21 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "kernels/bf16.h"
+#include "kernels/fp8.h"
 #include "kernels/kernels.h"
 
 namespace ff {
 
-const char* dtype_name(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bf16" : "int64"; }
-size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 8; }
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::i64: return "int64";
+    case DType::bf16: return "bf16";
+    case DType::fp8: return "fp8 e4m3";
+  }
+  return "?";
+}
+size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::i64 ? 8 : t == DType::bf16 ? 2 : 1; }
 
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
@@ -128,7 +137,19 @@ uint16_t* Tensor::bf16_data() const {
   return static_cast<uint16_t*>(raw());
 }
 
+uint8_t* Tensor::fp8_data() const {
+  FF_CHECK(dtype() == DType::fp8, "expected an fp8 tensor, got " << dtype_name(dtype()));
+  return static_cast<uint8_t*>(raw());
+}
+
 std::vector<float> Tensor::to_vector() const {
+  if (dtype() == DType::fp8) {
+    std::vector<uint8_t> h((size_t)numel());
+    device_memcpy(h.data(), Device::cpu, fp8_data(), device(), nbytes());
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = fp8_to_float(h[i]);
+    return v;
+  }
   if (dtype() == DType::bf16) {
     std::vector<uint16_t> h((size_t)numel());
     device_memcpy(h.data(), Device::cpu, bf16_data(), device(), nbytes());

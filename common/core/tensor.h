@@ -4,7 +4,8 @@
 //  * Always contiguous and row-major. Views (reshape, detach) share storage;
 //    every other op writes a new tensor.
 //  * float32 data; int64 only for index tensors (top-k, routing, targets); bfloat16 (the bits
-//    of kernels/bf16.h) for mixed precision, made by cast() and multiplied by matmul().
+//    of kernels/bf16.h) for mixed precision, made by cast() and multiplied by matmul(); FP8
+//    e4m3 (kernels/fp8.h) as quantized storage only, beside its scales (kernels' fp8_*).
 //  * Storage lives on one device (cpu, sim, cuda) and is moved with .to(device).
 //  * Random tensors come from a counter-based RNG: element i of a tensor of seed s
 //    is a pure function of (s, i), so any rank can generate any slice of a
@@ -20,7 +21,7 @@
 
 namespace ff {
 
-enum class DType { f32, i64, bf16 };
+enum class DType { f32, i64, bf16, fp8 };
 const char* dtype_name(DType t);
 size_t dtype_size(DType t);
 
@@ -90,10 +91,11 @@ class Tensor {
   float* data() const;           // f32 storage on any device (a device pointer off cpu)
   int64_t* index_data() const;   // i64 storage
   uint16_t* bf16_data() const;   // bf16 storage: the bits (kernels/bf16.h)
+  uint8_t* fp8_data() const;     // fp8 storage: e4m3 bits (kernels/fp8.h)
   void* raw() const;
 
   // ---- host access (copies through the host for non-cpu devices)
-  std::vector<float> to_vector() const;  // float32, or bf16 widened to float32
+  std::vector<float> to_vector() const;  // float32; bf16 and fp8 widened to float32 (unscaled)
   std::vector<int64_t> to_index_vector() const;
   float item() const;  // one-element tensor
 
