@@ -4,6 +4,7 @@
 #include "common/comm/comm_detail.h"
 
 #include "common/comm/nccl.h"
+#include "kernels/bf16.h"
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +39,10 @@ Request Comm::collective(const char* op, size_t bytes) {
 // The NCCL type and operation of an MPI all-reduce; false for what NCCL does not have (a
 // user-defined MPI_Op, a derived datatype).
 static bool nccl_reduction(MPI_Datatype type, MPI_Op op, NcclComm::Type* t, NcclComm::Op* o) {
+  if (type == MPI_UINT16_T && op == Comm::bf16_sum_op()) {
+    *t = NcclComm::Type::bf16, *o = NcclComm::Op::sum;
+    return true;
+  }
   if (type == MPI_FLOAT) *t = NcclComm::Type::f32;
   else if (type == MPI_DOUBLE) *t = NcclComm::Type::f64;
   else if (type == MPI_INT) *t = NcclComm::Type::i32;
@@ -69,6 +74,48 @@ void Comm::allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op) {
 void Comm::allreduce_sum(float* buf, size_t n) {
   FF_CHECK(n <= (size_t)INT_MAX, "allreduce_sum: " << n << " floats is more than MPI's int count allows");
   allreduce(buf, (int)n, MPI_FLOAT, MPI_SUM);
+}
+
+// ---- bf16 sums
+
+static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; i++) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+MPI_Op Comm::bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    mpiCheck(MPI_Op_create(&bf16_sum, /*commute=*/1, &o));
+    return o;
+  }();
+  return op;
+}
+
+void Comm::allreduce_sum_bf16(uint16_t* buf, size_t n) {
+  FF_CHECK(n <= (size_t)INT_MAX, "allreduce_sum_bf16: " << n << " values is more than MPI's int count allows");
+  allreduce(buf, (int)n, MPI_UINT16_T, bf16_sum_op());
+}
+
+Request Comm::iallreduce_sum_bf16(uint16_t* buf, size_t n) {
+  const int count = to_count(n * 2, "iallreduce") / 2;
+  Request r = collective("allreduce", n * 2);
+  if (to_nccl(buf)) r.nccl = nccl_->allreduce(buf, n, NcclComm::Type::bf16, NcclComm::Op::sum);
+  else mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_UINT16_T, bf16_sum_op(), comm_, &r.req));
+  link_collective(r, 2 * (size_ - 1), n * 2 / (size_t)size_);
+  return r;
+}
+
+Request Comm::ireduce_scatter_sum_bf16(const uint16_t* send, uint16_t* recv, size_t count) {
+  to_count(count * (size_t)size_ * 2, "ireduce_scatter");
+  Request r = collective("reduce_scatter", count * (size_t)size_ * 2);
+  auto counts = std::make_shared<std::vector<int>>((size_t)size_, (int)count);
+  if (to_nccl(send, recv)) r.nccl = nccl_->reduce_scatter_sum_bf16(send, recv, count);
+  else mpiCheck(MPI_Ireduce_scatter(send, recv, counts->data(), MPI_UINT16_T, bf16_sum_op(), comm_, &r.req));
+  r.keep = counts;
+  link_collective(r, size_ - 1, count * 2);
+  return r;
 }
 
 void Comm::allgather(const void* send, size_t bytes, void* recv) {

@@ -278,6 +278,13 @@ static void check_f32(const Tensor& t, const char* op) {
 }
 
 void Comm::allreduce_sum(Tensor& t) {
+  if (t.defined() && t.dtype() == DType::bf16) {  // summed as NCCL sums bf16 (allreduce_sum_bf16)
+    if (in_place(t)) return allreduce_sum_bf16(t.bf16_data(), (size_t)t.numel());
+    Tensor host = t.to(Device::cpu);
+    allreduce_sum_bf16(host.bf16_data(), (size_t)host.numel());
+    device_memcpy(t.raw(), t.device(), host.raw(), Device::cpu, host.nbytes());
+    return;
+  }
   check_f32(t, "allreduce_sum");
   if (in_place(t)) return allreduce_sum(t.data(), (size_t)t.numel());
   Tensor host = t.to(Device::cpu);

@@ -249,6 +249,13 @@ class Comm {
   // `count` floats (send holds size() * count).
   Request iallreduce_sum(float* buf, size_t n);
   Request ireduce_scatter_sum(const float* send, float* recv, size_t count);
+  // bf16 (kernels/bf16.h: the bits as uint16_t), summed as NCCL sums ncclBfloat16: each
+  // partial sum of two widened to float32, added, rounded back to bf16. In MPI, the datatype
+  // MPI_UINT16_T with the operation bf16_sum_op() (a user-defined MPI_Op, created once).
+  void allreduce_sum_bf16(uint16_t* buf, size_t n);
+  Request iallreduce_sum_bf16(uint16_t* buf, size_t n);
+  Request ireduce_scatter_sum_bf16(const uint16_t* send, uint16_t* recv, size_t count);
+  static MPI_Op bf16_sum_op();
   Request iallgather(const void* send, size_t bytes, void* recv);
   void bcast(void* buf, size_t bytes, int root);
   void barrier();

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "common/comm/comm.h"  // Comm::bf16_sum_op
 #include "common/core/check.h"
 #include "kernels/sim_memory.h"
 
@@ -117,6 +118,7 @@ static size_t type_bytes(NcclComm::Type t) {
     case NcclComm::Type::i32: return 4;
     case NcclComm::Type::i64: return 8;
     case NcclComm::Type::u8: return 1;
+    case NcclComm::Type::bf16: return 2;
   }
   return 1;
 }
@@ -218,10 +220,12 @@ class SimEngine final : public NcclEngine {
       case NcclComm::Type::i32: return MPI_INT;
       case NcclComm::Type::i64: return MPI_INT64_T;
       case NcclComm::Type::u8: return MPI_BYTE;
+      case NcclComm::Type::bf16: return MPI_UINT16_T;
     }
     return MPI_BYTE;
   }
-  static MPI_Op mpi_op(NcclComm::Op op) {
+  static MPI_Op mpi_op(NcclComm::Op op, NcclComm::Type type) {
+    if (type == NcclComm::Type::bf16) return Comm::bf16_sum_op();  // NcclComm takes only sums of bf16
     switch (op) {
       case NcclComm::Op::sum: return MPI_SUM;
       case NcclComm::Op::prod: return MPI_PROD;
@@ -254,7 +258,7 @@ class SimEngine final : public NcclEngine {
       switch (p.kind) {
         case NcclComm::Prim::all_reduce:
           copy_out(h, p.in, n);
-          rc = MPI_Iallreduce(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
+          rc = MPI_Iallreduce(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op, p.type), comm_, &r);
           break;
         case NcclComm::Prim::all_gather: {
           std::vector<char> mine;
@@ -266,7 +270,7 @@ class SimEngine final : public NcclEngine {
         }
         case NcclComm::Prim::reduce_scatter:
           copy_out(h, p.in, n * (size_t)size);
-          rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op), comm_, &r);
+          rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, h.data(), count, t, mpi_op(p.op, p.type), comm_, &r);
           break;
         case NcclComm::Prim::broadcast:
           copy_out(h, p.in, n);
@@ -274,7 +278,7 @@ class SimEngine final : public NcclEngine {
           break;
         case NcclComm::Prim::reduce:
           copy_out(h, p.in, n);
-          rc = MPI_Ireduce(rank_ == p.peer ? MPI_IN_PLACE : h.data(), h.data(), count, t, mpi_op(p.op), p.peer, comm_, &r);
+          rc = MPI_Ireduce(rank_ == p.peer ? MPI_IN_PLACE : h.data(), h.data(), count, t, mpi_op(p.op, p.type), p.peer, comm_, &r);
           break;
         case NcclComm::Prim::send:
           copy_out(h, p.in, n);
@@ -402,6 +406,7 @@ static ncclDataType_t nccl_type(NcclComm::Type t) {
     case NcclComm::Type::i32: return ncclInt32;
     case NcclComm::Type::i64: return ncclInt64;
     case NcclComm::Type::u8: return ncclUint8;
+    case NcclComm::Type::bf16: return ncclBfloat16;
   }
   return ncclUint8;
 }
@@ -664,6 +669,7 @@ NcclComm::Ticket NcclComm::run(const std::vector<Prim>& prims) {
 }
 
 NcclComm::Ticket NcclComm::allreduce(void* buf, size_t count, Type type, Op op) {
+  FF_CHECK(type != Type::bf16 || op == Op::sum, "NcclComm::allreduce: bf16 is summed, nothing else");
   return run({{Prim::all_reduce, buf, buf, count, type, op, -1}});
 }
 
@@ -682,6 +688,10 @@ NcclComm::Ticket NcclComm::allgatherv(const void* send, size_t bytes, void* recv
     off += recv_bytes[(size_t)r];
   }
   return run(g);
+}
+
+NcclComm::Ticket NcclComm::reduce_scatter_sum_bf16(const uint16_t* send, uint16_t* recv, size_t count) {
+  return run({{Prim::reduce_scatter, send, recv, count, Type::bf16, Op::sum, -1}});
 }
 
 // Equal blocks: ncclReduceScatter. Unequal ones: one ncclReduce per block, to its rank, in one

@@ -95,7 +95,8 @@ struct NcclEngine;
 // One NCCL communicator, its stream, and the point-to-point messages queued on it.
 class NcclComm {
  public:
-  enum class Type { f32, f64, i32, i64, u8 };  // u8: untyped bytes
+  // u8: untyped bytes; bf16: summed as ncclBfloat16 (each pair widened, added, rounded to bf16)
+  enum class Type { f32, f64, i32, i64, u8, bf16 };
   enum class Op { sum, prod, max, min };
   using Ticket = std::shared_ptr<NcclTicket>;
   struct Prim;  // one of NCCL's primitives, as a group holds it (nccl.cpp)
@@ -136,6 +137,7 @@ class NcclComm {
   // counts[r] floats of the sum to rank r: ncclReduceScatter when all are equal, else one
   // ncclReduce per block to its rank, grouped.
   Ticket reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts);
+  Ticket reduce_scatter_sum_bf16(const uint16_t* send, uint16_t* recv, size_t count);  // equal blocks
   Ticket bcast(void* buf, size_t bytes, int root);
   // Grouped ncclSend/ncclRecv, one pair per peer (MPI_Alltoallv's layout, in bytes).
   Ticket alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
