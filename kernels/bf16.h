@@ -36,8 +36,7 @@ FF_BF16_HD uint32_t float_bits(float f) {
 #endif
 }
 
-FF_BF16_HD float bf16_to_float(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
+FF_BF16_HD float float_of_bits(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -46,6 +45,8 @@ FF_BF16_HD float bf16_to_float(uint16_t h) {
   return f;
 #endif
 }
+
+FF_BF16_HD float bf16_to_float(uint16_t h) { return float_of_bits((uint32_t)h << 16); }
 
 FF_BF16_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);

@@ -21,22 +21,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/bf16.h"  // float_bits, FF_BF16_HD
+#include "kernels/bf16.h"  // float_bits, float_of_bits, FF_BF16_HD
 
 namespace ff {
 
 constexpr float kFp8Max = 448.f;     // the largest e4m3 value
 constexpr uint8_t kFp8NaN = 0x7f;    // S.1111.111
-
-FF_BF16_HD float float_of_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
 
 FF_BF16_HD uint8_t float_to_fp8(float f) {
   uint32_t u = float_bits(f);

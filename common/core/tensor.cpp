@@ -122,41 +122,31 @@ void* Tensor::raw() const {
   return impl_->storage->ptr;
 }
 
-float* Tensor::data() const {
-  FF_CHECK(dtype() == DType::f32, "expected a float32 tensor, got " << dtype_name(dtype()));
-  return static_cast<float*>(raw());
+// The storage as T, when the tensor's dtype is `want` (else one error naming both).
+template <typename T>
+static T* typed(const Tensor& t, DType want, const char* what) {
+  FF_CHECK(t.dtype() == want, "expected " << what << " tensor, got " << dtype_name(t.dtype()));
+  return static_cast<T*>(t.raw());
 }
 
-int64_t* Tensor::index_data() const {
-  FF_CHECK(dtype() == DType::i64, "expected an int64 index tensor, got " << dtype_name(dtype()));
-  return static_cast<int64_t*>(raw());
-}
+float* Tensor::data() const { return typed<float>(*this, DType::f32, "a float32"); }
+int64_t* Tensor::index_data() const { return typed<int64_t>(*this, DType::i64, "an int64 index"); }
+uint16_t* Tensor::bf16_data() const { return typed<uint16_t>(*this, DType::bf16, "a bf16"); }
+uint8_t* Tensor::fp8_data() const { return typed<uint8_t>(*this, DType::fp8, "an fp8"); }
 
-uint16_t* Tensor::bf16_data() const {
-  FF_CHECK(dtype() == DType::bf16, "expected a bf16 tensor, got " << dtype_name(dtype()));
-  return static_cast<uint16_t*>(raw());
-}
-
-uint8_t* Tensor::fp8_data() const {
-  FF_CHECK(dtype() == DType::fp8, "expected an fp8 tensor, got " << dtype_name(dtype()));
-  return static_cast<uint8_t*>(raw());
+// A narrow float tensor's values on the host, widened to float32 by `widen`.
+template <typename T>
+static std::vector<float> widened(const Tensor& t, const T* data, float (*widen)(T)) {
+  std::vector<T> h((size_t)t.numel());
+  device_memcpy(h.data(), Device::cpu, data, t.device(), t.nbytes());
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); i++) v[i] = widen(h[i]);
+  return v;
 }
 
 std::vector<float> Tensor::to_vector() const {
-  if (dtype() == DType::fp8) {
-    std::vector<uint8_t> h((size_t)numel());
-    device_memcpy(h.data(), Device::cpu, fp8_data(), device(), nbytes());
-    std::vector<float> v(h.size());
-    for (size_t i = 0; i < h.size(); i++) v[i] = fp8_to_float(h[i]);
-    return v;
-  }
-  if (dtype() == DType::bf16) {
-    std::vector<uint16_t> h((size_t)numel());
-    device_memcpy(h.data(), Device::cpu, bf16_data(), device(), nbytes());
-    std::vector<float> v(h.size());
-    for (size_t i = 0; i < h.size(); i++) v[i] = bf16_to_float(h[i]);
-    return v;
-  }
+  if (dtype() == DType::fp8) return widened(*this, fp8_data(), &fp8_to_float);
+  if (dtype() == DType::bf16) return widened(*this, bf16_data(), &bf16_to_float);
   std::vector<float> v((size_t)numel());
   device_memcpy(v.data(), Device::cpu, data(), device(), nbytes());
   return v;

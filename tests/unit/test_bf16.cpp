@@ -22,28 +22,17 @@ using namespace ff;
 
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 // The magnitude of bf16 bits h (sign ignored) in double; bf16's largest finite value plus one
 // ulp, 2^128, for the bits of infinity: the rounding boundary past which a value overflows.
 double magnitude(uint16_t h) {
   if ((h & 0x7fffu) == 0x7f80u) return std::ldexp(1.0, 128);
-  return std::fabs((double)float_of((uint32_t)h << 16));
+  return std::fabs((double)float_of_bits((uint32_t)h << 16));
 }
 
 // Round to nearest, ties to even, by arithmetic on the two candidates: the bf16 of f's sign
 // whose magnitude is the largest not above |f| (f's high half), and the next one up.
 uint16_t reference_round(float f) {
-  const uint32_t u = bits_of(f);
+  const uint32_t u = float_bits(f);
   const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
   const double d = std::fabs((double)f), below = magnitude(lo), above = magnitude(hi);
   if (d == below) return lo;
@@ -71,7 +60,7 @@ TEST_CASE("bf16: float32 rounds to the nearest bf16, ties to even; NaN stays NaN
   for (uint32_t high = 0; high <= 0xffff; high++)
     for (uint32_t low : lows) {
       const uint32_t u = high << 16 | low;
-      const float f = float_of(u);
+      const float f = float_of_bits(u);
       const uint16_t got = float_to_bf16(f);
       bool ok;
       if (std::isnan(f)) {  // any NaN of the same sign, never infinity
@@ -86,19 +75,19 @@ TEST_CASE("bf16: float32 rounds to the nearest bf16, ties to even; NaN stays NaN
   CHECK_MESSAGE(bad == 0, bad << " of " << checked << " floats round wrongly; first: " << first);
   // the named cases
   CHECK(float_to_bf16(1.f) == 0x3f80);
-  CHECK(float_to_bf16(float_of(0x3f808000)) == 0x3f80);  // 1 + 2^-8: a tie, to the even 1
-  CHECK(float_to_bf16(float_of(0x3f818000)) == 0x3f82);  // a tie above an odd one: up
+  CHECK(float_to_bf16(float_of_bits(0x3f808000)) == 0x3f80);  // 1 + 2^-8: a tie, to the even 1
+  CHECK(float_to_bf16(float_of_bits(0x3f818000)) == 0x3f82);  // a tie above an odd one: up
   CHECK(float_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);  // overflows to infinity
   CHECK(float_to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
   CHECK(float_to_bf16(-0.f) == 0x8000);
-  CHECK(std::isnan(bf16_to_float(float_to_bf16(float_of(0x7f800001)))));  // a NaN whose payload would round to inf
-  CHECK(bf16_to_float(float_to_bf16(float_of(0x00010000))) == float_of(0x00010000));  // a subnormal, kept
+  CHECK(std::isnan(bf16_to_float(float_to_bf16(float_of_bits(0x7f800001)))));  // a NaN whose payload would round to inf
+  CHECK(bf16_to_float(float_to_bf16(float_of_bits(0x00010000))) == float_of_bits(0x00010000));  // a subnormal, kept
 }
 
 TEST_CASE("bf16: widening is exact and the conversion kernels equal the cpu's on the device under test") {
   std::vector<float> x = kt::inputs(1000, 17);
   x.push_back(std::numeric_limits<float>::infinity()), x.push_back(std::nanf("")),
-      x.push_back(float_of(0x3f808000)), x.push_back(1e-40f), x.push_back(-0.f);
+      x.push_back(float_of_bits(0x3f808000)), x.push_back(1e-40f), x.push_back(-0.f);
   const int64_t n = (int64_t)x.size();
   for (Device d : {Device::cpu, kt::device_under_test()}) {
     CAPTURE(device_name(d));
@@ -109,7 +98,7 @@ TEST_CASE("bf16: widening is exact and the conversion kernels equal the cpu's on
     const std::vector<float> got = back.to_vector();
     for (int64_t i = 0; i < n; i++) {
       const float want = bf16_to_float(float_to_bf16(x[(size_t)i]));
-      CHECK_MESSAGE((bits_of(got[(size_t)i]) == bits_of(want) || (std::isnan(want) && std::isnan(got[(size_t)i]))),
+      CHECK_MESSAGE((float_bits(got[(size_t)i]) == float_bits(want) || (std::isnan(want) && std::isnan(got[(size_t)i]))),
                     "element " << i << ": " << x[(size_t)i] << " -> " << got[(size_t)i] << ", want " << want);
     }
   }
@@ -168,7 +157,7 @@ TEST_CASE("bf16: matmul of bf16 inputs sums in float32: within K u sum|a||b| of 
           }
       kt::require_within(g, exact, tol, c.Nc, "matmul_bf16 against float64");
       int64_t differ = 0;
-      for (int64_t i = 0; i < nc; i++) differ += bits_of(g[(size_t)i]) != bits_of(w[(size_t)i]);
+      for (int64_t i = 0; i < nc; i++) differ += float_bits(g[(size_t)i]) != float_bits(w[(size_t)i]);
       CHECK_MESSAGE(differ == 0, differ << " of " << nc << " elements differ from the float32 matmul of the widened inputs");
     }
 }
@@ -204,7 +193,7 @@ TEST_CASE("bf16: the MoE's grouped GEMMs with bf16 operands give the float32 ker
       for (auto [got, want, what] : {std::tuple{c, c32, "grouped_gemm_bf16"}, std::tuple{dw, dw32, "grouped_gemm_dw_bf16"}}) {
         const std::vector<float> g = got.to_vector(), w_ = want.to_vector();
         int64_t differ = 0;
-        for (size_t i = 0; i < g.size(); i++) differ += bits_of(g[i]) != bits_of(w_[i]);
+        for (size_t i = 0; i < g.size(); i++) differ += float_bits(g[i]) != float_bits(w_[i]);
         CHECK_MESSAGE(differ == 0, what << ": " << differ << " of " << g.size() << " elements differ from float32's");
       }
       // and the float32 kernel itself is right: one output against float64 (expert 2's first row)
@@ -226,12 +215,12 @@ TEST_CASE("bf16 ops: cast both ways, matmul of two bf16 tensors, and their gradi
     REQUIRE(a16.dtype() == DType::bf16);
     // cast there and back rounds each value once
     const std::vector<float> av = a.to_vector(), back = cast(a16, DType::f32).to_vector();
-    for (size_t i = 0; i < av.size(); i++) REQUIRE(bits_of(back[i]) == bits_of(bf16_to_float(float_to_bf16(av[i]))));
+    for (size_t i = 0; i < av.size(); i++) REQUIRE(float_bits(back[i]) == float_bits(bf16_to_float(float_to_bf16(av[i]))));
     // the product of two bf16 tensors is float32: the float32 product of the widened values
     Tensor y = matmul(a16, b16);
     REQUIRE(y.dtype() == DType::f32);
     const std::vector<float> yw = matmul(cast(a16, DType::f32), cast(b16, DType::f32)).to_vector(), yv = y.to_vector();
-    for (size_t i = 0; i < yv.size(); i++) REQUIRE(bits_of(yv[i]) == bits_of(yw[i]));
+    for (size_t i = 0; i < yv.size(); i++) REQUIRE(float_bits(yv[i]) == float_bits(yw[i]));
     // backward: the gradient enters bf16, as the matmul's inputs are: da = bf16(bf16(g) b^T),
     // db = bf16(a^T bf16(g)), widened to float32 by the casts' backward
     Tensor g = randn({5, 9}, 13).to(d);
@@ -244,8 +233,8 @@ TEST_CASE("bf16 ops: cast both ways, matmul of two bf16 tensors, and their gradi
     const std::vector<float> ga = a.grad().to_vector(), gb = b.grad().to_vector();
     REQUIRE(a.grad().dtype() == DType::f32);
     int64_t differ = 0;
-    for (size_t i = 0; i < da.size(); i++) differ += bits_of(ga[i]) != bits_of(da[i]);
-    for (size_t i = 0; i < db.size(); i++) differ += bits_of(gb[i]) != bits_of(db[i]);
+    for (size_t i = 0; i < da.size(); i++) differ += float_bits(ga[i]) != float_bits(da[i]);
+    for (size_t i = 0; i < db.size(); i++) differ += float_bits(gb[i]) != float_bits(db[i]);
     CHECK_MESSAGE(differ == 0, differ << " gradient elements differ from bf16(bf16(g) b^T) and bf16(a^T bf16(g))");
   }
 }
@@ -262,7 +251,7 @@ TEST_CASE("bf16 ops: a planted bug in the bf16 matmul's backward is caught by th
                            DType::f32);
   const std::vector<float> got = a.grad().to_vector(), w = want.to_vector();
   int64_t differ = 0;
-  for (size_t i = 0; i < w.size(); i++) differ += bits_of(got[i]) != bits_of(w[i]);
+  for (size_t i = 0; i < w.size(); i++) differ += float_bits(got[i]) != float_bits(w[i]);
   CHECK(differ > 0);  // the scaled gradient no longer matches
   // and in bits: every element off by about 1%, far beyond a bf16 rounding of the product
   CHECK(std::fabs(got[0] / w[0] - 1.01f) < 0.01f);

@@ -19,12 +19,6 @@ using namespace ff;
 
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 // The finite non-negative e4m3 values by code (0x00 .. 0x7e), from the format's definition.
 std::vector<double> e4m3_values() {
   std::vector<double> v;
@@ -148,12 +142,12 @@ TEST_CASE("fp8: quantized tiles come back within half an e4m3 step of their scal
     const std::vector<float> codes_cpu = q.q.to_vector(), codes_dev = qd.q.to_vector();
     const std::vector<float> sd = qd.s.to_vector();
     int64_t differ = 0;
-    for (size_t i = 0; i < codes_cpu.size(); i++) differ += bits_of(codes_cpu[i]) != bits_of(codes_dev[i]);
-    for (size_t i = 0; i < s.size(); i++) differ += bits_of(s[i]) != bits_of(sd[i]);
+    for (size_t i = 0; i < codes_cpu.size(); i++) differ += float_bits(codes_cpu[i]) != float_bits(codes_dev[i]);
+    for (size_t i = 0; i < s.size(); i++) differ += float_bits(s[i]) != float_bits(sd[i]);
     CHECK_MESSAGE(differ == 0, differ << " codes or scales differ from the cpu's on " << device_name(d));
     const std::vector<float> back_d = dequantized(kernels_for(d), d, qd, R, C, tr, tc);
     differ = 0;
-    for (size_t i = 0; i < back.size(); i++) differ += bits_of(back[i]) != bits_of(back_d[i]);
+    for (size_t i = 0; i < back.size(); i++) differ += float_bits(back[i]) != float_bits(back_d[i]);
     CHECK(differ == 0);
   }
 }
@@ -185,7 +179,7 @@ TEST_CASE("fp8: the GEMM of quantized operands against float64, and a narrow acc
   const Device d = kt::device_under_test();
   const std::vector<float> full_d = gemm(kernels_for(d), d, qa, qb, 128, 23, tk);
   int64_t differ = 0;
-  for (size_t i = 0; i < full.size(); i++) differ += bits_of(full[i]) != bits_of(full_d[i]);
+  for (size_t i = 0; i < full.size(); i++) differ += float_bits(full[i]) != float_bits(full_d[i]);
   CHECK_MESSAGE(differ == 0, differ << " elements differ from the cpu's on " << device_name(d));
   // 14 bits kept: promoted every 128 products the error stays small; never promoted (one scale
   // for all of K, per-tensor) it grows with K, several times larger at K = 4096
