@@ -3,7 +3,9 @@
 // float32 — exact, a shift of each value's bits — and runs the float32 matmul (matmul.cpp:
 // packed, tiled, threaded): a product of two bf16 values is exact in float32, so c holds the
 // float32 matmul's bits on the widened values, on every instruction set. The widening costs a
-// pass over a and b, O(M K + K Nc) against the product's O(M K Nc). The grouped GEMMs of the MoE
+// pass over a and b, O(M K + K Nc) against the product's O(M K Nc) — except for a few rows
+// against an untransposed b (a decode step), where b streams past once at 2 bytes a value,
+// widened in registers (matmul.cpp's few-rows path). The grouped GEMMs of the MoE
 // (moe.cpp) the same way.
 #include <vector>
 
@@ -35,6 +37,7 @@ void matmul_bf16(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int6
                  int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b,
                  bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
+  if (matmul_bf16_streamed(c, a, b, B, M, Nc, K, stride_a, stride_b, trans_a, trans_b, accumulate)) return;
   const std::vector<float> wa = widened(a, span(B, stride_a, M * K)), wb = widened(b, span(B, stride_b, K * Nc));
   matmul(c, wa.data(), wb.data(), B, M, Nc, K, stride_a, stride_b, trans_a, trans_b, accumulate);
 }

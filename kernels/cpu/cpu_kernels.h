@@ -25,5 +25,10 @@ void set_matmul_threads(int n);
 // FF_CPU_ISA=best, or unset, the best. matmul_isa_error: what is wrong with FF_CPU_ISA's
 // value, or "" (a lesson answers it as bad input).
 const char* matmul_isa();
+// matmul_bf16 of a few rows (M <= 4, b untransposed: a decode step's product), streaming b's bf16
+// values past once and widening them in registers: version 2's bits (the same sums, in the same
+// order). False, doing nothing, for other shapes.
+bool matmul_bf16_streamed(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int64_t M, int64_t Nc,
+                          int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate);
 std::string matmul_isa_error();
 }  // namespace ff::cpu

@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace ff::cpu {
@@ -265,37 +266,51 @@ __attribute__((target("avx2,fma"))) void tile_avx2(float* c, int64_t ldc, bool l
 // rows of c (columns [j0, j0 + width), width <= kFewCols) stay in L1. The sum of an element
 // runs in the same order as the tiles' (p = 0, 1, ..., from c or 0, each term an fma): the
 // bits are version 2's, whichever path a shape takes. The body is compiled once per
-// instruction set, like the tiles (the wrappers below), and vectorised along j.
+// instruction set, like the tiles (the wrappers below), and vectorised along j. T: float, or
+// uint16_t for bf16 operands (matmul_bf16), widened as they are read: b then streams past at
+// 2 bytes a weight, what a bf16 decode step is for.
 constexpr int64_t kFewRows = 4, kFewCols = 256;
-inline __attribute__((always_inline)) void few_rows_body(float* c, const float* a, const float* b,
-                                                         int64_t M, int64_t Nc, int64_t K, int64_t j0,
-                                                         int64_t width, bool trans_a, bool accumulate) {
+template <typename T>
+inline __attribute__((always_inline)) void few_rows_body(float* c, const T* a, const T* b, int64_t M,
+                                                         int64_t Nc, int64_t K, int64_t j0, int64_t width,
+                                                         bool trans_a, bool accumulate) {
   float acc[kFewRows][kFewCols];
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < width; j++) acc[i][j] = accumulate ? c[i * Nc + j0 + j] : 0.f;
   for (int64_t p = 0; p < K; p++) {
-    const float* b_row = b + p * Nc + j0;
+    const T* b_row = b + p * Nc + j0;
     for (int64_t i = 0; i < M; i++) {
-      const float a_ip = trans_a ? a[p * M + i] : a[i * K + p];
+      const float a_ip = widen(trans_a ? a[p * M + i] : a[i * K + p]);
 #pragma omp simd
-      for (int64_t j = 0; j < width; j++) acc[i][j] = std::fma(a_ip, b_row[j], acc[i][j]);
+      for (int64_t j = 0; j < width; j++) acc[i][j] = std::fma(a_ip, widen(b_row[j]), acc[i][j]);
     }
   }
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < width; j++) c[i * Nc + j0 + j] = acc[i][j];
 }
-#define FF_FEW_ROWS_ARGS                                                                      \
-  float *c, const float *a, const float *b, int64_t M, int64_t Nc, int64_t K, int64_t j0, \
+#define FF_FEW_ROWS_ARGS(T)                                                           \
+  float *c, const T *a, const T *b, int64_t M, int64_t Nc, int64_t K, int64_t j0, \
       int64_t width, bool trans_a, bool accumulate
-void few_rows_portable(FF_FEW_ROWS_ARGS) { few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate); }
+#define FF_FEW_ROWS_CLONES(suffix, T)                                                                    \
+  void few_rows_portable##suffix(FF_FEW_ROWS_ARGS(T)) {                                                  \
+    few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);                                    \
+  }                                                                                                      \
+  FF_FEW_ROWS_X86(suffix, T)
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) void few_rows_avx512(FF_FEW_ROWS_ARGS) {
-  few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);
-}
-__attribute__((target("avx2,fma"))) void few_rows_avx2(FF_FEW_ROWS_ARGS) {
-  few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);
-}
+#define FF_FEW_ROWS_X86(suffix, T)                                                                       \
+  __attribute__((target("avx512f"))) void few_rows_avx512##suffix(FF_FEW_ROWS_ARGS(T)) {                 \
+    few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);                                    \
+  }                                                                                                      \
+  __attribute__((target("avx2,fma"))) void few_rows_avx2##suffix(FF_FEW_ROWS_ARGS(T)) {                  \
+    few_rows_body(c, a, b, M, Nc, K, j0, width, trans_a, accumulate);                                    \
+  }
+#else
+#define FF_FEW_ROWS_X86(suffix, T)
 #endif
+FF_FEW_ROWS_CLONES(, float)
+FF_FEW_ROWS_CLONES(_bf16, uint16_t)
+#undef FF_FEW_ROWS_CLONES
+#undef FF_FEW_ROWS_X86
 #undef FF_FEW_ROWS_ARGS
 
 // The kernels of one instruction set.
@@ -303,14 +318,16 @@ struct IsaKernels {
   const char* name;
   void (*tile)(float*, int64_t, bool, const TileOperands&, int64_t);
   void (*few_rows)(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
+  void (*few_rows_bf16)(float*, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        bool, bool);
 };
 
 const IsaKernels& isa_kernels() {
   static const IsaKernels chosen = [] {
-    const IsaKernels portable{"portable", tile_portable, few_rows_portable};
+    const IsaKernels portable{"portable", tile_portable, few_rows_portable, few_rows_portable_bf16};
 #if defined(__x86_64__)
-    const IsaKernels avx512{"AVX-512", tile_avx512, few_rows_avx512};
-    const IsaKernels avx2{"AVX2 + FMA", tile_avx2, few_rows_avx2};
+    const IsaKernels avx512{"AVX-512", tile_avx512, few_rows_avx512, few_rows_avx512_bf16};
+    const IsaKernels avx2{"AVX2 + FMA", tile_avx2, few_rows_avx2, few_rows_avx2_bf16};
     __builtin_cpu_init();
     const bool has512 = __builtin_cpu_supports("avx512f");
     const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -383,19 +400,33 @@ std::string matmul_isa_error() {
   return "FF_CPU_ISA='" + w + "' is not one of the cpu kernels' instruction sets; want best, avx2 or portable";
 }
 
+// The few-rows path over a batch, its column blocks shared among the threads.
+template <typename T, typename Fn>
+void few_rows_matmul(Fn few_rows, float* c, const T* a, const T* b, int64_t B, int64_t M, int64_t Nc, int64_t K,
+                     int64_t stride_a, int64_t stride_b, bool trans_a, bool accumulate) {
+  const int64_t blocks = (Nc + kFewCols - 1) / kFewCols;
+  const int threads = M * Nc * K >= kParallelWork && !omp_in_parallel() ? matmul_threads() : 1;
+  for (int64_t z = 0; z < B; z++) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t blk = 0; blk < blocks; blk++)
+      few_rows(c + z * M * Nc, a + z * stride_a, b + z * stride_b, M, Nc, K, blk * kFewCols,
+               std::min(kFewCols, Nc - blk * kFewCols), trans_a, accumulate);
+  }
+}
+
+bool matmul_bf16_streamed(float* c, const uint16_t* a, const uint16_t* b, int64_t B, int64_t M, int64_t Nc,
+                          int64_t K, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate) {
+  if (M > kFewRows || trans_b) return false;
+  few_rows_matmul(isa_kernels().few_rows_bf16, c, a, b, B, M, Nc, K, stride_a, stride_b, trans_a, accumulate);
+  return true;
+}
+
 void matmul(float* c, const float* a, const float* b, int64_t B, int64_t M, int64_t Nc, int64_t K,
             int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b, bool accumulate) {
   if (B == 0 || M == 0 || Nc == 0) return;
   const IsaKernels& isa = isa_kernels();
   if (M <= kFewRows && !trans_b) {  // a few rows: b streamed, not packed (few_rows_body)
-    const int64_t blocks = (Nc + kFewCols - 1) / kFewCols;
-    const int threads = M * Nc * K >= kParallelWork && !omp_in_parallel() ? matmul_threads() : 1;
-    for (int64_t z = 0; z < B; z++) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-      for (int64_t blk = 0; blk < blocks; blk++)
-        isa.few_rows(c + z * M * Nc, a + z * stride_a, b + z * stride_b, M, Nc, K, blk * kFewCols,
-                       std::min(kFewCols, Nc - blk * kFewCols), trans_a, accumulate);
-    }
+    few_rows_matmul(isa.few_rows, c, a, b, B, M, Nc, K, stride_a, stride_b, trans_a, accumulate);
     return;
   }
   const int64_t panels = (Nc + kTileCols - 1) / kTileCols;

@@ -184,6 +184,23 @@ void bench_cpu_matmul(bool quick) {
           fmt("%.2fx float32 v2", v2 / bf));
     }
   }
+  // A decode step's product: one row against a weight matrix past the caches (b streamed once,
+  // its bytes the cost): float32 (4 bytes a weight) against bf16 (2 bytes, widened in registers)
+  const int64_t n = quick ? 256 : 2048;
+  const Tensor x = randn({1, n}, 3, d), w = randn({n, n}, 4, d), x16 = cast(x, DType::bf16), w16 = cast(w, DType::bf16);
+  Tensor y = Tensor::zeros({1, n}, d);
+  for (int threads : {1, 2}) {
+    cpu::set_matmul_threads(threads);
+    const std::string shape = "1x" + std::to_string(n) + "x" + std::to_string(n) + " " + std::to_string(threads) + " thr";
+    const double f32 = median_ms(d, reps_for(d), [&] {
+      cpu::matmul(y.data(), x.data(), w.data(), 1, 1, n, n, 0, 0, false, false, false);
+    });
+    const double bf = median_ms(d, reps_for(d), [&] {
+      cpu::matmul_bf16(y.data(), x16.bf16_data(), w16.bf16_data(), 1, 1, n, n, 0, 0, false, false, false);
+    });
+    row("decode row float32", d, shape, f32, fmt("%.1f GB/s of b", 4.0 * n * n / f32 / 1e6), "");
+    row("decode row bf16", d, shape, bf, fmt("%.1f GB/s of b", 2.0 * n * n / bf / 1e6), fmt("%.2fx float32", f32 / bf));
+  }
   cpu::set_matmul_threads(default_threads);
 }
 

@@ -111,7 +111,9 @@ TEST_CASE("bf16: matmul of bf16 inputs sums in float32: within K u sum|a||b| of 
   };
   const Case cases[] = {{1, 1, 1, 1, false, false, true, false}, {1, 7, 33, 65, false, false, true, false},
                         {3, 13, 7, 100, true, false, false, false}, {2, 33, 65, 7, false, true, true, true},
-                        {2, 64, 64, 64, true, true, false, false}, {1, 100, 70, 300, false, false, true, true}};
+                        {2, 64, 64, 64, true, true, false, false}, {1, 100, 70, 300, false, false, true, true},
+                        // a few rows (a decode step's product): b streamed, not widened first
+                        {2, 3, 300, 70, true, false, false, true}, {1, 4, 600, 257, false, false, true, false}};
   for (Device d : {Device::cpu, kt::device_under_test()})
     for (const Case& c : cases) {
       CAPTURE(device_name(d));
