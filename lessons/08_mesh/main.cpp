@@ -190,9 +190,10 @@ int64_t resume_if_asked(Lesson& lesson, Options& opts, const Setup& setup, Mesh&
   return got.steps_done;
 }
 
-// pp = 1: this rank's micro-batches one after the other through the whole model, each its
-// forward (forward.cpp), its share of the step's loss and its backward (core/autograd.cpp),
-// the weights' gradients adding up over the micro-batches. Returns the sum of the shares.
+// pp = 1 (the whole model, one stage, on every rank): this rank's micro-batches one after the
+// other, each its forward (forward.cpp), its share of the step's loss and its backward
+// (core/autograd.cpp), the weights' gradients adding up over the micro-batches. Returns the sum
+// of the shares.
 double forward_backward(const Setup& setup, RankModel& here, Optimizers& opt, Device device) {
   MeshModel& model = here.model;
   MeshStages& step = here.stages;  // this step's sequences, by micro-batch, and their routes
@@ -211,9 +212,10 @@ double forward_backward(const Setup& setup, RankModel& here, Optimizers& opt, De
   return loss_sum;
 }
 
-// pp > 1: lesson 07's executor runs this rank's program of the schedule, calling
-// MeshStages::forward (forward.cpp) for each F and run_backward for each B, I and W.
-// Returns the sum of this rank's micro-batches' shares of the loss (0 off the last stage).
+// pp > 1 (or a V of two stages on one rank): lesson 07's executor runs this rank's program of
+// the schedule, calling MeshStages::forward (forward.cpp) for each F and run_backward for each
+// B, I and W. Returns the sum of this rank's micro-batches' shares of the loss (0 off the last
+// stage).
 double pipeline_forward_backward(const Options& opts, const Setup& setup, Mesh& mesh, RankModel& here,
                                  Optimizers& opt, PairCompare* compare) {
   pp::ExecutorOptions executor_options;
