@@ -234,6 +234,10 @@ static Tensor matmul_bf16(const Tensor& a, const Tensor& b, int64_t B, int64_t M
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  // a float32 activation against a bf16 weight (mixed precision): the activation rounded to bf16
+  // first, as a bf16 GEMM takes it; its gradient comes back float32 through the cast
+  if (a.defined() && b.defined() && a.dtype() == DType::f32 && b.dtype() == DType::bf16)
+    return matmul(cast(a, DType::bf16), b);
   const bool half = a.defined() && b.defined() && a.dtype() == DType::bf16 && b.dtype() == DType::bf16;
   if (!half) {
     check_float(a, "matmul");

@@ -40,7 +40,8 @@ inline Tensor operator-(const Tensor& a) { return neg(a); }
 
 // ---- matmul: a (..., M, K) @ b (K, N) or b (..., K, N) with the same leading dims. Both
 // float32, or both bf16: then the product is float32 (each term exact, summed in float32) and
-// the gradients are bf16, dC rounded to bf16 before it is multiplied.
+// the gradients are bf16, dC rounded to bf16 before it is multiplied. A float32 a against a
+// bf16 b (an activation against a mixed-precision weight): a rounded to bf16 first (cast).
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x as float32 or bf16 (kernels/bf16.h: round to nearest even; widening is exact); x itself
 // when it already is. The gradient goes back unchanged in value, in x's dtype.

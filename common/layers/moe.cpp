@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
 #include "kernels/kernels.h"
@@ -103,6 +104,39 @@ double aux_loss(const Config& c, const LoadStats& g) {
 // ----------------------------------------------------------------------------
 // the expert path
 
+namespace {
+
+// The expert GEMMs in their weights' precision: float32 weights as they are; bf16 weights (mixed
+// precision, lesson 10) with the activations rounded to bf16 first, as a bf16 GEMM takes them,
+// the products summed in float32 (kernels/bf16.h), the result float32.
+Tensor as_bf16(const Tensor& x) {
+  NoGradGuard no_grad;  // the hand-written backward below does the bookkeeping
+  return cast(x, DType::bf16);
+}
+
+void grouped(const KernelTable& k, float* c, const Tensor& x, const Tensor& w, const int64_t* gs, int64_t G,
+             int64_t M, int64_t K, int64_t N, bool trans_w, bool accumulate) {
+  if (w.dtype() == DType::bf16)
+    k.grouped_gemm_bf16(c, as_bf16(x).bf16_data(), w.bf16_data(), gs, G, M, K, N, trans_w, accumulate);
+  else
+    k.grouped_gemm(c, x.data(), w.data(), gs, G, M, K, N, trans_w, accumulate);
+}
+
+// dw (G, K, N) = a_e^T dc_e per group, in w's dtype: a bf16 weight's gradient is bf16, from a
+// and dc rounded to bf16 (an empty group's is 0)
+Tensor grouped_dw(const KernelTable& k, const Tensor& a, const Tensor& dc, const Tensor& w, const int64_t* gs,
+                  int64_t G, int64_t M, int64_t K, int64_t N) {
+  Tensor dw = Tensor::zeros({G, K, N}, a.device());
+  const bool half = w.dtype() == DType::bf16;
+  if (M > 0 && half)
+    k.grouped_gemm_dw_bf16(dw.data(), as_bf16(a).bf16_data(), as_bf16(dc).bf16_data(), gs, G, M, K, N, false);
+  else if (M > 0)
+    k.grouped_gemm_dw(dw.data(), a.data(), dc.data(), gs, G, M, K, N, false);
+  return half ? as_bf16(dw) : dw;
+}
+
+}  // namespace
+
 Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_sizes,
                        ExpertCache* cache) {
   const int64_t M = xp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
@@ -118,13 +152,11 @@ Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_si
     return yp;
   }
   // a = xp W1_e, b = xp W3_e for the rows of each group e: one grouped GEMM each
-  kernels.grouped_gemm(cache->a.data(), xp.data(), p.w1.data(), group_sizes.index_data(), G, M, d, f,
-                 /*trans_w=*/false, /*accumulate=*/false);
-  kernels.grouped_gemm(cache->b.data(), xp.data(), p.w3.data(), group_sizes.index_data(), G, M, d, f,
-                 false, false);
+  grouped(kernels, cache->a.data(), xp, p.w1, group_sizes.index_data(), G, M, d, f, /*trans_w=*/false,
+          /*accumulate=*/false);
+  grouped(kernels, cache->b.data(), xp, p.w3, group_sizes.index_data(), G, M, d, f, false, false);
   cache->h = mul(silu(cache->a), cache->b);  // SwiGLU
-  kernels.grouped_gemm(yp.data(), cache->h.data(), p.w2.data(), group_sizes.index_data(), G, M, f, d,
-                 false, false);
+  grouped(kernels, yp.data(), cache->h, p.w2, group_sizes.index_data(), G, M, f, d, false, false);
   return yp;
 }
 
@@ -145,7 +177,7 @@ ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cach
   g.dxp = Tensor::empty({M, d}, dev);
   if (M == 0) return g;
   Tensor dh = Tensor::empty({M, f}, dev);
-  kernels.grouped_gemm(dh.data(), dyp.data(), p.w2.data(), gs, G, M, d, f, /*trans_w=*/true, false);
+  grouped(kernels, dh.data(), dyp, p.w2, gs, G, M, d, f, /*trans_w=*/true, false);
 
   // [slide:smoe-silu-bwd]
   Tensor s = silu(cache.a), db, da = Tensor::empty({M, f}, dev);
@@ -158,8 +190,8 @@ ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cach
   if (bug == Bug::silu_no_upstream)  // the planted mistake: silu'(a) times b, without dH
     kernels.unary_backward(UnaryOp::silu, da.data(), cache.a.data(), s.data(), cache.b.data(), M * f);
 
-  kernels.grouped_gemm(g.dxp.data(), da.data(), p.w1.data(), gs, G, M, f, d, /*trans_w=*/true, false);
-  kernels.grouped_gemm(g.dxp.data(), db.data(), p.w3.data(), gs, G, M, f, d, true, /*accumulate=*/true);
+  grouped(kernels, g.dxp.data(), da, p.w1, gs, G, M, f, d, /*trans_w=*/true, false);
+  grouped(kernels, g.dxp.data(), db, p.w3, gs, G, M, f, d, true, /*accumulate=*/true);
   g.da = da, g.db = db;
   return g;
 }
@@ -167,17 +199,12 @@ ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cach
 ExpertGrads experts_backward_weights(const Params& p, const ExpertCache& cache,
                                      const ExpertInputGrads& in) {
   const int64_t M = in.dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
-  const Device dev = in.dyp.device();
-  const KernelTable& kernels = kernels_for(dev);
+  const KernelTable& kernels = kernels_for(in.dyp.device());
   const int64_t* gs = cache.group_sizes.index_data();
   ExpertGrads g;
-  g.dw1 = Tensor::zeros({G, d, f}, dev);
-  g.dw3 = Tensor::zeros({G, d, f}, dev);
-  g.dw2 = Tensor::zeros({G, f, d}, dev);
-  if (M == 0) return g;
-  kernels.grouped_gemm_dw(g.dw2.data(), cache.h.data(), in.dyp.data(), gs, G, M, f, d, false);
-  kernels.grouped_gemm_dw(g.dw1.data(), cache.xp.data(), in.da.data(), gs, G, M, d, f, false);
-  kernels.grouped_gemm_dw(g.dw3.data(), cache.xp.data(), in.db.data(), gs, G, M, d, f, false);
+  g.dw2 = grouped_dw(kernels, cache.h, in.dyp, p.w2, gs, G, M, f, d);
+  g.dw1 = grouped_dw(kernels, cache.xp, in.da, p.w1, gs, G, M, d, f);
+  g.dw3 = grouped_dw(kernels, cache.xp, in.db, p.w3, gs, G, M, d, f);
   return g;
 }
 
