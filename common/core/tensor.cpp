@@ -207,7 +207,7 @@ void Tensor::copy_from(const Tensor& src) const {
 bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
 
 Tensor& Tensor::requires_grad_(bool on) {
-  FF_CHECK(dtype() == DType::f32, "only float tensors can require grad");
+  FF_CHECK(dtype() == DType::f32 || dtype() == DType::bf16, "only float32 and bf16 tensors can require grad");
   impl_->requires_grad = on;
   return *this;
 }
