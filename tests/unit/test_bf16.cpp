@@ -346,13 +346,15 @@ TEST_CASE("bf16 ops: the whole model in mixed precision: bf16 matmul weights, fl
   half(mixed.head);
   const Tensor tokens = randint({2, 17}, 8, c.vocab);
   const model::Output f32 = model::loss_and_grads(c, full, tokens), bf = model::loss_and_grads(c, mixed, tokens);
-  // the loss moves by bf16's rounding of the weights and the GEMMs' inputs, not more
+  // the loss moves by bf16's rounding of the weights and the GEMMs' inputs, not more (measured:
+  // 4.66616 and 4.66684, 0.015%)
   const double l32 = f32.loss.item(), l16 = bf.loss.item();
   CAPTURE(l32);
   CAPTURE(l16);
   CHECK(l16 != l32);
-  CHECK(std::fabs(l16 - l32) <= 0.01 * std::fabs(l32));
-  // every parameter has its gradient, in its own dtype, close to the float32 model's
+  CHECK(std::fabs(l16 - l32) <= 0.002 * std::fabs(l32));
+  // every parameter has its gradient, in its own dtype, close to the float32 model's (measured:
+  // at most 1.2% of its norm)
   int64_t bf16_grads = 0;
   const std::vector<model::NamedTensor> a = mixed.named_parameters(), b = full.named_parameters();
   for (size_t i = 0; i < a.size(); i++) {
@@ -363,7 +365,7 @@ TEST_CASE("bf16 ops: the whole model in mixed precision: bf16 matmul weights, fl
     const std::vector<float> g16 = a[i].t.grad().to_vector(), g32 = b[i].t.grad().to_vector();
     double diff = 0, norm = 0;
     for (size_t k = 0; k < g32.size(); k++) diff += std::pow(g16[k] - g32[k], 2), norm += std::pow(g32[k], 2);
-    CHECK(std::sqrt(diff) <= 0.1 * std::sqrt(norm) + 1e-6);
+    CHECK(std::sqrt(diff) <= 0.05 * std::sqrt(norm) + 1e-6);
   }
   CHECK(bf16_grads == 1 + 7 * c.layers + 3 * c.dense_layers + 6 * (c.layers - c.dense_layers));
 }
