@@ -329,43 +329,46 @@ TEST_CASE("bf16 ops: the MoE's experts with bf16 weights: the GEMMs' inputs roun
 
 TEST_CASE("bf16 ops: the whole model in mixed precision: bf16 matmul weights, float32 embedding, norms and router") {
   // lesson 08's model (model.h's default config: MLA, a dense block, a MoE block with a shared
-  // expert) with every matmul weight held in bf16 (Megatron's layout: the float32 copy would be
-  // the optimizer's master), the rest float32
+  // expert), on cpu and on sim, with every matmul weight held in bf16 (Megatron's layout: the
+  // float32 copy would be the optimizer's master), the rest float32
   model::Config c;
   const model::Params full = model::init_params(c, 7);
-  model::Params mixed = full;
-  auto half = [](Tensor& w) {
-    if (w.defined()) w = cast(w.detach(), DType::bf16).requires_grad_();
-  };
-  for (model::Block& b : mixed.layers) {
-    for (Tensor* w : {&b.attn.w_dq, &b.attn.w_uq, &b.attn.w_dkv, &b.attn.w_uk, &b.attn.w_uv, &b.attn.w_kr, &b.attn.w_o,
-                      &b.ffn.w1, &b.ffn.w2, &b.ffn.w3, &b.experts.w1, &b.experts.w2, &b.experts.w3, &b.experts.sw1,
-                      &b.experts.sw2, &b.experts.sw3})
-      half(*w);
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    model::Params mixed = model::init_params(c, 7, d);
+    auto half = [](Tensor& w) {
+      if (w.defined()) w = cast(w.detach(), DType::bf16).requires_grad_();
+    };
+    for (model::Block& b : mixed.layers) {
+      for (Tensor* w : {&b.attn.w_dq, &b.attn.w_uq, &b.attn.w_dkv, &b.attn.w_uk, &b.attn.w_uv, &b.attn.w_kr, &b.attn.w_o,
+                        &b.ffn.w1, &b.ffn.w2, &b.ffn.w3, &b.experts.w1, &b.experts.w2, &b.experts.w3, &b.experts.sw1,
+                        &b.experts.sw2, &b.experts.sw3})
+        half(*w);
+    }
+    half(mixed.head);
+    const Tensor tokens = randint({2, 17}, 8, c.vocab);
+    const model::Output f32 = model::loss_and_grads(c, full, tokens), bf = model::loss_and_grads(c, mixed, tokens.to(d));
+    // the loss moves by bf16's rounding of the weights and the GEMMs' inputs, not more (measured:
+    // 4.66616 and 4.66684, 0.015%)
+    const double l32 = f32.loss.item(), l16 = bf.loss.item();
+    CAPTURE(l32);
+    CAPTURE(l16);
+    CHECK(l16 != l32);
+    CHECK(std::fabs(l16 - l32) <= 0.002 * std::fabs(l32));
+    // every parameter has its gradient, in its own dtype, close to the float32 model's (measured:
+    // at most 1.2% of its norm)
+    int64_t bf16_grads = 0;
+    const std::vector<model::NamedTensor> a = mixed.named_parameters(), b = full.named_parameters();
+    for (size_t i = 0; i < a.size(); i++) {
+      CAPTURE(a[i].name);
+      REQUIRE(a[i].t.grad().defined());
+      CHECK(a[i].t.grad().dtype() == a[i].t.dtype());
+      bf16_grads += a[i].t.dtype() == DType::bf16;
+      const std::vector<float> g16 = a[i].t.grad().to_vector(), g32 = b[i].t.grad().to_vector();
+      double diff = 0, norm = 0;
+      for (size_t k = 0; k < g32.size(); k++) diff += std::pow(g16[k] - g32[k], 2), norm += std::pow(g32[k], 2);
+      CHECK(std::sqrt(diff) <= 0.05 * std::sqrt(norm) + 1e-6);
+    }
+    CHECK(bf16_grads == 1 + 7 * c.layers + 3 * c.dense_layers + 6 * (c.layers - c.dense_layers));
   }
-  half(mixed.head);
-  const Tensor tokens = randint({2, 17}, 8, c.vocab);
-  const model::Output f32 = model::loss_and_grads(c, full, tokens), bf = model::loss_and_grads(c, mixed, tokens);
-  // the loss moves by bf16's rounding of the weights and the GEMMs' inputs, not more (measured:
-  // 4.66616 and 4.66684, 0.015%)
-  const double l32 = f32.loss.item(), l16 = bf.loss.item();
-  CAPTURE(l32);
-  CAPTURE(l16);
-  CHECK(l16 != l32);
-  CHECK(std::fabs(l16 - l32) <= 0.002 * std::fabs(l32));
-  // every parameter has its gradient, in its own dtype, close to the float32 model's (measured:
-  // at most 1.2% of its norm)
-  int64_t bf16_grads = 0;
-  const std::vector<model::NamedTensor> a = mixed.named_parameters(), b = full.named_parameters();
-  for (size_t i = 0; i < a.size(); i++) {
-    CAPTURE(a[i].name);
-    REQUIRE(a[i].t.grad().defined());
-    CHECK(a[i].t.grad().dtype() == a[i].t.dtype());
-    bf16_grads += a[i].t.dtype() == DType::bf16;
-    const std::vector<float> g16 = a[i].t.grad().to_vector(), g32 = b[i].t.grad().to_vector();
-    double diff = 0, norm = 0;
-    for (size_t k = 0; k < g32.size(); k++) diff += std::pow(g16[k] - g32[k], 2), norm += std::pow(g32[k], 2);
-    CHECK(std::sqrt(diff) <= 0.05 * std::sqrt(norm) + 1e-6);
-  }
-  CHECK(bf16_grads == 1 + 7 * c.layers + 3 * c.dense_layers + 6 * (c.layers - c.dense_layers));
 }
