@@ -16,17 +16,29 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor &p = *params[i], &g = grads[i];
     FF_CHECK(g.defined(), "Adam::step: parameter " << i << " has no gradient (pass zeros)");
-    FF_CHECK(p.dtype() == DType::f32 && g.dtype() == DType::f32 && g.shape() == p.shape() &&
-                 g.device() == p.device(),
-             "Adam::step: parameter " << i << " " << shape_str(p.shape()) << " on "
-                 << device_name(p.device()) << " has a gradient " << shape_str(g.shape()) << " on "
-                 << device_name(g.device()) << " (both float32, same shape and device)");
+    FF_CHECK((p.dtype() == DType::f32 || p.dtype() == DType::bf16) && g.dtype() == p.dtype() &&
+                 g.shape() == p.shape() && g.device() == p.device(),
+             "Adam::step: parameter " << i << " " << shape_str(p.shape()) << " " << dtype_name(p.dtype()) << " on "
+                 << device_name(p.device()) << " has a gradient " << shape_str(g.shape()) << " "
+                 << dtype_name(g.dtype()) << " on " << device_name(g.device())
+                 << " (float32 or bf16, the same, same shape and device)");
   }
   if (m_.empty())
     for (const Tensor* p : params) {
       m_.push_back(Tensor::zeros(p->shape(), p->device()));
       v_.push_back(Tensor::zeros(p->shape(), p->device()));
     }
+  if (master_.size() != params.size()) {  // the first step (or the first after restore())
+    master_.clear();
+    for (const Tensor* p : params) {
+      Tensor master;  // a bf16 parameter's float32 copy, exact
+      if (p->dtype() == DType::bf16) {
+        master = Tensor::empty(p->shape(), p->device());
+        kernels_for(p->device()).from_bf16(master.data(), p->bf16_data(), p->numel());
+      }
+      master_.push_back(master);
+    }
+  }
   FF_CHECK(params.size() == m_.size(), "Adam::step: " << params.size()
                                            << " parameters, but the optimizer holds state for "
                                            << m_.size());
@@ -49,7 +61,21 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
                        (float)(1.0 / bias2), (float)c.eps, (float)c.lr};
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor &p = *params[i], &g = grads[i];
-    kernels_for(p.device()).adamw(p.data(), m_[i].data(), v_[i].data(), g.data(), p.numel(), step);
+    const KernelTable& k = kernels_for(p.device());
+    if (p.dtype() == DType::f32) {
+      k.adamw(p.data(), m_[i].data(), v_[i].data(), g.data(), p.numel(), step);
+      continue;
+    }
+    // bf16: the step on the float32 master (or, without one, on the bf16 value widened), then
+    // rounded into the parameter
+    Tensor g32 = Tensor::empty(g.shape(), g.device()), w = master_[i];
+    k.from_bf16(g32.data(), g.bf16_data(), g.numel());
+    if (!config_.master_weights) {
+      w = Tensor::empty(p.shape(), p.device());
+      k.from_bf16(w.data(), p.bf16_data(), p.numel());
+    }
+    k.adamw(w.data(), m_[i].data(), v_[i].data(), g32.data(), p.numel(), step);
+    k.to_bf16(p.bf16_data(), w.data(), p.numel());
   }
 }
 
@@ -60,6 +86,13 @@ void Adam::restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t) {
   m_.clear(), v_.clear();
   for (size_t i = 0; i < m.size(); i++) m_.push_back(m[i].clone()), v_.push_back(v[i].clone());
   t_ = t;
+}
+
+size_t Adam::master_bytes() const {
+  size_t b = 0;
+  for (const Tensor& t : master_)
+    if (t.defined()) b += t.nbytes();
+  return b;
 }
 
 size_t Adam::state_bytes() const {

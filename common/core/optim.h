@@ -12,6 +12,13 @@
 // It runs in float32 with the core's ops under a NoGradGuard, so it works on every device;
 // m and v live on the parameter's device. The new value is written into the parameter's
 // storage (Tensor::copy_from), so every Tensor sharing it sees the step.
+//
+// Mixed precision (lesson 10): a bf16 parameter, with its bf16 gradient, is stepped through a
+// float32 MASTER copy the optimizer keeps (made from the parameter at the first step): the
+// gradient widened, the step applied to the master, the parameter then the master rounded to
+// bf16. An update smaller than half a bf16 step of the weight (2^-9 of it) survives in the
+// master and adds up; applied to the bf16 value itself (master_weights = false, lesson 10's
+// planted bug) it is rounded away every time and the weight never moves.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,6 +29,7 @@ namespace ff {
 
 struct AdamConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool master_weights = true;  // bf16 parameters: step a float32 master copy (see above)
 };
 
 class Adam {
@@ -38,10 +46,15 @@ class Adam {
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
   // A resumed run's state, before its first step: m[i] and v[i] shaped like the i-th
-  // parameter that step will pass, t the steps already taken.
+  // parameter that step will pass, t the steps already taken. (A bf16 parameter's master is
+  // made from the parameter at that step: a checkpoint that keeps the masters is lesson 10's.)
   void restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t);
   // Bytes of the m and v tensors this optimizer holds (allocated at the first step).
   size_t state_bytes() const;
+  // Bytes of the float32 master copies of bf16 parameters (none for float32 ones).
+  size_t master_bytes() const;
+  // The master copy of parameter i (undefined for a float32 parameter, or before the first step).
+  const Tensor& master(size_t i) const { return master_[i]; }
   AdamConfig& config() { return config_; }  // e.g. to follow a learning-rate schedule
   const AdamConfig& config() const { return config_; }
 
@@ -49,6 +62,7 @@ class Adam {
   AdamConfig config_;
   int64_t t_ = 0;
   std::vector<Tensor> m_, v_;  // one of each per parameter
+  std::vector<Tensor> master_;  // per parameter: the float32 master of a bf16 one, else undefined
 };
 
 }  // namespace ff

@@ -17,6 +17,7 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
+#include "common/core/optim.h"
 #include "common/layers/model.h"
 #include "common/layers/moe.h"
 #include "kernels/bf16.h"
@@ -370,5 +371,49 @@ TEST_CASE("bf16 ops: the whole model in mixed precision: bf16 matmul weights, fl
       CHECK(std::sqrt(diff) <= 0.05 * std::sqrt(norm) + 1e-6);
     }
     CHECK(bf16_grads == 1 + 7 * c.layers + 3 * c.dense_layers + 6 * (c.layers - c.dense_layers));
+  }
+}
+
+TEST_CASE("bf16 AdamW: a float32 master copy keeps the small updates a bf16 weight rounds away") {
+  // weights near 1, where bf16's step is 2^-7: lr 1e-4 moves a weight by about 1e-4 a step,
+  // under half a step (2^-8 = 0.0039), so each update alone rounds back to the same bf16
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    const int64_t n = 64;
+    std::vector<float> w0(n), gv(n);
+    for (int64_t i = 0; i < n; i++) w0[(size_t)i] = 1.f + (float)i / 256.f, gv[(size_t)i] = (i % 2 ? 1.f : -1.f) * 0.5f;
+    AdamConfig cfg;
+    cfg.lr = 1e-4;
+    auto run = [&](bool master, int steps, Adam* keep) {
+      AdamConfig c = cfg;
+      c.master_weights = master;
+      Adam adam(c);
+      Tensor p = cast(Tensor::from_vector(w0, {n}), DType::bf16).to(d);
+      const Tensor g = cast(Tensor::from_vector(gv, {n}), DType::bf16).to(d);
+      for (int s = 0; s < steps; s++) adam.step({&p}, {g});
+      if (keep) *keep = adam;
+      return p.to_vector();
+    };
+    // with the master: the same steps as float32 AdamW on the widened values, then rounded
+    Adam with_master;
+    const std::vector<float> kept = run(true, 100, &with_master);
+    Tensor p32 = cast(cast(Tensor::from_vector(w0, {n}), DType::bf16), DType::f32).to(d);
+    const Tensor g32 = cast(cast(Tensor::from_vector(gv, {n}), DType::bf16), DType::f32).to(d);
+    Adam plain(cfg);
+    for (int s = 0; s < 100; s++) plain.step({&p32}, {g32});
+    const std::vector<float> master = with_master.master(0).to_vector(), want = p32.to_vector();
+    int64_t differ = 0, moved = 0, lost = 0;
+    for (int64_t i = 0; i < n; i++) {
+      differ += float_bits(master[(size_t)i]) != float_bits(want[(size_t)i]);
+      differ += float_bits(kept[(size_t)i]) != float_bits(bf16_to_float(float_to_bf16(want[(size_t)i])));
+      moved += kept[(size_t)i] != bf16_to_float(float_to_bf16(w0[(size_t)i]));
+    }
+    CHECK_MESSAGE(differ == 0, differ << " values differ from float32 AdamW's master and its rounding");
+    CHECK(moved == n);  // 100 steps of about 1e-4 each: every weight moved by bf16 steps
+    CHECK(with_master.master_bytes() == (size_t)n * 4);
+    // the planted bug: no master, each step rounded away, no weight ever moves
+    const std::vector<float> stuck = run(false, 100, nullptr);
+    for (int64_t i = 0; i < n; i++) lost += stuck[(size_t)i] == bf16_to_float(float_to_bf16(w0[(size_t)i]));
+    CHECK(lost == n);
   }
 }
