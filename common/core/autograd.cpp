@@ -96,11 +96,9 @@ static void accumulate(std::shared_ptr<TensorImpl>& acc, std::shared_ptr<TensorI
   Tensor a(acc), more(std::move(g));
   const KernelTable& k = kernels_for(a.device());
   if (a.dtype() == DType::bf16) {  // added in float32, rounded to bf16 once (as PyTorch does)
-    Tensor wa = Tensor::empty(a.shape(), a.device()), wm = Tensor::empty(a.shape(), a.device());
-    k.from_bf16(wa.data(), a.bf16_data(), a.numel());
-    k.from_bf16(wm.data(), more.bf16_data(), a.numel());
-    k.binary(BinaryOp::add, wa.data(), wa.data(), wm.data(), a.numel(), 1, Broadcast::same);
-    k.to_bf16(a.bf16_data(), wa.data(), a.numel());
+    const Tensor sum = a.to_dtype(DType::f32), wm = more.to_dtype(DType::f32);
+    k.binary(BinaryOp::add, sum.data(), sum.data(), wm.data(), a.numel(), 1, Broadcast::same);
+    k.to_bf16(a.bf16_data(), sum.data(), a.numel());
     return;
   }
   k.binary(BinaryOp::add, a.data(), a.data(), more.data(), a.numel(), 1, Broadcast::same);
@@ -114,21 +112,12 @@ static void apply_planted_bug(const std::string& op, std::vector<Tensor>& grads)
     if (!g.defined()) continue;
     const KernelTable& k = kernels_for(g.device());
     const bool half = g.dtype() == DType::bf16;  // planted in float32, rounded back to bf16
-    Tensor w = Tensor::empty(g.shape(), g.device());
-    if (half)
-      k.from_bf16(w.data(), g.bf16_data(), g.numel());
-    else
-      w = g.clone();
+    const Tensor w = half ? g.to_dtype(DType::f32) : g.clone();
     if (testing::g_bug == Bug::flip_sign) k.affine(w.data(), w.data(), w.numel(), -1.f, 0.f);
     if (testing::g_bug == Bug::scale_by_1_01) k.affine(w.data(), w.data(), w.numel(), 1.01f, 0.f);
     if (testing::g_bug == Bug::drop_first_input && i == 0)
       k.fill(w.data(), w.numel(), 0.f);
-    if (half) {
-      g = Tensor::empty(g.shape(), g.device(), DType::bf16);
-      k.to_bf16(g.bf16_data(), w.data(), w.numel());
-    } else {
-      g = w;
-    }
+    g = half ? w.to_dtype(DType::bf16) : w;
   }
 }
 

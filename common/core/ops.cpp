@@ -184,16 +184,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
 
 // ---- bfloat16
 
-// x as a new tensor of dtype `to` (float32 <-> bf16), no autograd.
-static Tensor converted(const Tensor& x, DType to) {
-  Tensor out = Tensor::empty(x.shape(), x.device(), to);
-  if (to == DType::bf16)
-    kernels_of(x).to_bf16(out.bf16_data(), x.data(), x.numel());
-  else
-    kernels_of(x).from_bf16(out.data(), x.bf16_data(), x.numel());
-  return out;
-}
-
 Tensor cast(const Tensor& x, DType to) {
   FF_CHECK(x.defined(), "cast: undefined tensor");
   const DType from = x.dtype();
@@ -201,7 +191,7 @@ Tensor cast(const Tensor& x, DType to) {
            "cast: between float32 and bf16 only, got " << dtype_name(from) << " to " << dtype_name(to));
   if (from == to) return x;
   // the gradient of a rounding is taken as 1 (straight through): g, in the input's dtype
-  return record(converted(x, to), "cast", {x}, [from](const Tensor& g) -> Grads { return {converted(g, from)}; });
+  return record(x.to_dtype(to), "cast", {x}, [from](const Tensor& g) -> Grads { return {g.to_dtype(from)}; });
 }
 
 // matmul of two bf16 tensors (matmul's shapes as computed there): c in float32. The backward's
@@ -213,14 +203,14 @@ static Tensor matmul_bf16(const Tensor& a, const Tensor& b, int64_t B, int64_t M
   kernels_of(a).matmul_bf16(c.data(), a.bf16_data(), b.bf16_data(), B, M, N, Kd, M * Kd, stride_b, false, false,
                             false);
   auto input_grad = [a, b, B, M, N, Kd, stride_b](const Tensor& g) -> Grads {
-    const Tensor g16 = converted(g, DType::bf16);
+    const Tensor g16 = g.to_dtype(DType::bf16);
     Tensor da = Tensor::empty(a.shape(), a.device());
     kernels_of(a).matmul_bf16(da.data(), g16.bf16_data(), b.bf16_data(), B, M, Kd, N, M * N, stride_b, false,
                               true, false);
-    return {converted(da, DType::bf16), Tensor()};
+    return {da.to_dtype(DType::bf16), Tensor()};
   };
   auto weight_grad = [a, b, B, M, N, Kd, shared_b](const Tensor& g) -> Tensor {
-    const Tensor g16 = converted(g, DType::bf16);
+    const Tensor g16 = g.to_dtype(DType::bf16);
     Tensor db = Tensor::empty(b.shape(), b.device());
     if (shared_b)
       kernels_of(a).matmul_bf16(db.data(), a.bf16_data(), g16.bf16_data(), 1, Kd, N, B * M, 0, 0, true, false,
@@ -228,7 +218,7 @@ static Tensor matmul_bf16(const Tensor& a, const Tensor& b, int64_t B, int64_t M
     else
       kernels_of(a).matmul_bf16(db.data(), a.bf16_data(), g16.bf16_data(), B, Kd, N, M, M * Kd, M * N, true,
                                 false, false);
-    return converted(db, DType::bf16);
+    return db.to_dtype(DType::bf16);
   };
   return record_split(c, "matmul_bf16", {a, b}, 1, input_grad, weight_grad);
 }

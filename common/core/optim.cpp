@@ -31,12 +31,8 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   if (master_.size() != params.size()) {  // the first step (or the first after restore())
     master_.clear();
     for (const Tensor* p : params) {
-      Tensor master;  // a bf16 parameter's float32 copy, exact
-      if (p->dtype() == DType::bf16) {
-        master = Tensor::empty(p->shape(), p->device());
-        kernels_for(p->device()).from_bf16(master.data(), p->bf16_data(), p->numel());
-      }
-      master_.push_back(master);
+      // a bf16 parameter's float32 copy, exact
+      master_.push_back(p->dtype() == DType::bf16 ? p->to_dtype(DType::f32) : Tensor());
     }
   }
   FF_CHECK(params.size() == m_.size(), "Adam::step: " << params.size()
@@ -68,12 +64,7 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
     }
     // bf16: the step on the float32 master (or, without one, on the bf16 value widened), then
     // rounded into the parameter
-    Tensor g32 = Tensor::empty(g.shape(), g.device()), w = master_[i];
-    k.from_bf16(g32.data(), g.bf16_data(), g.numel());
-    if (!config_.master_weights) {
-      w = Tensor::empty(p.shape(), p.device());
-      k.from_bf16(w.data(), p.bf16_data(), p.numel());
-    }
+    const Tensor g32 = g.to_dtype(DType::f32), w = config_.master_weights ? master_[i] : p.to_dtype(DType::f32);
     k.adamw(w.data(), m_[i].data(), v_[i].data(), g32.data(), p.numel(), step);
     k.to_bf16(p.bf16_data(), w.data(), p.numel());
   }

@@ -174,6 +174,17 @@ Tensor Tensor::to(Device d) const {
 
 Tensor Tensor::clone() const { return to(device()); }
 
+Tensor Tensor::to_dtype(DType t) const {
+  FF_CHECK((dtype() == DType::f32 && t == DType::bf16) || (dtype() == DType::bf16 && t == DType::f32),
+           "to_dtype: float32 to bf16 or back, not " << dtype_name(dtype()) << " to " << dtype_name(t));
+  Tensor out = empty(shape(), device(), t);
+  if (t == DType::bf16)
+    kernels_for(device()).to_bf16(out.bf16_data(), data(), numel());
+  else
+    kernels_for(device()).from_bf16(out.data(), bf16_data(), numel());
+  return out;
+}
+
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape();

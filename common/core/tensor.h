@@ -102,6 +102,9 @@ class Tensor {
   // ---- copies and views
   Tensor to(Device d) const;
   Tensor clone() const;
+  // A float32 tensor as bf16 (rounded to nearest even) or a bf16 one as float32 (exact): a new
+  // tensor on the same device, not recorded by autograd (ops.h's cast() is the recorded op).
+  Tensor to_dtype(DType t) const;
   Tensor detach() const;                 // same storage, no autograd history
   Tensor view(const Shape& shape) const; // same storage, new shape (no autograd; see ops reshape)
   // Writes src's values into this tensor's storage, in place: every Tensor sharing the

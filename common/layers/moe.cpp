@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
 #include "kernels/kernels.h"
@@ -109,15 +108,11 @@ namespace {
 // The expert GEMMs in their weights' precision: float32 weights as they are; bf16 weights (mixed
 // precision, lesson 10) with the activations rounded to bf16 first, as a bf16 GEMM takes them,
 // the products summed in float32 (kernels/bf16.h), the result float32.
-Tensor as_bf16(const Tensor& x) {
-  NoGradGuard no_grad;  // the hand-written backward below does the bookkeeping
-  return cast(x, DType::bf16);
-}
-
 void grouped(const KernelTable& k, float* c, const Tensor& x, const Tensor& w, const int64_t* gs, int64_t G,
              int64_t M, int64_t K, int64_t N, bool trans_w, bool accumulate) {
   if (w.dtype() == DType::bf16)
-    k.grouped_gemm_bf16(c, as_bf16(x).bf16_data(), w.bf16_data(), gs, G, M, K, N, trans_w, accumulate);
+    k.grouped_gemm_bf16(c, x.to_dtype(DType::bf16).bf16_data(), w.bf16_data(), gs, G, M, K, N, trans_w,
+                        accumulate);
   else
     k.grouped_gemm(c, x.data(), w.data(), gs, G, M, K, N, trans_w, accumulate);
 }
@@ -129,10 +124,11 @@ Tensor grouped_dw(const KernelTable& k, const Tensor& a, const Tensor& dc, const
   Tensor dw = Tensor::zeros({G, K, N}, a.device());
   const bool half = w.dtype() == DType::bf16;
   if (M > 0 && half)
-    k.grouped_gemm_dw_bf16(dw.data(), as_bf16(a).bf16_data(), as_bf16(dc).bf16_data(), gs, G, M, K, N, false);
+    k.grouped_gemm_dw_bf16(dw.data(), a.to_dtype(DType::bf16).bf16_data(), dc.to_dtype(DType::bf16).bf16_data(),
+                           gs, G, M, K, N, false);
   else if (M > 0)
     k.grouped_gemm_dw(dw.data(), a.data(), dc.data(), gs, G, M, K, N, false);
-  return half ? as_bf16(dw) : dw;
+  return half ? dw.to_dtype(DType::bf16) : dw;
 }
 
 }  // namespace

@@ -417,3 +417,16 @@ TEST_CASE("bf16 AdamW: a float32 master copy keeps the small updates a bf16 weig
     CHECK(lost == n);
   }
 }
+
+TEST_CASE("bf16 ops: a bf16 weight read twice adds its two bf16 gradients") {
+  const Tensor a16 = cast(randn({4, 12}, 61), DType::bf16), g = randn({4, 3}, 62);
+  Tensor once = cast(randn({12, 3}, 63), DType::bf16).requires_grad_(), twice = once.detach().clone().requires_grad_();
+  matmul(a16, once).backward(g);
+  add(matmul(a16, twice), matmul(a16, twice)).backward(g);
+  REQUIRE(twice.grad().dtype() == DType::bf16);
+  // the same gradient twice: their sum, doubled exactly, is representable
+  const std::vector<float> one = once.grad().to_vector(), two = twice.grad().to_vector();
+  int64_t differ = 0;
+  for (size_t i = 0; i < one.size(); i++) differ += float_bits(two[i]) != float_bits(2 * one[i]);
+  CHECK(differ == 0);
+}
