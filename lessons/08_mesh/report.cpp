@@ -181,14 +181,12 @@ void print_pair_overlap(const Lesson& lesson, Comm& world, const Setup& setup, c
   for (int r = 0; r < world.size(); r++) {
     const double compute = all[3 * (size_t)r], seq = all[3 * (size_t)r + 1], ovl = all[3 * (size_t)r + 2];
     const double comm = seq - compute, hideable = std::min(compute, comm);
+    const double hidden = hideable > 0 ? (seq - ovl) / hideable : 0;
+    lesson.print("  %4d  %9.2f  %7.2f  %7.2f  %7.2f  %5.0f%%\n", r, compute * 1e3, comm * 1e3, seq * 1e3,
+                 ovl * 1e3, 100 * hidden);
     // T_comm is a difference of two timings: under a tenth of the compute it is the noise of a
-    // busy machine as much as communication, and a fraction of it says nothing
-    const bool measured = comm > kCommAboveNoise * compute;
-    const double hidden = measured ? (seq - ovl) / hideable : 0;
-    char share[16] = "  n/a";
-    if (measured) std::snprintf(share, sizeof share, "%5.0f%%", 100 * hidden);
-    lesson.print("  %4d  %9.2f  %7.2f  %7.2f  %7.2f  %s\n", r, compute * 1e3, comm * 1e3, seq * 1e3, ovl * 1e3, share);
-    if (measured) worst = std::min(worst, hidden), mean += hidden, counted++;
+    // busy machine as much as communication, and its row's fraction says nothing: left out below
+    if (comm > kCommAboveNoise * compute) worst = std::min(worst, hidden), mean += hidden, counted++;
   }
   if (counted > 0)
     lesson.print("hidden fraction of the paired steps: worst %.2f, mean %.2f over the ranks%s\n", worst,
