@@ -1,0 +1,407 @@
+// Lesson 10 — precision: what bf16 and FP8 keep of a number, and DeepSeek-V3's FP8 GEMM, whose
+// narrow accumulator needs promotion and whose outliers need fine-grained scales.
+//
+// What: the two formats every large model now trains in, written out (formats.h) and checked
+//   against every device's kernels bit for bit, then measured.
+//   [1] bf16: float32's sign and 8 exponent bits with 7 of its 23 mantissa bits, rounded to
+//       nearest, ties to even. Half the bytes, float32's range, about 2.4 decimal digits.
+//   [2] the bf16 matmul: bf16 operands, float32 sums (a product of two bf16 values is exact in
+//       float32); against float64 sums of the same bf16 operands it is within the float32
+//       accumulation bound, so what bf16 costs is the rounding of the inputs, not the sums.
+//   [3] FP8 e4m3 as DeepSeek-V3 trains its GEMMs (technical report, section 3.3): a scale per
+//       1 x 128 tile of activations and per 128 x 128 block of weights (--tile), the products
+//       summed in the tensor core's accumulator, which keeps about 14 mantissa bits on the H800
+//       (--acc-bits), and every 128 products (--promote) the partial sum promoted: scaled and
+//       added in float32. Swept over K, the ranks taking the K values in turn: the error of the
+//       recipe, of the same GEMM never promoted, of a float32 accumulator, and on activations
+//       with outlier channels, of one scale per tensor instead of per tile.
+// Why: bf16 halves the bytes of every weight, gradient and activation that crosses a link or
+//   sits in memory (lessons 08 and 09 count them); FP8 halves them again and doubles the tensor
+//   cores' rate, and the two remedies here are what make it train.
+// Check: the device's conversion, quantization and GEMM equal formats.cpp's loops bit for bit;
+//   bf16 rounding within half a bf16 step (2^-9 relative); the bf16 matmul within
+//   gamma_K sum|a||b| of float64; the promoted FP8 GEMM within its derived bound of float64
+//   over the dequantized operands at every K, the unpromoted one past that bound at the
+//   largest K; per-tile scales closer to float64 than one scale per tensor on outliers.
+// Run:  make run L=10                                   (2 ranks, K = 128 .. 4096)
+//       make run L=10 ARGS="--k-max 16384 --acc-bits 13"
+//       make run L=10 ARGS="--device sim"
+//       make run L=10 ARGS="--bug no-promotion"        (also bf16-truncate, per-tensor)
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/lesson/lesson.h"
+#include "kernels/bf16.h"
+#include "kernels/fp8.h"
+#include "kernels/kernels.h"
+#include "lessons/10_precision/formats.h"
+
+using namespace ff;
+using namespace ff::precision;
+
+namespace {
+
+struct Options {
+  int64_t m = 8, n = 128, k_max = 4096, tile = 128, promote = 128, acc_bits = 14, bf16_k = 1024;
+  double outlier = 1e4;
+  std::string bug = "none";
+};
+
+FormatBug bug_of(const std::string& name) {
+  return name == "bf16-truncate" ? FormatBug::bf16_truncate
+         : name == "no-promotion" ? FormatBug::no_promotion
+         : name == "per-tensor"   ? FormatBug::per_tensor
+                                  : FormatBug::none;
+}
+
+// ---- [1] bf16
+
+struct Bf16Result {
+  bool same_bits = true;    // the device's conversion = round_to_bf16
+  double worst_rel = 0;     // max |widen(bf16(x)) - x| / |x| over normal x
+  int64_t compared = 0;
+};
+
+// Every float32 with one of each high bit pattern (sign, exponent, the 7 kept bits) and a few
+// low halves (0, 1, just under half, half, just over half, all ones), and random ones: the
+// lesson's rounding against the device's (Tensor::to_dtype runs the to_bf16 kernel).
+Bf16Result check_bf16(Device device, FormatBug bug, uint64_t seed) {
+  std::vector<float> xs;
+  for (uint32_t high = 0; high < 0x10000; high += 7)
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      const uint32_t u = high << 16 | low;
+      float f;
+      std::memcpy(&f, &u, sizeof f);
+      xs.push_back(f);
+    }
+  const std::vector<float> r = randn({20000}, seed).to_vector();
+  xs.insert(xs.end(), r.begin(), r.end());
+  const Tensor on_device = Tensor::from_vector(xs, {(int64_t)xs.size()}).to(device).to_dtype(DType::bf16);
+  const std::vector<float> got = on_device.to_vector();  // widened: exact
+  Bf16Result out;
+  out.compared = (int64_t)xs.size();
+  for (size_t i = 0; i < xs.size(); i++) {
+    const uint16_t mine = round_to_bf16(xs[i], bug);
+    const float back = widen_bf16(mine);
+    out.same_bits = out.same_bits && float_bits(back) == float_bits(got[i]);
+    const float a = std::fabs(xs[i]);
+    if (std::isfinite(back) && a >= std::numeric_limits<float>::min())
+      out.worst_rel = std::max(out.worst_rel, std::fabs((double)back - xs[i]) / a);
+  }
+  return out;
+}
+
+// A few numbers and what bf16 keeps of them (rank 0 prints).
+void print_bf16_examples(Lesson& L, FormatBug bug) {
+  L.print("[1] bf16: float32's sign and exponent, 7 of its 23 mantissa bits, rounded to nearest even\n");
+  L.print("  %-26s %-12s %-6s %-16s %s\n", "x", "float32", "bf16", "bf16 value", "relative error");
+  const struct { const char* what; float x; } rows[] = {
+      {"1/3", 1.f / 3},
+      {"pi", 3.14159265f},
+      {"1 + 2^-8 (a tie)", 1.f + std::ldexp(1.f, -8)},
+      {"1 + 3 2^-8 (a tie)", 1.f + 3 * std::ldexp(1.f, -8)},
+      {"1000.5", 1000.5f},
+      {"2^-130 (subnormal)", std::ldexp(1.f, -130)},
+      {"3.4e38 (past bf16's max)", 3.4e38f},
+  };
+  for (const auto& row : rows) {
+    const uint16_t h = round_to_bf16(row.x, bug);
+    const float back = widen_bf16(h);
+    char err[32] = "-";
+    if (std::isfinite(back)) std::snprintf(err, sizeof err, "%.2e", std::fabs((double)back - row.x) / std::fabs(row.x));
+    L.print("  %-26s 0x%08x   0x%04x %-16.9g %s\n", row.what, float_bits(row.x), h, back, err);
+  }
+}
+
+// ---- [2] the bf16 matmul against float64
+
+struct MatmulResult {
+  double ratio = 0;          // max |C - C64| / bound, bound = gamma_K sum_k |a_ik b_kj|
+  double rel_bf16 = 0;       // ||C - C64|| / ||C64||: the float32 sums
+  double rel_inputs = 0;     // ||C - A B|| / ||A B||, A B of the float32 inputs in float64
+};
+
+MatmulResult check_bf16_matmul(Device device, int64_t M, int64_t K, int64_t N, uint64_t seed) {
+  const Tensor a = randn({M, K}, seed).to(device), b = randn({K, N}, seed + 1).to(device);
+  const Tensor c = matmul(a.to_dtype(DType::bf16), b.to_dtype(DType::bf16));
+  const std::vector<float> got = c.to_vector(), fa = a.to_vector(), fb = b.to_vector();
+  const std::vector<float> ha = a.to_dtype(DType::bf16).to_vector(), hb = b.to_dtype(DType::bf16).to_vector();
+  const double u = std::ldexp(1.0, -24), gamma = K * u / (1 - K * u);
+  MatmulResult out;
+  double e2 = 0, r2 = 0, ei2 = 0, ri2 = 0;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double want = 0, mag = 0, exact = 0;
+      for (int64_t p = 0; p < K; p++) {
+        const double x = (double)ha[(size_t)(i * K + p)] * hb[(size_t)(p * N + j)];
+        want += x, mag += std::fabs(x);
+        exact += (double)fa[(size_t)(i * K + p)] * fb[(size_t)(p * N + j)];
+      }
+      const double g = got[(size_t)(i * N + j)];
+      out.ratio = std::max(out.ratio, std::fabs(g - want) / (gamma * mag));
+      e2 += (g - want) * (g - want), r2 += want * want;
+      ei2 += (g - exact) * (g - exact), ri2 += exact * exact;
+    }
+  out.rel_bf16 = std::sqrt(e2 / r2), out.rel_inputs = std::sqrt(ei2 / ri2);
+  return out;
+}
+
+// ---- [3] FP8: the sweep over K
+
+// Activations (M, K) ~ N(0, 1), every 256th channel `outlier` times larger (0: none): LLM
+// activations carry a few such channels, and a 1 x 128 tile holding one loses its small values.
+constexpr int64_t kOutlierFirst = 37, kOutlierEvery = 256;
+std::vector<float> activations(int64_t M, int64_t K, double outlier, uint64_t seed) {
+  std::vector<float> x = randn({M, K}, seed).to_vector();
+  if (outlier > 0)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t p = kOutlierFirst; p < K; p += kOutlierEvery) x[(size_t)(i * K + p)] *= (float)outlier;
+  return x;
+}
+
+// Relative error ||c - want|| / ||want|| in float64.
+double relative(const std::vector<float>& c, const std::vector<double>& want) {
+  double e2 = 0, r2 = 0;
+  for (size_t i = 0; i < c.size(); i++) e2 += (c[i] - want[i]) * (c[i] - want[i]), r2 += want[i] * want[i];
+  return std::sqrt(e2 / r2);
+}
+
+// float64 a @ b of what the operands hold: the quantized values (their dequantization) or the
+// float32 inputs.
+std::vector<double> exact_gemm(const std::vector<double>& a, const std::vector<double>& b, int64_t M, int64_t K,
+                               int64_t N) {
+  std::vector<double> c((size_t)(M * N));
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t p = 0; p < K; p++)
+      for (int64_t j = 0; j < N; j++) c[(size_t)(i * N + j)] += a[(size_t)(i * K + p)] * b[(size_t)(p * N + j)];
+  return c;
+}
+std::vector<double> values(const Fp8& x) {
+  std::vector<double> v((size_t)(x.R * x.C));
+  for (int64_t r = 0; r < x.R; r++)
+    for (int64_t c = 0; c < x.C; c++) v[(size_t)(r * x.C + c)] = x.at(r, c);
+  return v;
+}
+
+// [slide:fp8-bound]
+// The promoted GEMM's distance from float64 over its own dequantized operands, per element:
+// a chunk of n products in an accumulator of b bits: each fma rounds to float32 (2^-24) and
+// drops the bits below the b-th (under 2^-b relative), so the chunk's partial is within
+// n (2^-b + 2^-24) of its products' magnitudes; then times two scales (2 roundings) and added
+// into a float32 total of T chunks (T roundings). As a ratio: error / bound, 1 fails.
+double bound_ratio(const std::vector<float>& c, const Fp8& a, const Fp8& b, int64_t promote, int bits) {
+  const int64_t M = a.R, K = a.C, N = b.C, T = (K + promote - 1) / promote;
+  const double u = std::ldexp(1.0, -24), narrow = std::ldexp(1.0, -bits) + u;
+  double worst = 0;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double want = 0, bound = 0;
+      for (int64_t p0 = 0; p0 < K; p0 += promote) {
+        const int64_t n = std::min(promote, K - p0);
+        double mag = 0;
+        for (int64_t p = p0; p < p0 + n; p++) {
+          const double x = (double)a.at(i, p) * b.at(p, j);
+          want += x, mag += std::fabs(x);
+        }
+        bound += (n * narrow + (2 + T) * u) * mag * (1 + 1e-12);
+      }
+      worst = std::max(worst, std::fabs(c[(size_t)(i * N + j)] - want) / bound);
+    }
+  return worst;
+}
+// [/slide]
+
+// One K of the sweep.
+// (plain doubles, no initializers: the ranks' rows travel as one MPI_DOUBLE array)
+struct KRow {
+  double k;
+  double recipe;      // tiles, promoted, narrow accumulator: vs float64 of its operands
+  double recipe_ratio;  // its worst element against the bound (<= 1)
+  double never;       // one K-wide tile, never promoted, narrow accumulator
+  double fp32_acc;    // the recipe with a float32 accumulator
+  double fine;        // outlier activations, per-tile scales: vs float64 of the float32 inputs
+  double per_tensor;  // the same, one scale per tensor
+  double same_bits;   // 1: the device's quantization and GEMM = the lesson's loops
+  static constexpr int kFields = 8;
+};
+
+// The device's fp8_quantize and matmul_fp8 on the same inputs: do they give the lesson's bits?
+bool device_matches(Device device, const std::vector<float>& xa, const std::vector<float>& xb, const Fp8& qa,
+                    const Fp8& qb, const std::vector<float>& c, int64_t promote, int bits) {
+  const KernelTable& k = kernels_for(device);
+  const int64_t M = qa.R, K = qa.C, N = qb.C;
+  auto on_device = [&](const std::vector<float>& x, const Fp8& q, Tensor* codes, Tensor* scales) {
+    *codes = Tensor::empty({q.R, q.C}, device, DType::fp8);
+    *scales = Tensor::empty({(int64_t)q.scale.size()}, device);
+    k.fp8_quantize(codes->fp8_data(), scales->data(), Tensor::from_vector(x, {q.R, q.C}).to(device).data(), q.R, q.C,
+                   q.tr, q.tc);
+    const Tensor host = codes->to(Device::cpu);
+    bool same = std::memcmp(host.fp8_data(), q.q.data(), q.q.size()) == 0;
+    const std::vector<float> s = scales->to_vector();
+    for (size_t i = 0; i < s.size(); i++) same = same && float_bits(s[i]) == float_bits(q.scale[i]);
+    return same;
+  };
+  Tensor a_q, a_s, b_q, b_s;
+  bool same = on_device(xa, qa, &a_q, &a_s) && on_device(xb, qb, &b_q, &b_s);
+  Tensor out = Tensor::empty({M, N}, device);
+  k.matmul_fp8(out.data(), a_q.fp8_data(), a_s.data(), b_q.fp8_data(), b_s.data(), M, N, K, qa.tc, qb.tc, promote,
+               bits, false);
+  const std::vector<float> got = out.to_vector();
+  for (size_t i = 0; i < got.size(); i++) same = same && float_bits(got[i]) == float_bits(c[i]);
+  return same;
+}
+
+KRow sweep_k(Device device, const Options& o, int64_t K, FormatBug bug, uint64_t seed) {
+  const int64_t M = o.m, N = o.n, t = std::min(o.tile, K), promote = std::min(o.promote, t);
+  const int bits = (int)o.acc_bits;
+  KRow row{};
+  row.k = (double)K;
+  const std::vector<float> xa = activations(M, K, 0, seed), xb = randn({K, N}, seed + 1).to_vector();
+  // DeepSeek-V3's recipe: 1 x t tiles of a, t x t blocks of b, promoted every `promote`
+  const Fp8 qa = quantize(xa, M, K, 1, t, bug), qb = quantize(xb, K, N, t, t, bug);
+  const std::vector<float> c = fp8_gemm(qa, qb, promote, bits, bug);
+  row.recipe = relative(c, exact_gemm(values(qa), values(qb), M, K, N));
+  row.recipe_ratio = bound_ratio(c, qa, qb, promote, bits);
+  row.same_bits = bug == FormatBug::none || bug == FormatBug::bf16_truncate
+                      ? device_matches(device, xa, xb, qa, qb, c, promote, bits) : 1;
+  row.fp32_acc = relative(fp8_gemm(qa, qb, promote, 23, bug), exact_gemm(values(qa), values(qb), M, K, N));
+  // never promoted: one tile along all of K (a row's scale, a K x t column block's), the K
+  // products in the narrow accumulator
+  const Fp8 wa = quantize(xa, M, K, 1, K), wb = quantize(xb, K, N, K, t);
+  const std::vector<float> never = fp8_gemm(wa, wb, K, bits);
+  row.never = relative(never, exact_gemm(values(wa), values(wb), M, K, N));
+  // outlier channels: per-tile against per-tensor scales, both against the float32 inputs.
+  // The weights' rows of those channels are zeros, so the product is the other channels' alone:
+  // what it loses is what an outlier costs the small values that share its scale
+  const std::vector<float> xo = activations(M, K, o.outlier, seed + 2);
+  std::vector<float> wo = xb;
+  for (int64_t p = kOutlierFirst; p < K; p += kOutlierEvery) std::fill(&wo[(size_t)(p * N)], &wo[(size_t)((p + 1) * N)], 0.f);
+  const std::vector<double> want =
+      exact_gemm(std::vector<double>(xo.begin(), xo.end()), std::vector<double>(wo.begin(), wo.end()), M, K, N);
+  const Fp8 qw = quantize(wo, K, N, t, t, bug);
+  row.fine = relative(fp8_gemm(quantize(xo, M, K, 1, t, bug), qw, promote, bits, bug), want);
+  row.per_tensor = relative(fp8_gemm(quantize(xo, M, K, M, K), quantize(wo, K, N, K, N), promote, bits), want);
+  return row;
+}
+
+void parse(Lesson& L, Options& o) {
+  L.cli.summary("Lesson 10: precision. bf16 and FP8 e4m3 written out and checked against every device's "
+                "kernels; the bf16 matmul against float64; DeepSeek-V3's FP8 GEMM (fine-grained scales, a "
+                "narrow accumulator promoted every 128 products) swept over K by the ranks.");
+  L.cli.flag("--m", &o.m, "[3] rows of the activations (tokens)", 1, 4096);
+  L.cli.flag("--n", &o.n, "[3] columns of the weights (output features)", 1, 4096);
+  L.cli.flag("--k-max", &o.k_max, "[3] the largest K: the sweep doubles from --tile up to it", 1, 1 << 20);
+  L.cli.flag("--tile", &o.tile, "[3] the scales' tile: activations 1 x TILE, weights TILE x TILE (DeepSeek-V3: 128)",
+             1, 1 << 20);
+  L.cli.flag("--promote", &o.promote, "[3] products summed in the narrow accumulator before each promotion "
+             "(N_C; DeepSeek-V3: 128); must divide --tile", 1, 1 << 20);
+  L.cli.flag("--acc-bits", &o.acc_bits, "[3] mantissa bits the tensor core's accumulator keeps (H800: about 14; "
+             "23: float32)", 1, 23);
+  L.cli.flag("--outlier", &o.outlier, "[3] the outlier channels' factor (every 256th channel of the activations)",
+             1.0, 1e6);
+  L.cli.flag("--bf16-k", &o.bf16_k, "[2] K of the bf16 matmul (64 x K times K x 64)", 1, 1 << 20);
+  L.cli.choice("--bug", &o.bug, {"none", "bf16-truncate", "no-promotion", "per-tensor"},
+               "plant a mistake: bf16 by truncation, the FP8 GEMM never promoted, one scale per tensor");
+  L.parse();
+  L.usage_error_if(o.tile % o.promote != 0, "--promote " + std::to_string(o.promote) + " must divide --tile " +
+                                                std::to_string(o.tile) + " (a promoted chunk lies in one tile)");
+  L.usage_error_if(o.k_max < o.tile, "--k-max " + std::to_string(o.k_max) + " must be at least --tile " +
+                                         std::to_string(o.tile));
+  // the float64 references are the sweep's cost: M K N multiply-adds per K, a few times over
+  L.usage_error_if((double)o.m * (double)o.k_max * (double)o.n > 4e9,
+                   "--m x --k-max x --n = " + std::to_string((double)o.m * o.k_max * o.n) +
+                       " multiply-adds per GEMM; at most 4e9 (lower --m, --n or --k-max)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_lesson(argc, argv, "10_precision", [](Lesson& L) {
+    Options o;
+    parse(L, o);
+    const FormatBug bug = bug_of(o.bug);
+    const uint64_t seed = (uint64_t)L.flags.seed;
+    CheckReport check(L.comm);
+    char line[256];
+
+    // ---- [1] bf16
+    print_bf16_examples(L, bug);
+    const Bf16Result b = check_bf16(L.device, bug, seed);
+    L.print("  %lld floats (every sign, exponent and kept bits with six low halves, and 20000 ~ N(0, 1)): worst "
+            "relative error %.3e (half a bf16 step: 2^-8 = %.3e)\n\n",
+            (long long)b.compared, b.worst_rel, std::ldexp(1.0, -8));
+    std::snprintf(line, sizeof line, "bf16: %s's conversion = round_to_bf16, bit for bit", device_name(L.device));
+    check.holds(line, b.same_bits);
+    check.holds("bf16: every normal float32 within half a bf16 step (2^-8 relative)", b.worst_rel <= std::ldexp(1.0, -8));
+
+    // ---- [2] the bf16 matmul
+    const MatmulResult mm = check_bf16_matmul(L.device, 64, o.bf16_k, 64, seed + 10);
+    L.print("[2] bf16 matmul, 64 x %lld times %lld x 64 on %s, float32 sums:\n", (long long)o.bf16_k,
+            (long long)o.bf16_k, device_name(L.device));
+    L.print("  against float64 of the same bf16 operands  %.2e relative  (worst element %.3f of gamma_K sum|a||b|)\n",
+            mm.rel_bf16, mm.ratio);
+    L.print("  against float64 of the float32 inputs      %.2e relative  (the inputs' rounding, each within 2^-8)\n\n",
+            mm.rel_inputs);
+    check.holds("bf16 matmul within gamma_K sum|a||b| of float64 over the same bf16 operands", mm.ratio <= 1);
+
+    // ---- [3] FP8: the sweep over K, each rank its K values in turn, gathered on every rank
+    std::vector<int64_t> ks;
+    for (int64_t k = o.tile; k <= o.k_max; k *= 2) ks.push_back(k);
+    std::vector<double> table(ks.size() * KRow::kFields, 0.0);
+    for (size_t i = (size_t)L.rank(); i < ks.size(); i += (size_t)L.size()) {
+      const KRow r = sweep_k(L.device, o, ks[i], bug, seed + 100 + i);
+      std::memcpy(&table[i * KRow::kFields], &r, sizeof r);
+    }
+    L.comm.allreduce(table.data(), (int)table.size(), MPI_DOUBLE, MPI_SUM);
+    std::vector<KRow> rows(ks.size());
+    std::memcpy(rows.data(), table.data(), table.size() * sizeof(double));
+
+    L.print("[3] FP8 e4m3 GEMM, %lld x K times K x %lld, relative error against float64 (%d ranks, K in turn):\n",
+            (long long)o.m, (long long)o.n, L.size());
+    L.print("         %-26s %-16s %-12s | outliers x%g, per\n", "tiles, promoted every", "never promoted",
+            "tiles, fp32", o.outlier);
+    L.print("  K      %-26s %-16s %-12s | %-9s %-9s\n", ("(DeepSeek-V3's; bound)"), "", "accumulator", "tile",
+            "tensor");
+    std::string csv;
+    bool within = true, same = true;
+    for (const KRow& r : rows) {
+      L.print("  %-6lld %.2e  (%.1e)        %.2e (%4.0fx)  %.2e     | %.2e  %.2e\n", (long long)r.k, r.recipe,
+              r.recipe_ratio, r.never, r.never / r.recipe, r.fp32_acc, r.fine, r.per_tensor);
+      within = within && r.recipe_ratio <= 1;
+      same = same && r.same_bits == 1;
+      char row[256];
+      std::snprintf(row, sizeof row, "%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e\n", (long long)r.k,
+                    (long long)o.m, (long long)o.n, (long long)o.promote, (long long)o.acc_bits, r.recipe,
+                    r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
+      csv += row;
+    }
+    L.print("  (bound: the promoted GEMM's worst element as a fraction of its bound, %lld products per chunk\n"
+            "  in %lld bits; never promoted: one scale along K, the K products in %lld bits; (x): its error\n"
+            "  over the promoted one's. Outliers: every 256th channel x%g, the other channels' product\n  against float64 of the float32 inputs)\n\n",
+            (long long)o.promote, (long long)o.acc_bits, (long long)o.acc_bits, o.outlier);
+    L.csv_append("k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor", csv);
+    std::snprintf(line, sizeof line, "FP8: %s's quantization and GEMM = formats.cpp's loops, bit for bit",
+                  device_name(L.device));
+    if (bug == FormatBug::none || bug == FormatBug::bf16_truncate) check.holds(line, same);  // (the FP8 bugs change the loops)
+    check.holds("FP8 GEMM, promoted: within its bound of float64 at every K", within);
+    // the claim of the report: the narrow accumulator's error grows with K unless promoted.
+    // Shown once K holds 8 chunks or more (below, the two GEMMs are nearly one)
+    const KRow& last = rows.back();
+    if (last.k >= 8 * (double)o.promote) {
+      std::snprintf(line, sizeof line, "FP8 GEMM at K = %lld: never promoted %.1fx the promoted error (at least 10x)",
+                    (long long)last.k, last.never / last.recipe);
+      check.holds(line, last.never >= 10 * last.recipe);
+      std::snprintf(line, sizeof line, "FP8 at K = %lld, outlier channels: per-tile scales %.2e, per tensor %.2e "
+                    "(per tile the closer)", (long long)last.k, last.fine, last.per_tensor);
+      check.holds(line, last.fine < last.per_tensor);
+    }
+    return L.finish(check);
+  });
+}
