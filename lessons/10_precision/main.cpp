@@ -365,14 +365,15 @@ int main(int argc, char** argv) {
 
     L.print("[3] FP8 e4m3 GEMM, %lld x K times K x %lld, relative error against float64 (%d ranks, K in turn):\n",
             (long long)o.m, (long long)o.n, L.size());
-    L.print("         %-26s %-16s %-12s | outliers x%g, per\n", "tiles, promoted every", "never promoted",
-            "tiles, fp32", o.outlier);
-    L.print("  K      %-26s %-16s %-12s | %-9s %-9s\n", ("(DeepSeek-V3's; bound)"), "", "accumulator", "tile",
-            "tensor");
+    L.print("  recipe: 1 x %lld and %lld x %lld tiles, promoted every %lld products (DeepSeek-V3's); never: one\n"
+            "  scale along K, never promoted; both in a %lld-bit accumulator. fp32: the recipe, float32's.\n",
+            (long long)o.tile, (long long)o.tile, (long long)o.tile, (long long)o.promote, (long long)o.acc_bits);
+    L.print("  %-6s %-8s  %-8s  %-15s %-8s  | %-8s  %s\n", "K", "recipe", "/bound", "never (/recipe)", "fp32",
+            "per tile", "per tensor (outliers)");
     std::string csv;
     bool within = true, same = true;
     for (const KRow& r : rows) {
-      L.print("  %-6lld %.2e  (%.1e)        %.2e (%4.0fx)  %.2e     | %.2e  %.2e\n", (long long)r.k, r.recipe,
+      L.print("  %-6lld %.2e  %.2e  %.2e %5.0fx  %.2e  | %.2e  %.2e\n", (long long)r.k, r.recipe,
               r.recipe_ratio, r.never, r.never / r.recipe, r.fp32_acc, r.fine, r.per_tensor);
       within = within && r.recipe_ratio <= 1;
       same = same && r.same_bits == 1;
@@ -382,10 +383,8 @@ int main(int argc, char** argv) {
                     r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
       csv += row;
     }
-    L.print("  (bound: the promoted GEMM's worst element as a fraction of its bound, %lld products per chunk\n"
-            "  in %lld bits; never promoted: one scale along K, the K products in %lld bits; (x): its error\n"
-            "  over the promoted one's. Outliers: every 256th channel x%g, the other channels' product\n  against float64 of the float32 inputs)\n\n",
-            (long long)o.promote, (long long)o.acc_bits, (long long)o.acc_bits, o.outlier);
+    L.print("  /bound: the recipe's worst element over its bound (main.cpp, bound_ratio); outliers: every\n"
+            "  256th channel x%g, the product of the others against float64 of the float32 inputs\n\n", o.outlier);
     L.csv_append("k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor", csv);
     std::snprintf(line, sizeof line, "FP8: %s's quantization and GEMM = formats.cpp's loops, bit for bit",
                   device_name(L.device));
