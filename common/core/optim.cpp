@@ -16,12 +16,13 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor &p = *params[i], &g = grads[i];
     FF_CHECK(g.defined(), "Adam::step: parameter " << i << " has no gradient (pass zeros)");
-    FF_CHECK((p.dtype() == DType::f32 || p.dtype() == DType::bf16) && g.dtype() == p.dtype() &&
+    FF_CHECK((p.dtype() == DType::f32 || p.dtype() == DType::bf16) &&
+                 (g.dtype() == p.dtype() || (p.dtype() == DType::bf16 && g.dtype() == DType::f32)) &&
                  g.shape() == p.shape() && g.device() == p.device(),
              "Adam::step: parameter " << i << " " << shape_str(p.shape()) << " " << dtype_name(p.dtype()) << " on "
                  << device_name(p.device()) << " has a gradient " << shape_str(g.shape()) << " "
                  << dtype_name(g.dtype()) << " on " << device_name(g.device())
-                 << " (float32 or bf16, the same, same shape and device)");
+                 << " (float32 or bf16, the same, or float32 for a bf16 one; same shape and device)");
   }
   if (m_.empty())
     for (const Tensor* p : params) {
@@ -64,7 +65,8 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
     }
     // bf16: the step on the float32 master (or, without one, on the bf16 value widened), then
     // rounded into the parameter
-    const Tensor g32 = g.to_dtype(DType::f32), w = config_.master_weights ? master_[i] : p.to_dtype(DType::f32);
+    const Tensor g32 = g.dtype() == DType::f32 ? g : g.to_dtype(DType::f32);
+    const Tensor w = config_.master_weights ? master_[i] : p.to_dtype(DType::f32);
     k.adamw(w.data(), m_[i].data(), v_[i].data(), g32.data(), p.numel(), step);
     k.to_bf16(p.bf16_data(), w.data(), p.numel());
   }

@@ -37,7 +37,8 @@ class Adam {
   explicit Adam(AdamConfig config = {}) : config_(config) {}
 
   // One step for every parameter, grads[i] being the gradient of *params[i] (same shape and
-  // device; a parameter that got no gradient needs zeros). The first call fixes the list:
+  // device; a parameter that got no gradient needs zeros; a bf16 parameter's may be bf16 or,
+  // reduced in float32 over data-parallel ranks, float32). The first call fixes the list:
   // later calls pass as many parameters, with the same shapes and devices, in the same order.
   void step(const std::vector<Tensor*>& params, const std::vector<Tensor>& grads);
 

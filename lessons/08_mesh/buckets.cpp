@@ -17,31 +17,48 @@ double now_s() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
-// Checks the parameters and returns N, their total number of elements.
+// Checks the parameters and returns N, their total number of elements. A parameter is float32
+// or bf16 (lesson 10's mixed precision), its gradient of its own dtype; the buffers are float32.
 int64_t total_numel(const std::vector<Tensor*>& params, const char* who) {
   int64_t n = 0;
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor& p = *params[i];
-    FF_CHECK(p.defined() && p.dtype() == DType::f32,
-             who << ": parameter " << i << " must be a float32 tensor");
+    FF_CHECK(p.defined() && (p.dtype() == DType::f32 || p.dtype() == DType::bf16),
+             who << ": parameter " << i << " must be a float32 or bf16 tensor");
     const Tensor g = p.grad();
-    FF_CHECK(!g.defined() || (g.dtype() == DType::f32 && g.device() == p.device() &&
-                              g.shape() == p.shape()),
-             who << ": parameter " << i << " " << shape_str(p.shape())
-                 << " has a gradient that is not a float32 tensor of its shape and device");
+    FF_CHECK(!g.defined() || (g.dtype() == p.dtype() && g.device() == p.device() && g.shape() == p.shape()),
+             who << ": parameter " << i << " " << shape_str(p.shape()) << " " << dtype_name(p.dtype())
+                 << " has a gradient that is not a tensor of its dtype, shape and device");
     n += p.numel();
   }
   return n;
 }
 
-// dst <- the gradients of params[first, last) back to back; zeros where a parameter has none
-// (this rank's batch did not reach it, another rank's may have).
+// A float32 or bf16 tensor's values, as float32 on the host (bf16 widened: exact).
+void read_floats(const Tensor& t, float* dst) {
+  const Tensor f = t.dtype() == DType::bf16 ? t.to_dtype(DType::f32) : t;
+  device_memcpy(dst, Device::cpu, f.raw(), f.device(), (size_t)f.numel() * sizeof(float));
+}
+
+// n float32 values from the host into a float32 or bf16 tensor's storage (bf16: rounded to
+// nearest even, as Tensor::to_dtype rounds on every device).
+void write_floats(const Tensor& t, const float* src) {
+  const size_t n = (size_t)t.numel();
+  if (t.dtype() == DType::f32) return device_memcpy(t.raw(), t.device(), src, Device::cpu, n * sizeof(float));
+  Tensor host = Tensor::empty({(int64_t)n});
+  std::memcpy(host.data(), src, n * sizeof(float));
+  const Tensor narrow = host.to_dtype(DType::bf16);
+  device_memcpy(t.raw(), t.device(), narrow.raw(), Device::cpu, n * sizeof(uint16_t));
+}
+
+// dst <- the gradients of params[first, last) back to back, as float32; zeros where a parameter
+// has none (this rank's batch did not reach it, another rank's may have).
 void flatten_grads(const std::vector<Tensor*>& params, size_t first, size_t last, float* dst) {
   for (size_t i = first; i < last; i++) {
     const Tensor g = params[i]->grad();
     const size_t n = (size_t)params[i]->numel();
     if (g.defined())
-      device_memcpy(dst, Device::cpu, g.raw(), g.device(), n * sizeof(float));
+      read_floats(g, dst);
     else
       std::fill(dst, dst + n, 0.f);
     dst += n;
@@ -199,9 +216,8 @@ void GradBuckets::flatten_params(float* flat) const {
   for (const Bucket& b : buckets_) {
     float* dst = flat + b.offset;
     for (size_t i = b.first; i < b.last; i++) {
-      const Tensor& p = *params_[i];
-      device_memcpy(dst, Device::cpu, p.raw(), p.device(), (size_t)p.numel() * sizeof(float));
-      dst += p.numel();
+      read_floats(*params_[i], dst);
+      dst += params_[i]->numel();
     }
     std::fill(dst, flat + b.offset + b.padded, 0.f);
   }
@@ -211,9 +227,8 @@ void GradBuckets::unflatten_params(const float* flat) const {
   for (const Bucket& b : buckets_) {
     const float* src = flat + b.offset;
     for (size_t i = b.first; i < b.last; i++) {
-      const Tensor& p = *params_[i];
-      device_memcpy(p.raw(), p.device(), src, Device::cpu, (size_t)p.numel() * sizeof(float));
-      src += p.numel();
+      write_floats(*params_[i], src);
+      src += params_[i]->numel();
     }
   }
 }
@@ -222,13 +237,13 @@ void GradBuckets::unflatten_params(const float* flat) const {
 
 void sum_grads(const std::vector<Tensor*>& params, Comm& comm) {
   for (Tensor* p : params)
-    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+    if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device(), p->dtype()).impl_ptr();
   std::vector<float> flat((size_t)total_numel(params, "sum_grads"));
   flatten_grads(params, 0, params.size(), flat.data());
   comm.allreduce_sum(flat.data(), flat.size());
   const float* src = flat.data();
   for (Tensor* p : params) {
-    device_memcpy(p->grad().raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
+    write_floats(p->grad(), src);
     src += p->numel();
   }
 }

@@ -78,28 +78,41 @@ void DataParallelAdam::step(const std::vector<Tensor*>& params) {
   buckets_.flush();
   buckets_.wait();
   if (sum_over_ && sum_over_->size() > 1) sum_over_->allreduce_sum(buckets_.flat().data(), (size_t)buckets_.flat_size());
-  // 2. every .grad() <- its mean (a parameter without one gets one); the same AdamW everywhere
+  // 2. every .grad() <- its mean (a parameter without one gets one); the same AdamW everywhere.
+  //    A bf16 parameter's mean stays float32 (means_), AdamW's master takes it unrounded
   const int dp = divisor_ > 0 ? divisor_ : buckets_.group().size();
+  if (means_.empty())
+    for (Tensor* p : params)
+      means_.push_back(p->dtype() == DType::bf16 ? Tensor::zeros(p->shape(), p->device()) : Tensor());
   std::vector<Tensor> grads;
   for (const GradBuckets::Bucket& b : buckets_.buckets()) {
     float* src = buckets_.flat().data() + b.offset;
     divide(src, b.numel, dp);
     for (size_t i = b.first; i < b.last; i++) {
       Tensor* p = params[i];
-      if (!p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
-      device_memcpy(p->grad().raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
+      if (!means_[i].defined() && !p->grad().defined()) p->impl()->grad = Tensor::zeros(p->shape(), p->device()).impl_ptr();
+      const Tensor dst = means_[i].defined() ? means_[i] : p->grad();
+      device_memcpy(dst.raw(), p->device(), src, Device::cpu, (size_t)p->numel() * sizeof(float));
       src += p->numel();
     }
   }
-  for (Tensor* p : params) grads.push_back(p->grad());
+  for (size_t i = 0; i < params.size(); i++) grads.push_back(means_[i].defined() ? means_[i] : params[i]->grad());
   adam_.step(params, grads);
+}
+
+std::vector<Tensor> DataParallelAdam::mean_grads(const std::vector<Tensor*>& params) const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params.size(); i++)
+    out.push_back(i < means_.size() && means_[i].defined() ? means_[i] : params[i]->grad());
+  return out;
 }
 
 Memory DataParallelAdam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);
-  m.optimizer = adam_.state_bytes();  // m and v, each shaped like its parameter
+  m.optimizer = adam_.state_bytes() + adam_.master_bytes();  // m and v, and bf16 weights' masters
   m.buffers = buckets_.bytes_held();
+  for (const Tensor& t : means_) m.buffers += storage_bytes(t);  // bf16 weights' float32 means
   return m;
 }
 
@@ -113,6 +126,7 @@ ShardedAdam::ShardedAdam(const Comm& dp, AdamConfig config, Bug bug, int stage, 
 
 void ShardedAdam::step(const std::vector<Tensor*>& params) {
   buckets_.layout(params);
+  has_bf16_ = std::any_of(params.begin(), params.end(), [](const Tensor* p) { return p->dtype() == DType::bf16; });
   const int dp = buckets_.group().size();
   // 1. reduce-scatter: this rank gets its block of every bucket of the sum of every rank's
   //    gradients (the buckets the backward did not post already go now)
@@ -127,17 +141,24 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   //    the parameters (identical on every rank), and this rank's blocks of them are what it
   //    updates. Adam's m and v take param_shard_'s shape: ceil(N/dp) numbers each (per bucket).
   float* flat = buckets_.flat().data();
-  buckets_.flatten_params(flat);
-  if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
   const auto mine = [&](const GradBuckets::Bucket& b) { return flat + b.offset + b.padded / dp * dp_rank_; };
-  // [exercise:zero1-step] ZeRO-1's update: AdamW on this rank's blocks only — gather them from flat into param_shard_, step, and put them back.
-  for (const GradBuckets::Bucket& b : buckets_.buckets())
-    std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
+  // Mixed precision (bf16 parameters): param_shard_ is the float32 MASTER of this rank's blocks,
+  // kept from step to step (read from the parameters once; rounding them to bf16 and back would
+  // lose every update below half a bf16 step). Float32 parameters are read again every step.
+  const bool masters = has_bf16_ && param_shard_.defined() && masters_held_ && bug_ != Bug::no_master;
+  if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
+  // [exercise:zero1-step] ZeRO-1's update: AdamW on this rank's blocks only — gather them from flat into param_shard_ (unless it holds the masters), step, and put them back.
+  if (!masters) {
+    buckets_.flatten_params(flat);
+    for (const GradBuckets::Bucket& b : buckets_.buckets())
+      std::memcpy(param_shard_.data() + b.offset / dp, mine(b), (size_t)(b.padded / dp) * sizeof(float));
+  }
   adam_.step({&param_shard_}, {buckets_.shard()});
   if (bug_ != Bug::stale_shard)
     for (const GradBuckets::Bucket& b : buckets_.buckets())
       std::memcpy(mine(b), param_shard_.data() + b.offset / dp, (size_t)(b.padded / dp) * sizeof(float));
   // [/exercise]
+  masters_held_ = has_bf16_;
 
   // 3. all-gather, bucket by bucket: every rank contributes its updated block (already in place
   //    in flat) and receives the others'; then the full parameters are copied back.
@@ -156,7 +177,10 @@ Memory ShardedAdam::memory(const std::vector<Tensor*>& params) const {
   count_params_and_grads(params, &m);
   m.optimizer = adam_.state_bytes();  // m and v shaped like the one tensor it is given, the shard
   const size_t grad_shard = storage_bytes(buckets_.shard());
-  m.buffers = buckets_.bytes_held() - grad_shard + storage_bytes(param_shard_);
+  m.buffers = buckets_.bytes_held() - grad_shard;
+  // the shard of the parameters: with bf16 weights the float32 master copy (optimizer state, as
+  // seed 001 counts it), with float32 ones a copy made for the step
+  (has_bf16_ ? m.optimizer : m.buffers) += storage_bytes(param_shard_);
   // ZeRO-2 holds its gradients as the shard alone; ZeRO-1's shard is a buffer beside them
   (stage_ == 2 ? m.grads : m.buffers) += grad_shard;
   return m;
@@ -231,10 +255,8 @@ void GroupAdam::step() {
 std::vector<Tensor> GroupAdam::mean_grads(Comm& check) const {
   if (zero3_) return zero3_->mean_grads(check);
   std::vector<Tensor> out;
-  if (zero0_ || params.empty()) {
-    for (Tensor* p : params) out.push_back(p->grad());
-    return out;
-  }
+  if (zero0_) return zero0_->mean_grads(params);
+  if (params.empty()) return out;
   const std::vector<float> flat = sharded_->gather_mean_grad(check);
   size_t at = 0;
   for (Tensor* p : params) {

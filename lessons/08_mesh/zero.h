@@ -96,6 +96,7 @@ enum class Bug {
   none,
   no_divide,    // the reduce-scattered SUM is used as if it were the mean (harmless only at dp 1)
   stale_shard,  // the all-gather sends this rank's block of the parameters from before the step
+  no_master,    // bf16 parameters: the shard read again from them every step, no float32 master
 };
 
 // ZeRO-0: all-reduce of the gradients, then the same AdamW step on every rank.
@@ -119,12 +120,15 @@ class DataParallelAdam {
   // only part of the tokens of: lesson 08's replicated weights under SP, summed over TP).
   void sum_after_reduce(Comm* c) { sum_over_ = c; }
   GradBuckets& buckets() { return buckets_; }
+  // The mean gradient the last step used, per parameter (a bf16 parameter's float32 mean)
+  std::vector<Tensor> mean_grads(const std::vector<Tensor*>& params) const;
 
  private:
   Adam adam_;
   int divisor_ = 0;  // 0: the group's size
   Comm* sum_over_ = nullptr;
   GradBuckets buckets_;
+  std::vector<Tensor> means_;  // per parameter: a bf16 one's mean gradient in float32, else undefined
 };
 
 // ZeRO-1 and ZeRO-2: reduce-scatter of the gradients, AdamW on this rank's shard, all-gather of
@@ -171,6 +175,8 @@ class ShardedAdam {
   int dp_rank_;
   GradBuckets buckets_;
   Tensor param_shard_;  // (shard): this rank's blocks of the parameters, the tensor AdamW updates
+  bool has_bf16_ = false;      // some parameter is bf16: param_shard_ is their float32 master
+  bool masters_held_ = false;  // param_shard_ holds the masters of the last step
 };
 
 // AdamW over one group of ranks that hold the same weights, ZeRO-0, -1, -2 or -3 (lesson 08: the

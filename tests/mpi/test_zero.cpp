@@ -411,3 +411,129 @@ TEST_CASE("zero: the buckets' hidden fraction is lesson 06's (T_seq - T_ovl) / m
   t.window_s = 0;  // never armed
   CHECK(t.hidden_fraction() == 0.0);
 }
+
+namespace {
+
+// Mixed precision: bf16 weights (with bf16 gradients) beside float32 ones. Rank r's gradient at
+// step s is grad_of's exact one rounded to bf16: still a multiple of 2^-8 under 16, so its sums
+// over the ranks are exact in float32 in any order, and the checks are bitwise at any dp.
+const std::vector<Shape> kMixed = {{7, 5}, {13}, {3, 2, 4}, {1}};
+bool is_bf16(size_t i) { return i % 2 == 0; }  // {7, 5} and {3, 2, 4}
+
+// Weights N(0, 1), or (near_one) 1 + N(0, 0.01^2): there half a bf16 step is 2^-9 or 2^-8
+std::vector<Tensor> mixed_params(bool near_one) {
+  std::vector<Tensor> ps;
+  for (size_t i = 0; i < kMixed.size(); i++) {
+    Tensor p = randn(kMixed[i], 2000 + i);
+    if (near_one) p = add(scale(p, 0.01f), Tensor::full(kMixed[i], 1.f));
+    ps.push_back(is_bf16(i) ? p.to_dtype(DType::bf16) : p);
+  }
+  return ps;
+}
+// Rank r's gradients at step s (steady: (1 + r) / 4 everywhere, every step the same sign, so
+// AdamW's update is about lr each step)
+std::vector<float> bf16_grad_of(const Shape& shape, int r, size_t i, int s, bool steady) {
+  if (steady) return std::vector<float>((size_t)shape_numel(shape), 0.25f * (float)(1 + r));
+  return Tensor::from_vector(grad_of(shape, r, i, s, true), shape).to_dtype(DType::bf16).to_vector();
+}
+void set_mixed_grads(std::vector<Tensor>& ps, int rank, int s, bool steady) {
+  for (size_t i = 0; i < ps.size(); i++) {
+    const Tensor g = Tensor::from_vector(bf16_grad_of(ps[i].shape(), rank, i, s, steady), ps[i].shape());
+    ps[i].impl()->grad = (is_bf16(i) ? g.to_dtype(DType::bf16) : g).impl_ptr();
+  }
+}
+// The mean over the ranks in float32 (exact sums, then / dp as zero.cpp divides)
+std::vector<Tensor> mixed_means(const std::vector<Tensor>& ps, int dp, int s, bool steady) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < ps.size(); i++) {
+    std::vector<float> sum((size_t)ps[i].numel(), 0.f);
+    for (int r = 0; r < dp; r++) {
+      const std::vector<float> g = bf16_grad_of(ps[i].shape(), r, i, s, steady);
+      for (size_t k = 0; k < g.size(); k++) sum[k] += g[k];
+    }
+    for (float& x : sum) x /= (float)dp;
+    out.push_back(Tensor::from_vector(sum, ps[i].shape()));
+  }
+  return out;
+}
+// Elements whose bits differ (bf16 compared widened: exact)
+int64_t differing(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    CHECK(a[i].dtype() == b[i].dtype());
+    const std::vector<float> x = a[i].to_vector(), y = b[i].to_vector();
+    for (size_t k = 0; k < x.size(); k++) n += x[k] != y[k];
+  }
+  return n;
+}
+
+// ZeRO `stage` over the mixed list for `steps` steps against one process's AdamW with float32
+// masters on the mean gradient; returns the most parameter elements that differed after a step,
+// and through `moved` how many of the bf16 weights' elements changed from their start. slow:
+// weights near 1, steady gradients, lr 1e-4 (AdamW's update about lr, a twentieth of a bf16 step).
+int64_t mixed_vs_one_process(int stage, int steps, bool slow, zero::Bug bug, int64_t* moved) {
+  Comm c = world();
+  AdamConfig adam = kAdam;
+  if (slow) adam.lr = 1e-4, adam.weight_decay = 0;
+  std::vector<Tensor> p = mixed_params(slow), ref = mixed_params(slow), start = mixed_params(slow);
+  zero::DataParallelAdam z0(c, adam);
+  zero::ShardedAdam z(c, adam, bug, std::max(stage, 1));
+  Adam one(adam);
+  int64_t worst = 0;
+  for (int s = 0; s < steps; s++) {
+    set_mixed_grads(p, c.rank(), s, slow);
+    stage == 0 ? z0.step(pointers(p)) : z.step(pointers(p));
+    one.step(pointers(ref), mixed_means(ref, c.size(), s, slow));
+    worst = std::max(worst, differing(p, ref));
+  }
+  *moved = 0;
+  for (size_t i = 0; i < p.size(); i++)
+    if (is_bf16(i)) {
+      const std::vector<float> a = p[i].to_vector(), b = start[i].to_vector();
+      for (size_t k = 0; k < a.size(); k++) *moved += a[k] != b[k];
+    }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("zero: bf16 weights with float32 masters: ZeRO-0, -1 and -2 equal one process's AdamW, bit for bit") {
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    int64_t moved = 0;
+    CHECK(mixed_vs_one_process(stage, kSteps, false, zero::Bug::none, &moved) == 0);
+    CHECK(moved > 0);
+    // An update of about 1e-4 on weights near 1 is under half a bf16 step (2^-9 below 1,
+    // 2^-8 above): only a master that keeps it adds it up. 60 steps (6e-3) move every weight,
+    // all with one process's masters.
+    CHECK(mixed_vs_one_process(stage, 60, true, zero::Bug::none, &moved) == 0);
+    CHECK(moved == 7 * 5 + 3 * 2 * 4);
+  }
+  // The planted bug: ZeRO-1's shard read again from the bf16 weights every step. The small
+  // updates round away: the weights stay put and part from one process's
+  int64_t moved = 0;
+  CHECK(mixed_vs_one_process(1, 60, true, zero::Bug::no_master, &moved) > 0);
+  CHECK(moved == 0);
+}
+
+TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with m and v in the optimizer") {
+  Comm c = world();
+  const int dp = c.size();
+  std::vector<Tensor> all_bf16;
+  for (const Shape& s : {Shape{7, 5}, Shape{3, 2, 4}}) all_bf16.push_back(randn(s, 3).to_dtype(DType::bf16));
+  const size_t n = 35 + 24, shard = (n + (size_t)dp - 1) / (size_t)dp;
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    std::vector<Tensor> p = all_bf16;
+    for (Tensor& t : p) t = t.to_dtype(DType::f32).to_dtype(DType::bf16);  // their own storage
+    zero::DataParallelAdam z0(c, kAdam);
+    zero::ShardedAdam z(c, kAdam, zero::Bug::none, std::max(stage, 1));
+    for (size_t i = 0; i < p.size(); i++)
+      p[i].impl()->grad = Tensor::zeros(p[i].shape(), Device::cpu, DType::bf16).impl_ptr();
+    stage == 0 ? z0.step(pointers(p)) : z.step(pointers(p));
+    const zero::Memory m = stage == 0 ? z0.memory(pointers(p)) : z.memory(pointers(p));
+    CHECK(m.params == 2 * n);
+    CHECK(m.grads == (stage == 2 ? 4 * shard : stage == 1 ? 2 * n : 2 * n));  // ZeRO-2: the reduced float32 shard
+    CHECK(m.optimizer == (stage == 0 ? 12 * n : 12 * shard));                 // master, m, v
+  }
+}
