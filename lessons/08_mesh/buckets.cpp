@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/core/check.h"
+#include "kernels/bf16.h"
 #include "kernels/device.h"
 
 namespace ff::zero {
@@ -161,12 +162,21 @@ void GradBuckets::post(size_t b) {
   if (free_grads_)  // ZeRO-2: the full gradients are in the buffer; this rank keeps only its shard
     for (size_t i = k.first; i < k.last; i++) params_[i]->impl()->grad = nullptr;
   const int dp = group_.size();
-  if (scatter_ && dp == 1)
+  if (bf16_ && dp > 1) {  // the bucket in bf16 on the wire, widened back in wait()
+    if (flat16_.empty()) flat16_.resize((size_t)flat_size_), shard16_.resize(scatter_ ? (size_t)shard_size() : 0);
+    uint16_t* b16 = flat16_.data() + k.offset;
+    for (int64_t i = 0; i < k.padded; i++) b16[i] = float_to_bf16(buf[i]);
+    if (scatter_)
+      requests_.push_back(group_.ireduce_scatter_sum_bf16(b16, shard16_.data() + k.offset / dp, (size_t)(k.padded / dp)));
+    else
+      requests_.push_back(group_.iallreduce_sum_bf16(b16, (size_t)k.numel));
+  } else if (scatter_ && dp == 1) {
     std::memcpy(shard_.data() + k.offset, buf, (size_t)k.padded * sizeof(float));
-  else if (scatter_)
+  } else if (scatter_) {
     requests_.push_back(group_.ireduce_scatter_sum(buf, shard_.data() + k.offset / dp, (size_t)(k.padded / dp)));
-  else if (dp > 1)
+  } else if (dp > 1) {
     requests_.push_back(group_.iallreduce_sum(buf, (size_t)k.numel));
+  }
 }
 
 void GradBuckets::flush() {
@@ -189,6 +199,15 @@ void GradBuckets::wait() {
       times_.exposed_s = std::max(times_.exposed_s, r.link_done_s - flushed_at_);
     }
   group_.wait_all(requests_);
+  if (bf16_ && group_.size() > 1) {  // the bf16 sums, widened (exact) into the float32 buffers
+    const int dp = group_.size();
+    for (const Bucket& b : buckets_) {
+      const int64_t at = scatter_ ? b.offset / dp : b.offset, n = scatter_ ? b.padded / dp : b.numel;
+      const uint16_t* src = (scatter_ ? shard16_.data() : flat16_.data()) + at;
+      float* dst = (scatter_ ? shard_.data() : flat_.data()) + at;
+      for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
+    }
+  }
   times_.buckets = (int)buckets_.size();
   last_ = times_;
   times_ = BucketTimes{};
@@ -210,7 +229,9 @@ void GradBuckets::for_each_shard_run(const std::function<void(size_t, int64_t, i
   }
 }
 
-size_t GradBuckets::bytes_held() const { return storage_bytes(flat_) + storage_bytes(shard_); }
+size_t GradBuckets::bytes_held() const {
+  return storage_bytes(flat_) + storage_bytes(shard_) + (flat16_.size() + shard16_.size()) * sizeof(uint16_t);
+}
 
 void GradBuckets::flatten_params(float* flat) const {
   for (const Bucket& b : buckets_) {

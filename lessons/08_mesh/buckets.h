@@ -87,6 +87,11 @@ class GradBuckets {
   const BucketTimes& times() const { return last_; }  // the last step's
   // planted bug: a bucket is posted when all but one of its gradients are in
   void post_one_early(bool on) { early_ = on; }
+  // Mixed precision (lesson 10's --grad-reduce bf16): each bucket rounded to bf16 before its
+  // collective, summed in bf16 (Comm's bf16 sums: each addition rounded) and widened back into
+  // the float32 buffers: half the bytes on the wire, a rounding per addition. Off: float32.
+  void reduce_in_bf16(bool on) { bf16_ = on; }
+  bool reduces_in_bf16() const { return bf16_; }
 
   // The layout. N numbers; bucket b holds params [first, last) at flat[offset, offset +
   // padded), padded a multiple of dp when scattered; this rank's block of it is at shard[offset / dp, +
@@ -122,12 +127,13 @@ class GradBuckets {
 
   Comm group_;
   size_t bucket_bytes_;
-  bool scatter_, free_grads_, early_ = false;
+  bool scatter_, free_grads_, early_ = false, bf16_ = false;
   std::vector<Tensor*> params_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param -> bucket
   int64_t n_ = -1, flat_size_ = 0;
   Tensor flat_, shard_;
+  std::vector<uint16_t> flat16_, shard16_;  // --grad-reduce bf16: what the collectives move
   // this step
   bool armed_ = false, flushed_ = false;
   std::vector<char> seen_;         // param's last gradient in

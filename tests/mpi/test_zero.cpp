@@ -537,3 +537,49 @@ TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with
     CHECK(m.optimizer == (stage == 0 ? 12 * n : 12 * shard));                 // master, m, v
   }
 }
+
+TEST_CASE("zero: gradients reduced in bf16: the sum rounded at each addition, widened, then the mean") {
+  Comm c = world();
+  Comm check = c.split(0, c.rank());
+  const int dp = c.size();
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    std::vector<Tensor> p = mixed_params(false);
+    zero::DataParallelAdam z0(c, kAdam);
+    zero::ShardedAdam z(c, kAdam, zero::Bug::none, std::max(stage, 1));
+    (stage == 0 ? z0.buckets() : z.buckets()).reduce_in_bf16(true);
+    set_mixed_grads(p, c.rank(), 0, false);
+    stage == 0 ? z0.step(pointers(p)) : z.step(pointers(p));
+    std::vector<float> got;
+    if (stage == 0) {
+      for (const Tensor& g : z0.mean_grads(pointers(p))) {
+        const std::vector<float> v = g.to_vector();
+        got.insert(got.end(), v.begin(), v.end());
+      }
+    } else {
+      got = z.gather_mean_grad(check);
+    }
+    // the exact sums (float32 holds them), each term and the result rounded to bf16; at dp <= 2
+    // that is the one addition's rounding, bit for bit, beyond within a rounding per addition
+    int64_t off = 0, wrong = 0, rounded = 0;
+    for (size_t i = 0; i < p.size(); i++) {
+      for (int64_t k = 0; k < p[i].numel(); k++) {
+        float sum = 0, mag = 0;
+        for (int r = 0; r < dp; r++) {
+          const float g = bf16_grad_of(p[i].shape(), r, i, 0, false)[(size_t)k];
+          sum += g, mag += std::fabs(g);
+        }
+        const float once = Tensor::from_vector({sum}, {1}).to_dtype(DType::bf16).to_vector()[0] / (float)dp;
+        const float g = got[(size_t)(off + k)];
+        if (dp <= 2)
+          wrong += g != once;
+        else
+          wrong += std::fabs(g - sum / (float)dp) > (dp - 1) * std::ldexp(mag, -8) / (float)dp;
+        rounded += once != sum / (float)dp;
+      }
+      off += p[i].numel();
+    }
+    CHECK_MESSAGE(wrong == 0, wrong << " mean gradients are not the bf16 sums'");
+    if (dp > 1) CHECK(rounded > 0);  // (the test's sums need more than bf16's 8 bits)
+  }
+}
