@@ -79,6 +79,21 @@ std::vector<NamedTensor> Params::named_parameters() const {
   return v;
 }
 
+std::vector<Tensor*> Params::matmul_weights() {
+  std::vector<Tensor*> w;
+  for (Block& b : layers) {
+    Attention& a = b.attn;
+    w.insert(w.end(), {&a.w_dq, &a.w_uq, &a.w_dkv, &a.w_uk, &a.w_uv, &a.w_kr, &a.w_o});
+    if (!b.moe)
+      w.insert(w.end(), {&b.ffn.w1, &b.ffn.w3, &b.ffn.w2});
+    else
+      w.insert(w.end(), {&b.experts.w1, &b.experts.w3, &b.experts.w2});
+    if (b.moe && b.experts.sw1.defined()) w.insert(w.end(), {&b.experts.sw1, &b.experts.sw3, &b.experts.sw2});
+  }
+  w.push_back(&head);
+  return w;
+}
+
 std::vector<NamedTensor> Params::named_buffers() const {
   std::vector<NamedTensor> v;
   for (size_t i = 0; i < layers.size(); i++)

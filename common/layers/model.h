@@ -103,6 +103,11 @@ struct Params {
   // What is loaded and saved but not trained by the optimizer: the MoE balancing biases,
   // "layers.<i>.moe.bias".
   std::vector<NamedTensor> named_buffers() const;
+  // The weights the activations are multiplied by (lesson 10 holds them in bf16, Megatron's
+  // mixed precision): MLA's projections, the dense FFN's and the experts' matrices, the LM
+  // head. Not the embedding (a lookup), the norms' weights or the router (DeepSeek-V3 keeps
+  // them in higher precision).
+  std::vector<Tensor*> matmul_weights();
 };
 
 // Every parameter and buffer of the model, zero, on dev (the parameters autograd leaves): the

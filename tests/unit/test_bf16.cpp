@@ -337,16 +337,7 @@ TEST_CASE("bf16 ops: the whole model in mixed precision: bf16 matmul weights, fl
   for (Device d : {Device::cpu, Device::sim}) {
     CAPTURE(device_name(d));
     model::Params mixed = model::init_params(c, 7, d);
-    auto half = [](Tensor& w) {
-      if (w.defined()) w = cast(w.detach(), DType::bf16).requires_grad_();
-    };
-    for (model::Block& b : mixed.layers) {
-      for (Tensor* w : {&b.attn.w_dq, &b.attn.w_uq, &b.attn.w_dkv, &b.attn.w_uk, &b.attn.w_uv, &b.attn.w_kr, &b.attn.w_o,
-                        &b.ffn.w1, &b.ffn.w2, &b.ffn.w3, &b.experts.w1, &b.experts.w2, &b.experts.w3, &b.experts.sw1,
-                        &b.experts.sw2, &b.experts.sw3})
-        half(*w);
-    }
-    half(mixed.head);
+    for (Tensor* w : mixed.matmul_weights()) *w = cast(w->detach(), DType::bf16).requires_grad_();
     const Tensor tokens = randint({2, 17}, 8, c.vocab);
     const model::Output f32 = model::loss_and_grads(c, full, tokens), bf = model::loss_and_grads(c, mixed, tokens.to(d));
     // the loss moves by bf16's rounding of the weights and the GEMMs' inputs, not more (measured:
