@@ -49,6 +49,7 @@ Fp8 quantize(const std::vector<float>& x, int64_t R, int64_t C, int64_t tr, int6
     for (int64_t c0 = 0; c0 < C; c0 += tc) {
       const int64_t r1 = std::min(R, r0 + tr), c1 = std::min(C, c0 + tc);
       // [exercise:tile-scale] One tile [r0, r1) x [c0, c1): its scale from its largest magnitude (448 in e4m3), its values divided by it and rounded (float_to_fp8).
+      // [slide:tile-scale-core]
       float amax = 0.f;
       for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++) amax = std::max(amax, std::fabs(x[(size_t)(r * C + c)]));
@@ -57,6 +58,7 @@ Fp8 quantize(const std::vector<float>& x, int64_t R, int64_t C, int64_t tr, int6
       out.scale[(size_t)((r0 / tr) * tiles_c + c0 / tc)] = scale;
       for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++) out.q[(size_t)(r * C + c)] = float_to_fp8(x[(size_t)(r * C + c)] / scale);
+      // [/slide]
       // [/exercise]
     }
   return out;
@@ -79,6 +81,7 @@ std::vector<float> fp8_gemm(const Fp8& a, const Fp8& b, int64_t promote, int acc
         continue;
       }
       // [exercise:promotion] c[i, j]: K products in chunks of `promote`, each chunk summed in the narrow accumulator (accumulate_bits after every fma), then scaled by its tiles' scales and added to the float32 total.
+      // [slide:promotion-core]
       float total = 0.f;  // float32, on the CUDA cores
       for (int64_t p0 = 0; p0 < K; p0 += promote) {
         float partial = 0.f;  // the tensor core's accumulator: acc_bits mantissa bits
@@ -91,6 +94,7 @@ std::vector<float> fp8_gemm(const Fp8& a, const Fp8& b, int64_t promote, int acc
         const float sb = b.scale[(size_t)((p0 / b.tr) * b_tiles + j / tn)];
         total = std::fma(partial * sa, sb, total);
       }
+      // [/slide]
       c[(size_t)(i * N + j)] = total;
       // [/exercise]
     }

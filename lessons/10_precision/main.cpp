@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
     std::string csv;
     bool within = true, same = true;
     for (const KRow& r : rows) {
-      L.print("  %-6lld %.2e  %.2e  %.2e %5.0fx  %.2e  | %.2e  %.2e\n", (long long)r.k, r.recipe,
+      L.print("  %-6lld %.2e  %.2e  %.2e %6.1fx %.2e  | %.2e  %.2e\n", (long long)r.k, r.recipe,
               r.recipe_ratio, r.never, r.never / r.recipe, r.fp32_acc, r.fine, r.per_tensor);
       within = within && r.recipe_ratio <= 1;
       same = same && r.same_bits == 1;

@@ -10,7 +10,7 @@ import re
 import pytest
 
 L10 = "10_precision"
-ROW = re.compile(r"^  (\d+) +(\S+) +(\S+) +(\S+) +(\d+)x +(\S+) +\| +(\S+) +(\S+)$", re.M)
+ROW = re.compile(r"^  (\d+) +(\S+) +(\S+) +(\S+) +([\d.]+)x +(\S+) +\| +(\S+) +(\S+)$", re.M)
 
 
 def table(run):
