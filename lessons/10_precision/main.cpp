@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,14 @@
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
 #include "kernels/kernels.h"
+#include "common/core/autograd.h"
+#include "common/core/ops.h"
+#include "common/layers/model.h"
+#include "common/lesson/corpus.h"
+#include "common/util/files.h"
+#include "lessons/08_mesh/zero.h"
 #include "lessons/10_precision/formats.h"
+#include "lessons/10_precision/mixed.h"
 
 using namespace ff;
 using namespace ff::precision;
@@ -49,9 +57,17 @@ using namespace ff::precision;
 namespace {
 
 struct Options {
+  std::string part = "all";
+  // [1]-[3] the formats
   int64_t m = 8, n = 128, k_max = 4096, tile = 128, promote = 128, acc_bits = 14, bf16_k = 1024;
   double outlier = 1e4;
+  // [4] training
+  std::string precision = "bf16", grad_reduce = "fp32", data = course_data_file("tinyshakespeare.txt");
+  int64_t steps = 20, zero = 1, batch = 8, seq = 32, log_every = 5, check_every = 1;
+  double lr = 3e-3;
   std::string bug = "none";
+  bool formats() const { return part != "train"; }
+  bool training() const { return part != "formats"; }
 };
 
 FormatBug bug_of(const std::string& name) {
@@ -307,9 +323,39 @@ void parse(Lesson& L, Options& o) {
   L.cli.flag("--outlier", &o.outlier, "[3] the outlier channels' factor (every 256th channel of the activations)",
              1.0, 1e6);
   L.cli.flag("--bf16-k", &o.bf16_k, "[2] K of the bf16 matmul (64 x K times K x 64)", 1, 1 << 20);
-  L.cli.choice("--bug", &o.bug, {"none", "bf16-truncate", "no-promotion", "per-tensor"},
-               "plant a mistake: bf16 by truncation, the FP8 GEMM never promoted, one scale per tensor");
+  L.cli.choice("--part", &o.part, {"all", "formats", "train"}, "formats: [1]-[3]; train: [4]; all: both");
+  L.cli.choice("--precision", &o.precision, {"bf16", "fp32"},
+               "[4] bf16: the matmul weights and their gradients bf16, AdamW's masters float32; fp32: all float32");
+  L.cli.choice("--grad-reduce", &o.grad_reduce, {"fp32", "bf16"}, "[4] the gradients' sum over the ranks in float32 or bf16");
+  L.cli.flag("--zero", &o.zero, "[4] ZeRO stage: 0 (all-reduce, AdamW everywhere), 1 (masters, m and v sharded), 2 "
+             "(gradients sharded too)", 0, 2);
+  L.cli.flag("--train", &o.steps, "[4] training steps", 1, 100000);
+  L.cli.flag("--batch", &o.batch, "[4] sequences per step, split over the ranks", 1, 4096);
+  L.cli.flag("--seq", &o.seq, "[4] tokens per sequence", 2, 1024);
+  L.cli.flag("--lr", &o.lr, "[4] AdamW's learning rate", 0.0, 1.0);
+  L.cli.flag("--log-every", &o.log_every, "[4] a step line every K steps (and the last)", 1, 100000);
+  L.cli.flag("--check-every", &o.check_every, "[4] one process's loss and gradients every K steps (and the last); "
+             "AdamW's bits every step", 1, 100000);
+  L.cli.flag("--data", &o.data, "[4] the training text (default: the course's data/tinyshakespeare.txt)", "FILE");
+  L.cli.choice("--bug", &o.bug, {"none", "bf16-truncate", "no-promotion", "per-tensor", "no-master"},
+               "plant a mistake: bf16 by truncation, the FP8 GEMM never promoted, one scale per tensor, AdamW's "
+               "update on the bf16 weights themselves (no float32 master)");
   L.parse();
+  if (o.training()) {
+    L.usage_error_if(o.batch % L.size() != 0, "--batch " + std::to_string(o.batch) + " must be a multiple of the " +
+                                                  std::to_string(L.size()) + " ranks (each its share of the sequences)");
+    CharCorpus corpus;
+    const std::string err = CharCorpus::try_load(o.data, &corpus);
+    L.usage_error_if(!err.empty(), "--data: " + err);
+    L.usage_error_if(o.seq >= corpus.split_size(CharCorpus::Split::train),
+                     "--seq " + std::to_string(o.seq) + " must be shorter than the training text");
+    L.usage_error_if(o.bug == "no-master" && o.precision != "bf16", "--bug no-master needs --precision bf16");
+    L.usage_error_if(o.precision == "fp32" && o.grad_reduce == "bf16",
+                     "--grad-reduce bf16 needs --precision bf16 (float32 gradients are summed in float32)");
+  }
+  L.usage_error_if(!o.formats() && (o.bug == "bf16-truncate" || o.bug == "no-promotion" || o.bug == "per-tensor"),
+                   "--bug " + o.bug + " plants a mistake in the formats: --part all or formats");
+  L.usage_error_if(!o.training() && o.bug == "no-master", "--bug no-master plants it in the training: --part all or train");
   L.usage_error_if(o.tile % o.promote != 0, "--promote " + std::to_string(o.promote) + " must divide --tile " +
                                                 std::to_string(o.tile) + " (a promoted chunk lies in one tile)");
   L.usage_error_if(o.k_max < o.tile, "--k-max " + std::to_string(o.k_max) + " must be at least --tile " +
@@ -320,92 +366,269 @@ void parse(Lesson& L, Options& o) {
                        " multiply-adds per GEMM; at most 4e9 (lower --m, --n or --k-max)");
 }
 
+// [1]-[3]: the formats, checked against the device's kernels and float64.
+void formats(Lesson& L, const Options& o, CheckReport& check) {
+  const FormatBug bug = bug_of(o.bug);
+  const uint64_t seed = (uint64_t)L.flags.seed;
+  char line[256];
+
+  // ---- [1] bf16
+  print_bf16_examples(L, bug);
+  const Bf16Result b = check_bf16(L.device, bug, seed);
+  L.print("  %lld floats (every sign, exponent and kept bits with six low halves, and 20000 ~ N(0, 1)): worst "
+          "relative error %.3e (half a bf16 step: 2^-8 = %.3e)\n\n",
+          (long long)b.compared, b.worst_rel, std::ldexp(1.0, -8));
+  std::snprintf(line, sizeof line, "bf16: %s's conversion = round_to_bf16, bit for bit", device_name(L.device));
+  check.holds(line, b.same_bits);
+  check.holds("bf16: every normal float32 within half a bf16 step (2^-8 relative)", b.worst_rel <= std::ldexp(1.0, -8));
+
+  // ---- [2] the bf16 matmul
+  const MatmulResult mm = check_bf16_matmul(L.device, 64, o.bf16_k, 64, seed + 10);
+  L.print("[2] bf16 matmul, 64 x %lld times %lld x 64 on %s, float32 sums:\n", (long long)o.bf16_k,
+          (long long)o.bf16_k, device_name(L.device));
+  L.print("  against float64 of the same bf16 operands  %.2e relative  (worst element %.3f of gamma_K sum|a||b|)\n",
+          mm.rel_bf16, mm.ratio);
+  L.print("  against float64 of the float32 inputs      %.2e relative  (the inputs' rounding, each within 2^-8)\n\n",
+          mm.rel_inputs);
+  check.holds("bf16 matmul within gamma_K sum|a||b| of float64 over the same bf16 operands", mm.ratio <= 1);
+
+  // ---- [3] FP8: the sweep over K, each rank its K values in turn, gathered on every rank
+  std::vector<int64_t> ks;
+  for (int64_t k = o.tile; k <= o.k_max; k *= 2) ks.push_back(k);
+  std::vector<double> table(ks.size() * KRow::kFields, 0.0);
+  for (size_t i = (size_t)L.rank(); i < ks.size(); i += (size_t)L.size()) {
+    const KRow r = sweep_k(L.device, o, ks[i], bug, seed + 100 + i);
+    std::memcpy(&table[i * KRow::kFields], &r, sizeof r);
+  }
+  L.comm.allreduce(table.data(), (int)table.size(), MPI_DOUBLE, MPI_SUM);
+  std::vector<KRow> rows(ks.size());
+  std::memcpy(rows.data(), table.data(), table.size() * sizeof(double));
+
+  L.print("[3] FP8 e4m3 GEMM, %lld x K times K x %lld, relative error against float64 (%d ranks, K in turn):\n",
+          (long long)o.m, (long long)o.n, L.size());
+  L.print("  recipe: 1 x %lld and %lld x %lld tiles, promoted every %lld products (DeepSeek-V3's); never: one\n"
+          "  scale along K, never promoted; both in a %lld-bit accumulator. fp32: the recipe, float32's.\n",
+          (long long)o.tile, (long long)o.tile, (long long)o.tile, (long long)o.promote, (long long)o.acc_bits);
+  L.print("  %-6s %-8s  %-8s  %-15s %-8s  | %-8s  %s\n", "K", "recipe", "/bound", "never (/recipe)", "fp32",
+          "per tile", "per tensor (outliers)");
+  std::string csv;
+  bool within = true, same = true;
+  for (const KRow& r : rows) {
+    L.print("  %-6lld %.2e  %.2e  %.2e %6.1fx %.2e  | %.2e  %.2e\n", (long long)r.k, r.recipe,
+            r.recipe_ratio, r.never, r.never / r.recipe, r.fp32_acc, r.fine, r.per_tensor);
+    within = within && r.recipe_ratio <= 1;
+    same = same && r.same_bits == 1;
+    char row[256];
+    std::snprintf(row, sizeof row, "%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e\n", (long long)r.k,
+                  (long long)o.m, (long long)o.n, (long long)o.promote, (long long)o.acc_bits, r.recipe,
+                  r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
+    csv += row;
+  }
+  L.print("  /bound: the recipe's worst element over its bound (main.cpp, bound_ratio); outliers: every\n"
+          "  256th channel x%g, the product of the others against float64 of the float32 inputs\n\n", o.outlier);
+  L.csv_append("k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor", csv);
+  std::snprintf(line, sizeof line, "FP8: %s's quantization and GEMM = formats.cpp's loops, bit for bit",
+                device_name(L.device));
+  if (bug == FormatBug::none || bug == FormatBug::bf16_truncate) check.holds(line, same);  // (the FP8 bugs change the loops)
+  check.holds("FP8 GEMM, promoted: within its bound of float64 at every K", within);
+  // the claim of the report: the narrow accumulator's error grows with K unless promoted.
+  // Checked once K holds 8 chunks or more (below, the two GEMMs are nearly one)
+  const KRow& last = rows.back();
+  if (last.k >= 8 * (double)o.promote) {
+    std::snprintf(line, sizeof line, "FP8 GEMM at K = %lld: never promoted %.1fx the promoted error (at least 10x)",
+                  (long long)last.k, last.never / last.recipe);
+    // (with 21 bits or more the accumulator is nearly float32's: nothing for promotion to fix)
+    if (o.acc_bits <= 20)
+      check.holds(line, last.never >= 10 * last.recipe);
+    else
+      L.print("  note: --acc-bits %lld: never promoted %.1fx the promoted error (the claim is checked at 20 "
+              "bits or fewer)\n", (long long)o.acc_bits, last.never / last.recipe);
+    std::snprintf(line, sizeof line, "FP8 at K = %lld, outlier channels: per-tile scales %.2e, per tensor %.2e "
+                  "(per tile the closer)", (long long)last.k, last.fine, last.per_tensor);
+    check.holds(line, last.fine < last.per_tensor);
+  }
+}
+
+// ---- [4] mixed-precision training, data parallel
+
+// "12.3 KiB"
+std::string kib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024);
+  return s;
+}
+
+// Bytes a step's collectives moved on comm (Comm's counters: payload bytes), and a reset.
+size_t bytes_moved(Comm& comm) {
+  size_t b = 0;
+  for (const auto& [op, count] : comm.collective_counts()) b += count.bytes;
+  comm.reset_collective_counts();
+  return b;
+}
+
+// [slide:mixed-step]
+// Lesson 08's model in bf16 (its matmul weights; --precision fp32: none) trained by every rank
+// on its share of each global batch, the gradients averaged and AdamW stepped by lesson 08's ZeRO
+// over the world: the float32 masters, m and v sharded (ZeRO-1, -2) or whole on every rank
+// (ZeRO-0). Every step checked against one process in the same precision (rank 0's Twin).
+void train(Lesson& L, const Options& o, CheckReport& check) {
+  const bool bf16 = o.precision == "bf16", root = L.rank() == 0;
+  const int dp = L.size();
+  const uint64_t seed = (uint64_t)L.flags.seed;
+  CharCorpus corpus = CharCorpus::load(o.data);
+  model::Config c;
+  c.vocab = corpus.vocab_size(), c.seq_len = o.seq;
+  model::Params p = model::init_params(c, seed, L.device);
+  if (bf16) hold_in_bf16(p);  // Megatron's layout: the weights themselves are bf16
+  std::vector<model::NamedTensor> named = p.named_parameters();
+  std::vector<Tensor*> params;
+  std::vector<std::string> names;
+  int64_t n16 = 0, n32 = 0;
+  for (model::NamedTensor& n : named) {
+    params.push_back(&n.t), names.push_back(n.name);
+    (n.t.dtype() == DType::bf16 ? n16 : n32) += n.t.numel();
+  }
+  // the optimizer: AdamW with float32 masters, sharded over the ranks by lesson 08's ZeRO
+  AdamConfig adam;
+  adam.lr = o.lr;
+  adam.master_weights = o.bug != "no-master";  // the planted bug at ZeRO-0
+  Comm data = L.comm.split(0, L.rank());       // the training's collectives, counted apart
+  zero::GroupAdam opt(data, adam, (int)o.zero, o.bug == "no-master" ? zero::Bug::no_master : zero::Bug::none);
+  for (size_t k = 0; k < params.size(); k++) opt.add(params[k], k);
+  opt.layout();
+  opt.buckets().reduce_in_bf16(o.grad_reduce == "bf16");
+  Comm check_comm = L.comm.split(0, L.rank());  // the check's traffic, apart
+  Twin twin(c, seed, L.device, bf16, adam, root);
+
+  L.print("\n[4] mixed-precision training: lesson 08's model (%lld parameters: %lld bf16 in its matmuls, %lld "
+          "float32: embedding, norms, router), %s, data parallel over %d ranks, ZeRO-%lld, gradients reduced in "
+          "%s; batch %lld x %lld tokens, AdamW lr %g\n",
+          (long long)(n16 + n32), (long long)n16, (long long)n32, bf16 ? "bf16 weights with float32 masters" : "float32",
+          dp, (long long)o.zero, o.grad_reduce == "bf16" ? "bf16" : "float32", (long long)o.batch, (long long)o.seq, o.lr);
+  L.print("  %-5s %-12s %-12s %-9s %-10s %-7s %-9s %s\n", "step", "loss (mesh)", "(1 proc)", "/bound", "grad /bound",
+          "AdamW", "bf16 moved", "DP bytes");
+  const double n_terms = (double)(o.batch * o.seq), eps = std::numeric_limits<float>::epsilon();
+  double worst_loss = 0, worst_grad = 0, last_loss = 0;
+  int64_t checked = 0;  // steps one process checked (rank 0)
+  std::string adam_differs, worst_grad_at = "-";
+  bool replicas_agree = true;
+  size_t step_bytes = 0;
+  std::ostringstream csv;
+  for (int64_t step = 0; step < o.steps; step++) {
+    const int64_t rows = o.batch / dp, row0 = L.rank() * rows;
+    // 1. one process's loss and gradients on the whole batch, from the same weights
+    const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
+    double loss_ref = NAN;
+    if (root && checking) loss_ref = twin.loss_and_grads(corpus.batch(CharCorpus::Split::train, step, o.batch, o.seq, 0, o.batch, seed));
+    // 2. this rank's share: forward and backward (bf16 weights give bf16 gradients)
+    const CharCorpus::Batch b = corpus.batch(CharCorpus::Split::train, step, o.batch, o.seq, row0, row0 + rows, seed);
+    for (Tensor* w : params) w->zero_grad();
+    const model::Output out = model::forward(c, p, b.inputs.to(L.device), b.targets.to(L.device),
+                                             model::positions(o.seq, L.device));
+    run_backward(out.loss, Tensor::full({}, 1.f, L.device));
+    std::vector<std::vector<float>> before;  // the bf16 weights before the step: did it move them?
+    for (Tensor* w : params)
+      if (w->dtype() == DType::bf16) before.push_back(w->to_vector());
+    // 3. the mean gradient over the ranks and AdamW (ZeRO: on this rank's shard of the masters)
+    opt.step();
+    step_bytes = bytes_moved(data);
+    // the check: the mesh's loss and mean gradients against one process's, AdamW bit for bit
+    double loss = out.loss.item();
+    L.comm.allreduce(&loss, 1, MPI_DOUBLE, MPI_SUM);
+    loss /= dp;
+    const std::vector<Tensor> means = opt.mean_grads(check_comm);
+    int64_t moved = 0, i16 = 0;
+    for (Tensor* w : params)
+      if (w->dtype() == DType::bf16) {
+        const std::vector<float> now = w->to_vector();
+        for (size_t e = 0; e < now.size(); e++) moved += now[e] != before[(size_t)i16][e];
+        i16++;
+      }
+    uint64_t h = params_hash(params);
+    std::vector<uint64_t> hashes((size_t)dp);
+    check_comm.allgather(&h, sizeof h, hashes.data());
+    replicas_agree = replicas_agree && std::all_of(hashes.begin(), hashes.end(), [&](uint64_t x) { return x == h; });
+    std::string adam_step = "=";
+    double loss_ratio = NAN, grad_worst = NAN;
+    if (root && checking) {
+      grad_worst = 0, checked++;
+      loss_ratio = std::fabs(loss - loss_ref) / (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
+      for (size_t k = 0; k < params.size(); k++) {
+        const double r = grad_ratio(means[k], twin.grad(k), bf16, n_terms);
+        if (r > worst_grad) worst_grad = r, worst_grad_at = names[k] + ", step " + std::to_string(step);
+        grad_worst = std::max(grad_worst, r);
+      }
+      worst_loss = std::max(worst_loss, std::isnan(loss_ratio) ? INFINITY : loss_ratio);
+    }
+    if (root) {
+      const std::string differs = twin.step(means, params, names);
+      if (!differs.empty()) {
+        adam_step = "differ";
+        if (adam_differs.empty()) adam_differs = differs + ", step " + std::to_string(step);
+      }
+    }
+    if (step % o.log_every == 0 || step + 1 == o.steps) {
+      char ref[64] = "-            -         -         ";  // a step not checked
+      if (checking) std::snprintf(ref, sizeof ref, "%-12.6f %-9.3f %-10.3f", loss_ref, loss_ratio, grad_worst);
+      char moved_share[16] = "     -";
+      if (n16) std::snprintf(moved_share, sizeof moved_share, "%5.1f%%", 100.0 * moved / n16);
+      L.print("  %-5lld %-12.6f %s %-7s %s    %s\n", (long long)step, loss, ref, adam_step.c_str(), moved_share,
+              kib((double)step_bytes).c_str());
+    }
+    csv << o.precision << ',' << o.zero << ',' << o.grad_reduce << ',' << (o.bug == "no-master") << ',' << dp << ','
+        << step << ',' << loss << ',' << loss_ref << ',' << (n16 ? (double)moved / n16 : 0.0) << ',' << step_bytes << '\n';
+    last_loss = loss;
+  }
+  L.csv_append("precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,bf16_moved,dp_bytes", csv.str());
+
+  // memory of this rank: measured (the tensors' storage, AdamW's state) against the formula
+  const zero::Memory got = opt.memory(), want = mixed_formula(n16, n32, dp, (int)o.zero);
+  const double N = (double)(n16 + n32), per = (double)(got.params + got.grads + got.optimizer) / N;
+  L.print("\n  memory of rank 0 (%s, ZeRO-%lld, dp %d): measured = formula (mixed.h), bytes per parameter\n",
+          bf16 ? "bf16 matmul weights" : "float32", (long long)o.zero, dp);
+  const struct { const char* what; size_t m, f; } rows[] = {
+      {"parameters", got.params, want.params}, {"gradients", got.grads, want.grads},
+      {bf16 ? "optimizer (master, m, v)" : "optimizer (m, v)", got.optimizer, want.optimizer}};
+  for (const auto& r : rows)
+    L.print("    %-26s %10s  %10s  %6.2f B\n", r.what, kib((double)r.m).c_str(), kib((double)r.f).c_str(),
+            (double)r.m / N);
+  // seed 001's bytes per parameter for this stage, all in bf16 (or all float32)
+  const double seed_bytes = bf16 ? zero::mixed_precision_bytes(1, dp, (int)o.zero)
+                                 : o.zero == 0 ? 16.0 : o.zero == 1 ? 8.0 + 8.0 / dp : 4.0 + 12.0 / dp;
+  L.print("    %-26s %10s  %10s  %6.2f B   seed 001, all %s: %.2f B\n", "total", kib(per * N).c_str(),
+          kib((double)(want.params + want.grads + want.optimizer)).c_str(), per, bf16 ? "bf16" : "float32", seed_bytes);
+  L.print("    (beside them: the collectives' buffers, %s, not in the formula)\n", kib((double)got.buffers).c_str());
+
+  char line[256];
+  L.comm.bcast(&checked, sizeof checked, 0);
+  std::snprintf(line, sizeof line, "training: loss of the ranks = one process's at %lld checked steps, |diff| <= 4 n "
+                "eps |loss|: worst %.3f of the bound", (long long)checked, worst_loss);
+  check.holds(line, !root || worst_loss <= 1);
+  if (bf16)
+    std::snprintf(line, sizeof line, "training: mean gradients = one process's, max|diff| <= 4 2^-8 max|want| (bf16): "
+                  "worst %.3f of the bound (%s)", worst_grad, worst_grad_at.c_str());
+  else
+    std::snprintf(line, sizeof line, "training: mean gradients = one process's, max|diff| <= 4 n eps max|want|: "
+                  "worst %.3f of the bound (%s)", worst_grad, worst_grad_at.c_str());
+  check.holds(line, !root || worst_grad <= 1);
+  std::snprintf(line, sizeof line, "training: AdamW%s = one process's on the same mean gradients, bit for bit%s%s",
+                bf16 ? " (float32 masters)" : "", adam_differs.empty() ? "" : ": not from ", adam_differs.c_str());
+  check.holds(line, !root || adam_differs.empty());
+  check.holds("training: every rank holds the same weights, bit for bit", replicas_agree);
+  check.holds("training: memory of every rank = the formula (parameters, gradients, optimizer)",
+              got.params == want.params && got.grads == want.grads && got.optimizer == want.optimizer);
+  check.holds("training: the loss is finite", std::isfinite(last_loss));
+}
+// [/slide]
 }  // namespace
 
 int main(int argc, char** argv) {
   return run_lesson(argc, argv, "10_precision", [](Lesson& L) {
     Options o;
     parse(L, o);
-    const FormatBug bug = bug_of(o.bug);
-    const uint64_t seed = (uint64_t)L.flags.seed;
     CheckReport check(L.comm);
-    char line[256];
-
-    // ---- [1] bf16
-    print_bf16_examples(L, bug);
-    const Bf16Result b = check_bf16(L.device, bug, seed);
-    L.print("  %lld floats (every sign, exponent and kept bits with six low halves, and 20000 ~ N(0, 1)): worst "
-            "relative error %.3e (half a bf16 step: 2^-8 = %.3e)\n\n",
-            (long long)b.compared, b.worst_rel, std::ldexp(1.0, -8));
-    std::snprintf(line, sizeof line, "bf16: %s's conversion = round_to_bf16, bit for bit", device_name(L.device));
-    check.holds(line, b.same_bits);
-    check.holds("bf16: every normal float32 within half a bf16 step (2^-8 relative)", b.worst_rel <= std::ldexp(1.0, -8));
-
-    // ---- [2] the bf16 matmul
-    const MatmulResult mm = check_bf16_matmul(L.device, 64, o.bf16_k, 64, seed + 10);
-    L.print("[2] bf16 matmul, 64 x %lld times %lld x 64 on %s, float32 sums:\n", (long long)o.bf16_k,
-            (long long)o.bf16_k, device_name(L.device));
-    L.print("  against float64 of the same bf16 operands  %.2e relative  (worst element %.3f of gamma_K sum|a||b|)\n",
-            mm.rel_bf16, mm.ratio);
-    L.print("  against float64 of the float32 inputs      %.2e relative  (the inputs' rounding, each within 2^-8)\n\n",
-            mm.rel_inputs);
-    check.holds("bf16 matmul within gamma_K sum|a||b| of float64 over the same bf16 operands", mm.ratio <= 1);
-
-    // ---- [3] FP8: the sweep over K, each rank its K values in turn, gathered on every rank
-    std::vector<int64_t> ks;
-    for (int64_t k = o.tile; k <= o.k_max; k *= 2) ks.push_back(k);
-    std::vector<double> table(ks.size() * KRow::kFields, 0.0);
-    for (size_t i = (size_t)L.rank(); i < ks.size(); i += (size_t)L.size()) {
-      const KRow r = sweep_k(L.device, o, ks[i], bug, seed + 100 + i);
-      std::memcpy(&table[i * KRow::kFields], &r, sizeof r);
-    }
-    L.comm.allreduce(table.data(), (int)table.size(), MPI_DOUBLE, MPI_SUM);
-    std::vector<KRow> rows(ks.size());
-    std::memcpy(rows.data(), table.data(), table.size() * sizeof(double));
-
-    L.print("[3] FP8 e4m3 GEMM, %lld x K times K x %lld, relative error against float64 (%d ranks, K in turn):\n",
-            (long long)o.m, (long long)o.n, L.size());
-    L.print("  recipe: 1 x %lld and %lld x %lld tiles, promoted every %lld products (DeepSeek-V3's); never: one\n"
-            "  scale along K, never promoted; both in a %lld-bit accumulator. fp32: the recipe, float32's.\n",
-            (long long)o.tile, (long long)o.tile, (long long)o.tile, (long long)o.promote, (long long)o.acc_bits);
-    L.print("  %-6s %-8s  %-8s  %-15s %-8s  | %-8s  %s\n", "K", "recipe", "/bound", "never (/recipe)", "fp32",
-            "per tile", "per tensor (outliers)");
-    std::string csv;
-    bool within = true, same = true;
-    for (const KRow& r : rows) {
-      L.print("  %-6lld %.2e  %.2e  %.2e %6.1fx %.2e  | %.2e  %.2e\n", (long long)r.k, r.recipe,
-              r.recipe_ratio, r.never, r.never / r.recipe, r.fp32_acc, r.fine, r.per_tensor);
-      within = within && r.recipe_ratio <= 1;
-      same = same && r.same_bits == 1;
-      char row[256];
-      std::snprintf(row, sizeof row, "%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e\n", (long long)r.k,
-                    (long long)o.m, (long long)o.n, (long long)o.promote, (long long)o.acc_bits, r.recipe,
-                    r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
-      csv += row;
-    }
-    L.print("  /bound: the recipe's worst element over its bound (main.cpp, bound_ratio); outliers: every\n"
-            "  256th channel x%g, the product of the others against float64 of the float32 inputs\n\n", o.outlier);
-    L.csv_append("k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor", csv);
-    std::snprintf(line, sizeof line, "FP8: %s's quantization and GEMM = formats.cpp's loops, bit for bit",
-                  device_name(L.device));
-    if (bug == FormatBug::none || bug == FormatBug::bf16_truncate) check.holds(line, same);  // (the FP8 bugs change the loops)
-    check.holds("FP8 GEMM, promoted: within its bound of float64 at every K", within);
-    // the claim of the report: the narrow accumulator's error grows with K unless promoted.
-    // Checked once K holds 8 chunks or more (below, the two GEMMs are nearly one)
-    const KRow& last = rows.back();
-    if (last.k >= 8 * (double)o.promote) {
-      std::snprintf(line, sizeof line, "FP8 GEMM at K = %lld: never promoted %.1fx the promoted error (at least 10x)",
-                    (long long)last.k, last.never / last.recipe);
-      // (with 21 bits or more the accumulator is nearly float32's: nothing for promotion to fix)
-      if (o.acc_bits <= 20)
-        check.holds(line, last.never >= 10 * last.recipe);
-      else
-        L.print("  note: --acc-bits %lld: never promoted %.1fx the promoted error (the claim is checked at 20 "
-                "bits or fewer)\n", (long long)o.acc_bits, last.never / last.recipe);
-      std::snprintf(line, sizeof line, "FP8 at K = %lld, outlier channels: per-tile scales %.2e, per tensor %.2e "
-                    "(per tile the closer)", (long long)last.k, last.fine, last.per_tensor);
-      check.holds(line, last.fine < last.per_tensor);
-    }
+    if (o.formats()) formats(L, o, check);
+    if (o.training()) train(L, o, check);
     return L.finish(check);
   });
 }
