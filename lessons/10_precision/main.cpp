@@ -70,6 +70,11 @@ struct Options {
   bool training() const { return part != "formats"; }
 };
 
+// --csv: one file, a row per K of the FP8 sweep (kind fp8) and per training step (kind train)
+const char* const kCsvHeader =
+    "kind,k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor,"
+    "precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,bf16_moved,dp_bytes,lr";
+
 FormatBug bug_of(const std::string& name) {
   return name == "bf16-truncate" ? FormatBug::bf16_truncate
          : name == "no-promotion" ? FormatBug::no_promotion
@@ -419,14 +424,14 @@ void formats(Lesson& L, const Options& o, CheckReport& check) {
     within = within && r.recipe_ratio <= 1;
     same = same && r.same_bits == 1;
     char row[256];
-    std::snprintf(row, sizeof row, "%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e\n", (long long)r.k,
+    std::snprintf(row, sizeof row, "fp8,%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e,,,,,,,,,,,\n", (long long)r.k,
                   (long long)o.m, (long long)o.n, (long long)o.promote, (long long)o.acc_bits, r.recipe,
                   r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
     csv += row;
   }
   L.print("  /bound: the recipe's worst element over its bound (main.cpp, bound_ratio); outliers: every\n"
           "  256th channel x%g, the product of the others against float64 of the float32 inputs\n\n", o.outlier);
-  L.csv_append("k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor", csv);
+  L.csv_append(kCsvHeader, csv);
   std::snprintf(line, sizeof line, "FP8: %s's quantization and GEMM = formats.cpp's loops, bit for bit",
                 device_name(L.device));
   if (bug == FormatBug::none || bug == FormatBug::bf16_truncate) check.holds(line, same);  // (the FP8 bugs change the loops)
@@ -514,6 +519,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   bool replicas_agree = true;
   size_t step_bytes = 0;
   std::ostringstream csv;
+  csv.precision(9);
   for (int64_t step = 0; step < o.steps; step++) {
     const int64_t rows = o.batch / dp, row0 = L.rank() * rows;
     // 1. one process's loss and gradients on the whole batch, from the same weights
@@ -575,11 +581,12 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
       L.print("  %-5lld %-12.6f %s %-7s %s    %s\n", (long long)step, loss, ref, adam_step.c_str(), moved_share,
               kib((double)step_bytes).c_str());
     }
-    csv << o.precision << ',' << o.zero << ',' << o.grad_reduce << ',' << (o.bug == "no-master") << ',' << dp << ','
-        << step << ',' << loss << ',' << loss_ref << ',' << (n16 ? (double)moved / n16 : 0.0) << ',' << step_bytes << '\n';
+    csv << "train,,,,,,,,,,,," << o.precision << ',' << o.zero << ',' << o.grad_reduce << ',' << (o.bug == "no-master") << ',' << dp << ','
+        << step << ',' << loss << ',' << loss_ref << ',' << (n16 ? (double)moved / n16 : 0.0) << ',' << step_bytes << ','
+        << o.lr << '\n';
     last_loss = loss;
   }
-  L.csv_append("precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,bf16_moved,dp_bytes", csv.str());
+  L.csv_append(kCsvHeader, csv.str());
 
   // memory of this rank: measured (the tensors' storage, AdamW's state) against the formula
   const zero::Memory got = opt.memory(), want = mixed_formula(n16, n32, dp, (int)o.zero);
@@ -601,15 +608,16 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
 
   char line[256];
   L.comm.bcast(&checked, sizeof checked, 0);
+  L.print("  the worst gradient against its bound: %s\n", worst_grad_at.c_str());
   std::snprintf(line, sizeof line, "training: loss of the ranks = one process's at %lld checked steps, |diff| <= 4 n "
                 "eps |loss|: worst %.3f of the bound", (long long)checked, worst_loss);
   check.holds(line, !root || worst_loss <= 1);
   if (bf16)
     std::snprintf(line, sizeof line, "training: mean gradients = one process's, max|diff| <= 4 2^-8 max|want| (bf16): "
-                  "worst %.3f of the bound (%s)", worst_grad, worst_grad_at.c_str());
+                  "worst %.3f of the bound", worst_grad);
   else
     std::snprintf(line, sizeof line, "training: mean gradients = one process's, max|diff| <= 4 n eps max|want|: "
-                  "worst %.3f of the bound (%s)", worst_grad, worst_grad_at.c_str());
+                  "worst %.3f of the bound", worst_grad);
   check.holds(line, !root || worst_grad <= 1);
   std::snprintf(line, sizeof line, "training: AdamW%s = one process's on the same mean gradients, bit for bit%s%s",
                 bf16 ? " (float32 masters)" : "", adam_differs.empty() ? "" : ": not from ", adam_differs.c_str());

@@ -1,7 +1,9 @@
 """Lesson 10, precision: bf16 rounding, the bf16 matmul and DeepSeek-V3's FP8 GEMM checked against every
 device's kernels and float64, on 1 to 3 ranks (the sweep's table the same on any); the emulated CUDA
-kernels; each planted bug FAILs the check that names it; the CSV the figure reads; bad input is one
-`error:` line with exit 2."""
+kernels; mixed-precision training on 1 to 4 ranks at ZeRO-0, -1 and -2 against one process, its memory
+per parameter computed here from the parameter counts, the bytes a bf16 gradient sum saves; each
+planted bug FAILs the check that names it; the CSV the figures read; bad input is one `error:` line
+with exit 2."""
 import csv
 import math
 import os
@@ -22,10 +24,11 @@ def table(run):
 
 @pytest.mark.parametrize("np_", [1, 2, 3], ids=["P1", "P2", "P3"])
 def test_every_check_passes_and_the_table_is_the_same_on_any_number_of_ranks(lesson, np_):
-    run = lesson(L10, np_).ok()
+    run = lesson(L10, np_, "--batch", 6 if np_ == 3 else 8).ok()
     run.has(r"bf16: cpu's conversion = round_to_bf16, bit for bit   PASS")
     run.has(r"FP8: cpu's quantization and GEMM = formats.cpp's loops, bit for bit   PASS")
-    one = table(lesson(L10, 1).ok()) if np_ != 1 else None
+    run.has(r"training: AdamW \(float32 masters\) = one process's on the same mean gradients, bit for bit   PASS")
+    one = table(lesson(L10, 1, "--part", "formats").ok()) if np_ != 1 else None
     rows = table(run)
     assert sorted(rows) == [128, 256, 512, 1024, 2048, 4096], run.why("K from 128 to 4096")
     if one is not None:
@@ -33,7 +36,7 @@ def test_every_check_passes_and_the_table_is_the_same_on_any_number_of_ranks(les
 
 
 def test_the_claims_the_recipe_flat_in_k_never_promoted_growing(lesson):
-    rows = table(lesson(L10, 2, "--k-max", 8192).ok())
+    rows = table(lesson(L10, 2, "--part", "formats", "--k-max", 8192).ok())
     ks = sorted(rows)
     recipe = [rows[k][0] for k in ks]
     never = [rows[k][2] for k in ks]
@@ -46,17 +49,17 @@ def test_the_claims_the_recipe_flat_in_k_never_promoted_growing(lesson):
 
 
 def test_device_sim_runs_the_cuda_kernels_through_the_emulator_bit_for_bit(lesson):
-    run = lesson(L10, 2, "--device", "sim", "--k-max", 1024, "--bf16-k", 256).ok()
+    run = lesson(L10, 2, "--device", "sim", "--k-max", 1024, "--bf16-k", 256, "--train", 3).ok()
     run.has(r"bf16: sim's conversion = round_to_bf16, bit for bit   PASS")
     run.has(r"FP8: sim's quantization and GEMM = formats.cpp's loops, bit for bit   PASS")
 
 
 def test_tiles_promotion_and_accumulator_as_flags(lesson):
-    run = lesson(L10, 3, "--tile", 64, "--promote", 32, "--k-max", 1000, "--acc-bits", 12).ok()
+    run = lesson(L10, 3, "--part", "formats", "--tile", 64, "--promote", 32, "--k-max", 1000, "--acc-bits", 12).ok()
     assert sorted(table(run)) == [64, 128, 256, 512], run.why("K from the tile, doubling up to --k-max")
     run.has(r"FP8 GEMM at K = 512: never promoted .*PASS")
     # a float32-wide accumulator: nothing for promotion to fix; said, not checked
-    wide = lesson(L10, 1, "--acc-bits", 23, "--k-max", 1024).ok()
+    wide = lesson(L10, 1, "--part", "formats", "--acc-bits", 23, "--k-max", 1024).ok()
     wide.has(r"note: --acc-bits 23: never promoted")
 
 
@@ -67,24 +70,119 @@ def test_tiles_promotion_and_accumulator_as_flags(lesson):
     ("per-tensor", [r"outlier channels: per-tile scales (\S+), per tensor \1 .*FAIL"]),
 ])
 def test_planted_bug_fails_the_check_that_names_it(lesson, bug, failing):
-    run = lesson(L10, 2, "--bug", bug).fails()
+    run = lesson(L10, 2, "--part", "formats", "--bug", bug).fails()
     for pattern in failing:
         run.has(pattern)
     fails = re.findall(r"   FAIL$", run.out, re.M)
     assert len(fails) <= 2, run.why("only the checks the bug breaks fail")
 
 
-def test_csv_holds_the_table_for_the_figure(lesson, tmp_path):
-    path = tmp_path / "fp8.csv"
-    run = lesson(L10, 2, "--k-max", 1024, "--csv", str(path)).ok()
+def test_csv_holds_the_table_and_the_training_for_the_figures(lesson, tmp_path):
+    path = tmp_path / "10.csv"
+    run = lesson(L10, 2, "--k-max", 1024, "--train", 6, "--check-every", 2, "--csv", str(path)).ok()
     rows = list(csv.DictReader(open(path)))
+    fp8 = [r for r in rows if r["kind"] == "fp8"]
     printed = table(run)
-    assert [int(r["k"]) for r in rows] == sorted(printed)
-    for r in rows:
+    assert [int(r["k"]) for r in fp8] == sorted(printed)
+    for r in fp8:
         want = printed[int(r["k"])]
         for key, shown in zip(["recipe", "recipe_ratio", "never", "fp32_acc", "fine", "per_tensor"], want):
             assert math.isclose(float(r[key]), shown, rel_tol=6e-3), f"{key} at K {r['k']}: {r[key]} vs {shown}"
         assert (int(r["promote"]), int(r["acc_bits"]), int(r["m"]), int(r["n"])) == (128, 14, 8, 128)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [int(r["step"]) for r in train] == list(range(6))
+    steps = {int(m[0]): float(m[1]) for m in re.findall(r"^  (\d+) +(\d+\.\d+) ", run.out, re.M)}
+    for r in train:
+        assert (r["precision"], r["zero"], r["grad_reduce"], r["dp"], float(r["lr"])) == ("bf16", "1", "fp32", "2", 3e-3)
+        assert math.isnan(float(r["loss_ref"])) == (int(r["step"]) % 2 == 1 and int(r["step"]) != 5)
+        if int(r["step"]) in steps:
+            assert math.isclose(float(r["loss"]), steps[int(r["step"])], abs_tol=1e-6)
+
+
+# ---- [4] mixed-precision training
+
+
+def counts(run):
+    """The parameters: (bf16 ones, float32 ones) as the run prints them."""
+    m = re.search(r"\((\d+) parameters: (\d+) bf16 in its matmuls, (\d+) float32", run.out)
+    assert m, run.why("the parameter counts")
+    assert int(m[1]) == int(m[2]) + int(m[3])
+    return int(m[2]), int(m[3])
+
+
+def per_parameter(run):
+    m = re.search(r"^    total +\S+ KiB +\S+ KiB +(\S+) B   seed 001, all (\S+): (\S+) B$", run.out, re.M)
+    assert m, run.why("the memory's total line")
+    return float(m[1]), float(m[3])
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_training_equals_one_process_and_memory_is_the_formula_computed_here(lesson, zero, precision):
+    np_ = 2
+    run = lesson(L10, np_, "--part", "train", "--zero", zero, "--precision", precision, "--train", 4).ok()
+    run.has(r"AdamW.* = one process's on the same mean gradients, bit for bit   PASS")
+    run.has(r"every rank holds the same weights, bit for bit   PASS")
+    n16, n32 = counts(run)
+    assert (n16 > 0) == (precision == "bf16")
+    n = n16 + n32
+    shard = -(-n // np_)
+    held = 2 * n16 + 4 * n32
+    grads = 4 * shard if zero == 2 else held
+    optimizer = (12 * n16 + 8 * n32 if zero == 0 else 12 * shard) if precision == "bf16" else (8 * n if zero == 0 else 8 * shard)
+    got, seed = per_parameter(run)
+    assert got == pytest.approx((held + grads + optimizer) / n, abs=0.006)
+    # seed 001's bytes per parameter, all in one precision
+    want_seed = {("bf16", 0): 16, ("bf16", 1): 4 + 12 / np_, ("bf16", 2): 2 + 14 / np_,
+                 ("fp32", 0): 16, ("fp32", 1): 8 + 8 / np_, ("fp32", 2): 4 + 12 / np_}[(precision, zero)]
+    assert seed == pytest.approx(want_seed, abs=0.006)
+    if precision == "fp32" or zero == 0:
+        assert got == pytest.approx(seed, abs=0.006)  # nothing held apart: the seed's formula itself
+    else:
+        # the float32 parameters (2 + 2 bytes more each; ZeRO-2: its float32 gradient shard) above the seed's all-bf16 bytes
+        assert seed < got < seed + 4 * n32 / n + (2 / np_ if zero == 2 else 0) + 0.006
+
+
+@pytest.mark.parametrize("np_, args", [
+    (1, []), (3, ["--batch", 6, "--zero", 2]), (4, ["--zero", 2, "--grad-reduce", "bf16"]), (4, ["--zero", 0]),
+], ids=["P1", "P3-zero2", "P4-zero2-bf16-sums", "P4-zero0"])
+def test_training_on_any_number_of_ranks(lesson, np_, args):
+    run = lesson(L10, np_, "--part", "train", "--train", 4, *args).ok()
+    run.has(r"training: mean gradients = one process's, .*PASS")
+
+
+def dp_bytes(run):
+    values = set(re.findall(r"^  \d+ .* (\d+\.\d) KiB$", run.out, re.M))
+    assert len(values) == 1, run.why("one DP byte count on every step line")
+    return float(values.pop())
+
+
+def test_bf16_gradient_sums_move_three_quarters_of_the_bytes(lesson):
+    # reduce-scatter in bf16 (2 bytes) and all-gather in float32 (4): 6 of 8
+    full = lesson(L10, 2, "--part", "train", "--train", 2).ok()
+    half = lesson(L10, 2, "--part", "train", "--train", 2, "--grad-reduce", "bf16").ok()
+    n16, n32 = counts(full)
+    # Comm counts what a reduce-scatter reduces and what an all-gather gathers: 4 bytes a parameter each
+    assert dp_bytes(full) == pytest.approx(8 * (n16 + n32) / 1024, abs=0.06)
+    assert dp_bytes(half) == pytest.approx(0.75 * dp_bytes(full), abs=0.06)
+
+
+def test_planted_bug_no_master_fails_adamw_and_the_model_stalls(lesson):
+    bug = lesson(L10, 2, "--part", "train", "--bug", "no-master", "--train", 4).fails()
+    bug.has(r"AdamW \(float32 masters\) = one process's on the same mean gradients, bit for bit: not from .*, "
+            r"step [1-3]   FAIL")
+    # at lr 1e-4 most updates are under half a bf16 step: without masters they round away
+    args = ["--part", "train", "--lr", "1e-4", "--train", 60, "--check-every", 30, "--log-every", 59]
+    good = lesson(L10, 2, *args).ok()
+    stuck = lesson(L10, 2, *args, "--bug", "no-master").fails()
+
+    def last(run):
+        m = re.findall(r"^  59 +(\S+) .* (\S+)%", run.out, re.M)
+        assert m, run.why("step 59's line")
+        return float(m[0][0]), float(m[0][1])
+    (loss_good, moved_good), (loss_stuck, moved_stuck) = last(good), last(stuck)
+    assert loss_stuck > loss_good + 0.05, (loss_good, loss_stuck)
+    assert moved_stuck < moved_good, (moved_good, moved_stuck)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -93,6 +191,14 @@ def test_csv_holds_the_table_for_the_figure(lesson, tmp_path):
     (["--m", 4096, "--n", 4096, "--k-max", 1 << 20], "at most 4e9"),
     (["--acc-bits", 0], "--acc-bits"),
     (["--bug", "nope"], "--bug"),
-], ids=["promote-not-dividing-tile", "k-below-tile", "too-big", "acc-bits-0", "unknown-bug"])
+    (["--batch", 7], "--batch 7 must be a multiple of the 2 ranks"),
+    (["--bug", "no-master", "--precision", "fp32"], "--bug no-master needs --precision bf16"),
+    (["--grad-reduce", "bf16", "--precision", "fp32"], "--grad-reduce bf16 needs --precision bf16"),
+    (["--zero", 3], "--zero"),
+    (["--part", "train", "--bug", "per-tensor"], "plants a mistake in the formats"),
+    (["--part", "formats", "--bug", "no-master"], "plants it in the training"),
+    (["--data", "/nonexistent/text"], "--data"),
+], ids=["promote-not-dividing-tile", "k-below-tile", "too-big", "acc-bits-0", "unknown-bug", "batch-not-multiple",
+        "no-master-fp32", "bf16-sums-fp32", "zero-3", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
 def test_bad_input_is_one_error_line_and_exit_2(lesson, args, says):
     lesson(L10, 2, *args).usage_error(says)
