@@ -184,15 +184,33 @@ plots_09() {
 # Lesson 10: the FP8 GEMM's relative error against K = 128 .. 16384: DeepSeek-V3's recipe (1 x 128
 # and 128 x 128 tiles, promoted every 128 products), never promoted, a float32 accumulator, each
 # with a tensor-core accumulator of 14 bits (the H800's, the lesson's default), 13 and 15; and on
-# activations with outlier channels, per-tile scales against one scale per tensor. About 3 s a run
-# on two cores.
+# activations with outlier channels, per-tile scales against one scale per tensor (--part formats,
+# about 5 s a run on two cores). Then [4], mixed-precision training on 2 data-parallel ranks, 500
+# steps (about 8 s a run): float32, bf16 with float32 masters, bf16 gradient sums; and at lr 1e-4
+# bf16 with and without masters (the planted bug no-master, whose check fails: exit 1). Every run
+# appends to one csv, its rows told apart by their kind column (fp8, train).
 plots_10() {
   echo "+ lesson 10 at P=2"
-  rm -f "$DATA/10_fp8.csv"
+  L10="$BUILD/bin/10_precision"; C10="$DATA/10_precision.csv"
+  rm -f "$C10"
   for bits in 14 13 15; do
-    $MPIRUN -np 2 "$BUILD/bin/10_precision" --k-max 16384 --acc-bits $bits --csv "$DATA/10_fp8.csv" >/dev/null
+    $MPIRUN -np 2 "$L10" --part formats --k-max 16384 --acc-bits $bits --csv "$C10" >/dev/null
   done
-  $PYTHON plots/10_precision.py "$DATA/10_fp8.csv" "$OUT"
+  run10() {  # run10 ARGS...: 500 training steps, one process's loss and gradients every 50
+    $MPIRUN -np 2 "$L10" --part train --train 500 --check-every 50 --log-every 100 "$@" --csv "$C10" >/dev/null
+  }
+  run10 --precision fp32
+  run10 --precision bf16
+  run10 --precision bf16 --grad-reduce bf16
+  run10 --precision bf16 --lr 1e-4
+  # the planted bug: its check FAILs, exit 1 (the rows are written first); any other status is an error
+  local rc=0
+  run10 --precision bf16 --lr 1e-4 --bug no-master || rc=$?
+  if [ "$rc" -ne 1 ]; then
+    echo "error: lesson 10 --bug no-master exited $rc, expected 1 (its check fails on the planted bug)" >&2
+    exit 1
+  fi
+  $PYTHON plots/10_precision.py "$C10" "$OUT"
 }
 
 with_figures=$(declare -F | sed -n 's/^declare -f plots_//p' | tr '\n' ' ')

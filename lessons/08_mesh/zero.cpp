@@ -145,6 +145,7 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   // Mixed precision (bf16 parameters): param_shard_ is the float32 MASTER of this rank's blocks,
   // kept from step to step (read from the parameters once; rounding them to bf16 and back would
   // lose every update below half a bf16 step). Float32 parameters are read again every step.
+  // [slide:master-shard]
   const bool masters = has_bf16_ && param_shard_.defined() && masters_held_ && bug_ != Bug::no_master;
   if (!param_shard_.defined()) param_shard_ = Tensor::zeros({shard});
   // [exercise:zero1-step] ZeRO-1's update: AdamW on this rank's blocks only — gather them from flat into param_shard_ (unless it holds the masters), step, and put them back.
@@ -158,6 +159,7 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
     for (const GradBuckets::Bucket& b : buckets_.buckets())
       std::memcpy(mine(b), param_shard_.data() + b.offset / dp, (size_t)(b.padded / dp) * sizeof(float));
   // [/exercise]
+  // [/slide]
   masters_held_ = has_bf16_;
 
   // 3. all-gather, bucket by bucket: every rank contributes its updated block (already in place

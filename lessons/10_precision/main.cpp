@@ -508,7 +508,9 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   L.print("\n[4] mixed-precision training: lesson 08's model (%lld parameters: %lld bf16 in its matmuls, %lld "
           "float32: embedding, norms, router), %s, data parallel over %d ranks, ZeRO-%lld, gradients reduced in "
           "%s; batch %lld x %lld tokens, AdamW lr %g\n",
-          (long long)(n16 + n32), (long long)n16, (long long)n32, bf16 ? "bf16 weights with float32 masters" : "float32",
+          (long long)(n16 + n32), (long long)n16, (long long)n32,
+          !bf16 ? "float32" : o.bug == "no-master" ? "bf16 weights WITHOUT float32 masters (--bug no-master)"
+                                                   : "bf16 weights with float32 masters",
           dp, (long long)o.zero, o.grad_reduce == "bf16" ? "bf16" : "float32", (long long)o.batch, (long long)o.seq, o.lr);
   L.print("  %-5s %-12s %-12s %-9s %-10s %-7s %-9s %s\n", "step", "loss (mesh)", "(1 proc)", "/bound", "grad /bound",
           "AdamW", "bf16 moved", "DP bytes");
