@@ -1,5 +1,5 @@
 """Every lesson from any directory: the course's data (data/tinyshakespeare.txt, read by lessons 05
-with --train and 08) found from the executable's directory upward, or else in the tree the binary
+with --train, 08 and 10) found from the executable's directory upward, or else in the tree the binary
 was built from (common/util/files.h: course_data_file)."""
 import glob
 import os
@@ -15,14 +15,15 @@ LESSONS = sorted(os.path.basename(d) for d in glob.glob(os.path.join(ROOT, "less
 @pytest.mark.long
 @pytest.mark.lesson(*(n[:2] for n in LESSONS))
 def test_every_lessons_default_demo_passes_started_from_root_with_the_binarys_full_path(lesson):
-    # each lesson's default run on its NP file's ranks, all nine of them; the two that read the
-    # course's data train two steps on it (05's --train 2, 08's 16 ranks on 2 steps of its 20: the
-    # data is found at its start or never; the default run whole is make run L=08's README block)
-    assert len(LESSONS) == 9, f"the course's lessons: {LESSONS}"
+    # each lesson's default run on its NP file's ranks, all ten of them; the three that read the
+    # course's data train two steps on it (05's --train 2, 08's 16 ranks on 2 steps of its 20, 10's
+    # training part: the data is found at its start or never; the default runs whole are make run's
+    # README blocks)
+    assert len(LESSONS) == 10, f"the course's lessons: {LESSONS}"
     for name in LESSONS:
         with open(os.path.join(ROOT, "lessons", name, "NP")) as f:
             np_ = int(f.read())
-        args = ["--train", 2] if name in ("05_deepseek_moe", "08_mesh") else []
+        args = ["--train", 2] if name in ("05_deepseek_moe", "08_mesh", "10_precision") else []
         passes_on_stdout(lesson(name, np_, *args, cwd="/", separate=True))
 
 
