@@ -298,7 +298,18 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   return record(x.view(s), "reshape", {x}, [xs](const Tensor& g) -> Grads { return {reshape(g, xs)}; });
 }
 
+// A bf16 tensor through an op that only moves numbers (transpose, slice, concat): the op on its
+// float32 widening, narrowed back. Exact both ways (every bf16 value is a float32 value), and the
+// casts carry the gradient: a bf16 tensor's gradient stays bf16.
+static bool all_bf16(const std::vector<Tensor>& xs, const char* op) {
+  bool any = false, all = true;
+  for (const Tensor& t : xs) any = any || t.dtype() == DType::bf16, all = all && t.dtype() == DType::bf16;
+  FF_CHECK(!any || all, op << ": bf16 tensors with tensors of another dtype");
+  return any;
+}
+
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  if (all_bf16({x}, "transpose")) return cast(transpose(cast(x, DType::f32), d0, d1), DType::bf16);
   check_float(x, "transpose");
   d0 = norm_dim(x, d0, "transpose");
   d1 = norm_dim(x, d1, "transpose");
@@ -320,6 +331,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
+  if (all_bf16({x}, "slice")) return cast(slice(cast(x, DType::f32), dim, start, end), DType::bf16);
   check_float(x, "slice");
   dim = norm_dim(x, dim, "slice");
   int64_t n = x.size(dim);
@@ -342,6 +354,11 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
 
 Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
   FF_CHECK(!xs.empty(), "concat: no tensors");
+  if (all_bf16(xs, "concat")) {
+    std::vector<Tensor> wide;
+    for (const Tensor& t : xs) wide.push_back(cast(t, DType::f32));
+    return cast(concat(wide, dim), DType::bf16);
+  }
   for (const Tensor& t : xs) check_float(t, "concat");
   dim = norm_dim(xs[0], dim, "concat");
   Shape os = xs[0].shape();

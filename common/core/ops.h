@@ -47,7 +47,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // when it already is. The gradient goes back unchanged in value, in x's dtype.
 Tensor cast(const Tensor& x, DType to);
 
-// ---- shape and layout
+// ---- shape and layout (float32, or bf16: the numbers moved exactly, bf16 gradients)
 Tensor reshape(const Tensor& x, const Shape& shape);      // a view; one dim may be -1
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1); // copies
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);  // [start, end)

@@ -32,9 +32,11 @@ Setup parse_options(Lesson& lesson, Options& opts) {
   cli.flag("--prompts", &opts.prompts, "the prompts, separated by |; --batch takes them in turn", "TEXT");
   cli.flag("--batch", &opts.batch, "sequences decoded together (different lengths: each its own positions)", 1, 256);
   cli.flag("--new", &opts.new_tokens, "tokens generated per sequence (greedy)", 1, 4096);
+  cli.toggle("--bf16", &opts.bf16, "serve bf16 weights: the matmuls' weights rounded to bf16 (lesson 10's mixed "
+             "precision) and read as bf16 by every decode step; embedding, norms and router float32");
   cli.toggle("--int8", &opts.int8, "serve int8 weights (symmetric, a scale per output channel, seed 002's): "
              "their memory, the logits' error and the validation perplexity against float32, the bytes generated");
-  cli.flag("--val-batches", &opts.val_batches, "--int8: validation batches (8 x 64 bytes) for the perplexity", 1, 1000);
+  cli.flag("--val-batches", &opts.val_batches, "--int8, --bf16: validation batches (8 x 64 bytes) for the perplexity", 1, 1000);
   cli.choice("--bug", &opts.bug, {"none", "rope-off-by-one", "absorb-transposed", "cache-skip-layer", "int8-per-tensor"},
              "plant a bug: rope-off-by-one (decode rotates by position + 1), absorb-transposed (each head's "
              "W_uk^T made by a reshape, not a transpose), cache-skip-layer (the last layer never caches a decoded token): the check fails; "
@@ -126,12 +128,14 @@ Setup parse_options(Lesson& lesson, Options& opts) {
           : opts.bug == "absorb-transposed" ? Bug::absorb_transposed
           : opts.bug == "cache-skip-layer" ? Bug::cache_skip_layer : Bug::none;
   s.int8_per_tensor = opts.bug == "int8-per-tensor";
+  s.bf16 = opts.bf16;
+  lesson.usage_error_if(opts.bf16 && opts.int8, "--bf16 and --int8: one or the other (the served weights are bf16 or int8)");
   lesson.usage_error_if(s.bug != Bug::none && opts.new_tokens < 2,
                         "--bug " + opts.bug + " plants its bug in the decode steps: it needs --new 2 or more "
                         "(--new 1 is prefill alone)");
   lesson.usage_error_if(s.int8_per_tensor && !opts.int8, "--bug int8-per-tensor plants its bug in the int8 weights: it needs --int8");
-  lesson.usage_error_if(opts.int8 && s.corpus.split_size(CharCorpus::Split::val) <= 65,
-                        "--int8: the validation text of " + opts.data + " is too short for a 64-byte window");
+  lesson.usage_error_if((opts.int8 || opts.bf16) && s.corpus.split_size(CharCorpus::Split::val) <= 65,
+                        std::string(opts.int8 ? "--int8" : "--bf16") + ": the validation text of " + opts.data + " is too short for a 64-byte window");
   s.moe_comm = opts.moe_comm == "allreduce" ? MoeComm::allreduce : MoeComm::alltoall;
   // the world: heads over the ranks (TP), routed experts over the ranks (EP)
   const int P = lesson.size();

@@ -15,7 +15,7 @@ namespace ff::infer {
 
 struct Options {
   int64_t batch = 4, new_tokens = 48, val_batches = 4, ranks_per_node = 0;
-  bool int8 = false;
+  bool int8 = false, bf16 = false;
   int64_t dim = 64, layers = 3, dense_layers = 1, heads = 4, d_nope = 16, d_rope = 8, d_v = 16;
   int64_t q_lora = 32, kv_lora = 32, ffn = 128, experts = 8, topk = 2, shared = 1, moe_ffn = 32;
   std::string prompts = "ROMEO:|JULIET:|First Citizen:|KING RICHARD III:", cache = "all", bug = "none",
@@ -31,6 +31,7 @@ struct Setup {
   Bug bug = Bug::none;
   MoeComm moe_comm = MoeComm::alltoall;
   bool int8_per_tensor = false;              // --bug int8-per-tensor
+  bool bf16 = false;                         // --bf16: the matmuls' weights in bf16
   int64_t capacity = 0;                      // tokens per sequence: longest prompt + --new
   std::vector<int64_t> speed_batches;        // --speed
   LinkModel link;                            // --link (off when not given)

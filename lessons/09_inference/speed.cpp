@@ -40,13 +40,13 @@ double read_bandwidth(int threads) {
 namespace {
 
 // Bytes of the weights every step reads whole (everything but the embedding and the routed
-// experts), and of one routed expert; with int8, the FFNs' and experts' as int8 numbers and
-// their scales (what int8_matmul reads).
+// experts), and of one routed expert: as they are held (float32 4 bytes, bf16 2); with int8, the
+// FFNs' and experts' as int8 numbers and their scales (what int8_matmul reads).
 void weight_bytes(const model::Params& p, const Int8Model* int8, double* always, double* per_expert) {
   *always = 0, *per_expert = 0;
   std::string first_moe;
   for (const model::NamedTensor& n : p.named_parameters()) {
-    double bytes = 4.0 * (double)n.t.numel();
+    double bytes = (double)n.t.nbytes();
     const bool ffn = n.name.find(".ffn.") != std::string::npos || n.name.find(".moe.experts_") != std::string::npos ||
                      n.name.find(".moe.shared_") != std::string::npos;
     if (int8 && ffn) {
@@ -101,10 +101,11 @@ const char* const kCsvHeader =
     "tokens_per_s,weight_bytes,cache_bytes,gb_per_s,bandwidth,int8";
 
 void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, int threads,
-                 bool int8) {
+                 bool int8, bool bf16) {
   L.print("decode speed (one process, %s cache; it reads memory at %.1f GB/s with %d threads, measured)%s:\n",
           cache_name(kind), bandwidth / 1e9, threads,
-          int8 ? "; the FFNs and experts read int8, the attention float32" : "");
+          int8 ? "; the FFNs and experts read int8, the attention float32"
+               : bf16 ? "; every matmul reads its bf16 weights, 2 bytes each" : "");
   L.print("  %5s %9s %10s %14s %13s %9s %6s\n", "batch", "ms/step", "tokens/s", "weights/step", "cache/step",
           "GB/s", "util");
   std::string csv;

@@ -43,7 +43,7 @@ std::vector<SpeedRow> decode_speed(const model::Config& c, const model::Params& 
 
 // int8: the FFNs and experts read int8 (the attention's weights dequantized at load).
 void print_speed(Lesson& L, const std::vector<SpeedRow>& rows, CacheKind kind, double bandwidth, int threads,
-                 bool int8);
+                 bool int8, bool bf16 = false);
 
 // --csv: the lesson's one table, a kind per row: cache (bytes per token per layer), decode (a
 // cache's timed steps), speed (a --speed batch size). Columns a kind does not use are empty.

@@ -1,8 +1,8 @@
 """Lesson 09, inference: the kv, latent and absorbed caches give the training forward's logits at every
 position and its argmax bytes, on one process and with heads and experts split over 2, 3 and 4
 ranks; each planted bug FAILs the cache it breaks; int8 weights are a quarter of the bytes and keep
-the check; lesson 08's checkpoints are served; --speed, --link, dumps and traces; bad input is one
-`error:` line with exit 2."""
+the check; bf16 weights are half and keep it within a bf16 bound; lesson 08's checkpoints are served;
+--speed, --link, dumps and traces; bad input is one `error:` line with exit 2."""
 import re
 
 import numpy as np
@@ -82,11 +82,41 @@ def test_planted_bug_int8_per_tensor_no_check_fails_the_error_grows(lesson):
         bug.why(f"per-tensor scales' error {per_tensor} > 1.3 x per-channel's {per_channel}")
 
 
+@pytest.mark.parametrize("np_", [1, 2, 4], ids=["P1", "P2", "P4"])
+def test_bf16_half_the_bytes_every_cache_within_the_bf16_bound(lesson, np_):
+    run = lesson(L09, np_, "--bf16", "--new", 16).ok()
+    run.has(r"bf16 weights \(the matmuls', .*: 0\.500x")
+    err = relative_error(run)
+    assert 0 < err <= 2 ** -8, run.why(f"bf16 keeps every weight within 2^-8: {err}")
+    # the bound: float32's plus 2 layers 2^-8 max|z| (3 layers); the latent cache on one process
+    # makes the training forward's own operations: float32's bound alone would hold
+    tols = [float(t) for t in re.findall(r"every position: max\|diff\| \S+ <= (\S+)   PASS", run.out)]
+    assert len(tols) == 3 and all(t > 2 * 3 * 2 ** -8 for t in tols), run.why("three caches within a bf16 bound")
+
+
+def test_bf16_speed_counts_two_bytes_a_weight(lesson):
+    runs = [lesson(L09, 1, *args, "--speed", 1, "--new", 8, "--cache", "absorbed").ok() for args in ([], ["--bf16"])]
+    weights = []
+    for run in runs:
+        m = re.search(r"^ +1 +[0-9.]+ +[0-9]+ +([0-9.]+) MB", run.out, re.M)
+        assert m, run.why("the batch-1 speed row")
+        weights.append(float(m[1]))
+    runs[1].has(r"every matmul reads its bf16 weights, 2 bytes each")
+    # the matmul weights halve; the norms and the router (read every step) stay float32
+    assert 0.5 * weights[0] - 0.006 <= weights[1] < 0.55 * weights[0], (weights, runs[1].why("about half the bytes"))
+
+
+@pytest.mark.parametrize("bug", ["rope-off-by-one", "absorb-transposed", "cache-skip-layer"])
+def test_bf16_planted_bugs_still_fail(lesson, bug):
+    lesson(L09, 2, "--bf16", "--bug", bug, "--new", 8).fails().has(r"logits, .* cache .*FAIL")
+
+
 def test_lesson_08_checkpoint_served_on_1_and_2_ranks(lesson, tmp_path):
     ck = tmp_path / "ck09"
     lesson(L08, 2, "--train", 4, *SMALL_08, "--save", ck).ok()
     lesson(L09, 1, "--checkpoint", ck, "--new", 8).ok().has(r"lesson 08.s checkpoint")
     lesson(L09, 2, "--checkpoint", ck, "--new", 8, "--int8").ok()
+    lesson(L09, 2, "--checkpoint", ck, "--new", 8, "--bf16").ok().has(r"bf16 weights")
 
 
 def test_speed_tokens_per_s_bytes_and_bandwidth_per_batch_size(lesson):
@@ -127,6 +157,10 @@ def test_device_sim_decode_under_the_emulator(lesson):
     lesson(L09, 1, "--device", "sim", "--batch", 2, "--new", 4, "--dim", 32, "--ffn", 32).ok()
 
 
+def test_device_sim_bf16_the_emulated_kernels_read_bf16(lesson):
+    lesson(L09, 2, "--device", "sim", "--bf16", "--batch", 2, "--new", 4, "--dim", 32, "--ffn", 32).ok()
+
+
 def test_device_sim_int8_every_weight_dequantized_and_the_check_passes(lesson):
     # int8_matmul is the cpu's, so on sim every weight is dequantized at load
     lesson(L09, 1, "--device", "sim", "--int8", "--batch", 2, "--new", 4, "--dim", 32, "--ffn", 32,
@@ -150,9 +184,11 @@ def test_help_lists_every_flag_with_its_default(lesson):
     (1, ["--speed", "1,0"]),                                        # a batch of 0
     (1, ["--bug", "int8-per-tensor"]),                              # without --int8
     (1, ["--bug", "absorb-transposed", "--cache", "kv"]),           # a bug of a cache not run
+    (1, ["--bf16", "--int8"]),                                      # two precisions of the weights
 ], ids=["prompt-byte-outside-vocabulary", "empty-prompt", "3-ranks-for-4-heads", "3-ranks-for-8-experts",
         "sizes-beyond-memory", "ranks-per-node-without-link", "link-bad-bandwidth", "decode-bug-with-new-1",
-        "speed-on-2-ranks", "speed-batch-0", "int8-per-tensor-without-int8", "absorb-transposed-with-cache-kv"])
+        "speed-on-2-ranks", "speed-batch-0", "int8-per-tensor-without-int8", "absorb-transposed-with-cache-kv",
+        "bf16-and-int8"])
 def test_bad_input(lesson, np_, args):
     lesson(L09, np_, *args, timeout=60).usage_error()
 

@@ -421,3 +421,34 @@ TEST_CASE("bf16 ops: a bf16 weight read twice adds its two bf16 gradients") {
   for (size_t i = 0; i < one.size(); i++) differ += float_bits(two[i]) != float_bits(2 * one[i]);
   CHECK(differ == 0);
 }
+
+TEST_CASE("bf16 ops: transpose, slice and concat move bf16 numbers exactly, and their gradients are bf16") {
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    const Tensor x32 = randn({3, 4, 5}, 21, d), y32 = randn({3, 2, 5}, 22, d);
+    Tensor x = cast(x32, DType::bf16).detach().requires_grad_(), y = cast(y32, DType::bf16).detach().requires_grad_();
+    const Tensor xw = x.to_dtype(DType::f32), yw = y.to_dtype(DType::f32);
+    // the same numbers as the float32 op on the widened values, held in bf16
+    const Tensor t = transpose(x, 0, 2), sl = slice(x, 1, 1, 3), c = concat({x, y}, 1);
+    for (const auto& [got, want] : {std::pair{t, transpose(xw, 0, 2)}, std::pair{sl, slice(xw, 1, 1, 3)},
+                                    std::pair{c, concat({xw, yw}, 1)}}) {
+      CHECK(got.dtype() == DType::bf16);
+      CHECK(got.shape() == want.shape());
+      CHECK(got.to_vector() == want.to_vector());
+    }
+    // gradients: ones through each, summed: every element of x gets 1 (transpose) + 1 if in the
+    // slice's rows + 1 (concat); y 1
+    const Tensor loss = add(add(sum_all(cast(t, DType::f32)), sum_all(cast(sl, DType::f32))), sum_all(cast(c, DType::f32)));
+    run_backward(loss, Tensor::full({}, 1.f, d));
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().dtype() == DType::bf16);
+    CHECK(y.grad().dtype() == DType::bf16);
+    const std::vector<float> gx = x.grad().to_vector(), gy = y.grad().to_vector();
+    for (int64_t i = 0; i < 3; i++)
+      for (int64_t j = 0; j < 4; j++)
+        for (int64_t k = 0; k < 5; k++) CHECK(gx[(size_t)((i * 4 + j) * 5 + k)] == (j == 1 || j == 2 ? 3.f : 2.f));
+    for (float g : gy) CHECK(g == 1.f);
+    // mixing dtypes is refused
+    CHECK_THROWS_WITH_AS(concat({x, x32}, 1), doctest::Contains("bf16 tensors with tensors of another dtype"), Error);
+  }
+}
