@@ -47,6 +47,17 @@ double mixed_precision_bytes(int64_t n, int dp, int stage) {
   }
 }
 
+Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage) {
+  const size_t N = (size_t)(n16 + n32), shard = (N + (size_t)dp - 1) / (size_t)dp;
+  const size_t held = 2 * (size_t)n16 + 4 * (size_t)n32;
+  Memory m;
+  m.params = held;
+  m.grads = stage >= 2 ? 4 * shard : held;
+  if (n16 == 0) m.optimizer = 8 * (stage == 0 ? N : shard);  // float32 training: m and v
+  else m.optimizer = stage == 0 ? 12 * (size_t)n16 + 8 * (size_t)n32 : 12 * shard;
+  return m;
+}
+
 // ---- helpers
 
 namespace {

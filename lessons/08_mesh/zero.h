@@ -91,6 +91,18 @@ Memory formula(const std::vector<int64_t>& buckets, int dp, int stage);
 // bytes per rank for stage 0..3: 16N, 4N + 12N/dp, 2N + 14N/dp, 16N/dp.
 double mixed_precision_bytes(int64_t n, int dp, int stage);
 
+// The bytes one rank holds for n16 bf16 parameters and n32 float32 ones, one gradient bucket
+// over dp ranks, as this ZeRO holds them (lesson 10's mixed precision: the weights the
+// activations are multiplied by in bf16; seed 001's all-bf16 formula is mixed_precision_bytes):
+//                  parameters       gradients             optimizer
+//    ZeRO-0        2 n16 + 4 n32    2 n16 + 4 n32         12 n16 + 8 n32  (master, m, v; m, v)
+//    ZeRO-1        2 n16 + 4 n32    2 n16 + 4 n32         12 ceil(N/dp)
+//    ZeRO-2        2 n16 + 4 n32    4 ceil(N/dp)          12 ceil(N/dp)
+// ZeRO-1 and -2 keep one float32 shard of every parameter, the masters (the float32 ones' as
+// well: one shard, one layout); ZeRO-2's gradient shard is the float32 sum the reduce-scatter
+// gave, 4 bytes where seed 001 counts 2. With n16 = 0 it is zero::formula, float32 training.
+Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage);
+
 // A known mistake planted on purpose, so that a check can be seen to catch it (tests, --bug).
 enum class Bug {
   none,

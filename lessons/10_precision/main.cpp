@@ -396,9 +396,9 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   L.csv_append(kCsvHeader, csv.str());
 
   // memory of this rank: measured (the tensors' storage, AdamW's state) against the formula
-  const zero::Memory got = opt.memory(), want = mixed_formula(n16, n32, dp, (int)o.zero);
+  const zero::Memory got = opt.memory(), want = zero::mixed_formula(n16, n32, dp, (int)o.zero);
   const double N = (double)(n16 + n32), per = (double)(got.params + got.grads + got.optimizer) / N;
-  L.print("\n  memory of rank 0 (%s, ZeRO-%lld, dp %d): measured = formula (mixed.h), bytes per parameter\n",
+  L.print("\n  memory of rank 0 (%s, ZeRO-%lld, dp %d): measured = formula (zero.h), bytes per parameter\n",
           bf16 ? "bf16 matmul weights" : "float32", (long long)o.zero, dp);
   const struct { const char* what; size_t m, f; } rows[] = {
       {"parameters", got.params, want.params}, {"gradients", got.grads, want.grads},

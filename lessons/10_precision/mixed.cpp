@@ -15,17 +15,6 @@ void hold_in_bf16(model::Params& p) {
   for (Tensor* w : p.matmul_weights()) *w = w->detach().to_dtype(DType::bf16).requires_grad_();
 }
 
-zero::Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage) {
-  const size_t N = (size_t)(n16 + n32), shard = (N + (size_t)dp - 1) / (size_t)dp;
-  const size_t held = 2 * (size_t)n16 + 4 * (size_t)n32;
-  zero::Memory m;
-  m.params = held;
-  m.grads = stage >= 2 ? 4 * shard : held;
-  if (n16 == 0) m.optimizer = 8 * (stage == 0 ? N : shard);  // float32 training: m and v
-  else m.optimizer = stage == 0 ? 12 * (size_t)n16 + 8 * (size_t)n32 : 12 * shard;
-  return m;
-}
-
 double grad_ratio(const Tensor& got, const Tensor& want, bool bf16, double n_terms) {
   const std::vector<float> g = got.to_vector(), w = want.to_vector();
   double worst = 0, scale = 0;

@@ -7,7 +7,7 @@
 // tensors (2 bytes), their gradients bf16 (2 bytes); the optimizer holds a float32 master of each
 // (4 bytes) beside m and v (4 + 4), the 16 bytes of seed 001. The embedding (a lookup), the
 // norms' weights and the router stay float32, as DeepSeek-V3 keeps them; the formula counts
-// them apart (mixed_formula).
+// them apart (zero.h's mixed_formula).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,17 +24,6 @@ namespace ff::precision {
 // The model's matmul weights (model::Params::matmul_weights) rounded to bf16, leaves again.
 void hold_in_bf16(model::Params& p);
 
-// The bytes one rank holds for n16 bf16 parameters and n32 float32 ones, one gradient bucket
-// over dp ranks, as lesson 08's ZeRO holds them (measured against it; seed 001's all-bf16
-// formula beside it, zero::mixed_precision_bytes):
-//                  parameters       gradients             optimizer
-//    ZeRO-0        2 n16 + 4 n32    2 n16 + 4 n32         12 n16 + 8 n32  (master, m, v; m, v)
-//    ZeRO-1        2 n16 + 4 n32    2 n16 + 4 n32         12 ceil(N/dp)
-//    ZeRO-2        2 n16 + 4 n32    4 ceil(N/dp)          12 ceil(N/dp)
-// ZeRO-1 and -2 keep one float32 shard of every parameter, the masters (the float32 ones' as
-// well: one shard, one layout); ZeRO-2's gradient shard is the float32 sum the reduce-scatter
-// gave, 4 bytes where seed 001 counts 2. With n16 = 0 it is zero::formula, float32 training.
-zero::Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage);
 
 // The tolerance a bf16 run's mean gradient is held to against one process's, per tensor:
 // kGradBound16 2^-8 max|want|. Both sides round the gradient to bf16 (2^-8 of it each: the

@@ -535,6 +535,15 @@ TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with
     CHECK(m.params == 2 * n);
     CHECK(m.grads == (stage == 2 ? 4 * shard : stage == 1 ? 2 * n : 2 * n));  // ZeRO-2: the reduced float32 shard
     CHECK(m.optimizer == (stage == 0 ? 12 * n : 12 * shard));                 // master, m, v
+    const zero::Memory f = zero::mixed_formula((int64_t)n, 0, dp, stage);
+    CHECK((f.params == m.params && f.grads == m.grads && f.optimizer == m.optimizer));
+  }
+  // float32 alone: the float32 formula
+  for (int stage : {0, 1, 2}) {
+    const zero::Memory a = zero::mixed_formula(73, 0, dp, stage), b = zero::formula(73, dp, stage);
+    CHECK(a.params == 2 * 73);
+    const zero::Memory c = zero::mixed_formula(0, 73, dp, stage);
+    CHECK((c.params == b.params && c.grads == b.grads && c.optimizer == b.optimizer));
   }
 }
 
