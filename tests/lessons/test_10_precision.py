@@ -49,9 +49,11 @@ def test_the_claims_the_recipe_flat_in_k_never_promoted_growing(lesson):
 
 
 def test_device_sim_runs_the_cuda_kernels_through_the_emulator_bit_for_bit(lesson):
-    run = lesson(L10, 2, "--device", "sim", "--k-max", 1024, "--bf16-k", 256, "--train", 3).ok()
+    # (training under the emulator: the smallest batch, 2 steps)
+    run = lesson(L10, 2, "--device", "sim", "--k-max", 1024, "--bf16-k", 256, "--train", 2, "--seq", 8, "--batch", 2).ok()
     run.has(r"bf16: sim's conversion = round_to_bf16, bit for bit   PASS")
     run.has(r"FP8: sim's quantization and GEMM = formats.cpp's loops, bit for bit   PASS")
+    run.has(r"training: AdamW \(float32 masters\) = one process's on the same mean gradients, bit for bit   PASS")
 
 
 def test_tiles_promotion_and_accumulator_as_flags(lesson):
