@@ -15,7 +15,8 @@
 //       (--acc-bits), and every 128 products (--promote) the partial sum promoted: scaled and
 //       added in float32. Swept over K, the ranks taking the K values in turn: the error of the
 //       recipe, of the same GEMM never promoted, of a float32 accumulator, and on activations
-//       with outlier channels, of one scale per tensor instead of per tile.
+//       with outlier channels, of one scale per tensor instead of per tile. Then a linear
+//       layer with its three GEMMs in FP8 (fp8_linear.h: Fprop, Dgrad, Wgrad).
 //   [4] lesson 08's model trained by data-parallel ranks with its matmul weights and their
 //       gradients in bf16, AdamW's float32 masters, m and v sharded by lesson 08's ZeRO
 //       (mixed.h; --zero, --grad-reduce, --precision fp32 to compare).
@@ -27,14 +28,16 @@
 //   bf16 rounding within half a bf16 step (2^-8 relative); the bf16 matmul within
 //   gamma_K sum|a||b| of float64; the promoted FP8 GEMM within its derived bound of float64
 //   over the dequantized operands at every K; at the largest K the unpromoted one at least 10x
-//   its error, and per-tile scales closer to float64 than one per tensor on outliers. [4] every
+//   its error, and per-tile scales closer to float64 than one per tensor on outliers; the FP8
+//   layer's three GEMMs = formats.cpp's recipe bit for bit, each within its bound. [4] every
 //   step against one process in the same precision: the loss, the mean gradients within a bf16
 //   bound, AdamW's new weights bit for bit; the replicas' bits; memory per rank = the formula.
 // Run:  make run L=10                                   (2 ranks: [1]-[3], then [4])
 //       make run L=10 ARGS="--part formats --k-max 16384 --acc-bits 13"
 //       make run L=10 ARGS="--device sim"
 //       make run L=10 NP=4 ARGS="--part train --zero 2 --grad-reduce bf16"
-//       make run L=10 ARGS="--bug no-promotion"        (also bf16-truncate, per-tensor, no-master)
+//       make run L=10 ARGS="--bug no-promotion"        (also bf16-truncate, per-tensor,
+//                                                       fp8-dgrad-untransposed, no-master)
 #include <mpi.h>
 
 #include <algorithm>
@@ -57,6 +60,7 @@
 #include "common/util/files.h"
 #include "lessons/08_mesh/zero.h"
 #include "lessons/10_precision/formats.h"
+#include "lessons/10_precision/fp8_linear.h"
 #include "lessons/10_precision/measure.h"
 #include "lessons/10_precision/mixed.h"
 
@@ -147,9 +151,10 @@ void parse(Lesson& L, Options& o) {
   L.cli.flag("--check-every", &o.check_every, "[4] one process's loss and gradients every K steps (and the last); "
              "AdamW's bits every step", 1, 100000);
   L.cli.flag("--data", &o.data, "[4] the training text (default: the course's data/tinyshakespeare.txt)", "FILE");
-  L.cli.choice("--bug", &o.bug, {"none", "bf16-truncate", "no-promotion", "per-tensor", "no-master"},
-               "plant a mistake: bf16 by truncation, the FP8 GEMM never promoted, one scale per tensor, AdamW's "
-               "update on the bf16 weights themselves (no float32 master)");
+  L.cli.choice("--bug", &o.bug, {"none", "bf16-truncate", "no-promotion", "per-tensor", "fp8-dgrad-untransposed",
+                                 "no-master"},
+               "plant a mistake: bf16 by truncation, the FP8 GEMM never promoted, one scale per tensor, the FP8 "
+               "layer's Dgrad by W instead of W^T, AdamW's update on the bf16 weights themselves (no float32 master)");
   L.parse();
   if (o.training()) {
     L.usage_error_if(o.batch % L.size() != 0, "--batch " + std::to_string(o.batch) + " must be a multiple of the " +
@@ -163,7 +168,8 @@ void parse(Lesson& L, Options& o) {
     L.usage_error_if(o.precision == "fp32" && o.grad_reduce == "bf16",
                      "--grad-reduce bf16 needs --precision bf16 (float32 gradients are summed in float32)");
   }
-  L.usage_error_if(!o.formats() && (o.bug == "bf16-truncate" || o.bug == "no-promotion" || o.bug == "per-tensor"),
+  L.usage_error_if(!o.formats() && (o.bug == "bf16-truncate" || o.bug == "no-promotion" || o.bug == "per-tensor" ||
+                                    o.bug == "fp8-dgrad-untransposed"),
                    "--bug " + o.bug + " plants a mistake in the formats: --part all or formats");
   L.usage_error_if(!o.training() && o.bug == "no-master", "--bug no-master plants it in the training: --part all or train");
   L.usage_error_if(o.tile % o.promote != 0, "--promote " + std::to_string(o.promote) + " must divide --tile " +
@@ -257,6 +263,27 @@ void formats(Lesson& L, const Options& o, CheckReport& check) {
                   "(per tile the closer)", (long long)last.k, last.fine, last.per_tensor);
     check.holds(line, last.fine < last.per_tensor);
   }
+
+  // ---- [3] and the linear layer: Fprop, Dgrad and Wgrad in FP8 (fp8_linear.h)
+  Fp8Recipe recipe;
+  recipe.tile = o.tile, recipe.promote = o.promote, recipe.acc_bits = (int)o.acc_bits;
+  recipe.bug_dgrad_untransposed = o.bug == "fp8-dgrad-untransposed";
+  // 64 tokens, W two tiles a side (square: the planted bug multiplies by W itself)
+  const int64_t tokens = 64, width = 2 * o.tile;
+  const LayerResult layer = check_fp8_layer(L.device, tokens, width, width, recipe, seed + 7);
+  L.print("  a linear layer y = x W in FP8, x (%lld, %lld), W (%lld, %lld), as DeepSeek-V3 trains one (each GEMM's\n"
+          "  operands quantized online, the first in 1 x %lld tiles, the second in %lld x %lld blocks; on %s):\n",
+          (long long)tokens, (long long)width, (long long)width, (long long)width, (long long)o.tile,
+          (long long)o.tile, (long long)o.tile, device_name(L.device));
+  const char* gemms[3] = {"Fprop  y  = x W   ", "Dgrad  dx = dy W^T", "Wgrad  dW = x^T dy"};
+  for (int k = 0; k < 3; k++)
+    L.print("    %s  %.2e against float64 (bf16: %.2e), %.1e of its bound\n", gemms[k], layer.rel[k],
+            layer.rel_bf16[k], layer.ratio[k]);
+  L.print("\n");
+  check.holds("FP8 linear layer: Fprop, Dgrad and Wgrad = formats.cpp's recipe on their operands, bit for bit",
+              layer.same);
+  check.holds("FP8 linear layer: each GEMM within its bound of float64 over its dequantized operands",
+              layer.ratio[0] <= 1 && layer.ratio[1] <= 1 && layer.ratio[2] <= 1);
 }
 
 // ---- [4] mixed-precision training, data parallel

@@ -10,6 +10,8 @@
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
 #include "kernels/kernels.h"
+#include "common/core/autograd.h"
+#include "lessons/10_precision/fp8_linear.h"
 
 namespace ff::precision {
 
@@ -25,6 +27,8 @@ std::vector<float> activations(int64_t M, int64_t K, double outlier, uint64_t se
       for (int64_t p = kOutlierFirst; p < K; p += kOutlierEvery) x[(size_t)(i * K + p)] *= (float)outlier;
   return x;
 }
+
+}  // namespace
 
 // Relative error ||c - want|| / ||want|| in float64.
 double relative(const std::vector<float>& c, const std::vector<double>& want) {
@@ -80,6 +84,8 @@ double bound_ratio(const std::vector<float>& c, const Fp8& a, const Fp8& b, int6
 
 // One K of the sweep.
 // (plain doubles, no initializers: the ranks' rows travel as one MPI_DOUBLE array)
+
+namespace {
 
 // The device's fp8_quantize and matmul_fp8 on the same inputs: do they give the lesson's bits?
 bool device_matches(Device device, const std::vector<float>& xa, const std::vector<float>& xb, const Fp8& qa,
@@ -194,5 +200,57 @@ KRow sweep_k(Device device, const SweepShape& o, int64_t K, FormatBug bug, uint6
   return row;
 }
 
+
+// ---- [3] the FP8 linear layer
+
+namespace {
+// t (R, C) float32 on the host, transposed: (C, R)
+std::vector<float> transposed(const std::vector<float>& t, int64_t R, int64_t C) {
+  std::vector<float> out((size_t)(R * C));
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t c = 0; c < C; c++) out[(size_t)(c * R + r)] = t[(size_t)(r * C + c)];
+  return out;
+}
+}  // namespace
+
+LayerResult check_fp8_layer(Device device, int64_t M, int64_t K, int64_t N, const Fp8Recipe& r, uint64_t seed) {
+  const Tensor x0 = randn({M, K}, seed), w0 = scale(randn({K, N}, seed + 1), 1.f / std::sqrt((float)K)),
+               dy0 = randn({M, N}, seed + 2);
+  Tensor x = x0.to(device).requires_grad_(), w = w0.to(device).requires_grad_();
+  const Tensor y = fp8_linear(x, w, r);
+  run_backward(y, dy0.to(device));
+  const std::vector<float> xs = x0.to_vector(), ws = w0.to_vector(), dys = dy0.to_vector();
+  const int64_t t = r.tile;
+  // the three GEMMs by formats.cpp's loops, on the operands each one multiplies
+  struct Gemm {
+    Fp8 a, b;
+    std::vector<float> got;  // the layer's
+    std::vector<double> exact;  // float64 of the float32 operands
+  };
+  const std::vector<float> xt = transposed(xs, M, K), wt = transposed(ws, K, N);
+  Gemm g[3] = {
+      {quantize(xs, M, K, 1, t), quantize(ws, K, N, t, t), y.to_vector(), {}},        // Fprop: x W
+      {quantize(dys, M, N, 1, t), quantize(wt, N, K, t, t), x.grad().to_vector(), {}},  // Dgrad: dy W^T
+      {quantize(xt, K, M, 1, t), quantize(dys, M, N, t, t), w.grad().to_vector(), {}},  // Wgrad: x^T dy
+  };
+  auto wide = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  g[0].exact = exact_gemm(wide(xs), wide(ws), M, K, N);
+  g[1].exact = exact_gemm(wide(dys), wide(wt), M, N, K);
+  g[2].exact = exact_gemm(wide(xt), wide(dys), K, M, N);
+  // the same three in bf16 (the bf16 matmul: inputs rounded, float32 sums), for scale
+  const Tensor xh = x0.to(device).to_dtype(DType::bf16), wh = w0.to(device).to_dtype(DType::bf16),
+               dyh = dy0.to(device).to_dtype(DType::bf16);
+  const Tensor bf16[3] = {matmul(xh, wh), matmul(dyh, transpose(wh, 0, 1)), matmul(transpose(xh, 0, 1), dyh)};
+  LayerResult out;
+  for (int k = 0; k < 3; k++) {
+    const std::vector<float> want = fp8_gemm(g[k].a, g[k].b, r.promote, r.acc_bits);
+    out.same = out.same && want.size() == g[k].got.size() &&
+               std::memcmp(want.data(), g[k].got.data(), want.size() * sizeof(float)) == 0;
+    out.rel[k] = relative(g[k].got, g[k].exact);
+    out.ratio[k] = bound_ratio(g[k].got, g[k].a, g[k].b, r.promote, r.acc_bits);
+    out.rel_bf16[k] = relative(bf16[k].to_vector(), g[k].exact);
+  }
+  return out;
+}
 
 }  // namespace ff::precision

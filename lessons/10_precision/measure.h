@@ -4,9 +4,11 @@
 // GEMM against float64 and the device's kernels against formats.cpp's loops.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "common/core/tensor.h"
 #include "lessons/10_precision/formats.h"
+#include "lessons/10_precision/fp8_linear.h"
 
 namespace ff::precision {
 
@@ -29,6 +31,18 @@ struct MatmulResult {
 };
 MatmulResult check_bf16_matmul(Device device, int64_t M, int64_t K, int64_t N, uint64_t seed);
 
+// ---- [3] the FP8 GEMM against float64
+// ||c - want|| / ||want||, in float64
+double relative(const std::vector<float>& c, const std::vector<double>& want);
+// float64 a (M, K) @ b (K, N)
+std::vector<double> exact_gemm(const std::vector<double>& a, const std::vector<double>& b, int64_t M, int64_t K,
+                               int64_t N);
+// the values a quantized tensor stands for (e4m3 times its scale), in float64
+std::vector<double> values(const Fp8& x);
+// The promoted GEMM c = a b's worst element against its bound over float64 of the dequantized
+// operands (measure.cpp derives it): 1 fails.
+double bound_ratio(const std::vector<float>& c, const Fp8& a, const Fp8& b, int64_t promote, int bits);
+
 // ---- [3] the FP8 sweep: one K
 struct SweepShape {
   int64_t m = 8, n = 128, tile = 128, promote = 128, acc_bits = 14;
@@ -46,5 +60,14 @@ struct KRow {
   static constexpr int kFields = 8;
 };
 KRow sweep_k(Device device, const SweepShape& shape, int64_t K, FormatBug bug, uint64_t seed);
+
+// ---- [3] the FP8 linear layer (fp8_linear.h): x (M, K), W (K, N), an upstream gradient dy
+struct LayerResult {
+  bool same = true;   // y, dx, dW = formats.cpp's recipe on the operands each GEMM multiplies
+  double rel[3] = {};       // Fprop, Dgrad, Wgrad: relative error against float64 of the float32 operands
+  double ratio[3] = {};     // their worst element over the promoted GEMM's bound (dequantized operands)
+  double rel_bf16[3] = {};  // the same three GEMMs in bf16, against float64
+};
+LayerResult check_fp8_layer(Device device, int64_t M, int64_t K, int64_t N, const Fp8Recipe& r, uint64_t seed);
 
 }  // namespace ff::precision

@@ -70,6 +70,8 @@ def test_tiles_promotion_and_accumulator_as_flags(lesson):
                        r"within half a bf16 step \(2\^-8 relative\)   FAIL"]),
     ("no-promotion", [r"never promoted .* \(at least 10x\)   FAIL"]),
     ("per-tensor", [r"outlier channels: per-tile scales (\S+), per tensor \1 .*FAIL"]),
+    ("fp8-dgrad-untransposed", [r"FP8 linear layer: Fprop, Dgrad and Wgrad = formats.cpp's recipe .*   FAIL",
+                                r"FP8 linear layer: each GEMM within its bound .*   FAIL"]),
 ])
 def test_planted_bug_fails_the_check_that_names_it(lesson, bug, failing):
     run = lesson(L10, 2, "--part", "formats", "--bug", bug).fails()
@@ -77,6 +79,20 @@ def test_planted_bug_fails_the_check_that_names_it(lesson, bug, failing):
         run.has(pattern)
     fails = re.findall(r"   FAIL$", run.out, re.M)
     assert len(fails) <= 2, run.why("only the checks the bug breaks fail")
+
+
+def test_fp8_linear_layer_its_three_gemms_about_fp8s_error_bf16s_ten_times_less(lesson):
+    run = lesson(L10, 1, "--part", "formats", "--k-max", 512).ok()
+    rows = re.findall(r"^    (Fprop|Dgrad|Wgrad) .* (\S+) against float64 \(bf16: (\S+)\), (\S+) of its bound$", run.out, re.M)
+    assert [r[0] for r in rows] == ["Fprop", "Dgrad", "Wgrad"], run.why("the layer's three GEMMs")
+    for name, fp8, bf16, ratio in rows:
+        # e4m3's 3 mantissa bits: each value within 2^-4, a sum of many about 2^-4 / sqrt(3) of its size
+        assert 0.01 < float(fp8) < 0.06, (name, fp8)
+        assert float(bf16) < float(fp8) / 10, (name, bf16, fp8)
+        assert 0 < float(ratio) <= 1, (name, ratio)
+    # a smaller tile and promotion (a model narrower than 128 needs it): the layer still checks
+    lesson(L10, 2, "--part", "formats", "--tile", 32, "--promote", 16, "--k-max", 256).ok().has(
+        r"x \(64, 64\), W \(64, 64\)")
 
 
 def test_csv_holds_the_table_and_the_training_for_the_figures(lesson, tmp_path):

@@ -1,0 +1,31 @@
+// lessons/10_precision/fp8_linear.h — a linear layer y = x W whose three GEMMs run in FP8 e4m3,
+// as DeepSeek-V3 trains its linear layers (technical report, section 3.3.1, figure 6):
+//
+//   Fprop  y  = x W       x in 1 x t tiles (a token's t channels), W in t x t blocks
+//   Dgrad  dx = dy W^T    dy in 1 x t tiles, W^T in t x t blocks
+//   Wgrad  dW = x^T dy    x^T in 1 x t tiles (a channel's t tokens: x in t x 1), dy in t x t blocks
+//
+// each operand quantized online from its own largest magnitudes (formats.h's quantize), the
+// products summed in the tensor core's narrow accumulator and promoted to float32 every
+// `promote` (formats.h's fp8_gemm), on the device's kernels (fp8_quantize, matmul_fp8). x, W, y
+// and the gradients stay float32 tensors: FP8 lives inside the GEMMs.
+#pragma once
+#include <cstdint>
+
+#include "common/core/tensor.h"
+
+namespace ff::precision {
+
+struct Fp8Recipe {
+  int64_t tile = 128, promote = 128;  // t, and N_C: promote divides tile
+  int acc_bits = 14;                  // the accumulator's mantissa bits (23: float32's)
+  bool bug_dgrad_untransposed = false;  // the planted bug: Dgrad multiplies dy by W, not W^T
+};
+
+// a (M, K) @ b (K, N) in FP8: a in 1 x tile tiles, b in tile x tile blocks (the device's kernels)
+Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r);
+
+// y = x W, x (M, K), W (K, N), float32 on one device; its backward is Dgrad and Wgrad in FP8.
+Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r);
+
+}  // namespace ff::precision
