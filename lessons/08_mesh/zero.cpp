@@ -48,6 +48,9 @@ double mixed_precision_bytes(int64_t n, int dp, int stage) {
 }
 
 Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage) {
+  FF_CHECK(n16 >= 0 && n32 >= 0 && dp >= 1 && stage >= 0 && stage <= 2,
+           "zero::mixed_formula: needs n16, n32 >= 0, dp >= 1 and stage 0..2 (one bucket), got " << n16 << ", " << n32
+                                                                                             << ", " << dp << ", " << stage);
   const size_t N = (size_t)(n16 + n32), shard = (N + (size_t)dp - 1) / (size_t)dp;
   const size_t held = 2 * (size_t)n16 + 4 * (size_t)n32;
   Memory m;

@@ -101,6 +101,7 @@ double mixed_precision_bytes(int64_t n, int dp, int stage);
 // ZeRO-1 and -2 keep one float32 shard of every parameter, the masters (the float32 ones' as
 // well: one shard, one layout); ZeRO-2's gradient shard is the float32 sum the reduce-scatter
 // gave, 4 bytes where seed 001 counts 2. With n16 = 0 it is zero::formula, float32 training.
+// (One gradient bucket; stage 0..2: ZeRO-3 shards float32 weights only.)
 Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage);
 
 // A known mistake planted on purpose, so that a check can be seen to catch it (tests, --bug).

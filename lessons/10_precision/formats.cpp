@@ -34,9 +34,11 @@ float widen_bf16(uint16_t h) {
   return f;
 }
 
-float Fp8::at(int64_t r, int64_t c) const {
+float Fp8::at(int64_t r, int64_t c) const { return (float)value(r, c); }
+
+double Fp8::value(int64_t r, int64_t c) const {
   const int64_t tiles_c = (C + tc - 1) / tc;
-  return fp8_to_float(q[(size_t)(r * C + c)]) * scale[(size_t)((r / tr) * tiles_c + c / tc)];
+  return (double)fp8_to_float(q[(size_t)(r * C + c)]) * scale[(size_t)((r / tr) * tiles_c + c / tc)];
 }
 
 // [slide:tile-scale]

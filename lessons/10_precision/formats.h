@@ -28,7 +28,8 @@ struct Fp8 {
   int64_t R = 0, C = 0, tr = 0, tc = 0;
   std::vector<uint8_t> q;    // (R, C): x / its tile's scale, rounded to e4m3
   std::vector<float> scale;  // (ceil(R/tr), ceil(C/tc)): the tile's largest |x| / 448
-  float at(int64_t r, int64_t c) const;  // the value it stands for: e4m3 times its scale
+  double value(int64_t r, int64_t c) const;  // the value it stands for: e4m3 times its scale, exact
+  float at(int64_t r, int64_t c) const;      // the same rounded to float32
 };
 // DeepSeek-V3 quantizes activations in 1 x 128 tiles and weights in 128 x 128 blocks, each
 // tile's scale from its own largest magnitude, so that one outlier costs only its tile.

@@ -18,7 +18,7 @@ struct Bf16Result {
   double worst_rel = 0;     // max |widen(bf16(x)) - x| / |x| over normal x
   int64_t compared = 0;
 };
-// Every float32 with one of each high bit pattern (sign, exponent, the 7 kept bits) and a few
+// Every high half of a float32 (sign, exponent, the 7 kept bits: 65536 of them) with a few
 // low halves (0, 1, just under half, half, just over half, all ones), and random ones: the
 // lesson's rounding against the device's (Tensor::to_dtype runs the to_bf16 kernel).
 Bf16Result check_bf16(Device device, FormatBug bug, uint64_t seed);
@@ -48,6 +48,7 @@ struct SweepShape {
   int64_t m = 8, n = 128, tile = 128, promote = 128, acc_bits = 14;
   double outlier = 1e4;  // the outlier channels' factor
 };
+// One K's row (plain doubles, no initializers: the ranks' rows travel as one MPI_DOUBLE array)
 struct KRow {
   double k;
   double recipe;      // tiles, promoted, narrow accumulator: vs float64 of its operands
@@ -59,6 +60,7 @@ struct KRow {
   double same_bits;   // 1: the device's quantization and GEMM = the lesson's loops
   static constexpr int kFields = 8;
 };
+static_assert(sizeof(KRow) == KRow::kFields * sizeof(double), "KRow travels as kFields doubles");
 KRow sweep_k(Device device, const SweepShape& shape, int64_t K, FormatBug bug, uint64_t seed);
 
 // ---- [3] the FP8 linear layer (fp8_linear.h): x (M, K), W (K, N), an upstream gradient dy

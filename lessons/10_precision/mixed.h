@@ -25,24 +25,27 @@ namespace ff::precision {
 void hold_in_bf16(model::Params& p);
 
 
-// The tolerance a bf16 run's mean gradient is held to against one process's, per tensor:
-// kGradBound16 2^-8 max|want|. Both sides round the gradient to bf16 (2^-8 of it each: the
-// mesh every rank's share, one process the whole), and an activation's bf16 rounding may fall
-// the other way when its float32 value differs in the last bit (the sums' orders, dp 3's
-// scaling): a factor 2 for those. A float32 run keeps lesson 08's 4 n eps max|want|.
-constexpr double kGradBound16 = 4.0;
 constexpr double kLossBound = 4.0;  // lesson 08's K n eps rule (reference_check.h), float32
-double grad_ratio(const Tensor& got, const Tensor& want, bool bf16, double n_terms);
 
 // Rank 0's one process: the same model from the same seed, in the same precision, with its own
 // AdamW keeping float32 masters (the right way, whatever the ranks plant).
+//   float32 runs: the loss and gradients of the whole global batch in one piece (lesson 08's
+//     check: the mean over the ranks' shares differs from it by float32 sums' orders).
+//   bf16 runs: each rank's share computed as that rank computes it, their gradients summed in rank
+//     order and divided. In bf16 a gradient is rounded where it is made, so the whole batch's
+//     differs from the mean of the shares' by a bf16 rounding of each (and an activation may
+//     round the other way): not a bound to check a sum against. What data parallelism must get
+//     right, the reduction and the mean, is held to the sums' orders.
 class Twin {
  public:
   Twin(const model::Config& c, uint64_t seed, Device device, bool bf16, const AdamConfig& adam, bool root);
-  // The loss of the whole global batch from its weights (the mesh's, while they agree), and
-  // every weight's gradient (grad(k)).
-  double loss_and_grads(const CharCorpus::Batch& global);
-  Tensor grad(size_t k) const;
+  // The mean loss of the global batch given as its shares (one: in one piece) and the mean of
+  // their gradients (bf16_sums: summed as --grad-reduce bf16 sums, each partial sum rounded).
+  double loss_and_grads(const std::vector<CharCorpus::Batch>& shares, bool bf16_sums);
+  Tensor grad(size_t k) const;  // weight k's mean gradient (float32)
+  // The ranks' mean gradient of weight k against grad(k): the worst element over its bound (above
+  // and in mixed.cpp); 1 fails, a NaN is infinite.
+  double grad_ratio(size_t k, const Tensor& got, double n_terms) const;
   // AdamW on the mesh's mean gradients; returns the first weight whose bits then differ from
   // the mesh's, "" if none.
   std::string step(const std::vector<Tensor>& mesh_means, const std::vector<Tensor*>& mesh_params,
@@ -53,6 +56,9 @@ class Twin {
   Device device_;
   model::Params p_;
   Adam adam_;
+  std::vector<std::vector<float>> sum_, abs_sum_;  // per weight: the mean gradient, sum_r |g_r|
+  int shares_ = 1;
+  bool bf16_sums_ = false;
 };
 
 // The bits of every parameter, hashed (FNV-1a): equal on every rank when the replicas agree.

@@ -88,10 +88,10 @@ def test_bf16_half_the_bytes_every_cache_within_the_bf16_bound(lesson, np_):
     run.has(r"bf16 weights \(the matmuls', .*: 0\.500x")
     err = relative_error(run)
     assert 0 < err <= 2 ** -8, run.why(f"bf16 keeps every weight within 2^-8: {err}")
-    # the bound: float32's plus 2 layers 2^-8 max|z| (3 layers); the latent cache on one process
+    # the bound: float32's plus layers 2^-7 max|z| (3 layers); the latent cache on one process
     # makes the training forward's own operations: float32's bound alone would hold
     tols = [float(t) for t in re.findall(r"every position: max\|diff\| \S+ <= (\S+)   PASS", run.out)]
-    assert len(tols) == 3 and all(t > 2 * 3 * 2 ** -8 for t in tols), run.why("three caches within a bf16 bound")
+    assert len(tols) == 3 and all(t > 3 * 2 ** -7 for t in tols), run.why("three caches within a bf16 bound")
 
 
 def test_bf16_speed_counts_two_bytes_a_weight(lesson):

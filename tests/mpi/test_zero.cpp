@@ -541,7 +541,10 @@ TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with
   // float32 alone: the float32 formula
   for (int stage : {0, 1, 2}) {
     const zero::Memory a = zero::mixed_formula(73, 0, dp, stage), b = zero::formula(73, dp, stage);
+    const size_t shard = (73 + (size_t)dp - 1) / (size_t)dp;
     CHECK(a.params == 2 * 73);
+    CHECK(a.grads == (stage == 2 ? 4 * shard : 2 * 73));
+    CHECK(a.optimizer == (stage == 0 ? 12 * 73 : 12 * shard));
     const zero::Memory c = zero::mixed_formula(0, 73, dp, stage);
     CHECK((c.params == b.params && c.grads == b.grads && c.optimizer == b.optimizer));
   }
