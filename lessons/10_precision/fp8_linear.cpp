@@ -8,23 +8,31 @@
 
 namespace ff::precision {
 
-Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r) {
-  FF_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && a.dtype() == DType::f32 &&
-               b.dtype() == DType::f32 && a.device() == b.device(),
-           "fp8_matmul: float32 (M, K) and (K, N) on one device, got " << shape_str(a.shape()) << " and "
-                                                                       << shape_str(b.shape()));
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1), t = r.tile;
-  const Device d = a.device();
-  const KernelTable& k = kernels_for(d);
-  auto tiles = [](int64_t n, int64_t t) { return (n + t - 1) / t; };
-  Tensor qa = Tensor::empty({M, K}, d, DType::fp8), sa = Tensor::empty({M, tiles(K, t)}, d);
-  Tensor qb = Tensor::empty({K, N}, d, DType::fp8), sb = Tensor::empty({tiles(K, t), tiles(N, t)}, d);
-  k.fp8_quantize(qa.fp8_data(), sa.data(), a.data(), M, K, 1, t);  // a token's t channels
-  k.fp8_quantize(qb.fp8_data(), sb.data(), b.data(), K, N, t, t);  // a t x t block
-  Tensor c = Tensor::empty({M, N}, d);
-  k.matmul_fp8(c.data(), qa.fp8_data(), sa.data(), qb.fp8_data(), sb.data(), M, N, K, t, t, r.promote, r.acc_bits,
-               false);
+DeviceFp8 fp8_quantize_on_device(const Tensor& x, int64_t tr, int64_t tc) {
+  FF_CHECK(x.dim() == 2 && x.dtype() == DType::f32, "fp8_quantize_on_device: a float32 (R, C) tensor, got "
+                                                        << shape_str(x.shape()));
+  const int64_t R = x.size(0), C = x.size(1);
+  DeviceFp8 out{Tensor::empty({R, C}, x.device(), DType::fp8),
+                Tensor::empty({(R + tr - 1) / tr, (C + tc - 1) / tc}, x.device()), tr, tc};
+  kernels_for(x.device()).fp8_quantize(out.q.fp8_data(), out.scale.data(), x.data(), R, C, tr, tc);
+  return out;
+}
+
+Tensor fp8_gemm_on_device(const DeviceFp8& a, const DeviceFp8& b, const Fp8Recipe& r) {
+  const int64_t M = a.q.size(0), K = a.q.size(1), N = b.q.size(1);
+  FF_CHECK(b.q.size(0) == K && a.tr == 1 && a.tc == b.tr && a.q.device() == b.q.device(),
+           "fp8_gemm_on_device: a (M, K) in 1 x t tiles, b (K, N) in t x tn blocks on one device");
+  Tensor c = Tensor::empty({M, N}, a.q.device());
+  kernels_for(a.q.device()).matmul_fp8(c.data(), a.q.fp8_data(), a.scale.data(), b.q.fp8_data(), b.scale.data(), M, N,
+                                       K, a.tc, b.tc, r.promote, r.acc_bits, false);
   return c;
+}
+
+Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r) {
+  FF_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && a.device() == b.device(),
+           "fp8_matmul: (M, K) and (K, N) on one device, got " << shape_str(a.shape()) << " and " << shape_str(b.shape()));
+  // a token's t channels; a t x t block
+  return fp8_gemm_on_device(fp8_quantize_on_device(a, 1, r.tile), fp8_quantize_on_device(b, r.tile, r.tile), r);
 }
 
 // [slide:fp8-linear]

@@ -22,7 +22,17 @@ struct Fp8Recipe {
   bool bug_dgrad_untransposed = false;  // the planted bug: Dgrad multiplies dy by W, not W^T
 };
 
-// a (M, K) @ b (K, N) in FP8: a in 1 x tile tiles, b in tile x tile blocks (the device's kernels)
+// A float32 tensor (R, C) quantized on its device in tr x tc tiles (the device's fp8_quantize):
+// its e4m3 codes and its scales (ceil(R/tr), ceil(C/tc)).
+struct DeviceFp8 {
+  Tensor q, scale;
+  int64_t tr = 0, tc = 0;
+};
+DeviceFp8 fp8_quantize_on_device(const Tensor& x, int64_t tr, int64_t tc);
+// a (M, K) @ b (K, N) of quantized operands, a in 1 x t tiles and b in t x t blocks (the
+// device's matmul_fp8)
+Tensor fp8_gemm_on_device(const DeviceFp8& a, const DeviceFp8& b, const Fp8Recipe& r);
+// a (M, K) @ b (K, N) in FP8: both quantized, then the GEMM
 Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r);
 
 // y = x W, x (M, K), W (K, N), float32 on one device; its backward is Dgrad and Wgrad in FP8.

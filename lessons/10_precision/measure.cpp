@@ -9,7 +9,6 @@
 #include "common/core/ops.h"
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
-#include "kernels/kernels.h"
 #include "common/core/autograd.h"
 #include "lessons/10_precision/fp8_linear.h"
 
@@ -91,26 +90,20 @@ namespace {
 // The device's fp8_quantize and matmul_fp8 on the same inputs: do they give the lesson's bits?
 bool device_matches(Device device, const std::vector<float>& xa, const std::vector<float>& xb, const Fp8& qa,
                     const Fp8& qb, const std::vector<float>& c, int64_t promote, int bits) {
-  const KernelTable& k = kernels_for(device);
-  const int64_t M = qa.R, K = qa.C, N = qb.C;
-  auto on_device = [&](const std::vector<float>& x, const Fp8& q, Tensor* codes, Tensor* scales) {
-    *codes = Tensor::empty({q.R, q.C}, device, DType::fp8);
-    *scales = Tensor::empty({(int64_t)q.scale.size()}, device);
-    k.fp8_quantize(codes->fp8_data(), scales->data(), Tensor::from_vector(x, {q.R, q.C}).to(device).data(), q.R, q.C,
-                   q.tr, q.tc);
-    const Tensor host = codes->to(Device::cpu);
+  // the codes and the scales, then the product, each against the loops'
+  auto same_as = [](const DeviceFp8& d, const Fp8& q) {
+    const Tensor host = d.q.to(Device::cpu);
     bool same = std::memcmp(host.fp8_data(), q.q.data(), q.q.size()) == 0;
-    const std::vector<float> s = scales->to_vector();
+    const std::vector<float> s = d.scale.to_vector();
     for (size_t i = 0; i < s.size(); i++) same = same && float_bits(s[i]) == float_bits(q.scale[i]);
     return same;
   };
-  Tensor a_q, a_s, b_q, b_s;
-  const bool same_a = on_device(xa, qa, &a_q, &a_s), same_b = on_device(xb, qb, &b_q, &b_s);  // both, always
-  bool same = same_a && same_b;
-  Tensor out = Tensor::empty({M, N}, device);
-  k.matmul_fp8(out.data(), a_q.fp8_data(), a_s.data(), b_q.fp8_data(), b_s.data(), M, N, K, qa.tc, qb.tc, promote,
-               bits, false);
-  const std::vector<float> got = out.to_vector();
+  const DeviceFp8 a = fp8_quantize_on_device(Tensor::from_vector(xa, {qa.R, qa.C}).to(device), qa.tr, qa.tc);
+  const DeviceFp8 b = fp8_quantize_on_device(Tensor::from_vector(xb, {qb.R, qb.C}).to(device), qb.tr, qb.tc);
+  Fp8Recipe r;
+  r.promote = promote, r.acc_bits = bits;
+  const std::vector<float> got = fp8_gemm_on_device(a, b, r).to_vector();
+  bool same = same_as(a, qa) && same_as(b, qb);
   for (size_t i = 0; i < got.size(); i++) same = same && float_bits(got[i]) == float_bits(c[i]);
   return same;
 }

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "common/core/autograd.h"
+#include "common/core/check.h"
 #include "common/core/ops.h"
 #include "kernels/bf16.h"
 
@@ -98,10 +98,8 @@ std::string Twin::step(const std::vector<Tensor>& mesh_means, const std::vector<
     gs.push_back(mesh_means[k].to(device_));
   }
   adam_.step(ps, gs);
-  for (size_t k = 0; k < named.size(); k++) {
-    const std::vector<float> a = named[k].t.to_vector(), b = mesh_params[k]->to_vector();
-    if (a.size() != b.size() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) return names[k];
-  }
+  for (size_t k = 0; k < named.size(); k++)
+    if (!bitwise_equal(named[k].t, *mesh_params[k])) return names[k];
   return "";
 }
 
