@@ -172,7 +172,7 @@ PROG_SRCS   := $(wildcard tests/progs/*.cpp)
 PROG_BINS   := $(PROG_SRCS:tests/progs/%.cpp=$(BUILD)/tests/%)
 TEST_BINS   := $(BUILD)/tests/unit_tests $(BUILD)/tests/mpi_tests $(PROG_BINS)
 
-.PHONY: all build build-lessons run-bin found deps deps-slides deps-test test lessons run plots slides lecture reference sanitize bench gpu-check clean help exercise exercise-bin grade
+.PHONY: all build build-lessons run-bin found deps deps-slides deps-test test lessons run plots slides lecture reference sanitize bench gpu-check clean help exercise exercise-bin exercise-syntax grade
 .DEFAULT_GOAL := all
 
 all: deps
@@ -311,6 +311,13 @@ $(EX_BIN): $(EX_OBJS) $(LIB)
 endif
 exercise-bin: $(EX_BIN)
 	@$(if $(EXDIR),:,echo "error: make exercise-bin EXDIR=DIR (a copy make exercise L=NN writes)" >&2; exit 2)
+# the copies compiled as exercise-bin compiles them, to the compiler's checks only (-fsyntax-only:
+# no code, no link): the grader's look at the student's copy, whose run is the grading build's
+# with every stub (FF_GRADE=*=0)
+exercise-syntax:
+	@$(if $(EXDIR),:,echo "error: make exercise-syntax EXDIR=DIR (a copy make exercise L=NN writes)" >&2; exit 2)
+	$(Q)$(foreach f,$(filter %.cpp,$(EX_COPIES)),$(CXX) $(filter-out -MMD -MP,$(FLAGS)) \
+	  $(if $(findstring /kernels/cpu/,$(f)),$(OMP_FLAGS) -fno-trapping-math -ffp-contract=off) -fsyntax-only $(f) &&) :
 
 # ---- tests
 $(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/mpi/%.o $(BUILD)/obj/tests/progs/%.o: FLAGS += $(TEST_OPT)

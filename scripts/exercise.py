@@ -468,11 +468,12 @@ def check_docs(lesson, exs):
             raise Problem(f"slides/{decks[0] if decks else lesson + '.md'}: its 'Your turn' slide does not list `{e.name}`")
 
 
-def build_copies(lesson, exs, files, tag="", student=True):
-    """The student's copy and the grading copy of the lesson, written under build/grade and built:
-    (the student's binary, the grading binary). The student's copy is only run to its first stub,
-    so it is compiled without optimisation (what it checks: it compiles, and stops there); the
-    grading copy with the build's optimisation. Neither needs debug information."""
+def build_copies(lesson, exs, files, tag=""):
+    """The grading copy of the lesson (each region's stub, solution and planted mistakes side by
+    side, FF_GRADE picking one), written under build/grade and built with the build's
+    optimisation (no debug information); and the student's copy written beside it and compiled
+    to the compiler's checks only (it is what `make exercise` hands out: it must compile; its run,
+    every stub in place, is the grading build's with FF_GRADE=*=0). Returns the grading binary."""
     check_docs(lesson, exs)
     base = os.path.join(os.environ.get("BUILD", "build"), "grade")
     student_dir = os.path.join(base, lesson + tag)
@@ -482,15 +483,25 @@ def build_copies(lesson, exs, files, tag="", student=True):
             shutil.rmtree(os.path.join(ROOT, d))
     write_copy(lesson, exs, files, os.path.join(ROOT, grading_dir), "grading")
     grading = build(grading_dir, os.environ.get("OPT", "-O2"))
-    if not student:
-        return None, grading
     write_copy(lesson, exs, files, os.path.join(ROOT, student_dir), "student")
-    return build(student_dir, "-O0"), grading
+    compiles(student_dir)
+    return grading
+
+
+def compiles(exdir):
+    """The copies in exdir pass the compiler (make exercise-syntax: exercise-bin's flags,
+    -fsyntax-only)."""
+    make = os.environ.get("MAKE", "make")
+    passed = [f"{k}={os.environ[k]}" for k in ("BUILD", "SANFLAGS", "NO_CUDA") if k in os.environ]
+    code, out = sh([make, "--no-print-directory", "-s", "exercise-syntax", f"EXDIR={exdir}"] + passed)
+    if code != 0:
+        raise Problem(f"{exdir} does not compile:\n{out[-3000:]}")
 
 
 def grade_student(lesson, binary):
-    """The student's copy builds, and its run stops at the first unwritten exercise."""
-    code, out = run(binary, lesson, "")
+    """The student's copy stops at its first unwritten exercise: the grading build with every
+    stub in place (FF_GRADE=*=0) stops with one error line, exit 2."""
+    code, out = run(binary, lesson, "", "*=0")
     expect_stub(code, out, None, f"{lesson}: the student's copy")
 
 
@@ -518,8 +529,8 @@ def grade_mistake(lesson, e, binary, k):
 
 
 def grade_lesson(lesson, exs, files, tag=""):
-    student, grading = build_copies(lesson, exs, files, tag)
-    grade_student(lesson, student)
+    grading = build_copies(lesson, exs, files, tag)
+    grade_student(lesson, grading)
     for e in exs:
         grade_stub(lesson, e, grading)
         for args in e.args or [""]:
@@ -538,7 +549,7 @@ def cmd_self_test():
     old, _ = exs[0].bugs[0]
     exs[0].bugs[0] = (old, old)
     try:
-        _, grading = build_copies(lesson, exs, files, tag="-selftest", student=False)
+        grading = build_copies(lesson, exs, files, tag="-selftest")
         grade_mistake(lesson, exs[0], grading, 1)
     except Problem as p:
         if "does not fail the lesson's check" in str(p):

@@ -1,11 +1,12 @@
-"""The exercises (scripts/exercise.py), graded: for every lesson, the student's copy builds and
-stops at its first unwritten exercise with one error line and exit 2; in the grading build (each
-region's stub, solution and planted mistakes side by side, FF_GRADE picking one at run time) each
-exercise's stub alone stops the run, its solution passes the lesson's check on every run that
-grades it, and each planted mistake fails it. The grader can fail (its self-test), and the
+"""The exercises (scripts/exercise.py), graded: for every lesson, the student's copy compiles and
+its run (the grading build with every stub, FF_GRADE=*=0) stops at its first unwritten exercise
+with one error line and exit 2; in the grading build (each region's stub, solution and planted
+mistakes side by side, FF_GRADE picking one at run time) each exercise's stub alone stops the
+run, its solution passes the lesson's check on every run that grades it, and each planted
+mistake fails it. The grader can fail (its self-test), and the
 student's flow works: make exercise, make run EX=1, make grade EX=1, an edited copy kept.
 
-A lesson's two builds happen once per pytest process (its tests share an xdist group, so they run
+A lesson's build and compile happen once per pytest process (its tests share an xdist group, so they run
 in one worker: pytest.ini's --dist loadgroup).
 """
 import os
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import exercise  # noqa: E402  (scripts/exercise.py)
 
 BY_LESSON, FILES = exercise.all_exercises()
-BUILDS = {}  # lesson -> (student binary, grading binary), or the Problem that stopped the build
+BUILDS = {}  # lesson -> its grading binary, or the Problem that stopped the build
 
 
 def problem(step, *args):
@@ -66,9 +67,9 @@ def cases():
 
 @pytest.mark.parametrize("lesson, what, e, detail", cases())
 def test_exercise(lesson, what, e, detail):
-    student, grading = binaries(lesson)
-    if what == "student-copy":    # stops at its first stub: exit 2, one error line
-        graded(exercise.grade_student, lesson, student)
+    grading = binaries(lesson)
+    if what == "student-copy":    # compiles; every stub in: stops at the first, exit 2, one line
+        graded(exercise.grade_student, lesson, grading)
     elif what == "stub":          # this stub alone stops the run with its own error line
         graded(exercise.grade_stub, lesson, e, grading)
     elif what == "solution":      # the solution passes the lesson's check on this run

@@ -32,6 +32,7 @@ void set_exercise_handler(ExerciseHandler handler);
 // Grading (scripts/exercise.py grade): which version of exercise `name` a grading build runs,
 // from the environment's FF_GRADE=NAME=K — 0 the stub, K >= 1 the solution with its K-th
 // planted mistake — and -1, the solution, for any other exercise or without FF_GRADE.
+// FF_GRADE=*=0 runs every exercise's stub: the student's copy, as `make exercise` writes it.
 int exercise_variant(const char* name);
 
 }  // namespace ff

@@ -11,7 +11,8 @@ import pytest
 from conftest import passes_on_stdout, same_tree, same_files
 
 L08 = "08_mesh"
-SIM_SMALL = ["--device", "sim", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 2, "--seq", 16]
+# the emulator runs every kernel of a step at these sizes; one validation batch runs its forward
+SIM_SMALL = ["--device", "sim", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 2, "--seq", 16, "--val-batches", 1]
 
 
 
@@ -82,7 +83,7 @@ MESHES = {
                                    (2, SIM_SMALL + ["--tp", 1, "--ep", 2]),
                                    (2, SIM_SMALL + ["--tp", 1, "--pp", 2, "--schedule", "zb-h1"])],
     "device-sim-sp-off-tp-copies-stay-equal": [
-        (2, ["--device", "sim", "--tp", 2, "--sp", "off", "--train", 2, "--dim", 32, "--ffn", 32, "--batch", 8, "--seq", 32])],
+        (2, SIM_SMALL + ["--tp", 2, "--sp", "off"])],
 }
 LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
         "device-sim-tp2-cp2-ep2-pp2", "device-sim-sp-off-tp-copies-stay-equal", "dualpipe-stages-on-two-ranks-summed"}

@@ -158,7 +158,8 @@ def test_device_sim_decode_under_the_emulator(lesson):
 
 
 def test_device_sim_bf16_the_emulated_kernels_read_bf16(lesson):
-    lesson(L09, 2, "--device", "sim", "--bf16", "--batch", 2, "--new", 4, "--dim", 32, "--ffn", 32).ok()
+    lesson(L09, 2, "--device", "sim", "--bf16", "--batch", 2, "--new", 4, "--dim", 32, "--ffn", 32,
+           "--val-batches", 1).ok().has(r"every decode step reads them as bf16")
 
 
 def test_device_sim_int8_every_weight_dequantized_and_the_check_passes(lesson):
