@@ -321,6 +321,21 @@ exercise-syntax:
 
 # ---- tests
 $(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/mpi/%.o $(BUILD)/obj/tests/progs/%.o: FLAGS += $(TEST_OPT)
+# tests/pch.h precompiled once with the doctest suites' flags, and taken first by each of their
+# test files (GCC reads the .gch beside the -include'd copy; a file whose flags differ reads
+# the text); not by the two main.cpp, which compile doctest's implementation. ccache caches
+# such compiles when told the precompiled header's macros and times may differ.
+TEST_PCH  := $(BUILD)/obj/pch/tests.h
+TEST_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter-out %/main.cpp,$(UNIT_SRCS) $(MPI_SRCS)))
+$(TEST_OBJS): FLAGS += -include $(TEST_PCH)
+comma := ,
+$(TEST_OBJS): CCACHE := $(if $(CCACHE),CCACHE_SLOPPINESS=pch_defines$(comma)time_macros $(CCACHE))
+$(TEST_OBJS): $(TEST_PCH).gch
+$(TEST_PCH).gch: tests/pch.h
+	@mkdir -p $(dir $@)
+	$(call say,PCH,$<)
+	$(Q)cp $< $(TEST_PCH)
+	$(Q)$(CXX) $(FLAGS) $(TEST_OPT) -x c++-header -c $(TEST_PCH) -o $@
 $(BUILD)/obj/tests/unit/test_cpu_exp.o: FLAGS += $(OMP_FLAGS)  # it includes kernels/cpu/row_math.h
 # its scalar reference loops must round as kernels/cpu does (no fused a * b + c): a bitwise test
 $(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
