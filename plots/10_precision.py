@@ -6,8 +6,8 @@ usage: 10_precision.py CSV OUTDIR
        one per K of the FP8 sweep, from three --part formats runs with --acc-bits 14 (the H800's,
        the lesson's default), 13 and 15, the same --k-max (a later row of the same K and width
        wins); kind=train rows precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,
-       bf16_moved,dp_bytes,lr, one per training step, from five 2-rank --part train runs:
-       --precision fp32, bf16, bf16 --grad-reduce bf16 (lr 3e-3), and at --lr 1e-4 bf16 with and
+       bf16_moved,dp_bytes,lr, one per training step, from six 2-rank --part train runs:
+       --precision fp32, bf16, bf16 --grad-reduce bf16, fp8 (lr 3e-3), and at --lr 1e-4 bf16 with and
        without (--bug no-master) float32 master weights (a later row of the same run and step wins)
 Writes OUTDIR/10_fp8_error.png (the kind=fp8 rows) and OUTDIR/10_training.png (kind=train).
 
@@ -23,7 +23,8 @@ both).
 
 10_training.png. Left: the training loss against the step (a 25-step trailing mean, each step
 faint) of lesson 08's model on 2 data-parallel ranks, ZeRO-1: float32, bf16 matmul weights with
-float32 masters, and the same with the gradients summed in bf16; the last step's loss and the
+float32 masters, the same with the gradients summed in bf16, and the linear layers' GEMMs in FP8
+(DeepSeek-V3's recipe, float32 weights); the last step's loss and the
 mean of the last 50 in a box. Right: at lr 1e-4, bf16 with float32 masters against the planted
 bug no-master (AdamW's update applied to the bf16 weights themselves): the loss, and on a twin
 axis the share of bf16 weights a step changed (bf16_moved): without masters an update under half
@@ -66,11 +67,12 @@ for bits in BITS:
         sys.exit(f"error: {src}: the acc_bits={bits} rows have K = {sorted(runs[bits])}, the acc_bits=14 rows "
                  f"{ks}: run all three with the same --k-max")
 
-# kind=train: the five runs make-plots.sh makes, told apart by their flags (a run's steps in order)
+# kind=train: the six runs make-plots.sh makes, told apart by their flags (a run's steps in order)
 TRAIN_RUNS = (  # key, precision, grad_reduce, no_master, lr, the run's flags
     ("fp32", "fp32", "fp32", 0, 3e-3, "--precision fp32"),
     ("bf16", "bf16", "fp32", 0, 3e-3, "--precision bf16"),
     ("bf16 sums", "bf16", "bf16", 0, 3e-3, "--precision bf16 --grad-reduce bf16"),
+    ("fp8", "fp8", "fp32", 0, 3e-3, "--precision fp8"),
     ("masters", "bf16", "fp32", 0, 1e-4, "--precision bf16 --lr 1e-4"),
     ("no-master", "bf16", "fp32", 1, 1e-4, "--precision bf16 --lr 1e-4 --bug no-master"),
 )
@@ -201,7 +203,8 @@ for key, color, style, label in (
         ("fp32", "0.45", "-", "float32 throughout"),
         ("bf16", BLUE, "-", "bf16 weights + grads, float32 masters"),
         ("bf16 sums", ORANGE, "--", f"the same, gradients summed in bf16\n"
-                                    f"({kib('bf16 sums'):.0f} KiB a step, not {kib('bf16'):.0f})")):
+                                    f"({kib('bf16 sums'):.0f} KiB a step, not {kib('bf16'):.0f})"),
+        ("fp8", GREEN, ":", "FP8 GEMMs in the linear layers\n(DeepSeek-V3's recipe, float32 weights)")):
     loss = tcol(key, "loss")
     left.plot(tsteps[key], loss, color=color, lw=0.6, alpha=0.18)
     left.plot(tsteps[key], smooth(loss), style, color=color, lw=6 if key == "fp32" else 2.4, label=label)
@@ -210,11 +213,11 @@ left.set_ylim(lo, hi)
 left.set_xlim(0, last)
 left.set_xlabel("step")
 left.set_ylabel("training loss (nats per character)")
-left.set_title(f"lr {lr_text(lr_fast)}: bf16 trains as float32 does\n({SMOOTH}-step mean; faint: each step)")
+left.set_title(f"lr {lr_text(lr_fast)}: bf16 and FP8 train as float32 does\n({SMOOTH}-step mean; faint: each step)")
 left.grid(alpha=0.3)
 left.legend(loc="upper right", framealpha=0.95)
 box = [f"step {last}: the loss (mean of the last 50)"]
-for key, name in (("fp32", "float32"), ("bf16", "bf16"), ("bf16 sums", "bf16 sums")):
+for key, name in (("fp32", "float32"), ("bf16", "bf16"), ("bf16 sums", "bf16 sums"), ("fp8", "fp8")):
     loss = tcol(key, "loss")
     box.append(f"{name:<10} {loss[-1]:.3f}  ({sum(loss[-50:]) / len(loss[-50:]):.3f})")
 left.text(0.97, 0.55, "\n".join(box), transform=left.transAxes, ha="right", va="center", multialignment="left",

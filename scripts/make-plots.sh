@@ -186,9 +186,10 @@ plots_09() {
 # with a tensor-core accumulator of 14 bits (the H800's, the lesson's default), 13 and 15; and on
 # activations with outlier channels, per-tile scales against one scale per tensor (--part formats,
 # about 5 s a run on two cores). Then [4], mixed-precision training on 2 data-parallel ranks, 500
-# steps (about 8 s a run): float32, bf16 with float32 masters, bf16 gradient sums; and at lr 1e-4
-# bf16 with and without masters (the planted bug no-master, whose check fails: exit 1). Every run
-# appends to one csv, its rows told apart by their kind column (fp8, train).
+# steps (about 8 s a run; FP8's scalar GEMMs about 2 min): float32, bf16 with float32 masters, bf16
+# gradient sums, FP8 linear layers; and at lr 1e-4 bf16 with and without masters (the planted bug
+# no-master, whose check fails: exit 1). Every run appends to one csv, its rows told apart by their
+# kind column (fp8, train).
 plots_10() {
   echo "+ lesson 10 at P=2"
   L10="$BUILD/bin/10_precision"; C10="$DATA/10_precision.csv"
@@ -202,6 +203,7 @@ plots_10() {
   run10 --precision fp32
   run10 --precision bf16
   run10 --precision bf16 --grad-reduce bf16
+  run10 --precision fp8
   run10 --precision bf16 --lr 1e-4
   # the planted bug: its check FAILs, exit 1 (the rows are written first); any other status is an error
   local rc=0

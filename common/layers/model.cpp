@@ -228,10 +228,10 @@ Latents attention_latents(const Config& c, const Attention& a, const Tensor& u,
                                       << shape_str(row_positions.shape()) << ", expected (n, "
                                       << c.dim << ") and (n)");
   Latents l;
-  l.c_q = rmsnorm(matmul(u, a.w_dq), a.q_norm, c.norm_eps);                  // (n, r_q)
-  l.c_kv = rmsnorm(matmul(u, a.w_dkv), a.kv_norm, c.norm_eps);               // (n, r_kv)
+  l.c_q = rmsnorm(linear(u, a.w_dq), a.q_norm, c.norm_eps);                  // (n, r_q)
+  l.c_kv = rmsnorm(linear(u, a.w_dkv), a.kv_norm, c.norm_eps);               // (n, r_kv)
   // the decoupled RoPE key: computed once per token from u, shared by every head
-  Tensor k = matmul(u, a.w_kr);                                              // (n, d_r)
+  Tensor k = linear(u, a.w_kr);                                              // (n, d_r)
   if (k.size(1) == c.d_rope) {
     l.k_pe = rope(k, row_positions, c.rope_theta);
   } else {  // a w_kr of (d, H d_r): one key per head, each rotated on its own
@@ -247,12 +247,12 @@ Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Lat
   FF_CHECK(B >= 1 && BT == B * T && row_positions.shape() == Shape{BT},
            "attention_heads: " << BT << " rows are not " << B << " sequences");
   // queries: per head a no-RoPE and a RoPE part
-  Tensor q = reshape(matmul(l.c_q, a.w_uq), {BT, H, dn + dr});
+  Tensor q = reshape(linear(l.c_q, a.w_uq), {BT, H, dn + dr});
   Tensor q_nope = slice(q, 2, 0, dn);                                       // (B T, H, d_n)
   Tensor q_pe = rope(slice(q, 2, dn, dn + dr), row_positions, c.rope_theta); // (B T, H, d_r)
   // keys and values: the shared latent c_kv, expanded per head
-  Tensor k_nope = reshape(matmul(l.c_kv, a.w_uk), {BT, H, dn});
-  Tensor v = reshape(matmul(l.c_kv, a.w_uv), {BT, H, c.d_v});
+  Tensor k_nope = reshape(linear(l.c_kv, a.w_uk), {BT, H, dn});
+  Tensor v = reshape(linear(l.c_kv, a.w_uv), {BT, H, c.d_v});
 
   // scores as two inner products, summed: the no-RoPE part per head ...
   Tensor s_nope = matmul(heads_first(q_nope, B, T, H),
@@ -275,7 +275,7 @@ Tensor attention_heads(const Config& c, int64_t H, const Attention& a, const Lat
 
   Tensor o = matmul(probs, heads_first(v, B, T, H));                        // (B H, T, d_v)
   o = reshape(transpose(reshape(o, {B, H, T, c.d_v}), 1, 2), {BT, H * c.d_v});
-  return matmul(o, a.w_o);
+  return linear(o, a.w_o);
 }
 
 Tensor attention(const Config& c, const Attention& a, const Tensor& u, int64_t B,
@@ -287,8 +287,16 @@ Tensor attention(const Config& c, const Attention& a, const Tensor& u, int64_t B
   return attention_heads(c, c.heads, a, attention_latents(c, a, u, pos), B, pos);
 }
 
+namespace {
+LinearFn g_linear;  // empty: matmul
+}  // namespace
+
+void set_linear(LinearFn f) { g_linear = std::move(f); }
+
+Tensor linear(const Tensor& x, const Tensor& w) { return g_linear ? g_linear(x, w) : matmul(x, w); }
+
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u) {
-  return matmul(mul(silu(matmul(u, f.w1)), matmul(u, f.w3)), f.w2);
+  return linear(mul(silu(linear(u, f.w1)), linear(u, f.w3)), f.w2);
 }
 
 Tensor moe_ffn(const dsv3::Config& c, const dsv3::Params& p, const Tensor& u, Tensor* route) {

@@ -22,7 +22,7 @@ int exercise_variant(const char* name) {
   const char* grade = std::getenv("FF_GRADE");
   if (!grade) return -1;
   const std::string g = grade;
-  for (const std::string prefix : {std::string(name) + "=", std::string("*=")})
+  for (const std::string& prefix : {std::string(name) + "=", std::string("*=")})
     if (g.compare(0, prefix.size(), prefix) == 0) return std::atoi(g.c_str() + prefix.size());
   return -1;
 }

@@ -4,6 +4,7 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
+#include "common/layers/model.h"
 #include "kernels/kernels.h"
 
 namespace ff::precision {
@@ -46,5 +47,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r) {
   });
 }
 // [/slide]
+
+void use_fp8_linears(const Fp8Recipe& r) {
+  model::set_linear([r](const Tensor& x, const Tensor& w) { return fp8_linear(x, w, r); });
+}
 
 }  // namespace ff::precision

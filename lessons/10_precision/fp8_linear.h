@@ -38,4 +38,9 @@ Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r);
 // y = x W, x (M, K), W (K, N), float32 on one device; its backward is Dgrad and Wgrad in FP8.
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r);
 
+// Lesson 08's model with fp8_linear in its linear layers (model::set_linear: MLA's projections,
+// the dense FFN), recipe r; the attention core, the experts, the head, the norms and the router
+// keep their float32 products. model::set_linear({}) puts matmul back.
+void use_fp8_linears(const Fp8Recipe& r);
+
 }  // namespace ff::precision

@@ -140,8 +140,9 @@ void parse(Lesson& L, Options& o) {
              1.0, 1e6);
   L.cli.flag("--bf16-k", &o.bf16_k, "[2] K of the bf16 matmul (64 x K times K x 64)", 1, 1 << 20);
   L.cli.choice("--part", &o.part, {"all", "formats", "train"}, "formats: [1]-[3]; train: [4]; all: both");
-  L.cli.choice("--precision", &o.precision, {"bf16", "fp32"},
-               "[4] bf16: the matmul weights and their gradients bf16, AdamW's masters float32; fp32: all float32");
+  L.cli.choice("--precision", &o.precision, {"bf16", "fp32", "fp8"},
+               "[4] bf16: the matmul weights and their gradients bf16, AdamW's masters float32; fp32: all float32; "
+               "fp8: float32 weights, the linear layers' three GEMMs in FP8 as [3] (--tile, --promote, --acc-bits)");
   L.cli.choice("--grad-reduce", &o.grad_reduce, {"fp32", "bf16"}, "[4] the gradients' sum over the ranks in float32 or bf16");
   L.cli.flag("--zero", &o.zero, "[4] ZeRO stage: 0 (all-reduce, AdamW everywhere), 1 (masters, m and v sharded), 2 "
              "(gradients sharded too)", 0, 2);
@@ -167,7 +168,7 @@ void parse(Lesson& L, Options& o) {
     L.usage_error_if(o.seq >= corpus.split_size(CharCorpus::Split::train),
                      "--seq " + std::to_string(o.seq) + " must be shorter than the training text");
     L.usage_error_if(o.bug == "no-master" && o.precision != "bf16", "--bug no-master needs --precision bf16");
-    L.usage_error_if(o.precision == "fp32" && o.grad_reduce == "bf16",
+    L.usage_error_if(o.precision != "bf16" && o.grad_reduce == "bf16",
                      "--grad-reduce bf16 needs --precision bf16 (float32 gradients are summed in float32)");
   }
   L.usage_error_if(!o.formats() && (o.bug == "bf16-truncate" || o.bug == "no-promotion" || o.bug == "per-tensor" ||
@@ -175,10 +176,12 @@ void parse(Lesson& L, Options& o) {
                    "--bug " + o.bug + " plants a mistake in the formats: --part all or formats");
   L.usage_error_if(!o.training() && o.bug == "no-master", "--bug no-master plants it in the training: --part all or train");
   L.usage_error_if(L.dumping(), "--dump: lesson 10 writes no tensors (its figures read --csv)");
-  if (o.formats()) {
+  if (o.formats() || (o.training() && o.precision == "fp8")) {
     L.usage_error_if(o.tile % o.promote != 0, "--promote " + std::to_string(o.promote) + " must divide --tile " +
                                                   std::to_string(o.tile) + " (a promoted chunk lies in one tile)");
     L.usage_error_if(o.tile > 1024, "--tile " + std::to_string(o.tile) + ": at most 1024 (DeepSeek-V3's is 128)");
+  }
+  if (o.formats()) {
     L.usage_error_if(o.k_max < o.tile, "--k-max " + std::to_string(o.k_max) + " must be at least --tile " +
                                            std::to_string(o.tile));
     // the cost: per K, about 8 GEMMs of M K N multiply-adds (the FP8 ones, their float64
@@ -325,12 +328,17 @@ size_t bytes_moved(Comm& comm) {
 }
 
 // [slide:mixed-step]
-// Lesson 08's model in bf16 (its matmul weights; --precision fp32: none) trained by every rank
+// Lesson 08's model in bf16 (its matmul weights; --precision fp32: none; fp8: float32 weights,
+// the linear layers' GEMMs in FP8) trained by every rank
 // on its share of each global batch, the gradients averaged and AdamW stepped by lesson 08's ZeRO
 // over the world: the float32 masters, m and v sharded (ZeRO-1, -2) or whole on every rank
 // (ZeRO-0). Every step checked against one process in the same precision (rank 0's Twin).
 void train(Lesson& L, const Options& o, CheckReport& check) {
-  const bool bf16 = o.precision == "bf16", root = L.rank() == 0;
+  const bool bf16 = o.precision == "bf16", fp8 = o.precision == "fp8", root = L.rank() == 0;
+  // fp8: every forward of the model, the ranks' and the one process's, runs its linear layers
+  // through fp8_linear (model::set_linear), until the end of the training
+  if (fp8) use_fp8_linears(Fp8Recipe{o.tile, o.promote, (int)o.acc_bits});
+  struct Restore { ~Restore() { model::set_linear({}); } } restore;
   const int dp = L.size();
   const uint64_t seed = (uint64_t)L.flags.seed;
   CharCorpus corpus = CharCorpus::load(o.data);
@@ -358,12 +366,18 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   Comm check_comm = L.comm.split(0, L.rank());  // the check's traffic, apart
   Twin twin(c, seed, L.device, bf16, adam, root);
 
-  L.print("\n[4] mixed-precision training: lesson 08's model (%lld parameters: %lld bf16 in its matmuls, %lld "
-          "float32: embedding, norms, router), %s, data parallel over %d ranks, ZeRO-%lld, gradients reduced in "
-          "%s; batch %lld x %lld tokens, AdamW lr %g\n",
-          (long long)(n16 + n32), (long long)n16, (long long)n32,
-          !bf16 ? "float32" : o.bug == "no-master" ? "bf16 weights WITHOUT float32 masters (--bug no-master)"
-                                                   : "bf16 weights with float32 masters",
+  char fp8_what[160];
+  std::snprintf(fp8_what, sizeof fp8_what, "float32 weights, the linear layers' GEMMs in FP8 (1 x %lld and %lld x "
+                "%lld scales, promoted every %lld products from a %lld-bit accumulator)", (long long)o.tile,
+                (long long)o.tile, (long long)o.tile, (long long)o.promote, (long long)o.acc_bits);
+  char held[96] = ", all float32";
+  if (n16) std::snprintf(held, sizeof held, ": %lld bf16 in its matmuls, %lld float32: embedding, norms, router",
+                         (long long)n16, (long long)n32);
+  L.print("\n[4] mixed-precision training: lesson 08's model (%lld parameters%s), %s, data parallel over %d ranks, "
+          "ZeRO-%lld, gradients reduced in %s; batch %lld x %lld tokens, AdamW lr %g\n",
+          (long long)(n16 + n32), held,
+          fp8 ? fp8_what : !bf16 ? "float32" : o.bug == "no-master" ? "bf16 weights WITHOUT float32 masters (--bug no-master)"
+                                                                   : "bf16 weights with float32 masters",
           dp, (long long)o.zero, o.grad_reduce == "bf16" ? "bf16" : "float32", (long long)o.batch, (long long)o.seq, o.lr);
   L.print("  %-5s %-12s %-12s %-9s %-10s %-7s %-9s %s\n", "step", "loss (mesh)", "(1 proc)", "/bound", "grad /bound",
           "AdamW", "bf16 moved", "DP bytes");
@@ -381,9 +395,9 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
     // 1. one process's loss and gradients on the whole batch, from the same weights
     const bool checking = step % o.check_every == 0 || step + 1 == o.steps;
     double loss_ref = NAN;
-    // (bf16: the shares as the ranks compute them, summed as they sum them: see mixed.h)
+    // (bf16, fp8: the shares as the ranks compute them, summed as they sum them: see mixed.h)
     if (root && checking) {
-      const int shares = bf16 ? dp : 1;
+      const int shares = bf16 || fp8 ? dp : 1;
       std::vector<CharCorpus::Batch> batches;
       for (int r = 0; r < shares; r++)
         batches.push_back(corpus.batch(CharCorpus::Split::train, step, o.batch, o.seq, r * (o.batch / shares),
@@ -480,7 +494,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   std::snprintf(line, sizeof line, "training: loss of the ranks = one process's at %lld checked steps, |diff| <= 4 n "
                 "eps max(1, |loss|): worst %.3f of the bound", (long long)checked, worst_loss);
   check.holds(line, !root || worst_loss <= 1);
-  if (bf16)
+  if (bf16 || fp8)
     std::snprintf(line, sizeof line, "training: mean gradients = one process's mean of the same shares', within "
                   "2 (dp-1) u sum|g_r| / dp (%s sums): worst %.3f of the bound", o.grad_reduce == "bf16" ? "bf16" : "float32",
                   worst_grad);

@@ -129,9 +129,12 @@ def test_csv_holds_the_table_and_the_training_for_the_figures(lesson, tmp_path):
 def counts(run):
     """The parameters: (bf16 ones, float32 ones) as the run prints them."""
     m = re.search(r"\((\d+) parameters: (\d+) bf16 in its matmuls, (\d+) float32", run.out)
+    if m:
+        assert int(m[1]) == int(m[2]) + int(m[3])
+        return int(m[2]), int(m[3])
+    m = re.search(r"\((\d+) parameters, all float32\)", run.out)
     assert m, run.why("the parameter counts")
-    assert int(m[1]) == int(m[2]) + int(m[3])
-    return int(m[2]), int(m[3])
+    return 0, int(m[1])
 
 
 def per_parameter(run):
@@ -141,10 +144,13 @@ def per_parameter(run):
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32", "fp8"])
 def test_training_equals_one_process_and_memory_is_the_formula_computed_here(lesson, zero, precision):
     np_ = 2
     run = lesson(L10, np_, "--part", "train", "--zero", zero, "--precision", precision, "--train", 4).ok()
+    if precision == "fp8":  # float32 weights and AdamW: fp32's memory
+        run.has(r"float32 weights, the linear layers' GEMMs in FP8 \(1 x 128 and 128 x 128 scales, promoted every 128")
+        precision = "fp32"
     run.has(r"AdamW.* = one process's on the same mean gradients, bit for bit   PASS")
     run.has(r"every rank holds the same weights, bit for bit   PASS")
     n16, n32 = counts(run)
@@ -171,13 +177,30 @@ def test_training_equals_one_process_and_memory_is_the_formula_computed_here(les
     (1, []), (3, ["--batch", 6, "--zero", 2]), (4, ["--zero", 2, "--grad-reduce", "bf16"]), (4, ["--zero", 0]),
     (3, ["--batch", 12, "--zero", 2, "--grad-reduce", "bf16", "--train", 30]),
     (3, ["--batch", 3, "--seq", 16, "--train", 60]),
-], ids=["P1", "P3-zero2", "P4-zero2-bf16-sums", "P4-zero0", "P3-30-steps-bf16-sums", "P3-60-steps-one-sequence-each"])
+    (3, ["--batch", 6, "--precision", "fp8", "--train", 2]), (4, ["--zero", 2, "--precision", "fp8", "--train", 2]),
+], ids=["P1", "P3-zero2", "P4-zero2-bf16-sums", "P4-zero0", "P3-30-steps-bf16-sums", "P3-60-steps-one-sequence-each",
+        "P3-fp8", "P4-zero2-fp8"])
 def test_training_on_any_number_of_ranks(lesson, np_, args):
     run = lesson(L10, np_, "--part", "train", "--train", 4, *args, "--log-every", 100).ok()
     run.has(r"training: mean gradients = one process's mean of the same shares', .*PASS")
     # two and three ranks add their shares in rank order, as one process does: bit for bit
     if np_ <= 3:
         run.has(r"the worst gradient against its bound: none off, every mean gradient bit for bit")
+
+
+def losses(run):
+    return [float(x) for x in re.findall(r"^  \d+ +(\d+\.\d+) ", run.out, re.M)]
+
+
+def test_fp8_trains_through_its_own_gemms_near_float32(lesson):
+    # the FP8 GEMMs are in the forward and backward: the losses leave float32's from the second
+    # step on (the first step's weights are the same; its forward already quantizes), and stay close
+    args = ["--part", "train", "--train", 12, "--log-every", 1, "--check-every", 6]
+    fp32 = losses(lesson(L10, 2, *args, "--precision", "fp32").ok())
+    fp8 = losses(lesson(L10, 2, *args, "--precision", "fp8").ok())
+    assert len(fp32) == len(fp8) == 12
+    assert all(a != b for a, b in zip(fp32, fp8)), (fp32, fp8)
+    assert all(abs(a - b) < 0.01 * a for a, b in zip(fp32, fp8)), (fp32, fp8)
 
 
 def dp_bytes(run):
@@ -228,11 +251,15 @@ def test_planted_bug_no_master_fails_adamw_and_the_model_stalls(lesson):
     (["--bug", "no-master", "--precision", "fp32"], "--bug no-master needs --precision bf16"),
     (["--grad-reduce", "bf16", "--precision", "fp32"], "--grad-reduce bf16 needs --precision bf16"),
     (["--zero", 3], "--zero"),
+    (["--part", "train", "--precision", "fp8", "--tile", 100, "--promote", 30], "--promote 30 must divide --tile 100"),
+    (["--part", "train", "--precision", "fp8", "--tile", 2048, "--promote", 2048], "--tile 2048: at most 1024"),
+    (["--grad-reduce", "bf16", "--precision", "fp8"], "--grad-reduce bf16 needs --precision bf16"),
     (["--part", "train", "--bug", "per-tensor"], "plants a mistake in the formats"),
     (["--part", "formats", "--bug", "no-master"], "plants it in the training"),
     (["--data", "/nonexistent/text"], "--data"),
 ], ids=["promote-not-dividing-tile", "k-below-tile", "too-big", "beyond-memory", "tile-too-big", "batch-too-big",
         "dump", "acc-bits-0", "unknown-bug", "batch-not-multiple",
-        "no-master-fp32", "bf16-sums-fp32", "zero-3", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
+        "no-master-fp32", "bf16-sums-fp32", "zero-3", "fp8-promote-not-dividing-tile", "fp8-tile-too-big",
+        "bf16-sums-fp8", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
 def test_bad_input_is_one_error_line_and_exit_2(lesson, args, says):
     lesson(L10, 2, *args).usage_error(says)
