@@ -24,10 +24,11 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
                  << dtype_name(g.dtype()) << " on " << device_name(g.device())
                  << " (float32 or bf16, the same, or float32 for a bf16 one; same shape and device)");
   }
+  const DType moments = config_.bf16_moments ? DType::bf16 : DType::f32;
   if (m_.empty())
     for (const Tensor* p : params) {
-      m_.push_back(Tensor::zeros(p->shape(), p->device()));
-      v_.push_back(Tensor::zeros(p->shape(), p->device()));
+      m_.push_back(Tensor::zeros(p->shape(), p->device(), moments));
+      v_.push_back(Tensor::zeros(p->shape(), p->device(), moments));
     }
   if (master_.size() != params.size()) {  // the first step (or the first after restore())
     master_.clear();
@@ -40,10 +41,12 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
                                            << " parameters, but the optimizer holds state for "
                                            << m_.size());
   for (size_t i = 0; i < params.size(); i++)
-    FF_CHECK(params[i]->shape() == m_[i].shape() && params[i]->device() == m_[i].device(),
+    FF_CHECK(params[i]->shape() == m_[i].shape() && params[i]->device() == m_[i].device() &&
+                 m_[i].dtype() == moments && v_[i].dtype() == moments,
              "Adam::step: parameter " << i << " is " << shape_str(params[i]->shape()) << " on "
                  << device_name(params[i]->device()) << ", the optimizer's state "
-                 << shape_str(m_[i].shape()) << " on " << device_name(m_[i].device()));
+                 << shape_str(m_[i].shape()) << " " << dtype_name(m_[i].dtype()) << " on "
+                 << device_name(m_[i].device()) << " (moments in " << dtype_name(moments) << ")");
 
   t_++;
   const AdamConfig& c = config_;
@@ -59,16 +62,20 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   for (size_t i = 0; i < params.size(); i++) {
     const Tensor &p = *params[i], &g = grads[i];
     const KernelTable& k = kernels_for(p.device());
+    // bf16 moments: widened for the step, rounded back after it
+    const bool narrow = config_.bf16_moments;
+    const Tensor m = narrow ? m_[i].to_dtype(DType::f32) : m_[i], v = narrow ? v_[i].to_dtype(DType::f32) : v_[i];
     if (p.dtype() == DType::f32) {
-      k.adamw(p.data(), m_[i].data(), v_[i].data(), g.data(), p.numel(), step);
-      continue;
+      k.adamw(p.data(), m.data(), v.data(), g.data(), p.numel(), step);
+    } else {
+      // bf16: the step on the float32 master (or, without one, on the bf16 value widened), then
+      // rounded into the parameter
+      const Tensor g32 = g.dtype() == DType::f32 ? g : g.to_dtype(DType::f32);
+      const Tensor w = config_.master_weights ? master_[i] : p.to_dtype(DType::f32);
+      k.adamw(w.data(), m.data(), v.data(), g32.data(), p.numel(), step);
+      k.to_bf16(p.bf16_data(), w.data(), p.numel());
     }
-    // bf16: the step on the float32 master (or, without one, on the bf16 value widened), then
-    // rounded into the parameter
-    const Tensor g32 = g.dtype() == DType::f32 ? g : g.to_dtype(DType::f32);
-    const Tensor w = config_.master_weights ? master_[i] : p.to_dtype(DType::f32);
-    k.adamw(w.data(), m_[i].data(), v_[i].data(), g32.data(), p.numel(), step);
-    k.to_bf16(p.bf16_data(), w.data(), p.numel());
+    if (narrow) k.to_bf16(m_[i].bf16_data(), m.data(), p.numel()), k.to_bf16(v_[i].bf16_data(), v.data(), p.numel());
   }
 }
 

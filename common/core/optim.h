@@ -19,6 +19,10 @@
 // bf16. An update smaller than half a bf16 step of the weight (2^-9 of it) survives in the
 // master and adds up; applied to the bf16 value itself (master_weights = false, lesson 10's
 // planted bug) it is rounded away every time and the weight never moves.
+//
+// bf16 moments (bf16_moments, DeepSeek-V3's choice, technical report section 3.3.3): m and v
+// are kept as bf16 tensors, 2 bytes each instead of 4; each step widens them, runs the same
+// float32 update and rounds them back (round to nearest even).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -30,6 +34,7 @@ namespace ff {
 struct AdamConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool master_weights = true;  // bf16 parameters: step a float32 master copy (see above)
+  bool bf16_moments = false;   // m and v kept in bf16 (see above)
 };
 
 class Adam {

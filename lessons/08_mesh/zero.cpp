@@ -47,17 +47,18 @@ double mixed_precision_bytes(int64_t n, int dp, int stage) {
   }
 }
 
-Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage) {
-  FF_CHECK(n16 >= 0 && n32 >= 0 && dp >= 1 && stage >= 0 && stage <= 2,
-           "zero::mixed_formula: needs n16, n32 >= 0, dp >= 1 and stage 0..2 (one bucket), got " << n16 << ", " << n32
-                                                                                             << ", " << dp << ", " << stage);
+Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage, int moment_bytes) {
+  FF_CHECK(n16 >= 0 && n32 >= 0 && dp >= 1 && stage >= 0 && stage <= 2 && (moment_bytes == 4 || moment_bytes == 2),
+           "zero::mixed_formula: needs n16, n32 >= 0, dp >= 1, stage 0..2 (one bucket) and moments of 4 or 2 bytes, got "
+               << n16 << ", " << n32 << ", " << dp << ", " << stage << ", " << moment_bytes);
   const size_t N = (size_t)(n16 + n32), shard = (N + (size_t)dp - 1) / (size_t)dp;
   const size_t held = 2 * (size_t)n16 + 4 * (size_t)n32;
   Memory m;
   m.params = held;
   m.grads = stage >= 2 ? 4 * shard : held;
-  if (n16 == 0) m.optimizer = 8 * (stage == 0 ? N : shard);  // float32 training: m and v
-  else m.optimizer = stage == 0 ? 12 * (size_t)n16 + 8 * (size_t)n32 : 12 * shard;
+  const size_t mv = 2 * (size_t)moment_bytes;  // m and v
+  if (n16 == 0) m.optimizer = mv * (stage == 0 ? N : shard);  // float32 training: m and v
+  else m.optimizer = stage == 0 ? (4 + mv) * (size_t)n16 + mv * (size_t)n32 : (4 + mv) * shard;
   return m;
 }
 

@@ -101,8 +101,10 @@ double mixed_precision_bytes(int64_t n, int dp, int stage);
 // ZeRO-1 and -2 keep one float32 shard of every parameter, the masters (the float32 ones' as
 // well: one shard, one layout); ZeRO-2's gradient shard is the float32 sum the reduce-scatter
 // gave, 4 bytes where seed 001 counts 2. With n16 = 0 it is zero::formula, float32 training.
+// moment_bytes: 4, or 2 with AdamW's m and v in bf16 (AdamConfig::bf16_moments, DeepSeek-V3's
+// choice): the optimizer column's 8 of m and v become 4 (12 -> 8 with the master).
 // (One gradient bucket; stage 0..2: ZeRO-3 shards float32 weights only.)
-Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage);
+Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage, int moment_bytes = 4);
 
 // A known mistake planted on purpose, so that a check can be seen to catch it (tests, --bug).
 enum class Bug {

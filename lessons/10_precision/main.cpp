@@ -77,7 +77,7 @@ struct Options {
   int64_t m = 8, n = 128, k_max = 4096, tile = 128, promote = 128, acc_bits = 14, bf16_k = 1024;
   double outlier = 1e4;
   // [4] training
-  std::string precision = "bf16", grad_reduce = "fp32", data = course_data_file("tinyshakespeare.txt");
+  std::string precision = "bf16", grad_reduce = "fp32", moments = "fp32", data = course_data_file("tinyshakespeare.txt");
   int64_t steps = 20, zero = 1, batch = 8, seq = 32, log_every = 5, check_every = 1;
   double lr = 3e-3;
   std::string bug = "none";
@@ -144,6 +144,8 @@ void parse(Lesson& L, Options& o) {
                "[4] bf16: the matmul weights and their gradients bf16, AdamW's masters float32; fp32: all float32; "
                "fp8: float32 weights, the linear layers' three GEMMs in FP8 as [3] (--tile, --promote, --acc-bits)");
   L.cli.choice("--grad-reduce", &o.grad_reduce, {"fp32", "bf16"}, "[4] the gradients' sum over the ranks in float32 or bf16");
+  L.cli.choice("--moments", &o.moments, {"fp32", "bf16"}, "[4] AdamW's m and v in float32, or in bf16 (DeepSeek-V3's "
+               "choice: 2 bytes each, widened for each step's update and rounded back)");
   L.cli.flag("--zero", &o.zero, "[4] ZeRO stage: 0 (all-reduce, AdamW everywhere), 1 (masters, m and v sharded), 2 "
              "(gradients sharded too)", 0, 2);
   L.cli.flag("--train", &o.steps, "[4] training steps", 1, 100000);
@@ -358,6 +360,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   AdamConfig adam;
   adam.lr = o.lr;
   adam.master_weights = o.bug != "no-master";  // the planted bug at ZeRO-0
+  adam.bf16_moments = o.moments == "bf16";
   Comm data = L.comm.split(0, L.rank());       // the training's collectives, counted apart
   zero::GroupAdam opt(data, adam, (int)o.zero, o.bug == "no-master" ? zero::Bug::no_master : zero::Bug::none);
   for (size_t k = 0; k < params.size(); k++) opt.add(params[k], k);
@@ -374,11 +377,12 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   if (n16) std::snprintf(held, sizeof held, ": %lld bf16 in its matmuls, %lld float32: embedding, norms, router",
                          (long long)n16, (long long)n32);
   L.print("\n[4] mixed-precision training: lesson 08's model (%lld parameters%s), %s, data parallel over %d ranks, "
-          "ZeRO-%lld, gradients reduced in %s; batch %lld x %lld tokens, AdamW lr %g\n",
+          "ZeRO-%lld, gradients reduced in %s; batch %lld x %lld tokens, AdamW lr %g%s\n",
           (long long)(n16 + n32), held,
           fp8 ? fp8_what : !bf16 ? "float32" : o.bug == "no-master" ? "bf16 weights WITHOUT float32 masters (--bug no-master)"
                                                                    : "bf16 weights with float32 masters",
-          dp, (long long)o.zero, o.grad_reduce == "bf16" ? "bf16" : "float32", (long long)o.batch, (long long)o.seq, o.lr);
+          dp, (long long)o.zero, o.grad_reduce == "bf16" ? "bf16" : "float32", (long long)o.batch, (long long)o.seq, o.lr,
+          adam.bf16_moments ? ", its m and v in bf16" : "");
   L.print("  %-5s %-12s %-12s %-9s %-10s %-7s %-9s %s\n", "step", "loss (mesh)", "(1 proc)", "/bound", "grad /bound",
           "AdamW", "bf16 moved", "DP bytes");
   const double n_terms = (double)(o.batch * o.seq), eps = std::numeric_limits<float>::epsilon();
@@ -470,7 +474,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   L.csv_append(kCsvHeader, csv.str());
 
   // memory of this rank: measured (the tensors' storage, AdamW's state) against the formula
-  const zero::Memory got = opt.memory(), want = zero::mixed_formula(n16, n32, dp, (int)o.zero);
+  const zero::Memory got = opt.memory(), want = zero::mixed_formula(n16, n32, dp, (int)o.zero, adam.bf16_moments ? 2 : 4);
   const double N = (double)(n16 + n32), per = (double)(got.params + got.grads + got.optimizer) / N;
   L.print("\n  memory of rank 0 (%s, ZeRO-%lld, dp %d): measured = formula (zero.h), bytes per parameter\n",
           bf16 ? "bf16 matmul weights" : "float32", (long long)o.zero, dp);

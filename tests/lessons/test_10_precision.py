@@ -173,6 +173,27 @@ def test_training_equals_one_process_and_memory_is_the_formula_computed_here(les
         assert seed < got < seed + 4 * n32 / n + (2 / np_ if zero == 2 else 0) + 0.006
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_bf16_moments_take_two_bytes_each_and_train_as_float32_moments_do(lesson, zero):
+    np_ = 2
+    args = ["--part", "train", "--zero", zero, "--train", 20, "--check-every", 10, "--log-every", 19]
+    narrow = lesson(L10, np_, *args, "--moments", "bf16").ok()
+    narrow.has(r"AdamW lr 0\.003, its m and v in bf16")
+    narrow.has(r"AdamW \(float32 masters\) = one process's on the same mean gradients, bit for bit   PASS")
+    wide = lesson(L10, np_, *args).ok()
+    n16, n32 = counts(narrow)
+    n = n16 + n32
+    shard = -(-n // np_)
+    held = 2 * n16 + 4 * n32
+    grads = 4 * shard if zero == 2 else held
+    optimizer = 8 * n16 + 4 * n32 if zero == 0 else 8 * shard  # the master, and m and v of 2 bytes
+    assert per_parameter(narrow)[0] == pytest.approx((held + grads + optimizer) / n, abs=0.006)
+    # 4 bytes less per parameter than float32 moments (ZeRO-0), 4/dp (ZeRO-1, -2)
+    assert per_parameter(wide)[0] - per_parameter(narrow)[0] == pytest.approx(4 if zero == 0 else 4 / np_, abs=0.006)
+    a, b = losses(wide)[-1], losses(narrow)[-1]
+    assert a != b and abs(a - b) < 0.01 * a, (a, b)
+
+
 @pytest.mark.parametrize("np_, args", [
     (1, []), (3, ["--batch", 6, "--zero", 2]), (4, ["--zero", 2, "--grad-reduce", "bf16"]), (4, ["--zero", 0]),
     (3, ["--batch", 12, "--zero", 2, "--grad-reduce", "bf16", "--train", 30]),
@@ -251,6 +272,7 @@ def test_planted_bug_no_master_fails_adamw_and_the_model_stalls(lesson):
     (["--bug", "no-master", "--precision", "fp32"], "--bug no-master needs --precision bf16"),
     (["--grad-reduce", "bf16", "--precision", "fp32"], "--grad-reduce bf16 needs --precision bf16"),
     (["--zero", 3], "--zero"),
+    (["--moments", "fp16"], "--moments"),
     (["--part", "train", "--precision", "fp8", "--tile", 100, "--promote", 30], "--promote 30 must divide --tile 100"),
     (["--part", "train", "--precision", "fp8", "--tile", 2048, "--promote", 2048], "--tile 2048: at most 1024"),
     (["--grad-reduce", "bf16", "--precision", "fp8"], "--grad-reduce bf16 needs --precision bf16"),
@@ -259,7 +281,7 @@ def test_planted_bug_no_master_fails_adamw_and_the_model_stalls(lesson):
     (["--data", "/nonexistent/text"], "--data"),
 ], ids=["promote-not-dividing-tile", "k-below-tile", "too-big", "beyond-memory", "tile-too-big", "batch-too-big",
         "dump", "acc-bits-0", "unknown-bug", "batch-not-multiple",
-        "no-master-fp32", "bf16-sums-fp32", "zero-3", "fp8-promote-not-dividing-tile", "fp8-tile-too-big",
+        "no-master-fp32", "bf16-sums-fp32", "zero-3", "moments-fp16", "fp8-promote-not-dividing-tile", "fp8-tile-too-big",
         "bf16-sums-fp8", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
 def test_bad_input_is_one_error_line_and_exit_2(lesson, args, says):
     lesson(L10, 2, *args).usage_error(says)

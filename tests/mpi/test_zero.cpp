@@ -550,6 +550,27 @@ TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with
   }
 }
 
+TEST_CASE("zero: AdamW's moments in bf16: 2 bytes each in every stage, the formula with 2-byte moments") {
+  Comm c = world();
+  const int dp = c.size();
+  AdamConfig adam = kAdam;
+  adam.bf16_moments = true;
+  const size_t n16 = 35, n32 = 24, shard = (n16 + n32 + (size_t)dp - 1) / (size_t)dp;
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    std::vector<Tensor> p{randn({7, 5}, 3).to_dtype(DType::bf16), randn({3, 2, 4}, 4)};
+    for (Tensor& t : p) t.impl()->grad = Tensor::zeros(t.shape(), Device::cpu, t.dtype()).impl_ptr();
+    zero::DataParallelAdam z0(c, adam);
+    zero::ShardedAdam z(c, adam, zero::Bug::none, std::max(stage, 1));
+    stage == 0 ? z0.step(pointers(p)) : z.step(pointers(p));
+    const zero::Memory m = stage == 0 ? z0.memory(pointers(p)) : z.memory(pointers(p));
+    // the master (4) and m and v (2 + 2): of the bf16 weights at ZeRO-0, of the shard beyond
+    CHECK(m.optimizer == (stage == 0 ? 8 * n16 + 4 * n32 : 8 * shard));
+    const zero::Memory f = zero::mixed_formula((int64_t)n16, (int64_t)n32, dp, stage, 2);
+    CHECK((f.params == m.params && f.grads == m.grads && f.optimizer == m.optimizer));
+  }
+}
+
 TEST_CASE("zero: gradients reduced in bf16: the sum rounded at each addition, widened, then the mean") {
   Comm c = world();
   Comm check = c.split(0, c.rank());

@@ -409,6 +409,41 @@ TEST_CASE("bf16 AdamW: a float32 master copy keeps the small updates a bf16 weig
   }
 }
 
+TEST_CASE("bf16 AdamW moments: m and v kept in bf16, each step the float32 update from them, then rounded") {
+  // Against a float32-moment AdamW stepped by hand: each step starts from the bf16 moments
+  // widened (restore), so the parameter and the rounded moments must match bit for bit.
+  for (Device d : {Device::cpu, Device::sim}) {
+    CAPTURE(device_name(d));
+    const int64_t n = 48;
+    AdamConfig cfg;
+    cfg.lr = 1e-2, cfg.bf16_moments = true;
+    Adam narrow(cfg);
+    Tensor p = randn({n}, 71).to(d), q = p.clone();
+    std::vector<Tensor> m16{Tensor::zeros({n}, d, DType::bf16)}, v16{Tensor::zeros({n}, d, DType::bf16)};
+    int64_t differ = 0;
+    for (int s = 1; s <= 4; s++) {
+      const Tensor g = randn({n}, 71 + s).to(d);
+      narrow.step({&p}, {g});
+      AdamConfig wide_cfg = cfg;
+      wide_cfg.bf16_moments = false;
+      Adam wide(wide_cfg);  // from the same moments, widened
+      wide.restore({m16[0].to_dtype(DType::f32)}, {v16[0].to_dtype(DType::f32)}, s - 1);
+      wide.step({&q}, {g});
+      m16[0] = wide.exp_avg()[0].to_dtype(DType::bf16), v16[0] = wide.exp_avg_sq()[0].to_dtype(DType::bf16);
+      REQUIRE(narrow.exp_avg()[0].dtype() == DType::bf16);
+      differ += !bitwise_equal(p, q) + !bitwise_equal(narrow.exp_avg()[0], m16[0]) +
+                !bitwise_equal(narrow.exp_avg_sq()[0], v16[0]);
+    }
+    CHECK_MESSAGE(differ == 0, differ << " of the steps' parameters and moments differ");
+    CHECK(narrow.state_bytes() == (size_t)n * 2 * 2);  // m and v, 2 bytes each
+    // and they are not the float32 moments: the rounding is there (it changes the weights)
+    Adam full(AdamConfig{cfg.lr});
+    Tensor r = randn({n}, 71).to(d);
+    for (int s = 1; s <= 4; s++) full.step({&r}, {randn({n}, 71 + s).to(d)});
+    CHECK(!bitwise_equal(r, p));
+  }
+}
+
 TEST_CASE("bf16 ops: a bf16 weight read twice adds its two bf16 gradients") {
   const Tensor a16 = cast(randn({4, 12}, 61), DType::bf16), g = randn({4, 3}, 62);
   Tensor once = cast(randn({12, 3}, 63), DType::bf16).requires_grad_(), twice = once.detach().clone().requires_grad_();
