@@ -316,29 +316,32 @@ exercise-bin: $(EX_BIN)
 # with every stub (FF_GRADE=*=0)
 exercise-syntax:
 	@$(if $(EXDIR),:,echo "error: make exercise-syntax EXDIR=DIR (a copy make exercise L=NN writes)" >&2; exit 2)
+	@$(if $(filter-out %.cpp,$(EX_COPIES)),echo "error: make exercise-syntax checks .cpp copies only (not $(filter-out %.cpp,$(EX_COPIES)))" >&2; exit 2)
 	$(Q)$(foreach f,$(filter %.cpp,$(EX_COPIES)),$(CXX) $(filter-out -MMD -MP,$(FLAGS)) \
 	  $(if $(findstring /kernels/cpu/,$(f)),$(OMP_FLAGS) -fno-trapping-math -ffp-contract=off) -fsyntax-only $(f) &&) :
 
 # ---- tests
-$(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/mpi/%.o $(BUILD)/obj/tests/progs/%.o: FLAGS += $(TEST_OPT)
+# (private: a target's variables would reach what it depends on, the precompiled header below)
+$(BUILD)/obj/tests/unit/%.o $(BUILD)/obj/tests/mpi/%.o $(BUILD)/obj/tests/progs/%.o: private FLAGS += $(TEST_OPT)
 # tests/pch.h precompiled once with the doctest suites' flags, and taken first by each of their
 # test files (GCC reads the .gch beside the -include'd copy; a file whose flags differ reads
 # the text); not by the two main.cpp, which compile doctest's implementation. ccache caches
-# such compiles when told the precompiled header's macros and times may differ.
-TEST_PCH  := $(BUILD)/obj/pch/tests.h
-TEST_OBJS := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter-out %/main.cpp,$(UNIT_SRCS) $(MPI_SRCS)))
-$(TEST_OBJS): FLAGS += -include $(TEST_PCH)
-comma := ,
-$(TEST_OBJS): CCACHE := $(if $(CCACHE),CCACHE_SLOPPINESS=pch_defines$(comma)time_macros $(CCACHE))
+# the header and such compiles when told the header's macros and times may differ.
+TEST_PCH    := $(BUILD)/obj/pch/tests.h
+TEST_OBJS   := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter-out %/main.cpp,$(UNIT_SRCS) $(MPI_SRCS)))
+comma       := ,
+PCH_CCACHE  := $(if $(CCACHE),CCACHE_SLOPPINESS=pch_defines$(comma)time_macros $(CCACHE))
+$(TEST_OBJS): private FLAGS += -include $(TEST_PCH)
+$(TEST_OBJS): private CCACHE := $(PCH_CCACHE)
 $(TEST_OBJS): $(TEST_PCH).gch
 $(TEST_PCH).gch: tests/pch.h
 	@mkdir -p $(dir $@)
 	$(call say,PCH,$<)
 	$(Q)cp $< $(TEST_PCH)
-	$(Q)$(CXX) $(FLAGS) $(TEST_OPT) -x c++-header -c $(TEST_PCH) -o $@
-$(BUILD)/obj/tests/unit/test_cpu_exp.o: FLAGS += $(OMP_FLAGS)  # it includes kernels/cpu/row_math.h
+	$(Q)$(PCH_CCACHE) $(CXX) $(FLAGS) $(TEST_OPT) -x c++-header -c $(TEST_PCH) -o $@
+$(BUILD)/obj/tests/unit/test_cpu_exp.o: private FLAGS += $(OMP_FLAGS)  # it includes kernels/cpu/row_math.h
 # its scalar reference loops must round as kernels/cpu does (no fused a * b + c): a bitwise test
-$(BUILD)/obj/tests/unit/test_kernels_moe.o: FLAGS += -ffp-contract=off
+$(BUILD)/obj/tests/unit/test_kernels_moe.o: private FLAGS += -ffp-contract=off
 # the lessons' code that the tests cover directly (lesson 01's kernels, 07's schedules, 08's memory
 # and communication model and its checkpoints' manifest, 09's caches), from their #include lines
 $(BUILD)/tests/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(call included_objs,$(UNIT_SRCS)) $(LIB)

@@ -6,7 +6,7 @@ usage: 10_precision.py CSV OUTDIR
        one per K of the FP8 sweep, from three --part formats runs with --acc-bits 14 (the H800's,
        the lesson's default), 13 and 15, the same --k-max (a later row of the same K and width
        wins); kind=train rows precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,
-       bf16_moved,dp_bytes,lr, one per training step, from six 2-rank --part train runs:
+       bf16_moved,dp_bytes,lr,moments, one per training step, from six 2-rank --part train runs:
        --precision fp32, bf16, bf16 --grad-reduce bf16, fp8 (lr 3e-3), and at --lr 1e-4 bf16 with and
        without (--bug no-master) float32 master weights (a later row of the same run and step wins)
 Writes OUTDIR/10_fp8_error.png (the kind=fp8 rows) and OUTDIR/10_training.png (kind=train).
@@ -45,7 +45,8 @@ src, out = sys.argv[1:]
 dst = f"{out}/10_fp8_error.png"
 
 NEED = ("k", "m", "n", "promote", "acc_bits", "recipe", "never", "fp32_acc", "fine", "per_tensor")
-NEED_TRAIN = ("precision", "zero", "grad_reduce", "no_master", "dp", "step", "loss", "bf16_moved", "dp_bytes", "lr")
+NEED_TRAIN = ("precision", "zero", "grad_reduce", "no_master", "dp", "step", "loss", "bf16_moved", "dp_bytes", "lr",
+              "moments")
 BITS = (13, 14, 15)  # the accumulator widths make-plots.sh runs; 14 is the lines, 13..15 the bands
 with open(src) as f:
     reader = csv.DictReader(f)
@@ -78,7 +79,7 @@ TRAIN_RUNS = (  # key, precision, grad_reduce, no_master, lr, the run's flags
 )
 train = {}  # key -> step -> row
 for r in rows:
-    if r["kind"] != "train":
+    if r["kind"] != "train" or r["moments"] != "fp32":  # (make-plots.sh's runs keep float32 moments)
         continue
     for key, prec, reduce, no_master, lr, _ in TRAIN_RUNS:
         if (r["precision"], r["grad_reduce"], int(r["no_master"])) == (prec, reduce, no_master) and \

@@ -39,8 +39,9 @@ It keeps a copy the student has edited unless --force. `make run L=NN EX=1` buil
 with the lesson's other files (the Makefile's exercise-bin) and runs it: the lesson's own check
 is the grade.
 
-`grade` checks, for every lesson with exercises: that the student's copy builds and its run
-ends with exactly one such error line and exit 2; then, in one grading build where each region
+`grade` checks, for every lesson with exercises: that the student's copy compiles and its run
+(the grading build below with every stub, FF_GRADE=*=0) ends with exactly one such error line
+and exit 2; then, in one grading build where each region
 holds its stub, its solution and its planted mistakes side by side (FF_GRADE=NAME=K picks one:
 common/util/exercise.h), that each stub ends the run with its own error line and exit 2, that
 the solutions pass the lesson's check, and that each planted mistake fails it: `check: FAIL`

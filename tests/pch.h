@@ -8,7 +8,9 @@
 // includes what it uses. Only doctest and standard headers are here: they declare nothing
 // outside std and doctest, so taking them first changes no file's meaning. Where a file's
 // flags differ (OpenMP, say), GCC ignores the precompiled header and reads these headers as
-// text. (It is only ever included this way, once, so it needs no include guard.)
+// text.
+#ifndef FIVEFOLD_TESTS_PCH_H
+#define FIVEFOLD_TESTS_PCH_H
 
 #include <doctest/doctest.h>
 
@@ -32,3 +34,5 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#endif  // FIVEFOLD_TESTS_PCH_H

@@ -75,7 +75,10 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
       k.adamw(w.data(), m.data(), v.data(), g32.data(), p.numel(), step);
       k.to_bf16(p.bf16_data(), w.data(), p.numel());
     }
-    if (narrow) k.to_bf16(m_[i].bf16_data(), m.data(), p.numel()), k.to_bf16(v_[i].bf16_data(), v.data(), p.numel());
+    if (narrow) {
+      k.to_bf16(m_[i].bf16_data(), m.data(), p.numel());
+      k.to_bf16(v_[i].bf16_data(), v.data(), p.numel());
+    }
   }
 }
 

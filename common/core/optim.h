@@ -52,8 +52,9 @@ class Adam {
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
   // A resumed run's state, before its first step: m[i] and v[i] shaped like the i-th
-  // parameter that step will pass, t the steps already taken. (A bf16 parameter's master is
-  // made from the parameter at that step: a checkpoint that keeps the masters is lesson 10's.)
+  // parameter that step will pass (bf16 with bf16_moments, else float32: the step says which
+  // it holds otherwise), t the steps already taken. (A bf16 parameter's master is made from
+  // the parameter at that step: a checkpoint that keeps the masters is lesson 10's.)
   void restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t);
   // Bytes of the m and v tensors this optimizer holds (allocated at the first step).
   size_t state_bytes() const;

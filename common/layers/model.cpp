@@ -291,7 +291,8 @@ namespace {
 LinearFn g_linear;  // empty: matmul
 }  // namespace
 
-void set_linear(LinearFn f) { g_linear = std::move(f); }
+LinearScope::LinearScope(LinearFn f) : previous_(std::exchange(g_linear, std::move(f))) {}
+LinearScope::~LinearScope() { g_linear = std::move(previous_); }
 
 Tensor linear(const Tensor& x, const Tensor& w) { return g_linear ? g_linear(x, w) : matmul(x, w); }
 

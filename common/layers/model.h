@@ -149,12 +149,24 @@ Tensor causal_mask(int64_t T, Device dev);
 Tensor tile_positions(const Tensor& positions, int64_t B);
 Tensor dense_ffn(const DenseFFN& f, const Tensor& u);
 // The product of the linear layers, x (n, k) by their weight w (k, m): MLA's seven projections
-// and the dense FFN's three. By default matmul; a lesson may run another GEMM there (lesson
-// 10: DeepSeek-V3's FP8 GEMMs, which the report runs in these layers). The attention core's
-// products, the experts' grouped GEMM and the head stay matmul. set_linear({}) puts matmul back.
+// and the dense FFN's three. By default matmul; a lesson may run another GEMM there for a
+// while (lesson 10: DeepSeek-V3's FP8 GEMMs, which the report runs in these layers) by holding
+// a LinearScope. The attention core's products, the experts' grouped GEMM and the head stay
+// matmul.
 using LinearFn = std::function<Tensor(const Tensor& x, const Tensor& w)>;
-void set_linear(LinearFn f);
 Tensor linear(const Tensor& x, const Tensor& w);
+// While it lives, linear() runs f (empty: matmul); its end puts back what ran before, on every
+// way out of the scope (an error's exception included). One thread's model at a time.
+class LinearScope {
+ public:
+  explicit LinearScope(LinearFn f);
+  ~LinearScope();
+  LinearScope(const LinearScope&) = delete;
+  LinearScope& operator=(const LinearScope&) = delete;
+
+ private:
+  LinearFn previous_;
+};
 // u (B T, d): lesson 05's layer as one autograd op "dsv3_moe", its backward split (dx in a
 // zero-bubble pipeline's I, every weight's gradient in its W). route, when given, receives the
 // experts each token was sent to, (B T, K) int64.

@@ -21,10 +21,10 @@ void exercise_missing(const char* name, const char* see) {
 int exercise_variant(const char* name) {
   const char* grade = std::getenv("FF_GRADE");
   if (!grade) return -1;
-  const std::string g = grade;
-  for (const std::string& prefix : {std::string(name) + "=", std::string("*=")})
-    if (g.compare(0, prefix.size(), prefix) == 0) return std::atoi(g.c_str() + prefix.size());
-  return -1;
+  const std::string g = grade, prefix = std::string(name) + "=";
+  if (g == "*=0") return 0;  // every stub: the student's copy
+  if (g.compare(0, prefix.size(), prefix) != 0) return -1;
+  return std::atoi(g.c_str() + prefix.size());
 }
 
 }  // namespace ff

@@ -4,7 +4,6 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
-#include "common/layers/model.h"
 #include "kernels/kernels.h"
 
 namespace ff::precision {
@@ -48,8 +47,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r) {
 }
 // [/slide]
 
-void use_fp8_linears(const Fp8Recipe& r) {
-  model::set_linear([r](const Tensor& x, const Tensor& w) { return fp8_linear(x, w, r); });
+model::LinearFn fp8_linears(const Fp8Recipe& r) {
+  return [r](const Tensor& x, const Tensor& w) { return fp8_linear(x, w, r); };
 }
 
 }  // namespace ff::precision

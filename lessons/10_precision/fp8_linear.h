@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "common/core/tensor.h"
+#include "common/layers/model.h"
 
 namespace ff::precision {
 
@@ -38,9 +39,9 @@ Tensor fp8_matmul(const Tensor& a, const Tensor& b, const Fp8Recipe& r);
 // y = x W, x (M, K), W (K, N), float32 on one device; its backward is Dgrad and Wgrad in FP8.
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r);
 
-// Lesson 08's model with fp8_linear in its linear layers (model::set_linear: MLA's projections,
-// the dense FFN), recipe r; the attention core, the experts, the head, the norms and the router
-// keep their float32 products. model::set_linear({}) puts matmul back.
-void use_fp8_linears(const Fp8Recipe& r);
+// fp8_linear with recipe r as lesson 08's model's linear layers take it: held in a
+// model::LinearScope, MLA's projections and the dense FFN run in FP8 (the attention core, the
+// experts, the head, the norms and the router keep their float32 products).
+model::LinearFn fp8_linears(const Fp8Recipe& r);
 
 }  // namespace ff::precision

@@ -19,7 +19,8 @@
 //       layer with its three GEMMs in FP8 (fp8_linear.h: Fprop, Dgrad, Wgrad).
 //   [4] lesson 08's model trained by data-parallel ranks with its matmul weights and their
 //       gradients in bf16, AdamW's float32 masters, m and v sharded by lesson 08's ZeRO
-//       (mixed.h; --zero, --grad-reduce, --precision fp32 to compare).
+//       (mixed.h; --zero, --grad-reduce, --moments bf16, --precision fp32 to compare, or fp8:
+//       the linear layers' GEMMs in FP8, fp8_linear.h's layer in the model).
 // Why: bf16 halves the bytes of every weight, gradient and activation that crosses a link or
 //   sits in memory (lessons 08 and 09 count them); FP8 halves them again and doubles the tensor
 //   cores' rate, and the two remedies here are what make it train. The masters are what make
@@ -36,6 +37,7 @@
 //       make run L=10 ARGS="--part formats --k-max 16384 --acc-bits 13"
 //       make run L=10 ARGS="--device sim"
 //       make run L=10 NP=4 ARGS="--part train --zero 2 --grad-reduce bf16"
+//       make run L=10 ARGS="--part train --precision fp8"
 //       make run L=10 ARGS="--bug no-promotion"        (also bf16-truncate, per-tensor,
 //                                                       fp8-dgrad-untransposed, no-master)
 #include <mpi.h>
@@ -88,7 +90,7 @@ struct Options {
 // --csv: one file, a row per K of the FP8 sweep (kind fp8) and per training step (kind train)
 const char* const kCsvHeader =
     "kind,k,m,n,promote,acc_bits,recipe,recipe_ratio,never,fp32_acc,fine,per_tensor,"
-    "precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,bf16_moved,dp_bytes,lr";
+    "precision,zero,grad_reduce,no_master,dp,step,loss,loss_ref,bf16_moved,dp_bytes,lr,moments";
 
 FormatBug bug_of(const std::string& name) {
   return name == "bf16-truncate" ? FormatBug::bf16_truncate
@@ -257,7 +259,7 @@ void formats(Lesson& L, const Options& o, CheckReport& check) {
     within = within && r.recipe_ratio <= 1;
     same = same && r.same_bits == 1;
     char row[256];
-    std::snprintf(row, sizeof row, "fp8,%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e,,,,,,,,,,,\n", (long long)r.k,
+    std::snprintf(row, sizeof row, "fp8,%lld,%lld,%lld,%lld,%lld,%.6e,%.6e,%.6e,%.6e,%.6e,%.6e,,,,,,,,,,,,\n", (long long)r.k,
                   (long long)o.m, (long long)o.n, (long long)o.promote, (long long)o.acc_bits, r.recipe,
                   r.recipe_ratio, r.never, r.fp32_acc, r.fine, r.per_tensor);
     csv += row;
@@ -338,9 +340,8 @@ size_t bytes_moved(Comm& comm) {
 void train(Lesson& L, const Options& o, CheckReport& check) {
   const bool bf16 = o.precision == "bf16", fp8 = o.precision == "fp8", root = L.rank() == 0;
   // fp8: every forward of the model, the ranks' and the one process's, runs its linear layers
-  // through fp8_linear (model::set_linear), until the end of the training
-  if (fp8) use_fp8_linears(Fp8Recipe{o.tile, o.promote, (int)o.acc_bits});
-  struct Restore { ~Restore() { model::set_linear({}); } } restore;
+  // through fp8_linear while `layers` lives (the training); else matmul
+  const model::LinearScope layers(fp8 ? fp8_linears(Fp8Recipe{o.tile, o.promote, (int)o.acc_bits}) : model::LinearFn{});
   const int dp = L.size();
   const uint64_t seed = (uint64_t)L.flags.seed;
   CharCorpus corpus = CharCorpus::load(o.data);
@@ -468,7 +469,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
     }
     csv << "train,,,,,,,,,,,," << o.precision << ',' << o.zero << ',' << o.grad_reduce << ',' << (o.bug == "no-master") << ',' << dp << ','
         << step << ',' << loss << ',' << loss_ref << ',' << (n16 ? (double)moved / n16 : 0.0) << ',' << step_bytes << ','
-        << o.lr << '\n';
+        << o.lr << ',' << o.moments << '\n';
     last_loss = loss;
   }
   L.csv_append(kCsvHeader, csv.str());

@@ -36,6 +36,9 @@ constexpr double kLossBound = 4.0;  // lesson 08's K n eps rule (reference_check
 //     differs from the mean of the shares' by a bf16 rounding of each (and an activation may
 //     round the other way): not a bound to check a sum against. What data parallelism must get
 //     right, the reduction and the mean, is held to the sums' orders.
+//   fp8 runs (float32 weights, FP8 GEMMs in the linear layers): as bf16 runs, share by share.
+//     Wgrad quantizes x^T in 1 x t tiles along the tokens, so a share's tiles are not the whole
+//     batch's: its scales, and so its rounding, differ.
 class Twin {
  public:
   Twin(const model::Config& c, uint64_t seed, Device device, bool bf16, const AdamConfig& adam, bool root);

@@ -117,7 +117,8 @@ def test_csv_holds_the_table_and_the_training_for_the_figures(lesson, tmp_path):
     assert [int(r["step"]) for r in train] == list(range(6))
     steps = {int(m[0]): float(m[1]) for m in re.findall(r"^  (\d+) +(\d+\.\d+) ", run.out, re.M)}
     for r in train:
-        assert (r["precision"], r["zero"], r["grad_reduce"], r["dp"], float(r["lr"])) == ("bf16", "1", "fp32", "2", 3e-3)
+        assert (r["precision"], r["zero"], r["grad_reduce"], r["dp"], float(r["lr"]), r["moments"]) == \
+            ("bf16", "1", "fp32", "2", 3e-3, "fp32")
         assert math.isnan(float(r["loss_ref"])) == (int(r["step"]) % 2 == 1 and int(r["step"]) != 5)
         if int(r["step"]) in steps:
             assert math.isclose(float(r["loss"]), steps[int(r["step"])], abs_tol=1e-6)
@@ -174,10 +175,11 @@ def test_training_equals_one_process_and_memory_is_the_formula_computed_here(les
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
-def test_bf16_moments_take_two_bytes_each_and_train_as_float32_moments_do(lesson, zero):
+def test_bf16_moments_take_two_bytes_each_and_train_as_float32_moments_do(lesson, tmp_path, zero):
     np_ = 2
     args = ["--part", "train", "--zero", zero, "--train", 20, "--check-every", 10, "--log-every", 19]
-    narrow = lesson(L10, np_, *args, "--moments", "bf16").ok()
+    path = tmp_path / "10.csv"
+    narrow = lesson(L10, np_, *args, "--moments", "bf16", "--csv", str(path)).ok()
     narrow.has(r"AdamW lr 0\.003, its m and v in bf16")
     narrow.has(r"AdamW \(float32 masters\) = one process's on the same mean gradients, bit for bit   PASS")
     wide = lesson(L10, np_, *args).ok()
@@ -188,6 +190,8 @@ def test_bf16_moments_take_two_bytes_each_and_train_as_float32_moments_do(lesson
     grads = 4 * shard if zero == 2 else held
     optimizer = 8 * n16 + 4 * n32 if zero == 0 else 8 * shard  # the master, and m and v of 2 bytes
     assert per_parameter(narrow)[0] == pytest.approx((held + grads + optimizer) / n, abs=0.006)
+    for r in csv.DictReader(open(path)):  # the csv says which moments
+        assert (r["kind"], r["moments"]) == ("train", "bf16")
     # 4 bytes less per parameter than float32 moments (ZeRO-0), 4/dp (ZeRO-1, -2)
     assert per_parameter(wide)[0] - per_parameter(narrow)[0] == pytest.approx(4 if zero == 0 else 4 / np_, abs=0.006)
     a, b = losses(wide)[-1], losses(narrow)[-1]
@@ -214,8 +218,8 @@ def losses(run):
 
 
 def test_fp8_trains_through_its_own_gemms_near_float32(lesson):
-    # the FP8 GEMMs are in the forward and backward: the losses leave float32's from the second
-    # step on (the first step's weights are the same; its forward already quantizes), and stay close
+    # the FP8 GEMMs are in the forward and backward: every step's loss differs from float32's
+    # (the first step's weights are the same, but its forward already quantizes), and stays close
     args = ["--part", "train", "--train", 12, "--log-every", 1, "--check-every", 6]
     fp32 = losses(lesson(L10, 2, *args, "--precision", "fp32").ok())
     fp8 = losses(lesson(L10, 2, *args, "--precision", "fp8").ok())

@@ -596,3 +596,25 @@ TEST_CASE("model: with deferral, I leaves every MoE and matmul weight's gradient
     CHECK_MESSAGE(bitwise_equal(got[i].t.grad(), want[i].t.grad()), got[i].name);
   }
 }
+
+TEST_CASE("model: a LinearScope runs its product in the ten linear layers of a forward, and ends") {
+  model::Config c;
+  c.seq_len = 8;
+  const model::Params p = model::init_params(c, 5);
+  const Tensor tokens = randint({2, 9}, 6, c.vocab);
+  const double plain = model::loss_and_grads(c, p, tokens).loss.item();
+  int calls = 0;
+  double doubled = 0;
+  {
+    // each linear layer's product doubled: counted, and seen in the loss
+    const model::LinearScope twice([&](const Tensor& x, const Tensor& w) { return calls++, scale(matmul(x, w), 2.f); });
+    doubled = model::loss_and_grads(c, p, tokens).loss.item();
+  }
+  // seven projections in every layer's MLA, three matrices in every dense FFN
+  CHECK(calls == 7 * c.layers + 3 * c.dense_layers);
+  CHECK(doubled != plain);
+  // the scope has ended: matmul again, the same loss bit for bit, the product not called
+  const double after = model::loss_and_grads(c, p, tokens).loss.item();
+  CHECK(after == plain);
+  CHECK(calls == 7 * c.layers + 3 * c.dense_layers);
+}
