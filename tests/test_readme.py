@@ -27,11 +27,27 @@ def lesson_of(path, block):
     return m.group(1) if m else block.command[0]
 
 
+def ranks(path, block):
+    """The ranks the block's command runs on: its NP=, else the lesson's NP file (else 1)."""
+    _, np_, _ = block.command
+    if np_:
+        return int(np_)
+    f = os.path.join(ROOT, "lessons", glob.glob(os.path.join(ROOT, "lessons", lesson_of(path, block) + "_*"))[0], "NP")
+    return int(open(f).read()) if os.path.exists(f) else 1
+
+
+# the blocks of tens of seconds on two cores: 16 ranks or more, the emulator, the timed runs
+SLOW = re.compile(r"--device sim|--speed|--overlap")
+
+
 def blocks():
     out = []
     for path in PATHS:
         for b in read(path)[0]:
-            out.append(pytest.param(b, id=b.where(), marks=pytest.mark.lesson(lesson_of(path, b))))
+            marks = [pytest.mark.lesson(lesson_of(path, b))]
+            if ranks(path, b) >= 16 or SLOW.search(" ".join(b.command[2])):
+                marks.append(pytest.mark.long)
+            out.append(pytest.param(b, id=b.where(), marks=marks))
     return out
 
 

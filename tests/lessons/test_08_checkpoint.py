@@ -166,6 +166,7 @@ def leaves(j, name=""):
 MUTATIONS = [("a string", "x"), ("null", None), ("negative", -1), ("huge", 1e300), ("a list", [1, 2]), ("missing", KeyError)]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("which", [L08, L09])
 def test_every_manifest_field_fuzzed_is_one_error_naming_it(lesson, tmp_path, which):
     base = tmp_path / "base"
