@@ -26,7 +26,7 @@ with an HTML comment on the line right before it (invisible on GitHub):
       - `…` stands for any number (12, -3.5, 1.2e-07, inf, nan): write it for what varies from
         run to run (times, rates, anything that depends on the machine's load); the spaces
         next to it stand for any number of spaces, so a column still matches when a number's
-        width changes.
+        width changes, and so does a number padded on its left: `(…%)` matches `( 9.6%)`.
   * The output ends where the block ends, unless the block's last line is `...`.
   * The run must exit 0; `<!-- expected-output: exit=N -->` expects exit status N instead.
   * The `+ ...` line that make run prints is shown as root sees it with the default build
@@ -162,7 +162,7 @@ def line_matcher(expected):
         core = core[:len(core) - len(trail)]
         rx += (" *" if lead else "") + re.escape(core) + (" *" if trail else "")
         if k < len(parts) - 1:
-            rx += NUMBER
+            rx += " *" + NUMBER     # a field printed right-aligned (%5.1f) pads on the left
     pattern = re.compile(rx)
     return lambda actual: pattern.fullmatch(actual) is not None
 
@@ -279,6 +279,8 @@ def self_test(build, mpirun):
         (["t  …  us"], ["t   1.2e-07  us"], None),
         (["t  …  us"], ["t  fast  us"], 0),                                   # … is a number only
         (["x …%  7.7%"], ["x 8.4%   7.7%"], 0),                               # spaces not next to … are exact
+        (["b (…% of …)"], ["b ( 9.6% of 44.5)"], None),                       # a number padded on its left
+        (["b (…% of …)"], ["b (9.6%of 44.5)"], 0),
         (["a", "...", "z"], ["a", "b", "c", "z"], None),                       # a gap
         (["a", "...", "z"], ["a", "b", "c"], 2),                               # missing after a gap
         (["a", "b"], ["a", "b", "c"], "end"),                                 # output longer
