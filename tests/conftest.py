@@ -27,12 +27,15 @@ Marks:
                       --lesson 08 (make test L=08) runs those tests only
   long                a test of tens of seconds: started first, so that it does not run alone at the end
 """
+import atexit
 import filecmp
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 
 import pytest
 
@@ -52,6 +55,17 @@ os.environ.setdefault("MPIRUN", DEFAULT_MPIRUN)
 # 30 s with it and 24 s without. With a GPU the scan is kept.
 if not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("HWLOC_COMPONENTS", "-pci,-linuxio")
+# Each pytest process (xdist worker) gives its mpirun jobs a session directory of their own.
+# Open MPI 4 keeps every job's under one /tmp/ompi.HOST.UID, which the last job to end removes:
+# a job starting in another worker at that moment fails before its ranks start ("ORTE_ERROR_LOG:
+# Error in file ../../../orte/util/session_dir.c"), seen once in a whole suite's run.
+# (A worker inherits its controller's environment: FF_OMPI_SESSION_PID tells ours from one the
+# user set.)
+if "OMPI_MCA_orte_tmpdir_base" not in os.environ or "FF_OMPI_SESSION_PID" in os.environ:
+    _session_base = tempfile.mkdtemp(prefix="ff-ompi-")
+    os.environ["OMPI_MCA_orte_tmpdir_base"] = _session_base
+    os.environ["FF_OMPI_SESSION_PID"] = str(os.getpid())
+    atexit.register(shutil.rmtree, _session_base, True)
 os.environ.setdefault("BUILD", "build")
 os.environ.setdefault("PYTHON", "/usr/bin/python3")
 
