@@ -94,6 +94,10 @@ std::vector<Tensor*> Params::matmul_weights() {
   return w;
 }
 
+void Params::hold_matmuls_in_bf16() {
+  for (Tensor* w : matmul_weights()) *w = w->detach().to_dtype(DType::bf16).requires_grad_();
+}
+
 std::vector<NamedTensor> Params::named_buffers() const {
   std::vector<NamedTensor> v;
   for (size_t i = 0; i < layers.size(); i++)

@@ -109,6 +109,9 @@ struct Params {
   // head. Not the embedding (a lookup), the norms' weights or the router (DeepSeek-V3 keeps
   // them in higher precision).
   std::vector<Tensor*> matmul_weights();
+  // Those weights rounded to bf16, leaves again (Megatron's layout: the weights themselves bf16,
+  // so autograd gives them bf16 gradients; lessons 08 and 10 --precision bf16).
+  void hold_matmuls_in_bf16();
 };
 
 // Every parameter and buffer of the model, zero, on dev (the parameters autograd leaves): the

@@ -99,6 +99,15 @@ std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, co
   return held;
 }
 
+zero::Memory group_memory(const RankModel& here, const Setup& setup, const Options& opts, Group g, int ranks) {
+  if (opts.precision != "bf16") return zero::formula(group_buckets(here, setup, opts, g), ranks, (int)opts.zero);
+  int64_t n16 = 0, n32 = 0;
+  for (size_t k = 0; k < here.table.names.size(); k++)
+    if (const Tensor* p = here.table.params[k])
+      if (group_of(here.table.names[k], opts, setup.sizes.ep) == g) (p->dtype() == DType::bf16 ? n16 : n32) += p->numel();
+  return n16 + n32 == 0 ? zero::Memory{} : zero::mixed_formula(n16, n32, ranks, (int)opts.zero);
+}
+
 CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& pieces, int dp,
                             int zero, bool loads, int64_t M) {
   CollectiveCounts f;

@@ -17,6 +17,7 @@
 #include "common/layers/model.h"
 #include "common/layers/schedule.h"
 #include "lessons/08_mesh/options.h"
+#include "lessons/08_mesh/zero.h"
 
 namespace ff::mesh {
 
@@ -84,6 +85,9 @@ int unit_of(const std::string& name, int64_t layers);
 // The pieces of this rank's weights of group g reduced one by one: the gradient buckets by
 // --bucket-mb (ZeRO 0 to 2), the units (ZeRO-3; those with weights here).
 std::vector<int64_t> group_buckets(const RankModel& here, const Setup& setup, const Options& opts, Group g);
+// The memory formula of group g's optimizer over `ranks` ranks: zero::formula of its buckets, or
+// under --precision bf16 zero::mixed_formula of its bf16 and float32 weights (one bucket).
+zero::Memory group_memory(const RankModel& here, const Setup& setup, const Options& opts, Group g, int ranks);
 // What each axis should move in one step of this rank, by the formulas above (EP's depends on
 // the step's routing: formula_ep after the step). The weights of each optimizer group come from
 // `here` (group_buckets); data_ranks: the ranks the dense weights' optimizer spans (dp x cp); edp:

@@ -109,6 +109,7 @@ OneProcess::Config twin_config(const Options& opts, const Setup& setup, const Ad
   OneProcess::Config twin;
   twin.model = setup.c, twin.adam = adam, twin.zero_stage = (int)opts.zero, twin.bias_rate = opts.bias_rate;
   twin.bug_kpe = opts.bug == Bug::kpe_per_head, twin.names = table.names, twin.n_terms = n_terms, twin.batch = opts.batch;
+  twin.bf16 = opts.precision == "bf16";
   return twin;
 }
 int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embedding, blocks, head
@@ -308,7 +309,8 @@ int mesh_lesson(Lesson& lesson) {
   // over both (mesh.dp_cp(), of data_ranks ranks), and ZeRO shards over them
   Comm& data = mesh.dp_cp();
   const int data_ranks = data.size();
-  const model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
+  model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
+  if (opts.precision == "bf16") full.hold_matmuls_in_bf16();  // its shards bf16 too, AdamW's masters float32
   RankModel here(opts, setup, mesh, full, lesson.device);
   const ParamTable& table = here.table;
   AdamConfig adam;
@@ -401,8 +403,7 @@ int mesh_lesson(Lesson& lesson) {
     const CheckedStep checked = check_step(lesson, one_process, check_comms, on_mesh, &disagree);
     if (fsdp) fsdp->free_all();
     if (root) {  // one process's loss, the row's reference, is rank 0's: print_step is rank 0's
-      const double bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(checked.twin.loss));
-      print_step(opts, sizes, step, checking, logging, checked, bound, last, csv);
+      print_step(opts, sizes, step, checking, logging, checked, checked.twin.loss_bound, last, csv);
     }
     if (!opts.save.empty() && ((opts.save_every > 0 && (step + 1) % opts.save_every == 0) || step + 1 == opts.steps))
       save_checkpoint(lesson, opts.save, opts.keep, opts, setup, mesh, here, {{&dense_opt, &replicated_opt, &expert_opt}},
@@ -416,10 +417,9 @@ int mesh_lesson(Lesson& lesson) {
   run.last = last, run.want = want;
   MemoryUse& mem = run.mem;
   mem.measured = dense_opt.memory() + replicated_opt.memory() + expert_opt.memory();
-  mem.formula = zero::formula(group_buckets(here, setup, opts, Group::dense), data_ranks, (int)opts.zero) +
-                zero::formula(group_buckets(here, setup, opts, Group::replicated), data_ranks, (int)opts.zero) +
-                (sizes.ep > 1 ? zero::formula(group_buckets(here, setup, opts, Group::experts), edp.size(), (int)opts.zero)
-                              : zero::Memory{});
+  mem.formula = group_memory(here, setup, opts, Group::dense, data_ranks) +
+                group_memory(here, setup, opts, Group::replicated, data_ranks) +
+                (sizes.ep > 1 ? group_memory(here, setup, opts, Group::experts, edp.size()) : zero::Memory{});
   run.dense_numel = dense_opt.numel, run.expert_numel = expert_opt.numel, run.local_numel = table.local_numel;
   run.data_ranks = data_ranks, run.edp = edp.size();
   run.train_s = train_s, run.trained_steps = opts.steps - first_step;
@@ -469,10 +469,15 @@ int mesh_lesson(Lesson& lesson) {
     if (p && p->grad().defined()) grads_held += p->nbytes();
   const bool buckets = opts.bucket_mb > 0;
   const char* shard_n = opts.zero == 3 ? "sum ceil(N_u/dp)" : buckets ? "sum ceil(N_b/dp)" : "ceil(N/dp)";
-  std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
-                opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
-                opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
-                opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
+  if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
+    std::snprintf(line, sizeof line, "memory: parameters 2 N16 + 4 N32, gradients %s, AdamW's masters, m and v %s, "
+                  "measured", opts.zero >= 2 ? "4 ceil(N/dp)" : "2 N16 + 4 N32 (those held)",
+                  opts.zero == 0 ? "12 N16 + 8 N32" : "12 ceil(N/dp)");
+  else
+    std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
+                  opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
+                  opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
+                  opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
   const bool trained = opts.steps > first_step;  // (--resume --train 0: no gradient yet)
   const bool grads_ok = opts.zero >= 2 ? grads_held == 0 && (mem.measured.grads == mem.formula.grads ||
                                                              (!trained && mem.measured.grads == 0))

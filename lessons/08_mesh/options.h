@@ -52,6 +52,9 @@ struct Options {
   int64_t sample = 0, val_batches = 8, save_every = 0, keep = 2;
   std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
               a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link, save, resume;
+  // --precision bf16: the matmul weights (and so their gradients) bf16, AdamW's float32 masters
+  // beside m and v (lesson 10: mixed precision; here the same on the whole mesh)
+  std::string precision = "fp32";
   Bug bug = Bug::none;
 };
 

@@ -106,12 +106,31 @@ double error_ratio(const Tensor& got, const Tensor& want, double n) {
   return diff / bound;
 }
 
+double bf16_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n) {
+  const std::vector<float> a = got.to_vector(), b = g16.to_vector();
+  double err = 0, size = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    err += ((double)a[i] - g32[i]) * ((double)a[i] - g32[i]);
+    size += (double)b[i] * b[i];
+  }
+  const double bound = 2 * norm16 + kLossBound * n * std::numeric_limits<float>::epsilon() * std::sqrt(size);
+  return std::isnan(err) ? INFINITY : std::sqrt(err) / std::max(bound, 1e-30);
+}
+
+// t in dtype d (--precision bf16: the gathered weights are float32, the twin's matmul weights bf16)
+static Tensor in_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to_dtype(d); }
+
 OneProcess::OneProcess(const Lesson& lesson, Config config, const CharCorpus& corpus)
-    : c(config.model), bias_rate(config.bias_rate), bug_kpe(config.bug_kpe), names(std::move(config.names)),
+    : c(config.model), bf16(config.bf16), bias_rate(config.bias_rate), bug_kpe(config.bug_kpe), names(std::move(config.names)),
       n_terms(config.n_terms), corpus(corpus), batch(config.batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed),
       device(lesson.device), adam_dev(config.zero_stage >= 1 ? Device::cpu : lesson.device), ref_adam(config.adam) {
   if (lesson.rank() != 0) return;
   ref = model::init_params(c, seed, device);
+  if (bf16) {  // the bf16 twin, and its float32 twin of the same weights (the bound's)
+    ref.hold_matmuls_in_bf16();
+    ref32 = model::zero_params(c, device);
+    ref32_named = ref32.named_parameters();
+  }
   ref_named = ref.named_parameters();
   for (model::NamedTensor& n : ref_named) ref_params.push_back(&n.t);
 }
@@ -129,10 +148,35 @@ void OneProcess::resume(const std::string& dir, int64_t adam_steps) {
   if (adam_steps > 0) ref_adam.restore(m, v, adam_steps);
 }
 
+Bf16Errors OneProcess::float32_twin(const CharCorpus::Batch& gb) {
+  for (size_t k = 0; k < ref_params.size(); k++) {
+    ref32_named[k].t.zero_grad();
+    ref32_named[k].t.detach().copy_from(in_dtype(ref_params[k]->detach(), DType::f32));
+  }
+  const std::vector<model::NamedTensor> b16 = ref.named_buffers(), b32 = ref32.named_buffers();
+  for (size_t i = 0; i < b16.size(); i++) b32[i].t.copy_from(b16[i].t);
+  model::Output out = model::forward(c, ref32, gb.inputs.to(device), gb.targets.to(device), model::positions(T, device));
+  out.loss.backward();
+  Bf16Errors e;
+  e.loss32 = out.loss.item();
+  for (size_t k = 0; k < ref_params.size(); k++) {
+    const Tensor& g32 = ref32_named[k].t.grad();
+    e.g32.push_back(g32.defined() ? g32.to_vector() : std::vector<float>((size_t)ref_params[k]->numel(), 0.f));
+    const std::vector<float> g16 = ref_params[k]->grad().defined() ? ref_params[k]->grad().to_vector()
+                                                                  : std::vector<float>(e.g32.back().size(), 0.f);
+    double s = 0;
+    for (size_t i = 0; i < g16.size(); i++) s += ((double)g16[i] - e.g32[k][i]) * ((double)g16[i] - e.g32[k][i]);
+    e.norm16.push_back(std::sqrt(s));
+  }
+  return e;
+}
+
+
 OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh,
                                   const Gathered& g_grad, const Gathered& g_par,
                                   const std::vector<float>& my_bias) {
-  double loss_ref = NAN, grad_ratio = 0;
+  double loss_ref = NAN, grad_ratio = 0, loss_slack = 0;
+  Bf16Errors e32;  // bf16: one process's float32 gradients and its bf16 ones' errors
   std::string step_adam = "=";
   // the reference gradient from the same weights and the whole global batch
   std::vector<float> ref_load;
@@ -145,6 +189,10 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
                                        model::positions(T, device));
     out.loss.backward();
     loss_ref = out.loss.to_vector()[0];
+    if (bf16) {
+      e32 = float32_twin(gb);
+      loss_slack = 2 * std::fabs(e32.loss32 - loss_ref);
+    }
     if (lesson.dumping() && last) {
       // the last step as the mesh ran it: the weights before it, the global batch, the
       // mesh's loss and its mean gradient of every weight (gathered over TP, DP and CP)
@@ -158,7 +206,7 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
       lesson.dump("last_step.loss", Tensor::from_vector({(float)loss_mesh}, {}));
     }
     double lr_ratio = std::fabs(loss_mesh - loss_ref) /
-                      (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)));
+                      (kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)) + loss_slack);
     if (std::isnan(lr_ratio)) lr_ratio = INFINITY;
     if (lr_ratio > worst_loss.ratio || worst_loss.step < 0) worst_loss = {lr_ratio, "loss", step};
     if (step == 0) first_loss_ratio = lr_ratio;
@@ -167,7 +215,7 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
                                                     : Tensor::zeros(ref_params[k]->shape());
       Tensor got = g_grad.full[k];
       if (bug_kpe && got.shape() != want.shape()) got = slice(got, 1, 0, c.d_rope);
-      double r = error_ratio(got, want, n_terms);
+      double r = bf16 ? bf16_ratio(got, want, e32.g32[k], e32.norm16[k], n_terms) : error_ratio(got, want, n_terms);
       if (std::isnan(r)) r = INFINITY;
       grad_ratio = std::max(grad_ratio, r);
       if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
@@ -197,14 +245,14 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
           kpe_copies_equal = false;
       mesh_w = slice(mesh_w, 1, 0, c.d_rope).clone();
     }
-    if (!bitwise_equal(mesh_w, ref_adam_params[k])) {
+    if (!bitwise_equal(mesh_w, in_dtype(ref_adam_params[k], DType::f32))) {
       step_adam = "differ";
       if (adam_equal) adam_detail = names[k] + ", step " + std::to_string(step);
       adam_equal = false;
     }
     // resynchronise: the next step starts from the mesh's weights
-    ref_adam_params[k].copy_from(mesh_w.to(adam_dev));
-    ref_params[k]->detach().copy_from(mesh_w.to(device));
+    ref_adam_params[k].copy_from(in_dtype(mesh_w, ref_adam_params[k].dtype()).to(adam_dev));
+    ref_params[k]->detach().copy_from(in_dtype(mesh_w, ref_params[k]->dtype()).to(device));
   }
   std::vector<model::NamedTensor> rb = ref.named_buffers();
   if (checking) {  // the reference's own bias update from its own routes
@@ -225,20 +273,27 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
                                       b.t.shape(), b.t.device()));
     at += n;
   }
-  return {loss_ref, grad_ratio, step_adam};
+  const double loss_bound = kLossBound * n_terms * eps * std::max(1.0, std::fabs(loss_ref)) + loss_slack;
+  return {loss_ref, loss_bound, grad_ratio, step_adam};
 }
 
 void OneProcess::verdict(CheckReport& check, bool root) const {
   char line[512];
   std::snprintf(line, sizeof line,
-                "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss| "
+                "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss|%s "
                 "(n = B T = %.0f): worst %.3f of the bound",
-                (long long)checked_steps, n_terms, worst_loss.ratio);
+                (long long)checked_steps, bf16 ? " + 2 |loss32 - loss16|" : "", n_terms, worst_loss.ratio);
   check.holds(line, !root || worst_loss.ratio <= 1.0);
-  std::snprintf(line, sizeof line,
-                "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
-                "worst %.3f of the bound (%s, step %lld)",
-                worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
+  if (bf16)  // (reference_check.h: the bf16 check)
+    std::snprintf(line, sizeof line,
+                  "mean gradient of every weight as accurate as one process's in bf16, ||g - g32|| <= 2 ||g16 - g32|| "
+                  "+ 4 n eps ||g16||: worst %.3f of the bound (%s, step %lld)",
+                  worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
+  else
+    std::snprintf(line, sizeof line,
+                  "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
+                  "worst %.3f of the bound (%s, step %lld)",
+                  worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
   check.holds(line, !root || worst_grad.ratio <= 1.0);
   std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
                 "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());

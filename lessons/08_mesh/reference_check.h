@@ -47,6 +47,29 @@ constexpr double kLossBound = 4.0;
 // max |got - want| as a fraction of the bound kLossBound n eps max|want| (above): 1 fails.
 double error_ratio(const Tensor& got, const Tensor& want, double n);
 
+// [slide:bf16-check]
+// --precision bf16. The mesh and one process both hold the matmul weights in bf16, round each
+// matmul's float32 input to bf16 and each weight's gradient where it is made. Where the mesh
+// sums in another order (TP's partial sums, the vocabulary-parallel loss, DP's shares, PP's
+// micro-batches), a float32 result one ulp apart can round to the other bf16 neighbour, and
+// the backward carries that on: measured, the mesh's gradients differ from one process's bf16
+// ones by about as much as those differ from float32 (even on one rank, whose loss is computed
+// vocabulary-parallel). No elementwise bound is then honest. What the mesh must keep is bf16's
+// accuracy: against g32, the gradient of one process in float32 from the same weights (widened)
+// and batch, the mesh's error is held to twice one process's bf16 error, in the 2-norm:
+//     ||g_mesh - g32|| <= 2 ||g16 - g32|| + 4 n eps ||g16||
+// (the mesh's roundings are as many and as large as one process's, and a DP rank's gradient is
+// rounded once more, on its share). The loss: |loss_mesh - loss16| <= 4 n eps |loss| + 2
+// |loss32 - loss16|. A wrong sum (a missing all-reduce, a shard of the wrong rank) is far out.
+// [/slide]
+struct Bf16Errors {
+  std::vector<std::vector<float>> g32;  // one process's gradients in float32, per weight
+  std::vector<double> norm16;           // ||g16 - g32|| per weight
+  double loss32 = 0;
+};
+// ||got - g32|| over its bound above: 1 fails.
+double bf16_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n);
+
 // The worst ratio to its bound seen so far, and where.
 struct Worst {
   double ratio = 0;
@@ -72,12 +95,14 @@ class OneProcess {
     std::vector<std::string> names;  // the weights, in the model's order
     double n_terms = 0;              // the longest sum (a weight gradient's, over tokens): the bounds'
     int64_t batch = 0;               // sequences per step
+    bool bf16 = false;               // --precision bf16: the matmul weights bf16 (the bf16 check above)
   };
   OneProcess(const OneProcess&) = delete;  // ref_params point into its own ref_named
   OneProcess& operator=(const OneProcess&) = delete;
   OneProcess(const Lesson& lesson, Config config, const CharCorpus& corpus);
   struct Step {
     double loss = NAN;        // one process's loss (NAN: not a checked step)
+    double loss_bound = NAN;  // what the mesh's may differ by
     double grad_ratio = 0;    // the worst gradient's error over its bound
     std::string adam = "=";   // "=": AdamW the same bits, "differ"
   };
@@ -95,6 +120,9 @@ class OneProcess {
   // only, the unchanged forward and the copies of W_kr.
   void verdict(CheckReport& check, bool root) const;
   void kpe_verdict(CheckReport& check, bool root) const;
+  // bf16 (Bf16Errors above): one process in float32 on batch gb from the bf16 twin's weights,
+  // widened, against the bf16 twin's gradients (computed on gb just before)
+  Bf16Errors float32_twin(const CharCorpus::Batch& gb);
 
   // the verdicts, over every step
   Worst worst_loss, worst_grad;
@@ -105,6 +133,7 @@ class OneProcess {
 
  private:
   const model::Config c;
+  const bool bf16;
   const double bias_rate;
   const bool bug_kpe;
   const std::vector<std::string> names;
@@ -116,6 +145,8 @@ class OneProcess {
   model::Params ref;
   std::vector<model::NamedTensor> ref_named;
   std::vector<Tensor*> ref_params;
+  model::Params ref32;                         // bf16: the same weights widened, all float32
+  std::vector<model::NamedTensor> ref32_named;
   // AdamW runs where the mesh's does: ZeRO-1 on the host (its shard lives there), ZeRO-0 on the
   // device; then the two apply the same elementwise float operations and agree bit for bit.
   const Device adam_dev;

@@ -51,10 +51,10 @@ void print_header(const Lesson& lesson, const Options& opts, const Setup& setup,
   if (setup.link.enabled)
     lesson.print("%s (point-to-point messages; the collectives as MPI runs them)\n",
                  describe(setup.link).c_str());
-  lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g\n\n",
+  lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g%s\n\n",
                (long long)opts.batch, (long long)setup.seq, (long long)setup.rank_batch,
                sizes.cp > 1 ? (", " + std::to_string(setup.seq_per_cp) + " tokens of each per CP rank (zigzag)").c_str() : "",
-               opts.lr);
+               opts.lr, opts.precision == "bf16" ? "; bf16 matmul weights, float32 masters (lesson 10)" : "");
   lesson.print("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +
@@ -102,8 +102,10 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
   if (setup.sched_pairs && opts.overlap == "on")
     lesson.print("  overlap: %ld hand-overs between a paired forward and backward at their all-to-alls, "
                  "over the whole run\n", overlap::switches());
-  lesson.print("\nmemory of rank 0 (float32, %lld parameters here): measured vs formula "
-               "(ZeRO-%lld, %s %d)\n", (long long)run.local_numel, (long long)opts.zero,
+  const bool bf16 = opts.precision == "bf16";
+  lesson.print("\nmemory of rank 0 (%s, %lld parameters here): measured vs formula "
+               "(ZeRO-%lld, %s %d)\n", bf16 ? "the matmul weights bf16, N16 of them" : "float32",
+               (long long)run.local_numel, (long long)opts.zero,
                sizes.cp > 1 ? "dp x cp" : "dp", run.data_ranks);
   if (sizes.ep > 1)
     lesson.print("  N = %lld dense (ZeRO over dp x cp, %d ranks) + %lld of this rank's experts "
@@ -111,18 +113,21 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
                  (long long)run.expert_numel, run.edp);
   const bool z3 = opts.zero == 3, z2 = opts.zero >= 2, pieces = z3 || opts.bucket_mb > 0;
   const char* shard = z3 ? "S_u" : pieces ? "S_b" : "ceil(N/dp)";  // S: the sum over units or buckets
-  const std::string p_label = z3 ? std::string("4 ") + shard : "4N";
-  const std::string g_label = z2 ? std::string("4 ") + shard : "4N";
-  const std::string o_label = opts.zero ? std::string("8 ") + shard : "8N";
+  // bf16: zero.h's mixed_formula (parameters and gradients 2 bytes, masters, m and v 4 each)
+  const std::string p_label = bf16 ? "2N16 + 4N32" : z3 ? std::string("4 ") + shard : "4N";
+  const std::string g_label = z2 ? std::string("4 ") + shard : bf16 ? "2N16 + 4N32" : "4N";
+  const std::string o_label = bf16 ? (opts.zero ? std::string("12 ") + shard : "12N16 + 8N32")
+                                   : opts.zero ? std::string("8 ") + shard : "8N";
   lesson.print("  parameters %10s   formula %-13s %10s\n", human_bytes((double)got.params).c_str(), p_label.c_str(),
                human_bytes((double)formula.params).c_str());
   lesson.print("  gradients  %10s   formula %-13s %10s\n", human_bytes((double)got.grads).c_str(), g_label.c_str(),
                human_bytes((double)formula.grads).c_str());
-  lesson.print("  AdamW m, v %10s   formula %-13s %10s\n", human_bytes((double)got.optimizer).c_str(),
+  lesson.print("  AdamW %-4s %10s   formula %-13s %10s\n", bf16 ? "(*)" : "m, v", human_bytes((double)got.optimizer).c_str(),
                o_label.c_str(), human_bytes((double)formula.optimizer).c_str());
   if (pieces)
     lesson.print("  (%s = sum of ceil(N_%c/dp) over the %s, each sharded on its own)\n", shard, z3 ? 'u' : 'b',
                  z3 ? "units (a layer each)" : "gradient buckets");
+  if (bf16) lesson.print("  (*) the float32 masters of the bf16 weights, m and v\n");
   lesson.print("  buffers    %10s   (the collectives' flat buffers: not in the formula)\n",
                human_bytes((double)got.buffers).c_str());
   if (z3)

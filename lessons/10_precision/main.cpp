@@ -348,7 +348,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   model::Config c;
   c.vocab = corpus.vocab_size(), c.seq_len = o.seq;
   model::Params p = model::init_params(c, seed, L.device);
-  if (bf16) hold_in_bf16(p);  // Megatron's layout: the weights themselves are bf16
+  if (bf16) p.hold_matmuls_in_bf16();  // Megatron's layout: the weights themselves are bf16
   std::vector<model::NamedTensor> named = p.named_parameters();
   std::vector<Tensor*> params;
   std::vector<std::string> names;

@@ -12,17 +12,13 @@
 
 namespace ff::precision {
 
-void hold_in_bf16(model::Params& p) {
-  for (Tensor* w : p.matmul_weights()) *w = w->detach().to_dtype(DType::bf16).requires_grad_();
-}
-
 
 Twin::Twin(const model::Config& c, uint64_t seed, Device device, bool bf16, const AdamConfig& adam, bool root)
     : c_(c), device_(device), adam_(adam) {
   adam_.config().master_weights = true;  // the right way, whatever the ranks plant
   if (!root) return;
   p_ = model::init_params(c, seed, device);
-  if (bf16) hold_in_bf16(p_);
+  if (bf16) p_.hold_matmuls_in_bf16();
 }
 
 double Twin::loss_and_grads(const std::vector<CharCorpus::Batch>& batches, bool bf16_sums) {

@@ -21,9 +21,6 @@
 
 namespace ff::precision {
 
-// The model's matmul weights (model::Params::matmul_weights) rounded to bf16, leaves again.
-void hold_in_bf16(model::Params& p);
-
 
 constexpr double kLossBound = 4.0;  // lesson 08's K n eps rule (reference_check.h), float32
 

@@ -84,8 +84,14 @@ MESHES = {
                                    (2, SIM_SMALL + ["--tp", 1, "--pp", 2, "--schedule", "zb-h1"])],
     "device-sim-sp-off-tp-copies-stay-equal": [
         (2, SIM_SMALL + ["--tp", 2, "--sp", "off"])],
+    # --precision bf16 (lesson 10's mixed precision) on every axis: each run's own check holds
+    # the gradients to bf16's accuracy, AdamW's float32 masters bit for bit, memory = the formula
+    "bf16-pp2-cp2-zero0-zero2-sim": [
+        (4, ["--tp", 1, "--pp", 2, "--precision", "bf16", "--zero", 0, "--train", 3]),
+        (4, ["--tp", 1, "--cp", 2, "--precision", "bf16", "--zero", 2, "--train", 3]),
+        (2, SIM_SMALL + ["--tp", 2, "--precision", "bf16"])],
 }
-LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
+LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "bf16-pp2-cp2-zero0-zero2-sim", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
         "device-sim-tp2-cp2-ep2-pp2", "device-sim-sp-off-tp-copies-stay-equal", "dualpipe-stages-on-two-ranks-summed"}
 
 
@@ -112,7 +118,33 @@ BUGS = {
     "zero1-stale-shard": (2, ["--tp", 1, "--bug", "zero-stale-shard"], r"AdamW step .*first differs.*FAIL"),
     "zero2-stale-shard": (2, ["--tp", 1, "--zero", 2, "--bug", "zero-stale-shard"], r"AdamW step .*first differs.*FAIL"),
     "zero3-backward-on-freed-weights": (2, ["--tp", 1, "--zero", 3, "--bug", "zero3-stale-gather"], r"mean gradient of every weight .*FAIL"),
+    # the bf16 check, as loose as bf16 makes it, still sees a wrong sum
+    "bf16-ce-local-softmax": (2, ["--precision", "bf16", "--bug", "ce-local-softmax"],
+                              r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
+    "bf16-zero1-sum-as-mean": (2, ["--tp", 1, "--precision", "bf16", "--bug", "zero-no-divide"],
+                               r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
+    "bf16-f-no-allreduce": (2, ["--sp", "off", "--precision", "bf16", "--bug", "f-no-allreduce"],
+                            r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
 }
+
+
+def test_bf16_on_8_ranks_dp4_tp2_ep2_as_accurate_as_one_process_and_its_memory_the_mixed_formula(lesson):
+    """--precision bf16 on a DP x TP x EP mesh of 8 ranks: every check passes, the gradients within
+    the bf16 bound, and rank 0 holds 2 bytes per bf16 weight (parameters and gradients) against 4
+    in the float32 run of the same mesh; the losses differ from float32's, by little."""
+    mesh = ["--dp", 4, "--tp", 2, "--ep", 2, "--train", 3]
+    bf16 = lesson(L08, 8, *mesh, "--precision", "bf16").ok()
+    fp32 = lesson(L08, 8, *mesh).ok()
+    bf16.has(r"mean gradient of every weight as accurate as one process.s in bf16, \|\|g - g32\|\| <= 2 \|\|g16 - g32\|\|"
+             r" \+ 4 n eps \|\|g16\|\|: worst [0-9.]+ of the bound .*PASS")
+    bf16.has(r"memory: parameters 2 N16 \+ 4 N32, .*PASS")
+    kib = lambda run, what: float(run.has(rf"^  {what} +([0-9.]+) KiB +formula").group(1))
+    for what in ("parameters", "gradients"):
+        assert kib(bf16, what) < 0.6 * kib(fp32, what), bf16.why(f"{what}: bf16 under 0.6 of float32's ({kib(fp32, what)} KiB)")
+    loss = lambda run: [float(m) for m in re.findall(r"^ +\d+ +([0-9.]+) ", run.out, re.M)]
+    l16, l32 = loss(bf16), loss(fp32)
+    assert len(l16) == len(l32) == 3 and l16 != l32, bf16.why(f"three steps' losses, not float32's {l32}")
+    assert all(abs(a - b) < 0.01 * b for a, b in zip(l16, l32)), bf16.why(f"within 1% of float32's {l32}")
 
 
 @pytest.mark.parametrize("np_, args, broken", BUGS.values(), ids=BUGS.keys())
@@ -395,6 +427,10 @@ BAD = {
     "kpe-per-head-with-tp-2": (2, ["--bug", "kpe-per-head"]),
     "prompt-byte-not-in-the-text": (2, ["--sample", 5, "--prompt", "é"]),
     "seq-longer-than-the-validation-text": (1, ["--seq", 1000, "--data", "tests/unit/main.cpp"]),
+    "precision-fp16": (2, ["--precision", "fp16"]),
+    "bf16-with-zero3": (2, ["--tp", 1, "--zero", 3, "--precision", "bf16"]),
+    "bf16-with-bucket-mb": (2, ["--tp", 1, "--bucket-mb", 1, "--precision", "bf16"]),
+    "bf16-with-save": (2, ["--tp", 1, "--save", "ckpt", "--precision", "bf16"]),
 }
 
 
