@@ -467,22 +467,11 @@ int mesh_lesson(Lesson& lesson) {
   size_t grads_held = 0;
   for (const Tensor* p : table.params)
     if (p && p->grad().defined()) grads_held += p->nbytes();
-  const bool buckets = opts.bucket_mb > 0;
-  const char* shard_n = opts.zero == 3 ? "sum ceil(N_u/dp)" : buckets ? "sum ceil(N_b/dp)" : "ceil(N/dp)";
-  if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
-    std::snprintf(line, sizeof line, "memory: parameters 2 N16 + 4 N32, gradients %s, AdamW's masters, m and v %s, "
-                  "measured", opts.zero >= 2 ? "4 ceil(N/dp)" : "2 N16 + 4 N32 (those held)",
-                  opts.zero == 0 ? "12 N16 + 8 N32" : "12 ceil(N/dp)");
-  else
-    std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
-                  opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
-                  opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
-                  opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
   const bool trained = opts.steps > first_step;  // (--resume --train 0: no gradient yet)
   const bool grads_ok = opts.zero >= 2 ? grads_held == 0 && (mem.measured.grads == mem.formula.grads ||
                                                              (!trained && mem.measured.grads == 0))
                                        : mem.measured.grads == grads_held && grads_held <= mem.formula.grads;
-  check.holds(line, mem.measured.params == mem.formula.params && grads_ok &&
+  check.holds(memory_check_name(opts).c_str(), mem.measured.params == mem.formula.params && grads_ok &&
                         mem.measured.optimizer == mem.formula.optimizer);
   if (compare)
     check.holds(("the overlapped pairs' gradients = one after the other's, bit for bit, every step" +

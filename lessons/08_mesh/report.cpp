@@ -92,6 +92,21 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
   csv << row;
 }
 
+std::string memory_check_name(const Options& opts) {
+  char line[256];
+  const char* shard_n = opts.zero == 3 ? "sum ceil(N_u/dp)" : opts.bucket_mb > 0 ? "sum ceil(N_b/dp)" : "ceil(N/dp)";
+  if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
+    std::snprintf(line, sizeof line, "memory: parameters 2 N16 + 4 N32, gradients %s, AdamW's masters, m and v %s, "
+                  "measured", opts.zero >= 2 ? "4 ceil(N/dp)" : "2 N16 + 4 N32 (those held)",
+                  opts.zero == 0 ? "12 N16 + 8 N32" : "12 ceil(N/dp)");
+  else
+    std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
+                  opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",
+                  opts.zero >= 2 ? "4 " : "4N (those held)", opts.zero >= 2 ? shard_n : "",
+                  opts.zero == 0 ? "8N" : "8 ", opts.zero == 0 ? "" : shard_n);
+  return line;
+}
+
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const RunSummary& run,
                   std::ostringstream& csv) {
   const MeshSizes& sizes = setup.sizes;

@@ -75,6 +75,8 @@ struct RunSummary {
 
 // After training, rank 0's: the communication of the last step per axis against the formulas,
 // the memory against its formula, the time per step; the memory's CSV row into csv.
+// The memory check's line: the formula the stage (and --precision) holds the memory to.
+std::string memory_check_name(const Options& opts);
 void print_report(const Lesson& lesson, const Options& opts, const Setup& setup, const RunSummary& run,
                   std::ostringstream& csv);
 // --bucket-mb: DP's gradient buckets (every group's, side by side: BucketTimes::concurrent),
