@@ -47,7 +47,6 @@ constexpr double kLossBound = 4.0;
 // max |got - want| as a fraction of the bound kLossBound n eps max|want| (above): 1 fails.
 double error_ratio(const Tensor& got, const Tensor& want, double n);
 
-// [slide:bf16-check]
 // --precision bf16. The mesh and one process both hold the matmul weights in bf16, round each
 // matmul's float32 input to bf16 and each weight's gradient where it is made. Where the mesh
 // sums in another order (TP's partial sums, the vocabulary-parallel loss, DP's shares, PP's
@@ -61,7 +60,6 @@ double error_ratio(const Tensor& got, const Tensor& want, double n);
 // (the mesh's roundings are as many and as large as one process's, and a DP rank's gradient is
 // rounded once more, on its share). The loss: |loss_mesh - loss16| <= 4 n eps |loss| + 2
 // |loss32 - loss16|. A wrong sum (a missing all-reduce, a shard of the wrong rank) is far out.
-// [/slide]
 struct Bf16Errors {
   std::vector<std::vector<float>> g32;  // one process's gradients in float32, per weight
   std::vector<double> norm16;           // ||g16 - g32|| per weight
