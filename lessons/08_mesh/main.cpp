@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "common/comm/mesh.h"
+#include "common/layers/fp8_linear.h"
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/tensor_parallel.h"
@@ -109,7 +110,7 @@ OneProcess::Config twin_config(const Options& opts, const Setup& setup, const Ad
   OneProcess::Config twin;
   twin.model = setup.c, twin.adam = adam, twin.zero_stage = (int)opts.zero, twin.bias_rate = opts.bias_rate;
   twin.bug_kpe = opts.bug == Bug::kpe_per_head, twin.names = table.names, twin.n_terms = n_terms, twin.batch = opts.batch;
-  twin.bf16 = opts.precision == "bf16";
+  twin.precision = opts.precision;
   return twin;
 }
 int zero3_units(const Options& opts, const Setup& setup) {  // ZeRO-3's: embedding, blocks, head
@@ -290,6 +291,7 @@ double train_step(const Options& opts, const Setup& setup, Mesh& mesh, RankModel
   // 4. the balancing bias from the loads of the whole global batch
   if (mesh.dp_cp().size() > 1 && here.held_moe > 0) mesh.dp_cp().allreduce_sum(load.data(), load.size());
   update_biases(here.model.weights, load, setup.c.experts, opts.bias_rate);
+  here.load = std::move(load);
   return local_loss;
 }
 // [/slide]
@@ -311,6 +313,9 @@ int mesh_lesson(Lesson& lesson) {
   const int data_ranks = data.size();
   model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
   if (opts.precision == "bf16") full.hold_matmuls_in_bf16();  // its shards bf16 too, AdamW's masters float32
+  // fp8: every forward of the model, the mesh's and the one process's, runs MLA's projections and
+  // the dense FFN through fp8_linear while `fp8_layers` lives (the run); else matmul
+  const model::LinearScope fp8_layers(opts.precision == "fp8" ? fp8::fp8_linears(fp8::Fp8Recipe{}) : model::LinearFn{});
   RankModel here(opts, setup, mesh, full, lesson.device);
   const ParamTable& table = here.table;
   AdamConfig adam;
@@ -478,12 +483,13 @@ int mesh_lesson(Lesson& lesson) {
                  (compare->equal ? std::string() : ": not " + compare->first_differs)).c_str(), compare->equal);
   one_process.kpe_verdict(check, root);
   // the tolerance from one process's loss (a non-finite mesh loss must not widen it)
-  double val_want = root ? val.one_process : val.mesh;
+  // (bf16, fp8: and twice one process's mean error of a token's loss, as the training's loss)
+  double val_want[2] = {root ? val.one_process : val.mesh, 2 * val.token_err};
   Trace::Category check_traffic(trace(), "check");
-  check_comms.world.bcast(&val_want, sizeof val_want, 0);
+  check_comms.world.bcast(val_want, sizeof val_want, 0);
   check.holds("validation loss of the mesh is finite", std::isfinite(val.mesh));
-  check.scalar("validation loss, mesh vs one process (same weights)", val.mesh, val_want,
-               kLossBound * n_terms * eps * std::max(1.0, std::fabs(val_want)));
+  check.scalar("validation loss, mesh vs one process (same weights)", val.mesh, val_want[0],
+               kLossBound * n_terms * eps * std::max(1.0, std::fabs(val_want[0])) + val_want[1]);
   return lesson.finish(check);
 }
 

@@ -143,6 +143,7 @@ struct RankModel {
   MeshStages stages;
   ParamTable table;
   int64_t held_moe = 0;                 // the MoE layers of this rank's stages
+  std::vector<float> load;              // the last step's expert loads, whole batch (the bias's)
   int pp_rank = 0;                      // this rank's place in the pipeline
   // this CP rank's tokens of every sequence (the zigzag layout's positions)
   const std::vector<int64_t>& my_columns() const { return model.cp_positions[(size_t)model.cp->rank()]; }

@@ -53,7 +53,7 @@ struct Options {
   std::string prompt = "ROMEO:", data = course_data_file("tinyshakespeare.txt"), estimate = "none",
               a2a = "flat", schedule = "1f1b", layers_per_stage, overlap = "on", link, save, resume;
   // --precision bf16: the matmul weights (and so their gradients) bf16, AdamW's float32 masters
-  // beside m and v (lesson 10: mixed precision; here the same on the whole mesh)
+  // beside m and v; fp8: the linear layers' GEMMs in FP8 (lesson 10's precisions, on the mesh)
   std::string precision = "fp32";
   Bug bug = Bug::none;
 };

@@ -106,7 +106,7 @@ double error_ratio(const Tensor& got, const Tensor& want, double n) {
   return diff / bound;
 }
 
-double bf16_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n) {
+double precision_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n) {
   const std::vector<float> a = got.to_vector(), b = g16.to_vector();
   double err = 0, size = 0;
   for (size_t i = 0; i < a.size(); i++) {
@@ -121,13 +121,13 @@ double bf16_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>
 static Tensor in_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to_dtype(d); }
 
 OneProcess::OneProcess(const Lesson& lesson, Config config, const CharCorpus& corpus)
-    : c(config.model), bf16(config.bf16), bias_rate(config.bias_rate), bug_kpe(config.bug_kpe), names(std::move(config.names)),
+    : c(config.model), precision(config.precision), low(precision != "fp32"), bias_rate(config.bias_rate), bug_kpe(config.bug_kpe), names(std::move(config.names)),
       n_terms(config.n_terms), corpus(corpus), batch(config.batch), T(c.seq_len), seed((uint64_t)lesson.flags.seed),
       device(lesson.device), adam_dev(config.zero_stage >= 1 ? Device::cpu : lesson.device), ref_adam(config.adam) {
   if (lesson.rank() != 0) return;
   ref = model::init_params(c, seed, device);
-  if (bf16) {  // the bf16 twin, and its float32 twin of the same weights (the bound's)
-    ref.hold_matmuls_in_bf16();
+  if (precision == "bf16") ref.hold_matmuls_in_bf16();
+  if (low) {  // the float32 twin of the same weights (the bound's)
     ref32 = model::zero_params(c, device);
     ref32_named = ref32.named_parameters();
   }
@@ -148,17 +148,46 @@ void OneProcess::resume(const std::string& dir, int64_t adam_steps) {
   if (adam_steps > 0) ref_adam.restore(m, v, adam_steps);
 }
 
-Bf16Errors OneProcess::float32_twin(const CharCorpus::Batch& gb) {
+model::Output OneProcess::float32_forward(const Tensor& inputs, const Tensor& targets) {
+  const model::LinearScope float32(model::LinearFn{});  // fp8: the linear layers' matmuls again
   for (size_t k = 0; k < ref_params.size(); k++) {
     ref32_named[k].t.zero_grad();
     ref32_named[k].t.detach().copy_from(in_dtype(ref_params[k]->detach(), DType::f32));
   }
   const std::vector<model::NamedTensor> b16 = ref.named_buffers(), b32 = ref32.named_buffers();
   for (size_t i = 0; i < b16.size(); i++) b32[i].t.copy_from(b16[i].t);
-  model::Output out = model::forward(c, ref32, gb.inputs.to(device), gb.targets.to(device), model::positions(T, device));
+  return model::forward(c, ref32, inputs.to(device), targets.to(device), model::positions(T, device));
+}
+
+// Each token's cross-entropy, from its logits (rows) and target: logsumexp - the target's logit.
+static std::vector<double> token_losses(const Tensor& logits, const Tensor& targets) {
+  const std::vector<float> z = logits.to_vector();
+  const std::vector<int64_t> t = targets.to_index_vector();
+  const size_t V = (size_t)logits.size(1);
+  std::vector<double> out(t.size());
+  for (size_t r = 0; r < t.size(); r++) {
+    const float* row = &z[r * V];
+    const double m = *std::max_element(row, row + V);
+    double s = 0;
+    for (size_t v = 0; v < V; v++) s += std::exp((double)row[v] - m);
+    out[r] = m + std::log(s) - row[t[r]];
+  }
+  return out;
+}
+
+double mean_token_error(const Tensor& logits_low, const Tensor& logits32, const Tensor& targets) {
+  const std::vector<double> a = token_losses(logits_low, targets), b = token_losses(logits32, targets);
+  double e = 0;
+  for (size_t i = 0; i < a.size(); i++) e += std::fabs(a[i] - b[i]);
+  return e / (double)std::max<size_t>(a.size(), 1);
+}
+
+PrecisionErrors OneProcess::float32_twin(const CharCorpus::Batch& gb, const Tensor& logits_low) {
+  model::Output out = float32_forward(gb.inputs, gb.targets);
   out.loss.backward();
-  Bf16Errors e;
+  PrecisionErrors e;
   e.loss32 = out.loss.item();
+  e.token_err = mean_token_error(logits_low, out.logits, gb.targets);
   for (size_t k = 0; k < ref_params.size(); k++) {
     const Tensor& g32 = ref32_named[k].t.grad();
     e.g32.push_back(g32.defined() ? g32.to_vector() : std::vector<float>((size_t)ref_params[k]->numel(), 0.f));
@@ -174,9 +203,9 @@ Bf16Errors OneProcess::float32_twin(const CharCorpus::Batch& gb) {
 
 OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh,
                                   const Gathered& g_grad, const Gathered& g_par,
-                                  const std::vector<float>& my_bias) {
+                                  const std::vector<float>& my_bias, const std::vector<float>& mesh_load) {
   double loss_ref = NAN, grad_ratio = 0, loss_slack = 0;
-  Bf16Errors e32;  // bf16: one process's float32 gradients and its bf16 ones' errors
+  PrecisionErrors e32;  // bf16, fp8: one process's float32 gradients and its own ones' errors
   std::string step_adam = "=";
   // the reference gradient from the same weights and the whole global batch
   std::vector<float> ref_load;
@@ -189,9 +218,9 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
                                        model::positions(T, device));
     out.loss.backward();
     loss_ref = out.loss.to_vector()[0];
-    if (bf16) {
-      e32 = float32_twin(gb);
-      loss_slack = 2 * std::fabs(e32.loss32 - loss_ref);
+    if (low) {
+      e32 = float32_twin(gb, out.logits);
+      loss_slack = 2 * e32.token_err;
     }
     if (lesson.dumping() && last) {
       // the last step as the mesh ran it: the weights before it, the global batch, the
@@ -215,14 +244,14 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
                                                     : Tensor::zeros(ref_params[k]->shape());
       Tensor got = g_grad.full[k];
       if (bug_kpe && got.shape() != want.shape()) got = slice(got, 1, 0, c.d_rope);
-      double r = bf16 ? bf16_ratio(got, want, e32.g32[k], e32.norm16[k], n_terms) : error_ratio(got, want, n_terms);
+      double r = low ? precision_ratio(got, want, e32.g32[k], e32.norm16[k], n_terms) : error_ratio(got, want, n_terms);
       if (std::isnan(r)) r = INFINITY;
       grad_ratio = std::max(grad_ratio, r);
       if (r > worst_grad.ratio || worst_grad.step < 0) worst_grad = {r, names[k], step};
     }
     std::vector<Route> ref_routes;
     for (size_t l = 0; l < out.routes.size(); l++) ref_routes.push_back({(int64_t)l, out.routes[l]});
-    ref_load = expert_loads(ref_routes, c);
+    ref_load = low ? mesh_load : expert_loads(ref_routes, c);
   }
   // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
   if (ref_adam_params.empty())
@@ -282,13 +311,15 @@ void OneProcess::verdict(CheckReport& check, bool root) const {
   std::snprintf(line, sizeof line,
                 "loss of the mesh = one process's at %lld checked steps, |diff| <= 4 n eps |loss|%s "
                 "(n = B T = %.0f): worst %.3f of the bound",
-                (long long)checked_steps, bf16 ? " + 2 |loss32 - loss16|" : "", n_terms, worst_loss.ratio);
+                (long long)checked_steps, !low ? "" : precision == "bf16" ? " + 2 mean|l16 - l32|" : " + 2 mean|l8 - l32|",
+                n_terms, worst_loss.ratio);
   check.holds(line, !root || worst_loss.ratio <= 1.0);
-  if (bf16)  // (reference_check.h: the bf16 check)
+  const char* g = precision == "bf16" ? "g16" : "g8";  // one process's gradient in this precision
+  if (low)  // (reference_check.h: the check in bf16 and fp8)
     std::snprintf(line, sizeof line,
-                  "mean gradient of every weight as accurate as one process's in bf16, ||g - g32|| <= 2 ||g16 - g32|| "
-                  "+ 4 n eps ||g16||: worst %.3f of the bound (%s, step %lld)",
-                  worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
+                  "mean gradient of every weight as accurate as one process's in %s, ||g - g32|| <= 2 ||%s - g32|| "
+                  "+ 4 n eps ||%s||: worst %.3f of the bound (%s, step %lld)",
+                  precision.c_str(), g, g, worst_grad.ratio, worst_grad.what.c_str(), (long long)worst_grad.step);
   else
     std::snprintf(line, sizeof line,
                   "mean gradient of every weight = one process's, max|diff| <= 4 n eps max|want|: "
@@ -298,7 +329,8 @@ void OneProcess::verdict(CheckReport& check, bool root) const {
   std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
                 "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());
   check.holds(line, !root || adam_equal);
-  check.holds("balancing bias = one process's update from its own routes, bit for bit",
+  check.holds(low ? "balancing bias = one process's update from the mesh's loads, bit for bit"
+                  : "balancing bias = one process's update from its own routes, bit for bit",
               !root || bias_equal);
 }
 
@@ -345,7 +377,11 @@ CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, cons
   }
   // rank 0: one process from the same weights on the whole global batch, and AdamW on the
   // mesh's own mean gradient
-  if (lesson.rank() == 0) out.twin = twin.step(lesson, s.step, s.checking, s.last, out.loss_mesh, grads, params, mesh_bias);
+  // the loads the mesh's bias update used, every stage's layers (a pipeline rank counts its own
+  // stages' and zeros elsewhere; DualPipe's pair the same: the largest is the count)
+  std::vector<float> load = here.load;
+  if (comms.pp.size() > 1 && !load.empty()) comms.pp.allreduce(load.data(), (int)load.size(), MPI_FLOAT, MPI_MAX);
+  if (lesson.rank() == 0) out.twin = twin.step(lesson, s.step, s.checking, s.last, out.loss_mesh, grads, params, mesh_bias, load);
   return out;
 }
 
@@ -370,8 +406,11 @@ Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankMod
     if (lesson.rank() == 0) {
       CharCorpus::Batch gb = setup.corpus.batch(CharCorpus::Split::val, k, opts.batch, setup.seq, 0, opts.batch,
                                             (uint64_t)lesson.flags.seed);
-      out.one_process += model::forward(setup.c, twin.model(), gb.inputs.to(lesson.device), gb.targets.to(lesson.device),
-                                        model::positions(setup.seq, lesson.device)).loss.to_vector()[0] /
+      const model::Output o = model::forward(setup.c, twin.model(), gb.inputs.to(lesson.device),
+                                             gb.targets.to(lesson.device), model::positions(setup.seq, lesson.device));
+      out.one_process += o.loss.item() / (double)opts.val_batches;
+      if (opts.precision != "fp32")
+        out.token_err += mean_token_error(o.logits, twin.float32_forward(gb.inputs, gb.targets).logits, gb.targets) /
                          (double)opts.val_batches;
     }
   }

@@ -58,15 +58,23 @@ double error_ratio(const Tensor& got, const Tensor& want, double n);
 // and batch, the mesh's error is held to twice one process's bf16 error, in the 2-norm:
 //     ||g_mesh - g32|| <= 2 ||g16 - g32|| + 4 n eps ||g16||
 // (the mesh's roundings are as many and as large as one process's, and a DP rank's gradient is
-// rounded once more, on its share). The loss: |loss_mesh - loss16| <= 4 n eps |loss| + 2
-// |loss32 - loss16|. A wrong sum (a missing all-reduce, a shard of the wrong rank) is far out.
-struct Bf16Errors {
+// rounded once more, on its share). The loss, a mean over tokens: |loss_mesh - loss16| <= 4 n
+// eps |loss| + 2 mean_t |l16_t - l32_t| (each token's loss against float32's: their mean
+// bounds the error of a mean, and does not cancel by chance as loss16 - loss32 can). A wrong
+// sum (a missing all-reduce, a shard of the wrong rank) is far out.
+// --precision fp8 the same, g8 in place of g16: the weights stay float32, and each GEMM of the
+// linear layers quantizes its operands from their own largest values, so a TP shard or a DP
+// share scales its tiles otherwise than one process (lesson 10's README says how).
+struct PrecisionErrors {
   std::vector<std::vector<float>> g32;  // one process's gradients in float32, per weight
-  std::vector<double> norm16;           // ||g16 - g32|| per weight
+  std::vector<double> norm16;           // ||g16 - g32|| per weight (fp8: ||g8 - g32||)
   double loss32 = 0;
+  double token_err = 0;                 // the mean over tokens of |token loss - float32's|
 };
+// That mean, from the two runs' logits (rows: tokens) and the targets.
+double mean_token_error(const Tensor& logits_low, const Tensor& logits32, const Tensor& targets);
 // ||got - g32|| over its bound above: 1 fails.
-double bf16_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n);
+double precision_ratio(const Tensor& got, const Tensor& g16, const std::vector<float>& g32, double norm16, double n);
 
 // The worst ratio to its bound seen so far, and where.
 struct Worst {
@@ -93,7 +101,7 @@ class OneProcess {
     std::vector<std::string> names;  // the weights, in the model's order
     double n_terms = 0;              // the longest sum (a weight gradient's, over tokens): the bounds'
     int64_t batch = 0;               // sequences per step
-    bool bf16 = false;               // --precision bf16: the matmul weights bf16 (the bf16 check above)
+    std::string precision = "fp32";  // bf16, fp8: the check above (and bf16 matmul weights)
   };
   OneProcess(const OneProcess&) = delete;  // ref_params point into its own ref_named
   OneProcess& operator=(const OneProcess&) = delete;
@@ -107,8 +115,10 @@ class OneProcess {
   // Rank 0, after the mesh's step `step` (last: the last one, whose inputs and gradients --dump
   // keeps): loss_mesh its loss, grads and params its mean gradients and new weights gathered
   // (gather_full), mesh_bias its balancing biases.
+  // mesh_load: the loads the mesh's bias update used (bf16 and fp8: one process updates its bias
+  // from them, since a token whose router scores differ by a rounding may pick another expert)
   Step step(Lesson& lesson, int64_t step, bool checking, bool last, double loss_mesh, const Gathered& grads,
-            const Gathered& params, const std::vector<float>& mesh_bias);
+            const Gathered& params, const std::vector<float>& mesh_bias, const std::vector<float>& mesh_load);
   model::Params& model() { return ref; }
   // Rank 0, a resumed run: the weights, biases and AdamW state of the checkpoint in directory
   // `dir` (its full tensors, read whole: this is the check's one process, not the training).
@@ -118,9 +128,11 @@ class OneProcess {
   // only, the unchanged forward and the copies of W_kr.
   void verdict(CheckReport& check, bool root) const;
   void kpe_verdict(CheckReport& check, bool root) const;
-  // bf16 (Bf16Errors above): one process in float32 on batch gb from the bf16 twin's weights,
+  // bf16 (PrecisionErrors above): one process in float32 on batch gb from the bf16 twin's weights,
   // widened, against the bf16 twin's gradients (computed on gb just before)
-  Bf16Errors float32_twin(const CharCorpus::Batch& gb);
+  PrecisionErrors float32_twin(const CharCorpus::Batch& gb, const Tensor& logits_low);
+  // the float32 twin's forward from this one's weights, widened (bf16 and fp8 runs)
+  model::Output float32_forward(const Tensor& inputs, const Tensor& targets);
 
   // the verdicts, over every step
   Worst worst_loss, worst_grad;
@@ -131,7 +143,8 @@ class OneProcess {
 
  private:
   const model::Config c;
-  const bool bf16;
+  const std::string precision;
+  const bool low;  // bf16 or fp8: the check above
   const double bias_rate;
   const bool bug_kpe;
   const std::vector<std::string> names;
@@ -192,6 +205,7 @@ CheckedStep check_step(Lesson& lesson, OneProcess& twin, CheckComms& comms, cons
 struct Validation {
   double mesh = 0, one_process = 0;
   double first_mesh = 0;  // the mesh's on batch 0 (the dump's)
+  double token_err = 0;   // bf16, fp8: one process's mean |token loss - float32's| (the tolerance's)
 };
 Validation validate(Lesson& lesson, OneProcess& twin, CheckComms& comms, RankModel& here,
                     const Setup& setup, const Options& opts, int dp_rank);

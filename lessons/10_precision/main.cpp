@@ -16,11 +16,11 @@
 //       added in float32. Swept over K, the ranks taking the K values in turn: the error of the
 //       recipe, of the same GEMM never promoted, of a float32 accumulator, and on activations
 //       with outlier channels, of one scale per tensor instead of per tile. Then a linear
-//       layer with its three GEMMs in FP8 (fp8_linear.h: Fprop, Dgrad, Wgrad).
+//       layer with its three GEMMs in FP8 (common/layers/fp8_linear.h: Fprop, Dgrad, Wgrad).
 //   [4] lesson 08's model trained by data-parallel ranks with its matmul weights and their
 //       gradients in bf16, AdamW's float32 masters, m and v sharded by lesson 08's ZeRO
 //       (mixed.h; --zero, --grad-reduce, --moments bf16, --precision fp32 to compare, or fp8:
-//       the linear layers' GEMMs in FP8, fp8_linear.h's layer in the model).
+//       the linear layers' GEMMs in FP8, common/layers/fp8_linear.h's layer in the model).
 // Why: bf16 halves the bytes of every weight, gradient and activation that crosses a link or
 //   sits in memory (lessons 08 and 09 count them); FP8 halves them again and doubles the tensor
 //   cores' rate, and the two remedies here are what make it train. The masters are what make
@@ -64,7 +64,7 @@
 #include "common/util/trace.h"
 #include "lessons/08_mesh/zero.h"
 #include "lessons/10_precision/formats.h"
-#include "lessons/10_precision/fp8_linear.h"
+#include "common/layers/fp8_linear.h"
 #include "lessons/10_precision/measure.h"
 #include "lessons/10_precision/mixed.h"
 
@@ -341,7 +341,7 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   const bool bf16 = o.precision == "bf16", fp8 = o.precision == "fp8", root = L.rank() == 0;
   // fp8: every forward of the model, the ranks' and the one process's, runs its linear layers
   // through fp8_linear while `layers` lives (the training); else matmul
-  const model::LinearScope layers(fp8 ? fp8_linears(Fp8Recipe{o.tile, o.promote, (int)o.acc_bits}) : model::LinearFn{});
+  const model::LinearScope layers(fp8 ? fp8::fp8_linears(fp8::Fp8Recipe{o.tile, o.promote, (int)o.acc_bits}) : model::LinearFn{});
   const int dp = L.size();
   const uint64_t seed = (uint64_t)L.flags.seed;
   CharCorpus corpus = CharCorpus::load(o.data);

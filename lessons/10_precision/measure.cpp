@@ -10,9 +10,11 @@
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
 #include "common/core/autograd.h"
-#include "lessons/10_precision/fp8_linear.h"
+#include "common/layers/fp8_linear.h"
 
 namespace ff::precision {
+
+using namespace fp8;  // the FP8 layer and its device GEMMs (common/layers/fp8_linear.h)
 
 namespace {
 

@@ -8,9 +8,11 @@
 
 #include "common/core/tensor.h"
 #include "lessons/10_precision/formats.h"
-#include "lessons/10_precision/fp8_linear.h"
+#include "common/layers/fp8_linear.h"
 
 namespace ff::precision {
+
+using fp8::Fp8Recipe;  // the FP8 recipe (common/layers/fp8_linear.h)
 
 // ---- [1] bf16
 struct Bf16Result {

@@ -1,12 +1,12 @@
-// lessons/10_precision/fp8_linear.cpp — see fp8_linear.h.
-#include "lessons/10_precision/fp8_linear.h"
+// common/layers/fp8_linear.cpp — see fp8_linear.h.
+#include "common/layers/fp8_linear.h"
 
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
 #include "kernels/kernels.h"
 
-namespace ff::precision {
+namespace ff::fp8 {
 
 DeviceFp8 fp8_quantize_on_device(const Tensor& x, int64_t tr, int64_t tc) {
   FF_CHECK(x.dim() == 2 && x.dtype() == DType::f32, "fp8_quantize_on_device: a float32 (R, C) tensor, got "
@@ -51,4 +51,4 @@ model::LinearFn fp8_linears(const Fp8Recipe& r) {
   return [r](const Tensor& x, const Tensor& w) { return fp8_linear(x, w, r); };
 }
 
-}  // namespace ff::precision
+}  // namespace ff::fp8

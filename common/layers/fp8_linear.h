@@ -1,13 +1,13 @@
-// lessons/10_precision/fp8_linear.h — a linear layer y = x W whose three GEMMs run in FP8 e4m3,
+// common/layers/fp8_linear.h — a linear layer y = x W whose three GEMMs run in FP8 e4m3,
 // as DeepSeek-V3 trains its linear layers (technical report, section 3.3.1, figure 6):
 //
 //   Fprop  y  = x W       x in 1 x t tiles (a token's t channels), W in t x t blocks
 //   Dgrad  dx = dy W^T    dy in 1 x t tiles, W^T in t x t blocks
 //   Wgrad  dW = x^T dy    x^T in 1 x t tiles (a channel's t tokens: x in t x 1), dy in t x t blocks
 //
-// each operand quantized online from its own largest magnitudes (formats.h's quantize), the
+// each operand quantized online from its own largest magnitudes (lesson 10's formats.h, quantize), the
 // products summed in the tensor core's narrow accumulator and promoted to float32 every
-// `promote` (formats.h's fp8_gemm), on the device's kernels (fp8_quantize, matmul_fp8). x, W, y
+// `promote` (lesson 10's fp8_gemm), on the device's kernels (fp8_quantize, matmul_fp8). x, W, y
 // and the gradients stay float32 tensors: FP8 lives inside the GEMMs.
 #pragma once
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
 
-namespace ff::precision {
+namespace ff::fp8 {
 
 struct Fp8Recipe {
   int64_t tile = 128, promote = 128;  // t, and N_C: promote divides tile
@@ -44,4 +44,4 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r);
 // experts, the head, the norms and the router keep their float32 products).
 model::LinearFn fp8_linears(const Fp8Recipe& r);
 
-}  // namespace ff::precision
+}  // namespace ff::fp8
