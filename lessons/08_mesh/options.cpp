@@ -71,7 +71,7 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp, std::string*
            "its backward)", 0, 3);
   cli.choice("--precision", &opts.precision, {"fp32", "bf16", "fp8"},
              "fp32; bf16: the matmul weights and their gradients in bf16, AdamW's float32 master weights "
-             "beside m and v; fp8: float32 weights, MLA's projections and the dense FFN in FP8 e4m3 as DeepSeek-V3 "
+             "beside m and v; fp8 (--tp 1): float32 weights, MLA's projections and the dense FFN in FP8 e4m3 as DeepSeek-V3 "
              "trains them (common/layers/fp8_linear.h: 1 x 128 and 128 x 128 scales, promoted every 128). Lesson 10's "
              "precisions, on the whole mesh");
   cli.flag("--bucket-mb", &opts.bucket_mb, "DP's gradient buckets, MB (1e6 bytes) each: each bucket's "
@@ -151,6 +151,12 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   // buckets' memory formula are written for float32 weights)
   lesson.usage_error_if(opts.precision != "fp32" && (opts.zero == 3 || checkpoints || lesson.dumping() || opts.bucket_mb > 0),
                         "--precision " + opts.precision + " runs with --zero 0, 1 or 2, without --save, --resume, --dump and --bucket-mb");
+  // FP8 quantizes each operand in tiles and blocks from their own largest values: a TP rank would
+  // scale its shard's blocks (and its columns' tiles) by its shard alone, not as one process
+  // does, unless the maxima were reduced over the TP group first (not written yet)
+  lesson.usage_error_if(opts.precision == "fp8" && sizes.tp > 1,
+                        "--precision fp8 runs with --tp 1 (a TP rank would scale its shard's FP8 blocks by its shard's "
+                        "largest values, not the whole weight's; DeepSeek-V3 trains FP8 without TP)");
   lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
                         "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
                         "one's starts: no split backward, one stage per rank)");
