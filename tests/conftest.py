@@ -143,7 +143,7 @@ def pytest_collection_modifyitems(session, config, items):
     want = config.getoption("--lesson")
     if want:
         if not re.fullmatch(r"\d\d", want):
-            raise pytest.UsageError(f"--lesson {want}: a lesson's two digits (01 ... 09)")
+            raise pytest.UsageError(f"--lesson {want}: a lesson's two digits (01 ... 10)")
         keep = [i for i in items if want in lessons_of(i)]
         config.hook.pytest_deselected(items=[i for i in items if want not in lessons_of(i)])
         items[:] = keep

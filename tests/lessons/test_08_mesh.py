@@ -136,6 +136,7 @@ BUGS = {
 }
 
 
+@pytest.mark.lesson("10")
 def test_fp8_on_8_ranks_dp4_pp2_ep2_as_accurate_as_one_process_in_fp8(lesson):
     """--precision fp8 on 8 ranks, DP x PP x EP (FP8 runs without TP: options.cpp says why): MLA's
     projections and the dense FFN in FP8 (common/layers/fp8_linear.h), every check passing with
@@ -154,6 +155,7 @@ def test_fp8_on_8_ranks_dp4_pp2_ep2_as_accurate_as_one_process_in_fp8(lesson):
     assert all(abs(a - b) < 0.01 * b for a, b in zip(l8, l32)), fp8.why(f"within 1% of float32's {l32}")
 
 
+@pytest.mark.lesson("10")  # lesson 10's precisions on this mesh: make test L=10 runs it too
 def test_bf16_on_8_ranks_dp4_tp2_ep2_as_accurate_as_one_process_and_its_memory_the_mixed_formula(lesson):
     """--precision bf16 on a DP x TP x EP mesh of 8 ranks: every check passes, the gradients within
     the bf16 bound, and rank 0 holds 2 bytes per bf16 weight (parameters and gradients) against 4
