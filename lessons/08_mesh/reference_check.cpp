@@ -159,19 +159,14 @@ model::Output OneProcess::float32_forward(const Tensor& inputs, const Tensor& ta
   return model::forward(c, ref32, inputs.to(device), targets.to(device), model::positions(T, device));
 }
 
-// Each token's cross-entropy, from its logits (rows) and target: logsumexp - the target's logit.
+// Each token's cross-entropy, from its logits (rows) and target: -log_softmax at the target.
 static std::vector<double> token_losses(const Tensor& logits, const Tensor& targets) {
-  const std::vector<float> z = logits.to_vector();
+  NoGradGuard no_grad;
+  const std::vector<float> lp = log_softmax(logits.detach()).to_vector();
   const std::vector<int64_t> t = targets.to_index_vector();
   const size_t V = (size_t)logits.size(1);
   std::vector<double> out(t.size());
-  for (size_t r = 0; r < t.size(); r++) {
-    const float* row = &z[r * V];
-    const double m = *std::max_element(row, row + V);
-    double s = 0;
-    for (size_t v = 0; v < V; v++) s += std::exp((double)row[v] - m);
-    out[r] = m + std::log(s) - row[t[r]];
-  }
+  for (size_t r = 0; r < t.size(); r++) out[r] = -(double)lp[r * V + (size_t)t[r]];
   return out;
 }
 
@@ -251,7 +246,15 @@ OneProcess::Step OneProcess::step(Lesson& lesson, int64_t step, bool checking, b
     }
     std::vector<Route> ref_routes;
     for (size_t l = 0; l < out.routes.size(); l++) ref_routes.push_back({(int64_t)l, out.routes[l]});
-    ref_load = low ? mesh_load : expert_loads(ref_routes, c);
+    ref_load = expert_loads(ref_routes, c);
+    if (low) {  // the mesh's own loads, which must count as many routes per MoE layer (tokens x K)
+      for (size_t at = 0; at < ref_load.size(); at += (size_t)c.experts) {
+        double own = 0, mesh = 0;
+        for (size_t i = at; i < at + (size_t)c.experts; i++) own += ref_load[i], mesh += i < mesh_load.size() ? mesh_load[i] : 0;
+        if (own != mesh) bias_equal = false;
+      }
+      ref_load = mesh_load;
+    }
   }
   // AdamW on the mesh's own mean gradient, from the same weights: the same bits expected
   if (ref_adam_params.empty())
@@ -329,7 +332,8 @@ void OneProcess::verdict(CheckReport& check, bool root) const {
   std::snprintf(line, sizeof line, "AdamW step = one process's on the same gradients, bit for bit, "
                 "every step%s%s", adam_equal ? "" : ": first differs at ", adam_equal ? "" : adam_detail.c_str());
   check.holds(line, !root || adam_equal);
-  check.holds(low ? "balancing bias = one process's update from the mesh's loads, bit for bit"
+  check.holds(low ? "balancing bias = one process's update from the mesh's loads (as many routes per layer as its "
+                    "own), bit for bit"
                   : "balancing bias = one process's update from its own routes, bit for bit",
               !root || bias_equal);
 }

@@ -147,7 +147,7 @@ def test_fp8_on_8_ranks_dp4_pp2_ep2_as_accurate_as_one_process_in_fp8(lesson):
     fp32 = lesson(L08, 8, *mesh).ok()
     fp8.has(r"mean gradient of every weight as accurate as one process.s in fp8, \|\|g - g32\|\| <= 2 \|\|g8 - g32\|\|"
             r" \+ 4 n eps \|\|g8\|\|: worst [0-9.]+ of the bound .*PASS")
-    fp8.has(r"balancing bias = one process.s update from the mesh.s loads, bit for bit +PASS")
+    fp8.has(r"balancing bias = one process.s update from the mesh.s loads \(as many routes per layer as its own\), bit for bit +PASS")
     fp8.has(r"memory: parameters 4N, gradients 4N .*PASS")
     loss = lambda run: [float(m) for m in re.findall(r"^ +\d+ +([0-9.]+) ", run.out, re.M)]
     l8, l32 = loss(fp8), loss(fp32)
