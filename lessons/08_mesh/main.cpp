@@ -314,8 +314,11 @@ int mesh_lesson(Lesson& lesson) {
   model::Params full = model::init_params(setup.c, (uint64_t)lesson.flags.seed, lesson.device);
   if (opts.precision == "bf16") full.hold_matmuls_in_bf16();  // its shards bf16 too, AdamW's masters float32
   // fp8: every forward of the model, the mesh's and the one process's, runs MLA's projections and
-  // the dense FFN through fp8_linear while `fp8_layers` lives (the run); else matmul
-  const model::LinearScope fp8_layers(opts.precision == "fp8" ? fp8::fp8_linears(fp8::Fp8Recipe{}) : model::LinearFn{});
+  // the dense FFN through fp8_linear while `fp8_layers` lives (the run); else matmul. A TP rank's
+  // shards are whole tiles (options.cpp: resolve_fp8_tile), so it quantizes them as one process does.
+  fp8::Fp8Recipe recipe;
+  recipe.tile = recipe.promote = opts.fp8_tile;
+  const model::LinearScope fp8_layers(opts.precision == "fp8" ? fp8::fp8_linears(recipe) : model::LinearFn{});
   RankModel here(opts, setup, mesh, full, lesson.device);
   const ParamTable& table = here.table;
   AdamConfig adam;

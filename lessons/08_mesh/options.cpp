@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <sstream>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "lessons/07_dualpipe/schedules.h"
 #include "lessons/08_mesh/checkpoint.h"
@@ -71,9 +73,11 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp, std::string*
            "its backward)", 0, 3);
   cli.choice("--precision", &opts.precision, {"fp32", "bf16", "fp8"},
              "fp32; bf16: the matmul weights and their gradients in bf16, AdamW's float32 master weights "
-             "beside m and v; fp8 (--tp 1): float32 weights, MLA's projections and the dense FFN in FP8 e4m3 as DeepSeek-V3 "
-             "trains them (common/layers/fp8_linear.h: 1 x 128 and 128 x 128 scales, promoted every 128). Lesson 10's "
+             "beside m and v; fp8: float32 weights, MLA's projections and the dense FFN in FP8 e4m3 as DeepSeek-V3 "
+             "trains them (common/layers/fp8_linear.h: 1 x t and t x t scales, promoted every t). Lesson 10's "
              "precisions, on the whole mesh");
+  cli.flag("--fp8-tile", &opts.fp8_tile, "--precision fp8: the tile t (0: DeepSeek-V3's 128; under --tp, the largest "
+           "power of two up to 128 dividing each TP rank's share of every width TP splits)", 0, 4096);
   cli.flag("--bucket-mb", &opts.bucket_mb, "DP's gradient buckets, MB (1e6 bytes) each: each bucket's "
            "reduction starts as soon as its last gradient is in, during the backward (0: one bucket, "
            "after the backward)", 0.0, 1e6);
@@ -151,12 +155,6 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
   // buckets' memory formula are written for float32 weights)
   lesson.usage_error_if(opts.precision != "fp32" && (opts.zero == 3 || checkpoints || lesson.dumping() || opts.bucket_mb > 0),
                         "--precision " + opts.precision + " runs with --zero 0, 1 or 2, without --save, --resume, --dump and --bucket-mb");
-  // FP8 quantizes each operand in tiles and blocks from their own largest values: a TP rank would
-  // scale its shard's blocks (and its columns' tiles) by its shard alone, not as one process
-  // does, unless the maxima were reduced over the TP group first (not written yet)
-  lesson.usage_error_if(opts.precision == "fp8" && sizes.tp > 1,
-                        "--precision fp8 runs with --tp 1 (a TP rank would scale its shard's FP8 blocks by its shard's "
-                        "largest values, not the whole weight's; DeepSeek-V3 trains FP8 without TP)");
   lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
                         "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
                         "one's starts: no split backward, one stage per rank)");
@@ -251,6 +249,39 @@ static std::string checkpoint_lineage(Lesson& lesson, const Options& opts, const
   return run;
 }
 
+// --precision fp8's tile t. A TP rank quantizes its shards in its own tiles, from their own
+// largest values, with no communication: a tile must not straddle two ranks' shards. When t divides
+// each TP rank's share of every width TP splits, a rank's tiles, blocks and promoted partial sums
+// are one process's (a row-parallel product's all-reduce adds what one process's promotions add;
+// per-tensor scales would need their maximum all-reduced over TP first). 0: DeepSeek-V3's 128,
+// or under TP the largest power of two up to 128 that divides them all.
+static void resolve_fp8_tile(Lesson& lesson, Options& opts) {
+  if (opts.precision != "fp8") {
+    lesson.usage_error_if(opts.fp8_tile != 0, "--fp8-tile is for --precision fp8");
+    return;
+  }
+  const std::vector<std::pair<std::string, int64_t>> split{
+      {"--heads x (--d-nope + --d-rope)", opts.heads * (opts.d_nope + opts.d_rope)},
+      {"--heads x --d-nope", opts.heads * opts.d_nope}, {"--heads x --d-v", opts.heads * opts.d_v}, {"--ffn", opts.ffn}};
+  const auto divides_all = [&](int64_t t) {
+    for (const auto& [what, width] : split)
+      if ((width / opts.tp) % t != 0) return false;
+    return true;
+  };
+  if (opts.fp8_tile == 0) {
+    opts.fp8_tile = 128;
+    while (opts.tp > 1 && !divides_all(opts.fp8_tile)) opts.fp8_tile /= 2;
+    return;
+  }
+  if (opts.tp == 1) return;
+  for (const auto& [what, width] : split)
+    lesson.usage_error_if((width / opts.tp) % opts.fp8_tile != 0,
+                          "--fp8-tile " + std::to_string(opts.fp8_tile) + " must divide each TP rank's share of " + what +
+                              " = " + std::to_string(width) + " / --tp " + std::to_string(opts.tp) + " = " +
+                              std::to_string(width / opts.tp) + " (a tile split between two ranks would take two scales, "
+                              "not one process's one; 0 picks one that divides)");
+}
+
 std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
   Cli& cli = lesson.cli;
   std::string sp = "auto", bug_flag = "none";
@@ -342,6 +373,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "dp x cp ranks and dividing by its size happens to be right)");
   lesson.usage_error_if(opts.heads % opts.tp != 0, "--heads " + std::to_string(opts.heads) + " must be a multiple "
                         "of --tp " + std::to_string(opts.tp) + " (every TP rank computes whole heads)");
+  resolve_fp8_tile(lesson, opts);
   lesson.usage_error_if(opts.batch % sizes.dp != 0, "--batch " + std::to_string(opts.batch) + " must be a "
                         "multiple of dp " + std::to_string(sizes.dp) + " (every DP rank takes as many sequences)");
   const int64_t rank_batch = opts.batch / sizes.dp, seq = opts.seq;

@@ -55,6 +55,9 @@ struct Options {
   // --precision bf16: the matmul weights (and so their gradients) bf16, AdamW's float32 masters
   // beside m and v; fp8: the linear layers' GEMMs in FP8 (lesson 10's precisions, on the mesh)
   std::string precision = "fp32";
+  // --precision fp8: the tile t (1 x t activation tiles, t x t weight blocks, promoted every t
+  // products); 0 on the command line: chosen by parse_options
+  int64_t fp8_tile = 0;
   Bug bug = Bug::none;
 };
 

@@ -63,8 +63,9 @@ double error_ratio(const Tensor& got, const Tensor& want, double n);
 // bounds the error of a mean, and does not cancel by chance as loss16 - loss32 can). A wrong
 // sum (a missing all-reduce, a shard of the wrong rank) is far out.
 // --precision fp8 the same, g8 in place of g16: the weights stay float32, and each GEMM of the
-// linear layers quantizes its operands from their own largest values (without TP, options.cpp
-// says why: then the mesh's tiles are one process's, and only DP's sums differ).
+// linear layers quantizes its operands from their own largest values (under TP in tiles that
+// no two ranks' shards share, options.cpp: resolve_fp8_tile; so the mesh's tiles are one
+// process's, and only the sums' orders differ).
 struct PrecisionErrors {
   std::vector<std::vector<float>> g32;  // one process's gradients in float32, per weight
   std::vector<double> norm16;           // ||g16 - g32|| per weight (fp8: ||g8 - g32||)

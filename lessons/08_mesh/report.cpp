@@ -51,10 +51,16 @@ void print_header(const Lesson& lesson, const Options& opts, const Setup& setup,
   if (setup.link.enabled)
     lesson.print("%s (point-to-point messages; the collectives as MPI runs them)\n",
                  describe(setup.link).c_str());
-  lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g%s\n\n",
+  lesson.print("batch: %lld sequences x %lld tokens per step, %lld per DP rank%s; AdamW lr %g%s\n",
                (long long)opts.batch, (long long)setup.seq, (long long)setup.rank_batch,
                sizes.cp > 1 ? (", " + std::to_string(setup.seq_per_cp) + " tokens of each per CP rank (zigzag)").c_str() : "",
                opts.lr, opts.precision == "bf16" ? "; bf16 matmul weights, float32 masters (lesson 10)" : "");
+  if (opts.precision == "fp8")
+    lesson.print("fp8: MLA's projections and the dense FFN in e4m3, 1 x %lld activation tiles, %lld x %lld weight blocks, "
+                 "promoted every %lld products%s (lesson 10)\n",
+                 (long long)opts.fp8_tile, (long long)opts.fp8_tile, (long long)opts.fp8_tile, (long long)opts.fp8_tile,
+                 sizes.tp > 1 ? "; each TP shard whole tiles, quantized as one process does" : "");
+  lesson.print("\n");
   lesson.print("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",
                (std::string(sizes.cp > 1 ? "    CP bytes" : "") + (sizes.ep > 1 ? "    EP bytes   EDP bytes" : "") +

@@ -91,6 +91,7 @@ MESHES = {
         (4, ["--tp", 1, "--pp", 2, "--schedule", "dualpipev", "--layers", 4, "--precision", "bf16", "--train", 3]),
         (4, ["--tp", 1, "--pp", 2, "--ep", 2, "--layers", 3, "--precision", "fp8", "--train", 3]),
         (2, ["--tp", 1, "--cp", 2, "--precision", "fp8", "--train", 3]),
+        (4, ["--tp", 2, "--pp", 2, "--precision", "fp8", "--train", 3]),
         (4, ["--tp", 1, "--cp", 2, "--precision", "bf16", "--zero", 2, "--train", 3]),
         (2, SIM_SMALL + ["--tp", 2, "--precision", "bf16"])],
 }
@@ -133,18 +134,22 @@ BUGS = {
                                          r"mean gradient of every weight as accurate as one process.s in fp8.*FAIL"),
     "fp8-zero1-sum-as-mean": (2, ["--tp", 1, "--precision", "fp8", "--bug", "zero-no-divide"],
                               r"mean gradient of every weight as accurate as one process.s in fp8.*FAIL"),
+    "fp8-f-no-allreduce": (2, ["--sp", "off", "--precision", "fp8", "--bug", "f-no-allreduce"],
+                           r"mean gradient of every weight as accurate as one process.s in fp8.*FAIL"),
 }
 
 
 @pytest.mark.lesson("10")
-def test_fp8_on_8_ranks_dp4_pp2_ep2_as_accurate_as_one_process_in_fp8(lesson):
-    """--precision fp8 on 8 ranks, DP x PP x EP (FP8 runs without TP: options.cpp says why): MLA's
-    projections and the dense FFN in FP8 (common/layers/fp8_linear.h), every check passing with
-    FP8's bound, the weights float32 (the float32 memory formula); the losses differ from
-    float32's, by little."""
-    mesh = ["--dp", 4, "--tp", 1, "--pp", 2, "--ep", 2, "--train", 3]
+def test_fp8_on_8_ranks_dp4_tp2_ep2_as_accurate_as_one_process_in_fp8(lesson):
+    """--precision fp8 on a DP x TP x EP mesh of 8 ranks: MLA's projections and the dense FFN in FP8
+    (common/layers/fp8_linear.h) in tiles that each TP rank's shards hold whole (16 wide here: 128
+    does not divide a rank's 48 columns of W_uq), every check passing with FP8's bound, the weights
+    float32 (the float32 memory formula); the losses differ from float32's, by little."""
+    mesh = ["--dp", 4, "--tp", 2, "--ep", 2, "--train", 3]
     fp8 = lesson(L08, 8, *mesh, "--precision", "fp8").ok()
     fp32 = lesson(L08, 8, *mesh).ok()
+    fp8.has(r"^fp8: MLA.s projections and the dense FFN in e4m3, 1 x 16 activation tiles, 16 x 16 weight blocks, "
+            r"promoted every 16 products; each TP shard whole tiles")
     fp8.has(r"mean gradient of every weight as accurate as one process.s in fp8, \|\|g - g32\|\| <= 2 \|\|g8 - g32\|\|"
             r" \+ 4 n eps \|\|g8\|\|: worst [0-9.]+ of the bound .*PASS")
     fp8.has(r"balancing bias = one process.s update from the mesh.s loads \(as many routes per layer as its own\), bit for bit +PASS")
@@ -460,7 +465,8 @@ BAD = {
     "bf16-with-bucket-mb": (2, ["--tp", 1, "--bucket-mb", 1, "--precision", "bf16"]),
     "bf16-with-save": (2, ["--tp", 1, "--save", "ckpt", "--precision", "bf16"]),
     "fp8-with-zero3": (2, ["--tp", 1, "--zero", 3, "--precision", "fp8"]),
-    "fp8-with-tp-2": (2, ["--precision", "fp8"]),
+    "fp8-tile-straddling-two-tp-shards": (2, ["--precision", "fp8", "--fp8-tile", 32]),
+    "fp8-tile-without-fp8": (2, ["--tp", 1, "--fp8-tile", 16]),
 }
 
 
