@@ -35,6 +35,22 @@ int64_t total_numel(const std::vector<Tensor*>& params, const char* who) {
   return n;
 }
 
+// dst <- the gradients of params[first, last) back to back, as float32; zeros where a parameter
+// has none (this rank's batch did not reach it, another rank's may have).
+void flatten_grads(const std::vector<Tensor*>& params, size_t first, size_t last, float* dst) {
+  for (size_t i = first; i < last; i++) {
+    const Tensor g = params[i]->grad();
+    const size_t n = (size_t)params[i]->numel();
+    if (g.defined())
+      read_floats(g, dst);
+    else
+      std::fill(dst, dst + n, 0.f);
+    dst += n;
+  }
+}
+
+}  // namespace
+
 // A float32 or bf16 tensor's values, as float32 on the host (bf16 widened: exact).
 void read_floats(const Tensor& t, float* dst) {
   const Tensor f = t.dtype() == DType::bf16 ? t.to_dtype(DType::f32) : t;
@@ -51,22 +67,6 @@ void write_floats(const Tensor& t, const float* src) {
   const Tensor narrow = host.to_dtype(DType::bf16);
   device_memcpy(t.raw(), t.device(), narrow.raw(), Device::cpu, n * sizeof(uint16_t));
 }
-
-// dst <- the gradients of params[first, last) back to back, as float32; zeros where a parameter
-// has none (this rank's batch did not reach it, another rank's may have).
-void flatten_grads(const std::vector<Tensor*>& params, size_t first, size_t last, float* dst) {
-  for (size_t i = first; i < last; i++) {
-    const Tensor g = params[i]->grad();
-    const size_t n = (size_t)params[i]->numel();
-    if (g.defined())
-      read_floats(g, dst);
-    else
-      std::fill(dst, dst + n, 0.f);
-    dst += n;
-  }
-}
-
-}  // namespace
 
 size_t storage_bytes(const Tensor& t) { return t.defined() ? t.impl()->storage->bytes : 0; }
 

@@ -13,6 +13,12 @@
 
 namespace ff::zero {
 
+// A float32 or bf16 tensor's values, as float32 on the host (bf16 widened: exact).
+void read_floats(const Tensor& t, float* dst);
+// n float32 values from the host into a float32 or bf16 tensor's storage (bf16: rounded to
+// nearest even, as Tensor::to_dtype rounds on every device).
+void write_floats(const Tensor& t, const float* src);
+
 // ---- gradient buckets: the reduction over DP, overlapped with the backward
 //
 // PyTorch's DDP and Megatron-LM do not wait for the whole backward before they reduce: the

@@ -105,7 +105,11 @@ zero::Memory group_memory(const RankModel& here, const Setup& setup, const Optio
   for (size_t k = 0; k < here.table.names.size(); k++)
     if (const Tensor* p = here.table.params[k])
       if (group_of(here.table.names[k], opts, setup.sizes.ep) == g) (p->dtype() == DType::bf16 ? n16 : n32) += p->numel();
-  return n16 + n32 == 0 ? zero::Memory{} : zero::mixed_formula(n16, n32, ranks, (int)opts.zero);
+  if (n16 + n32 == 0) return zero::Memory{};
+  if (opts.zero == 3)  // float32 ZeRO-3 for a group with no bf16 weight (SP's replicated norms)
+    return n16 == 0 ? zero::formula(group_buckets(here, setup, opts, g), ranks, 3)
+                    : zero::mixed_formula_units(group_buckets(here, setup, opts, g), ranks);
+  return zero::mixed_formula(n16, n32, ranks, (int)opts.zero);
 }
 
 CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& pieces, int dp,

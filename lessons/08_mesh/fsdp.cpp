@@ -7,6 +7,7 @@
 #include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "kernels/device.h"
+#include "lessons/08_mesh/buckets.h"
 
 namespace ff::fsdp {
 
@@ -21,7 +22,9 @@ ShardGroup::ShardGroup(const Comm& group, AdamConfig config, int units)
 
 void ShardGroup::add(Tensor* p, int unit) {
   FF_CHECK(unit >= 0 && unit < (int)units_.size(), "fsdp: unit " << unit << " of " << units_.size());
-  FF_CHECK(p->defined() && p->dtype() == DType::f32, "fsdp: a weight must be a float32 tensor");
+  FF_CHECK(p->defined() && (p->dtype() == DType::f32 || p->dtype() == DType::bf16),
+           "fsdp: a weight must be a float32 or bf16 tensor");
+  has_bf16_ = has_bf16_ || p->dtype() == DType::bf16;
   units_[(size_t)unit].params.push_back(p);
   units_[(size_t)unit].numel += p->numel();
   order_.push_back(p);
@@ -51,10 +54,11 @@ void ShardGroup::shard() {
   for (Unit& u : units_) {
     const int64_t block = u.padded / dp;
     // this rank's block of the unit's weights, flattened
+    // (bf16 weights widened: the shard is their float32 master from here on)
     float* flat = flat_.data();
     int64_t k = 0;
     for (Tensor* p : u.params) {
-      device_memcpy(flat + k, Device::cpu, p->raw(), p->device(), (size_t)p->numel() * sizeof(float));
+      zero::read_floats(*p, flat + k);
       k += p->numel();
     }
     std::fill(flat + k, flat + u.padded, 0.f);
@@ -86,20 +90,18 @@ void ShardGroup::gather(int unit) {
   else
     std::memcpy(flat, mine, (size_t)block * sizeof(float));
   int64_t k = 0;
-  for (Tensor* p : u.params) {
-    Storage& s = *p->impl()->storage;
-    s.allocate((size_t)p->numel() * sizeof(float));
-    device_memcpy(s.ptr, s.device, flat + k, Device::cpu, (size_t)p->numel() * sizeof(float));
+  for (Tensor* p : u.params) {  // a bf16 weight: its master rounded to nearest even
+    p->impl()->storage->allocate(p->nbytes());
+    zero::write_floats(*p, flat + k);
     k += p->numel();
   }
 }
 
 void ShardGroup::zero_fill(int unit) {
   for (Tensor* p : units_[(size_t)unit].params) {
-    Storage& s = *p->impl()->storage;
-    s.allocate((size_t)p->numel() * sizeof(float));
+    p->impl()->storage->allocate(p->nbytes());
     const std::vector<float> zeros((size_t)p->numel(), 0.f);
-    device_memcpy(s.ptr, s.device, zeros.data(), Device::cpu, zeros.size() * sizeof(float));
+    zero::write_floats(*p, zeros.data());
   }
 }
 
@@ -117,7 +119,7 @@ void ShardGroup::reduce(int unit) {
   for (Tensor* p : u.params) {  // the full gradients, back to back (zeros where none)
     const Tensor g = p->grad();
     if (g.defined())
-      device_memcpy(flat + k, Device::cpu, g.raw(), g.device(), (size_t)p->numel() * sizeof(float));
+      zero::read_floats(g, flat + k);  // a bf16 gradient widened: the sums are float32
     else
       std::fill(flat + k, flat + k + p->numel(), 0.f);
     k += p->numel();
@@ -183,9 +185,10 @@ std::vector<Tensor> ShardGroup::mean_grads(Comm& check) const {
 zero::Memory ShardGroup::memory() const {
   zero::Memory m;
   for (const Tensor* p : order_) m.params += storage_bytes(*p), m.grads += storage_bytes(p->grad());
-  m.params += storage_bytes(all_params_);
+  // with bf16 weights the shard is their float32 master: optimizer state, as ZeRO-1's (zero.cpp)
+  (has_bf16_ ? m.optimizer : m.params) += storage_bytes(all_params_);
   m.grads += storage_bytes(all_grads_);
-  m.optimizer = adam_.state_bytes();
+  m.optimizer += adam_.state_bytes();
   m.buffers = storage_bytes(flat_) + storage_bytes(last_mean_);
   return m;
 }
@@ -207,7 +210,11 @@ void ShardGroup::for_each_shard_run(const std::function<void(size_t, int64_t, in
   }
 }
 
-size_t ShardGroup::unit_bytes(int unit) const { return (size_t)units_[(size_t)unit].numel * sizeof(float); }
+size_t ShardGroup::unit_bytes(int unit) const {
+  size_t bytes = 0;
+  for (const Tensor* p : units_[(size_t)unit].params) bytes += p->nbytes();
+  return bytes;
+}
 
 // ---- the units' schedule
 

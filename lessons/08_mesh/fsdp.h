@@ -14,6 +14,10 @@
 //                        reduce-scatter u's gradients into this rank's gradient shard (+=, one
 //                        per micro-batch), free the full gradients and the weights.
 //   step:                AdamW on the shards; nothing to gather after it (the next forward does).
+// bf16 weights (lesson 10's mixed precision): the shard is their float32 MASTER, read from them
+// once; a gather rounds the gathered masters to bf16 (the all-gather moves float32: a unit holds
+// float32 norms beside its bf16 matmul weights), the bf16 gradients are widened and reduced in
+// float32. Per rank: masters, m and v 12, gradients 4 bytes per parameter of the shard, 16N/dp.
 // Per step and unit, over M micro-batches: 2M all-gathers of the unit (forward, backward) and M
 // reduce-scatters, against ZeRO-1's one reduce-scatter and one all-gather of everything whatever
 // M: 1.5 M times the traffic, for 1/dp of the parameters.
@@ -89,6 +93,7 @@ class ShardGroup {
   Comm group_;
   Adam adam_;
   int divisor_ = 0;
+  bool has_bf16_ = false;  // a bf16 weight among them: the shard holds float32 masters
   std::vector<Unit> units_;
   std::vector<Tensor*> order_;
   std::vector<int> unit_of_;  // order_'s units

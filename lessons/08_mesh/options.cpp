@@ -151,10 +151,10 @@ static bool check_data_parallel(Lesson& lesson, const Options& opts, const MeshS
     const std::string err = check_output_path(opts.save, PathKind::dir);
     lesson.usage_error_if(!err.empty(), "--save: " + err);
   }
-  // (not yet for lesson 10's precisions: ZeRO-3's gather, the checkpoints, the dump and the
-  // buckets' memory formula are written for float32 weights)
-  lesson.usage_error_if(opts.precision != "fp32" && (opts.zero == 3 || checkpoints || lesson.dumping() || opts.bucket_mb > 0),
-                        "--precision " + opts.precision + " runs with --zero 0, 1 or 2, without --save, --resume, --dump and --bucket-mb");
+  // (not yet for lesson 10's precisions: the checkpoints, the dump and the buckets' memory
+  // formula are written for float32 weights)
+  lesson.usage_error_if(opts.precision != "fp32" && (checkpoints || lesson.dumping() || opts.bucket_mb > 0),
+                        "--precision " + opts.precision + " runs without --save, --resume, --dump and --bucket-mb");
   lesson.usage_error_if(opts.zero == 3 && opts.schedule != "1f1b",
                         "--zero 3 runs with --schedule 1f1b (a layer's backward must end before the next "
                         "one's starts: no split backward, one stage per rank)");
@@ -247,6 +247,20 @@ static std::string checkpoint_lineage(Lesson& lesson, const Options& opts, const
     lesson.usage_error_if(!err.empty(), "--save: " + err);
   }
   return run;
+}
+
+// The planted bugs of TP and SP: each needs the layout whose mistake it is.
+static void check_tp_bugs(Lesson& lesson, const Options& opts) {
+  lesson.usage_error_if(opts.bug == Bug::kpe_per_head && opts.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
+                        "not a TP one)");
+  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && !opts.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
+  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && (opts.bucket_mb > 0 || opts.zero == 3),
+                        "--bug sp-norm-grad runs without --bucket-mb and --zero 3 (there the replicated weights' "
+                        "reductions are summed over TP after DP's, and the bug forgets the sum before it)");
+  lesson.usage_error_if(opts.bug == Bug::f_no_allreduce && (opts.tp == 1 || opts.sp),
+                        "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
+                        "reduce-scatter takes f's all-reduce's place)");
+  lesson.usage_error_if(opts.bug == Bug::ce_local_softmax && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
 }
 
 // --precision fp8's tile t. A TP rank quantizes its shards in its own tiles, from their own
@@ -439,16 +453,7 @@ std::optional<Setup> parse_options(Lesson& lesson, Options& opts) {
                         "--q-lora and --kv-lora must be at least 2 (the RMSNorm of a single number is "
                         "+-1 whatever it was: no gradient flows through it)");
   lesson.usage_error_if(opts.d_rope % 2 != 0, "--d-rope " + std::to_string(opts.d_rope) + " must be even (RoPE rotates pairs)");
-  lesson.usage_error_if(opts.bug == Bug::kpe_per_head && opts.tp != 1, "--bug kpe-per-head runs with --tp 1 (it is a model mistake, "
-                        "not a TP one)");
-  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && !opts.sp, "--bug sp-norm-grad needs sequence parallelism (--tp > 1)");
-  lesson.usage_error_if(opts.bug == Bug::sp_norm_grad && (opts.bucket_mb > 0 || opts.zero == 3),
-                        "--bug sp-norm-grad runs without --bucket-mb and --zero 3 (there the replicated weights' "
-                        "reductions are summed over TP after DP's, and the bug forgets the sum before it)");
-  lesson.usage_error_if(opts.bug == Bug::f_no_allreduce && (opts.tp == 1 || opts.sp),
-                        "--bug f-no-allreduce needs --tp > 1 and --sp off (under SP, gather_seq's "
-                        "reduce-scatter takes f's all-reduce's place)");
-  lesson.usage_error_if(opts.bug == Bug::ce_local_softmax && opts.tp == 1, "--bug ce-local-softmax needs --tp > 1");
+  check_tp_bugs(lesson, opts);
   std::string bucket_why_not;
   const bool bucket_overlap = check_data_parallel(lesson, opts, sizes, &bucket_why_not);
   lesson.usage_error_if((opts.bug == Bug::local_causal_mask || opts.bug == Bug::local_rope_positions) && opts.cp == 1,

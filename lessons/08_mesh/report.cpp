@@ -101,7 +101,10 @@ void print_step(const Options& opts, const MeshSizes& sizes, int64_t step, bool 
 std::string memory_check_name(const Options& opts) {
   char line[256];
   const char* shard_n = opts.zero == 3 ? "sum ceil(N_u/dp)" : opts.bucket_mb > 0 ? "sum ceil(N_b/dp)" : "ceil(N/dp)";
-  if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
+  if (opts.precision == "bf16" && opts.zero == 3)  // zero.h's mixed_formula_units
+    std::snprintf(line, sizeof line, "memory: no weight held between steps, gradients 4 %s, AdamW's masters, m and v "
+                  "12 %s, measured", shard_n, shard_n);
+  else if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
     std::snprintf(line, sizeof line, "memory: parameters 2 N16 + 4 N32, gradients %s, AdamW's masters, m and v %s, "
                   "measured", opts.zero >= 2 ? "4 ceil(N/dp)" : "2 N16 + 4 N32 (those held)",
                   opts.zero == 0 ? "12 N16 + 8 N32" : "12 ceil(N/dp)");
@@ -135,7 +138,7 @@ void print_report(const Lesson& lesson, const Options& opts, const Setup& setup,
   const bool z3 = opts.zero == 3, z2 = opts.zero >= 2, pieces = z3 || opts.bucket_mb > 0;
   const char* shard = z3 ? "S_u" : pieces ? "S_b" : "ceil(N/dp)";  // S: the sum over units or buckets
   // bf16: zero.h's mixed_formula (parameters and gradients 2 bytes, masters, m and v 4 each)
-  const std::string p_label = bf16 ? "2N16 + 4N32" : z3 ? std::string("4 ") + shard : "4N";
+  const std::string p_label = bf16 ? (z3 ? "0" : "2N16 + 4N32") : z3 ? std::string("4 ") + shard : "4N";
   const std::string g_label = z2 ? std::string("4 ") + shard : bf16 ? "2N16 + 4N32" : "4N";
   const std::string o_label = bf16 ? (opts.zero ? std::string("12 ") + shard : "12N16 + 8N32")
                                    : opts.zero ? std::string("8 ") + shard : "8N";

@@ -62,6 +62,19 @@ Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage, int moment_byt
   return m;
 }
 
+Memory mixed_formula_units(const std::vector<int64_t>& units, int dp, int moment_bytes) {
+  FF_CHECK(dp >= 1 && (moment_bytes == 4 || moment_bytes == 2),
+           "zero::mixed_formula_units: needs dp >= 1 and moments of 4 or 2 bytes");
+  Memory m;
+  for (int64_t n : units) {
+    FF_CHECK(n >= 0, "zero::mixed_formula_units: a unit of " << n << " parameters");
+    const size_t shard = ((size_t)n + (size_t)dp - 1) / (size_t)dp;
+    m.grads += 4 * shard;
+    m.optimizer += (4 + 2 * (size_t)moment_bytes) * shard;
+  }
+  return m;
+}
+
 // ---- helpers
 
 namespace {

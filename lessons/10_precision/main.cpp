@@ -149,7 +149,7 @@ void parse(Lesson& L, Options& o) {
   L.cli.choice("--moments", &o.moments, {"fp32", "bf16"}, "[4] AdamW's m and v in float32, or in bf16 (DeepSeek-V3's "
                "choice: 2 bytes each, widened for each step's update and rounded back)");
   L.cli.flag("--zero", &o.zero, "[4] ZeRO stage: 0 (all-reduce, AdamW everywhere), 1 (masters, m and v sharded), 2 "
-             "(gradients sharded too)", 0, 2);
+             "(gradients sharded too; ZeRO-3 over bf16 weights is lesson 08's --zero 3 --precision bf16)", 0, 2);
   L.cli.flag("--train", &o.steps, "[4] training steps", 1, 100000);
   L.cli.flag("--batch", &o.batch, "[4] sequences per step, split over the ranks", 1, 4096);
   L.cli.flag("--seq", &o.seq, "[4] tokens per sequence", 2, 1024);

@@ -94,8 +94,14 @@ MESHES = {
         (4, ["--tp", 2, "--pp", 2, "--precision", "fp8", "--train", 3]),
         (4, ["--tp", 1, "--cp", 2, "--precision", "bf16", "--zero", 2, "--train", 3]),
         (2, SIM_SMALL + ["--tp", 2, "--precision", "bf16"])],
+    # ZeRO-3 over bf16 weights (the shard their float32 masters; memory 16 bytes per parameter
+    # of the shard, no weight held between steps) and in FP8, each run's own check
+    "zero3-bf16-dp4xtp2xep2-fp8-dp2xtp2": [
+        (8, ["--dp", 4, "--tp", 2, "--ep", 2, "--zero", 3, "--precision", "bf16", "--train", 3]),
+        (4, ["--tp", 1, "--pp", 2, "--zero", 3, "--precision", "bf16", "--train", 2]),
+        (4, ["--dp", 2, "--tp", 2, "--zero", 3, "--precision", "fp8", "--train", 2])],
 }
-LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "bf16-pp2-cp2-zero0-zero2-sim", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
+LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "bf16-pp2-cp2-zero0-zero2-sim", "zero3-bf16-dp4xtp2xep2-fp8-dp2xtp2", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
         "device-sim-tp2-cp2-ep2-pp2", "device-sim-sp-off-tp-copies-stay-equal", "dualpipe-stages-on-two-ranks-summed"}
 
 
@@ -127,6 +133,8 @@ BUGS = {
                               r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
     "bf16-zero1-sum-as-mean": (2, ["--tp", 1, "--precision", "bf16", "--bug", "zero-no-divide"],
                                r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
+    "bf16-zero3-backward-on-freed-weights": (2, ["--tp", 1, "--zero", 3, "--precision", "bf16", "--bug", "zero3-stale-gather"],
+                                             r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
     "bf16-f-no-allreduce": (2, ["--sp", "off", "--precision", "bf16", "--bug", "f-no-allreduce"],
                             r"mean gradient of every weight as accurate as one process.s in bf16.*FAIL"),
     # FP8's own error is larger, and so its bound: mistakes land 2-90 times outside it
@@ -178,6 +186,23 @@ def test_bf16_on_8_ranks_dp4_tp2_ep2_as_accurate_as_one_process_and_its_memory_t
     l16, l32 = loss(bf16), loss(fp32)
     assert len(l16) == len(l32) == 3 and l16 != l32, bf16.why(f"three steps' losses, not float32's {l32}")
     assert all(abs(a - b) < 0.01 * b for a, b in zip(l16, l32)), bf16.why(f"within 1% of float32's {l32}")
+
+
+@pytest.mark.lesson("10")
+def test_zero3_in_bf16_holds_no_weight_between_steps_and_16_bytes_per_parameter_of_its_shard(lesson):
+    """ZeRO-3 over bf16 weights: rank 0 holds no weight between steps, and its gradient shard (4
+    bytes), masters, m and v (12) come to 16 bytes per parameter of the shard: four times what
+    the float32 run of the same mesh measures for its parameter shard (4 S_u), seed 001's 16N/dp."""
+    mesh = ["--tp", 1, "--zero", 3, "--train", 2]
+    bf16 = lesson(L08, 2, *mesh, "--precision", "bf16").ok()
+    fp32 = lesson(L08, 2, *mesh).ok()
+    bf16.has(r"memory: no weight held between steps, gradients 4 sum ceil\(N_u/dp\), AdamW.s masters, m and v 12 "
+             r"sum ceil\(N_u/dp\), measured +PASS")
+    kib = lambda run, what: float(run.has(rf"^  {what} +([0-9.]+) (?:KiB|B) +formula").group(1))
+    assert bf16.has(r"^  parameters +0 B +formula"), bf16.why("no weight held between steps")
+    shard = kib(fp32, "parameters")  # 4 S_u
+    assert abs(kib(bf16, "gradients") - shard) < 0.1, bf16.why(f"gradients 4 S_u = {shard} KiB")
+    assert abs(kib(bf16, r"AdamW \(\*\)") - 3 * shard) < 0.2, bf16.why(f"masters, m and v 12 S_u = {3 * shard} KiB")
 
 
 @pytest.mark.parametrize("np_, args, broken", BUGS.values(), ids=BUGS.keys())
@@ -461,10 +486,8 @@ BAD = {
     "prompt-byte-not-in-the-text": (2, ["--sample", 5, "--prompt", "é"]),
     "seq-longer-than-the-validation-text": (1, ["--seq", 1000, "--data", "tests/unit/main.cpp"]),
     "precision-fp16": (2, ["--precision", "fp16"]),
-    "bf16-with-zero3": (2, ["--tp", 1, "--zero", 3, "--precision", "bf16"]),
     "bf16-with-bucket-mb": (2, ["--tp", 1, "--bucket-mb", 1, "--precision", "bf16"]),
     "bf16-with-save": (2, ["--tp", 1, "--save", "ckpt", "--precision", "bf16"]),
-    "fp8-with-zero3": (2, ["--tp", 1, "--zero", 3, "--precision", "fp8"]),
     "fp8-tile-straddling-two-tp-shards": (2, ["--precision", "fp8", "--fp8-tile", 32]),
     "fp8-tile-without-fp8": (2, ["--tp", 1, "--fp8-tile", 16]),
 }

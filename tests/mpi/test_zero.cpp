@@ -23,6 +23,7 @@
 #include "common/core/ops.h"
 #include "common/core/optim.h"
 #include "common/core/tensor.h"
+#include "lessons/08_mesh/fsdp.h"
 #include "lessons/08_mesh/zero.h"
 
 using namespace ff;
@@ -514,6 +515,72 @@ TEST_CASE("zero: bf16 weights with float32 masters: ZeRO-0, -1 and -2 equal one 
   int64_t moved = 0;
   CHECK(mixed_vs_one_process(1, 60, true, zero::Bug::no_master, &moved) > 0);
   CHECK(moved == 0);
+}
+
+namespace {
+
+// ZeRO-3 (fsdp.h) over the mixed list, as two units ({7, 5}, {13}; {3, 2, 4}, {1}): each step
+// every unit gathered, its gradients set and reduced, then AdamW on the shards; against one
+// process's AdamW with masters as mixed_vs_one_process. Returns the most elements that differed
+// after a step, `moved` as there; `memory`: the group's after the last step.
+int64_t zero3_mixed_vs_one_process(int steps, bool slow, int64_t* moved, zero::Memory* memory) {
+  Comm c = world();
+  AdamConfig adam = kAdam;
+  if (slow) adam.lr = 1e-4, adam.weight_decay = 0;
+  std::vector<Tensor> p = mixed_params(slow), ref = mixed_params(slow), start = mixed_params(slow);
+  fsdp::ShardGroup group(c, adam, 2);
+  for (size_t i = 0; i < p.size(); i++) group.add(&p[i], (int)i / 2);
+  group.shard();
+  Adam one(adam);
+  int64_t worst = 0;
+  for (int s = 0; s < steps; s++) {
+    for (int u = 0; u < 2; u++) {
+      group.gather(u);
+      for (size_t i = 2 * (size_t)u; i < 2 * (size_t)u + 2; i++) {  // this unit's gradients, set_mixed_grads's
+        const Tensor g = Tensor::from_vector(bf16_grad_of(p[i].shape(), c.rank(), i, s, slow), p[i].shape());
+        p[i].impl()->grad = (is_bf16(i) ? g.to_dtype(DType::bf16) : g).impl_ptr();
+      }
+      group.reduce(u);
+      group.free(u);
+    }
+    group.step();
+    one.step(pointers(ref), mixed_means(ref, c.size(), s, slow));
+    for (int u = 0; u < 2; u++) group.gather(u);
+    worst = std::max(worst, differing(p, ref));
+    *memory = group.memory();
+    for (int u = 0; u < 2; u++) group.free(u);
+  }
+  for (int u = 0; u < 2; u++) group.gather(u);
+  *moved = 0;
+  for (size_t i = 0; i < p.size(); i++)
+    if (is_bf16(i)) {
+      const std::vector<float> a = p[i].to_vector(), b = start[i].to_vector();
+      for (size_t k = 0; k < a.size(); k++) *moved += a[k] != b[k];
+    }
+  for (int u = 0; u < 2; u++) group.free(u);
+  *memory = group.memory();
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("zero: ZeRO-3 over bf16 weights: float32 masters in the shard, one process's AdamW bit for bit, 16 bytes / dp") {
+  int64_t moved = 0;
+  zero::Memory m;
+  CHECK(zero3_mixed_vs_one_process(kSteps, false, &moved, &m) == 0);
+  CHECK(moved > 0);
+  // the updates under half a bf16 step add up in the shard's masters, as one process's
+  CHECK(zero3_mixed_vs_one_process(60, true, &moved, &m) == 0);
+  CHECK(moved == 7 * 5 + 3 * 2 * 4);
+  // between steps no weight is held; the shard (the masters), m and v 12 bytes, the float32
+  // gradient shard 4, per parameter of the shard: each unit padded to a multiple of dp
+  const int dp = world().size();
+  const size_t s0 = (35 + 13 + (size_t)dp - 1) / (size_t)dp, s1 = (24 + 1 + (size_t)dp - 1) / (size_t)dp;
+  CHECK(m.params == 0);
+  CHECK(m.grads == 4 * (s0 + s1));
+  CHECK(m.optimizer == 12 * (s0 + s1));
+  const zero::Memory f = zero::mixed_formula_units({35 + 13, 24 + 1}, dp);
+  CHECK((f.params == m.params && f.grads == m.grads && f.optimizer == m.optimizer));
 }
 
 TEST_CASE("zero: bf16 weights' memory: 2 + 2 bytes held, the float32 master with m and v in the optimizer") {
