@@ -82,12 +82,16 @@ void Adam::step(const std::vector<Tensor*>& params, const std::vector<Tensor>& g
   }
 }
 
-void Adam::restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t) {
+void Adam::restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t, std::vector<Tensor> masters) {
   FF_CHECK(m.size() == v.size() && t >= 0, "Adam::restore: " << m.size() << " m and " << v.size()
                                                                 << " v tensors, step " << t);
   // copies: the steps update m and v in place, and the caller's tensors stay its own
   m_.clear(), v_.clear();
   for (size_t i = 0; i < m.size(); i++) m_.push_back(m[i].clone()), v_.push_back(v[i].clone());
+  FF_CHECK(masters.empty() || masters.size() == m.size(), "Adam::restore: " << masters.size() << " masters for "
+                                                                             << m.size() << " parameters");
+  master_.clear();  // (none: made from the parameters at the next step)
+  for (const Tensor& w : masters) master_.push_back(!w.defined() ? Tensor() : w.dtype() == DType::f32 ? w.clone() : w.to_dtype(DType::f32));
   t_ = t;
 }
 

@@ -54,14 +54,16 @@ class Adam {
   // A resumed run's state, before its first step: m[i] and v[i] shaped like the i-th
   // parameter that step will pass (bf16 with bf16_moments, else float32: the step says which
   // it holds otherwise), t the steps already taken. (A bf16 parameter's master is made from
-  // the parameter at that step: a checkpoint that keeps the masters is lesson 10's.)
-  void restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t);
+  // the parameter at that step, unless `masters` gives them: per parameter the float32 master of
+  // a bf16 one, undefined for a float32 one, as a checkpoint kept them.)
+  void restore(std::vector<Tensor> m, std::vector<Tensor> v, int64_t t, std::vector<Tensor> masters = {});
   // Bytes of the m and v tensors this optimizer holds (allocated at the first step).
   size_t state_bytes() const;
   // Bytes of the float32 master copies of bf16 parameters (none for float32 ones).
   size_t master_bytes() const;
   // The master copy of parameter i (undefined for a float32 parameter, or before the first step).
   const Tensor& master(size_t i) const { return master_[i]; }
+  bool has_master(size_t i) const { return i < master_.size() && master_[i].defined(); }
   AdamConfig& config() { return config_; }  // e.g. to follow a learning-rate schedule
   const AdamConfig& config() const { return config_; }
 

@@ -42,6 +42,11 @@ struct Plan {
   std::vector<std::vector<float>> store;  // host copies the pieces point into
   // after a resume: the tensors to fill from store, in order
   std::vector<std::pair<Tensor, size_t>> params;  // (this rank's tensor, its store index)
+  // bf16 weights (lesson 10's mixed precision): a checkpoint holds their float32 masters as the
+  // weights. ZeRO-0: the store of each whole weight (by its table index), its master on resume;
+  // ZeRO-1, -2: each group's shard of them (after m and v), its masters
+  std::map<size_t, size_t> whole_of;
+  std::vector<std::pair<zero::GroupAdam*, size_t>> master_shards;
 };
 
 struct Who {  // this rank, as the writer rules see it
@@ -76,6 +81,9 @@ size_t add_store(Plan* p, int64_t n) {
 
 // The plan: weights and biases whole per local tensor; m and v per local tensor (ZeRO-0) or per
 // run of this rank's shard (ZeRO-1, -2). `fill`: copy the tensors' values into the store (save).
+// bf16 weights: the weights' files hold their float32 masters (ZeRO-0: AdamW's, ZeRO-1 and -2:
+// written from each rank's shard of them, ZeRO-3: its shard, as in float32), so that a resumed
+// run steps on from the same masters, in any precision (float32 resumes them as its weights).
 Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int zero, bool fill) {
   Plan plan;
   const ParamTable& table = here.table;
@@ -99,13 +107,23 @@ Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int ze
     });
     plan.params.push_back({shards->param_shard(), s});
   }
+  std::map<size_t, const Tensor*> master_of;  // ZeRO-0's masters of bf16 weights, by table index
+  bool shard_masters = false;                 // ZeRO-1, -2 over bf16 weights: written from the shards
+  for (zero::GroupAdam* g : state.groups)
+    for (size_t i = 0; i < g->params.size(); i++) {
+      if (g->params[i]->dtype() != DType::bf16) continue;
+      if (zero == 0 && g->adam()->has_master(i)) master_of[g->keys[i]] = &g->adam()->master(i);
+      if (zero == 1 || zero == 2) shard_masters = true;
+    }
   for (size_t k = 0; k < table.names.size() && zero < 3; k++) {
     if (!table.params[k]) continue;
     const Tensor& t = *table.params[k];
     const size_t s = add_store(&plan, t.numel());
-    if (fill) plan.store[s] = t.to_vector();
-    piece(table.names[k], table.full_shapes[k], region(k), 0, t.numel(), s, 0, who.writes_whole(table.names[k]));
+    if (fill) plan.store[s] = master_of.count(k) ? master_of[k]->to_vector() : t.to_vector();
+    piece(table.names[k], table.full_shapes[k], region(k), 0, t.numel(), s, 0,
+          !shard_masters && who.writes_whole(table.names[k]));
     plan.params.push_back({t, s});
+    plan.whole_of[k] = s;
   }
   // the balancing biases (every rank of a stage holds them whole)
   std::map<std::string, Tensor> biases;
@@ -150,6 +168,23 @@ Plan make_plan(const Who& who, RankModel& here, const StateGroups& state, int ze
         });
       }
     }
+  }
+  // ZeRO-1 and -2 over bf16 weights: the weights' files from each rank's shard of the masters
+  // (before the first step, of the weights themselves, widened: the masters they start from)
+  for (zero::GroupAdam* g : state.groups) {
+    if (!shard_masters || g->params.empty()) continue;
+    zero::ShardedAdam* z = g->sharded();
+    const size_t s = add_store(&plan, z->shard_size());
+    if (fill && z->masters_held()) plan.store[s] = z->param_shard().to_vector();
+    z->buckets().for_each_shard_run([&](size_t i, int64_t local, int64_t at, int64_t count) {
+      const size_t k = g->keys[i];
+      if (fill && !z->masters_held()) {
+        const std::vector<float> w = g->params[i]->to_vector();
+        std::copy(w.begin() + local, w.begin() + local + count, plan.store[s].begin() + at);
+      }
+      piece(table.names[k], table.full_shapes[k], region(k), local, local + count, s, at, who.writes_block(table.names[k]));
+    });
+    plan.master_shards.push_back({g, s});
   }
   return plan;
 }
@@ -439,9 +474,9 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
   Plan plan = make_plan(who_am_i(mesh, here, setup), here, state, (int)opts.zero, /*fill=*/false);
   err = agree(world, transfer(dir, plan, /*write=*/false, data_offset));
   lesson.usage_error_if(!err.empty(), "--resume: " + err);
-  for (auto& [t, s] : plan.params) {
-    Tensor target = t;
-    target.detach().copy_from(Tensor::from_vector(plan.store[s], t.shape(), t.device()));
+  for (auto& [t, s] : plan.params) {  // (a bf16 weight: its master rounded to nearest even)
+    Tensor target = t, v = Tensor::from_vector(plan.store[s], t.shape());
+    target.detach().copy_from((t.dtype() == DType::f32 ? v : v.to_dtype(t.dtype())).to(t.device()));
   }
   {  // the m and v pieces come after the weights' and biases', group by group
     size_t s = plan.params.size();
@@ -456,9 +491,16 @@ CheckpointInfo resume_checkpoint(Lesson& lesson, const std::string& path, const 
           mv[k].push_back(Tensor::from_vector(plan.store[s++], {shard}));
         }
       }
-      g->adam()->restore(mv[0], mv[1], info.adam_steps);
+      std::vector<Tensor> masters;  // ZeRO-0's bf16 weights: the checkpoint's values, unrounded
+      for (size_t i = 0; i < g->params.size() && opts.zero == 0; i++)
+        masters.push_back(g->params[i]->dtype() != DType::bf16 ? Tensor()
+                          : Tensor::from_vector(plan.store[plan.whole_of.at(g->keys[i])], g->params[i]->shape(),
+                                                g->params[i]->device()));
+      g->adam()->restore(mv[0], mv[1], info.adam_steps, masters);
     }
   }
+  for (auto& [g, s] : plan.master_shards)  // ZeRO-1, -2's: each rank's blocks of the masters
+    g->sharded()->restore_masters(Tensor::from_vector(plan.store[s], {g->sharded()->shard_size()}));
   world.barrier();  // every rank has read its slices
   info.seconds = watch.seconds();
   for (const FileSpec& f : files) info.bytes += m.tensors.at(f.file).bytes;

@@ -20,7 +20,9 @@
 // renamed out of sight before it is deleted. A run from scratch saves only into a directory with
 // no checkpoint, a resumed one into a directory holding only its lineage's: another run's
 // checkpoints are never pruned, replaced or mixed with this run's (check_save_dir refuses first).
-// Resuming reads the same way backwards: each rank reads from the full files only the slices its
+// bf16 weights (lesson 10): their files hold the float32 masters (AdamW's, or the ZeRO shard's),
+// which a resumed bf16 run takes as its masters and rounds into its weights; so any precision
+// resumes any checkpoint. Resuming reads the same way backwards: each rank reads from the full files only the slices its
 // own mesh gives it (any dp, pp, cp, tp, ep, schedule and ZeRO stage), checked against the
 // manifest's CRC-32 and shapes first.
 #pragma once

@@ -137,15 +137,17 @@ OneProcess::OneProcess(const Lesson& lesson, Config config, const CharCorpus& co
 
 void OneProcess::resume(const std::string& dir, int64_t adam_steps) {
   if (ref_params.empty()) return;  // not rank 0
-  std::vector<Tensor> m, v;
+  std::vector<Tensor> m, v, masters;  // (bf16 weights: the checkpoint holds their float32 masters)
   for (size_t k = 0; k < names.size(); k++) {
-    ref_params[k]->detach().copy_from(load_npy(dir + "/" + names[k] + ".npy").to(device));
+    const Tensor w = load_npy(dir + "/" + names[k] + ".npy");
+    ref_params[k]->detach().copy_from(in_dtype(w, ref_params[k]->dtype()).to(device));
+    masters.push_back(ref_params[k]->dtype() == DType::bf16 ? w.to(adam_dev) : Tensor());
     m.push_back(load_npy(dir + "/" + names[k] + ".exp_avg.npy").to(adam_dev));
     v.push_back(load_npy(dir + "/" + names[k] + ".exp_avg_sq.npy").to(adam_dev));
   }
   for (model::NamedTensor& b : ref.named_buffers()) b.t.copy_from(load_npy(dir + "/" + b.name + ".npy").to(device));
   for (Tensor* p : ref_params) ref_adam_params.push_back(p->detach().to(adam_dev).clone());
-  if (adam_steps > 0) ref_adam.restore(m, v, adam_steps);
+  if (adam_steps > 0) ref_adam.restore(m, v, adam_steps, masters);
 }
 
 model::Output OneProcess::float32_forward(const Tensor& inputs, const Tensor& targets) {

@@ -202,6 +202,13 @@ void ShardedAdam::step(const std::vector<Tensor*>& params) {
   if (stage_ == 2) buckets_.release_flat();  // the next step's backward allocates it again
 }
 
+void ShardedAdam::restore_masters(const Tensor& shard) {
+  FF_CHECK(shard.dim() == 1 && shard.numel() == shard_size() && shard.dtype() == DType::f32,
+           "ShardedAdam::restore_masters: this rank's " << shard_size() << " float32 numbers, got " << shape_str(shard.shape()));
+  param_shard_ = shard.clone();
+  masters_held_ = true;
+}
+
 Memory ShardedAdam::memory(const std::vector<Tensor*>& params) const {
   Memory m;
   count_params_and_grads(params, &m);

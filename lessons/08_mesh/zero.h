@@ -182,6 +182,12 @@ class ShardedAdam {
   int64_t shard_begin() const { return (int64_t)dp_rank_ * shard_size(); }
   // (shard): this rank's blocks of the mean gradient used by the last step.
   const Tensor& grad_shard() const { return buckets_.shard(); }
+  // (shard): this rank's blocks of the parameters, the float32 masters of bf16 ones when
+  // masters_held() (after a step with bf16 parameters); a checkpoint keeps them.
+  const Tensor& param_shard() const { return param_shard_; }
+  bool masters_held() const { return masters_held_; }
+  // A resumed run's masters, before its first step: this rank's blocks (a checkpoint's weights)
+  void restore_masters(const Tensor& shard);
   // The mean gradient of the last step, whole (N, in the parameters' order), gathered over
   // `check` (a copy of the group's communicator that keeps the check's traffic apart).
   std::vector<float> gather_mean_grad(Comm& check) const;
@@ -226,6 +232,7 @@ class GroupAdam {
   // sharded()->buckets(); ZeRO-3: one laid out by shards()).
   Adam* adam();
   const ShardedAdam* sharded() const { return sharded_.get(); }
+  ShardedAdam* sharded() { return sharded_.get(); }
   Memory memory() const;
   // The mean gradient the last step used, per weight (ZeRO-1, -2: every rank's shard, gathered
   // over `check`, a copy of the group's communicator that keeps the check's traffic apart).

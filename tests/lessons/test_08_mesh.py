@@ -348,6 +348,36 @@ def test_checkpoint_under_zero3_same_mesh_bit_for_bit_16_ranks_and_one_process(l
     same_files(d / "whole", d / "resumed")
 
 
+@pytest.mark.lesson("10")
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_checkpoint_in_bf16_holds_the_masters_and_resumes_to_the_same_bits(lesson, tmp_path, zero):
+    """--precision bf16: a checkpoint's weights are the float32 masters (ZeRO-0: AdamW's; ZeRO-1,
+    -2: written from each rank's shard of them; ZeRO-3: its shard), so 2 steps, a save, and 2 more
+    after --resume end with every file of the step-4 checkpoint (masters, m, v, biases) equal
+    byte for byte to a run of 4 steps'; resumed from the bf16 weights alone the masters would lose
+    what a step moved below half a bf16 step."""
+    mesh = ["--tp", 1, "--zero", zero, "--precision", "bf16"]
+    lesson(L08, 2, *mesh, "--train", 4, "--save", tmp_path / "whole").ok()
+    lesson(L08, 2, *mesh, "--train", 2, "--save", tmp_path / "ck").ok()
+    passes_on_stdout(lesson(L08, 2, *mesh, "--train", 4, "--resume", tmp_path / "ck", "--save", tmp_path / "ck",
+                            separate=True))
+    assert same_files(tmp_path / "whole" / "step-000004", tmp_path / "ck" / "step-000004") > 100
+
+
+@pytest.mark.lesson("10")
+def test_checkpoint_in_bf16_resumes_on_another_mesh_stage_and_precision(lesson, tmp_path):
+    """A bf16 checkpoint (dp2, ZeRO-1) goes on, each run's own check passing, on dp2 x tp2 under
+    ZeRO-3 in bf16 and in float32 (its masters are float32 weights); a float32 one in bf16 (its
+    weights become the masters) and an FP8 one under TP."""
+    lesson(L08, 2, "--tp", 1, "--precision", "bf16", "--train", 2, "--save", tmp_path / "b16").ok()
+    lesson(L08, 2, "--tp", 1, "--train", 2, "--save", tmp_path / "f32").ok()
+    for np_, args, ck in ((4, ["--dp", 2, "--tp", 2, "--zero", 3, "--precision", "bf16"], "b16"),
+                          (2, ["--tp", 1], "b16"), (2, ["--tp", 1, "--precision", "bf16"], "f32"),
+                          (4, ["--dp", 2, "--tp", 2, "--precision", "fp8"], "f32")):
+        passes_on_stdout(lesson(L08, np_, *args, "--train", 3, "--resume", tmp_path / ck, separate=True)) \
+            .stdout_has(r"^resumed from .*step-000002: 2 steps done")
+
+
 def test_checkpoint_a_rank_killed_during_a_save_leaves_the_previous_one_which_resumes_to_the_same_bits(lesson, tmp_path):
     d = tmp_path
     lesson(L08, 4, "--train", 5, "--dump", d / "whole").ok()
@@ -487,7 +517,7 @@ BAD = {
     "seq-longer-than-the-validation-text": (1, ["--seq", 1000, "--data", "tests/unit/main.cpp"]),
     "precision-fp16": (2, ["--precision", "fp16"]),
     "bf16-with-bucket-mb": (2, ["--tp", 1, "--bucket-mb", 1, "--precision", "bf16"]),
-    "bf16-with-save": (2, ["--tp", 1, "--save", "ckpt", "--precision", "bf16"]),
+    "bf16-with-dump": (2, ["--tp", 1, "--dump", "d08", "--precision", "bf16"]),
     "fp8-tile-straddling-two-tp-shards": (2, ["--precision", "fp8", "--fp8-tile", 32]),
     "fp8-tile-without-fp8": (2, ["--tp", 1, "--fp8-tile", 16]),
 }
