@@ -109,7 +109,7 @@ zero::Memory group_memory(const RankModel& here, const Setup& setup, const Optio
   if (opts.zero == 3)  // float32 ZeRO-3 for a group with no bf16 weight (SP's replicated norms)
     return n16 == 0 ? zero::formula(group_buckets(here, setup, opts, g), ranks, 3)
                     : zero::mixed_formula_units(group_buckets(here, setup, opts, g), ranks);
-  return zero::mixed_formula(n16, n32, ranks, (int)opts.zero);
+  return zero::mixed_formula(n16, n32, group_buckets(here, setup, opts, g), ranks, (int)opts.zero);
 }
 
 CollectiveCounts formula_dp(const model::Config& c, const std::vector<int64_t>& pieces, int dp,

@@ -106,8 +106,8 @@ std::string memory_check_name(const Options& opts) {
                   "12 %s, measured", shard_n, shard_n);
   else if (opts.precision == "bf16")  // zero.h's mixed_formula, per optimizer group
     std::snprintf(line, sizeof line, "memory: parameters 2 N16 + 4 N32, gradients %s, AdamW's masters, m and v %s, "
-                  "measured", opts.zero >= 2 ? "4 ceil(N/dp)" : "2 N16 + 4 N32 (those held)",
-                  opts.zero == 0 ? "12 N16 + 8 N32" : "12 ceil(N/dp)");
+                  "measured", opts.zero >= 2 ? (std::string("4 ") + shard_n).c_str() : "2 N16 + 4 N32 (those held)",
+                  opts.zero == 0 ? "12 N16 + 8 N32" : (std::string("12 ") + shard_n).c_str());
   else
     std::snprintf(line, sizeof line, "memory: parameters %s%s, gradients %s%s, AdamW's m and v %s%s, measured",
                   opts.zero == 3 ? "4 " : "4N", opts.zero == 3 ? shard_n : "",

@@ -48,10 +48,17 @@ double mixed_precision_bytes(int64_t n, int dp, int stage) {
 }
 
 Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage, int moment_bytes) {
+  return mixed_formula(n16, n32, std::vector<int64_t>{n16 + n32}, dp, stage, moment_bytes);
+}
+
+Memory mixed_formula(int64_t n16, int64_t n32, const std::vector<int64_t>& buckets, int dp, int stage, int moment_bytes) {
   FF_CHECK(n16 >= 0 && n32 >= 0 && dp >= 1 && stage >= 0 && stage <= 2 && (moment_bytes == 4 || moment_bytes == 2),
-           "zero::mixed_formula: needs n16, n32 >= 0, dp >= 1, stage 0..2 (one bucket) and moments of 4 or 2 bytes, got "
+           "zero::mixed_formula: needs n16, n32 >= 0, dp >= 1, stage 0..2 and moments of 4 or 2 bytes, got "
                << n16 << ", " << n32 << ", " << dp << ", " << stage << ", " << moment_bytes);
-  const size_t N = (size_t)(n16 + n32), shard = (N + (size_t)dp - 1) / (size_t)dp;
+  const size_t N = (size_t)(n16 + n32);
+  size_t shard = 0, counted = 0;  // the sum over the buckets of ceil(N_b/dp)
+  for (int64_t nb : buckets) shard += ((size_t)nb + (size_t)dp - 1) / (size_t)dp, counted += (size_t)nb;
+  FF_CHECK(counted == N, "zero::mixed_formula: buckets of " << counted << " parameters for " << N);
   const size_t held = 2 * (size_t)n16 + 4 * (size_t)n32;
   Memory m;
   m.params = held;

@@ -103,8 +103,12 @@ double mixed_precision_bytes(int64_t n, int dp, int stage);
 // gave, 4 bytes where seed 001 counts 2. With n16 = 0 it is zero::formula, float32 training.
 // moment_bytes: 4, or 2 with AdamW's m and v in bf16 (AdamConfig::bf16_moments, DeepSeek-V3's
 // choice): the optimizer column's 8 of m and v become 4 (12 -> 8 with the master).
-// (One gradient bucket; stage 0..2: ZeRO-3's is mixed_formula_units.)
+// (One gradient bucket; stage 0..2: ZeRO-3's is mixed_formula_units.) With several buckets of
+// N_b parameters each (GradBuckets, each sharded on its own), ceil(N/dp) becomes the sum of
+// ceil(N_b/dp).
 Memory mixed_formula(int64_t n16, int64_t n32, int dp, int stage, int moment_bytes = 4);
+Memory mixed_formula(int64_t n16, int64_t n32, const std::vector<int64_t>& buckets, int dp, int stage,
+                     int moment_bytes = 4);
 // ZeRO-3 over bf16 weights (fsdp.h), units of N_u parameters each sharded on its own, S the sum
 // of ceil(N_u/dp): no weight held between steps (a unit is gathered for its forward and its
 // backward), the float32 gradient shard 4 S, the masters, m and v (4 + 2 moment_bytes) S. Seed
