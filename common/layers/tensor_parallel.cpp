@@ -71,7 +71,7 @@ Tensor g(const Tensor& x, Comm& tp) {
   // [/exercise]
 }
 
-Tensor gather_seq(const Tensor& x, Comm& tp) {
+Tensor gather_seq(const Tensor& x, Comm& tp, bool bf16_wire) {
   check_f32(x, "tp::gather_seq");
   // Every rank must contribute the same number of rows; agree on it first, so that a mismatch
   // is the same ff::Error on every rank instead of a malformed all-gather.
@@ -83,7 +83,18 @@ Tensor gather_seq(const Tensor& x, Comm& tp) {
                              << r << " holds " << ns[r] << ", rank " << tp.rank() << " holds "
                              << n);
   Comm c = tp;
-  return record(gather_rows(x, tp), "tp_gather_seq", {x},
+  Tensor all;
+  if (bf16_wire) {
+    const Tensor x16 = x.detach().to_dtype(DType::bf16);
+    Shape s = x16.shape();
+    s[0] *= tp.size();
+    Tensor all16 = Tensor::empty(s, x.device(), DType::bf16);
+    tp.allgather(x16, all16);
+    all = all16.to_dtype(DType::f32);
+  } else {
+    all = gather_rows(x, tp);
+  }
+  return record(all, "tp_gather_seq", {x},
                 [c](const Tensor& dy) mutable -> std::vector<Tensor> {
                   return {reduce_scatter_rows(dy, c)};
                 });

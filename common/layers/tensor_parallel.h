@@ -44,8 +44,11 @@ Tensor f(const Tensor& x, Comm& tp);  // copy_to_tensor_model_parallel_region
 Tensor g(const Tensor& x, Comm& tp);  // reduce_from_tensor_model_parallel_region
 // x: this rank's rows, (n, ...) with the same n on every rank (checked: one small allgather of
 // n first, so a mismatch is an ff::Error on every rank, not a hang); returns (P n, ...), rank
-// r's rows at [r n, (r+1) n). gather_from_sequence_parallel_region.
-Tensor gather_seq(const Tensor& x, Comm& tp);
+// r's rows at [r n, (r+1) n). gather_from_sequence_parallel_region. bf16_wire (mixed
+// precision, where the rows go straight into a matmul with bf16 weights, which rounds its input
+// to bf16 anyway): the rows rounded to bf16 before they travel, 2 bytes a number, and widened on
+// arrival: the same values the matmul reads, half the bytes. The backward stays float32.
+Tensor gather_seq(const Tensor& x, Comm& tp, bool bf16_wire = false);
 // x: (T, ...) partial sums, T divisible by P (ff::Error otherwise, on every rank since every
 // rank holds the same shape); returns this rank's rows [r T/P, (r+1) T/P) of the sum over
 // ranks. reduce_scatter_to_sequence_parallel_region.

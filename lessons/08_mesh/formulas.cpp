@@ -28,15 +28,15 @@ namespace ff::mesh {
 //          reduce-scatter and one all-gather of dp * ceil(N / dp); one all-reduce of the MoE
 //          loads.
 CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st,
-                            int64_t n, int P, bool sp, int64_t replicated_numel) {
+                            int64_t n, int P, bool sp, int64_t replicated_numel, bool bf16_wire) {
   CollectiveCounts f;
   if (P == 1) return f;
   const int64_t L = st.L, D = st.D, h = st.head ? 1 : 0, M = st.M, d = c.dim,
                 lat = c.q_lora + c.kv_lora + c.d_rope;
   const size_t fl = sizeof(float);
-  auto add = [&](const char* op, int64_t calls, int64_t numbers) {
+  auto add = [&](const char* op, int64_t calls, int64_t numbers, size_t bytes = sizeof(float)) {
     f[op].calls += calls;
-    f[op].bytes += (size_t)numbers * fl;
+    f[op].bytes += (size_t)numbers * bytes;
   };
   add("allgather", h * M, h * M * 3 * n * P);  // the cross-entropy's (m, l, z_target)
   if (!sp) {
@@ -45,7 +45,7 @@ CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st,
     add("allreduce", (D + h) * M, (D + h) * M * n * d);           // f before W1/W3 and the head
   } else {
     add("allgather", L * M, L * M * n * lat);                     // gather_seq of the latents
-    add("allgather", (D + h) * M, (D + h) * M * n * d);           // ... before W1/W3 and the head
+    add("allgather", (D + h) * M, (D + h) * M * n * d, bf16_wire ? 2 : fl);  // ... before W1/W3 and the head
     f["allgather"].calls += (L + D + h) * M;                      // each gather_seq's token-count check
     f["allgather"].bytes += (size_t)((L + D + h) * M) * sizeof(int64_t) * (size_t)P;
     add("reduce_scatter", (L + D) * M, (L + D) * M * n * d);      // scatter_seq, forward
@@ -350,7 +350,8 @@ AxisCounts expected_counts(const RankModel& here, const Setup& setup, const Opti
     replicated = 0;
     for (int64_t n : rep_units) replicated += (n + data_ranks - 1) / data_ranks;
   }
-  want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, replicated);
+  want.tp = formula_tp(c, st, setup.microbatch * setup.seq_per_cp, setup.sizes.tp, opts.sp, replicated,
+                       opts.precision == "bf16");
   want.dp = formula_dp(c, group_buckets(here, setup, opts, Group::dense), data_ranks, (int)opts.zero,
                        here.held_moe > 0, st.M);
   for (const auto& [op, n] : formula_dp(c, rep_units, data_ranks, (int)opts.zero, false, st.M))

@@ -29,9 +29,10 @@ struct StageCounts {
 
 // TP (tp = P ranks; sp: sequence parallelism), per step: n = this rank's tokens per
 // micro-batch, replicated_numel the weights every TP rank holds whole (their gradients'
-// all-reduce under SP).
+// all-reduce under SP). bf16_wire: --precision bf16, whose gathers before W1/W3 and the head
+// move 2 bytes a number (tp::gather_seq).
 CollectiveCounts formula_tp(const model::Config& c, const StageCounts& st, int64_t n, int P,
-                            bool sp, int64_t replicated_numel);
+                            bool sp, int64_t replicated_numel, bool bf16_wire = false);
 // DP (or dp x cp, or expert-DP), over `dp` ranks, per piece of `pieces` (their numbers of
 // weights): ZeRO-0's all-reduce of a gradient bucket, or ZeRO-1 and -2's reduce-scatter and
 // all-gather of one padded to a multiple of dp; ZeRO-3's 2M all-gathers (each micro-batch's

@@ -51,8 +51,8 @@ Tensor MeshModel::attention_cp(const model::Attention& a, const model::Latents& 
 }
 // [/slide]
 
-Tensor MeshModel::enter(const Tensor& x) {
-  if (sp) return tp::gather_seq(x, *tp);
+Tensor MeshModel::enter(const Tensor& x, bool to_bf16_matmul) {
+  if (sp) return tp::gather_seq(x, *tp, bf16_wire && to_bf16_matmul);
   if (!f_no_allreduce) return tp::f(x, *tp);
   // the planted bug: the identity both ways, so each rank's gradient upstream holds only the
   // share of its own heads and columns
@@ -112,7 +112,7 @@ Tensor MeshModel::blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& tok, st
     // experts replicated or (EP) spread over the ep group, the tokens sent to them
     u = rmsnorm(x, b.ffn_norm, c.norm_eps);
     if (!b.moe) {
-      x = add(x, leave(model::dense_ffn(b.ffn, enter(u))));
+      x = add(x, leave(model::dense_ffn(b.ffn, enter(u, /*to_bf16_matmul=*/true))));
     } else {
       Tensor route;
       if (ep->size() == 1) {
@@ -135,7 +135,7 @@ Tensor MeshModel::blocks(Tensor x, int64_t l0, int64_t l1, const Tokens& tok, st
 Tensor MeshModel::head_loss(const Tensor& x, const Tensor& targets) {
   const int unit = (int)c.layers + 1;
   enter_unit(unit);
-  Tensor logits = matmul(enter(rmsnorm(x, weights.norm, c.norm_eps)), weights.head);   // (B T, V_r)
+  Tensor logits = matmul(enter(rmsnorm(x, weights.norm, c.norm_eps), /*to_bf16_matmul=*/true), weights.head);   // (B T, V_r)
   return leave_unit(unit, vocab_parallel_cross_entropy(logits, targets.to_index_vector(), v0, *tp,
                                                        ce_local_softmax));
 }

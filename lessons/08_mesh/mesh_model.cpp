@@ -44,6 +44,7 @@ RankModel::RankModel(const Options& opts, const Setup& setup, Mesh& mesh, const 
   model.sp = opts.sp;
   model.ce_local_softmax = opts.bug == Bug::ce_local_softmax;
   model.f_no_allreduce = opts.bug == Bug::f_no_allreduce;
+  model.bf16_wire = opts.precision == "bf16";
   int64_t vocab_end;
   split_range(c.vocab, setup.sizes.tp, co.tp, &model.v0, &vocab_end);
   // CP: every CP rank's tokens of each sequence, in the zigzag layout

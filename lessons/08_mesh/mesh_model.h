@@ -66,7 +66,10 @@ struct MeshModel {
   // gather_seq (all-gather of the tokens forward, reduce-scatter backward). The planted bug
   // f-no-allreduce (f_no_allreduce): f without the all-reduce in its backward.
   bool f_no_allreduce = false;
-  Tensor enter(const Tensor& x);
+  // --precision bf16 under SP: the gathers whose rows go straight into a bf16 matmul (the dense
+  // FFN's W1 and W3, the head) send them in bf16 (tp::gather_seq's bf16_wire)
+  bool bf16_wire = false;
+  Tensor enter(const Tensor& x, bool to_bf16_matmul = false);
   // Out of it: g (all-reduce of the partial sums), or under SP scatter_seq (reduce-scatter).
   Tensor leave(const Tensor& y) { return sp ? tp::scatter_seq(y, *tp) : tp::g(y, *tp); }
 

@@ -228,6 +228,35 @@ TEST_CASE("tensor parallel + sequence parallel: tokens split, this rank's rows e
   }
 }
 
+TEST_CASE("sequence parallel: gather_seq's bf16 wire sends the values a bf16 matmul reads, in half the bytes") {
+  // The gathered rows then a matmul with bf16 weights: forward, the input's gradient and the
+  // weight's gradient are the bits of the float32 gather's; the all-gather moves 2 bytes a number.
+  Comm tp = world();
+  const int r = tp.rank(), P = tp.size();
+  const int64_t n = 3, K = 8, N = 5;
+  const Tensor w = randn({K, N}, 41).to_dtype(DType::bf16);
+  Tensor out[2], dx[2], dw[2];
+  size_t bytes[2];
+  for (int wire = 0; wire < 2; wire++) {
+    Tensor x = randn({n, K}, 900 + (uint64_t)r).requires_grad_(), wk = w.clone().requires_grad_();
+    tp.reset_collective_counts();
+    Tensor y = matmul(tp::gather_seq(x, tp, wire == 1), wk);
+    bytes[wire] = tp.collective_counts().at("allgather").bytes;
+    y.backward(randn({P * n, N}, 77));
+    out[wire] = y.detach(), dx[wire] = x.grad(), dw[wire] = wk.grad();
+  }
+  CHECK(bitwise_equal(out[0], out[1]));
+  CHECK(bitwise_equal(dx[0], dx[1]));
+  CHECK(bitwise_equal(dw[0], dw[1]));
+  const size_t count = sizeof(int64_t) * (size_t)P;  // the token-count check's allgather
+  CHECK(bytes[0] == count + (size_t)(P * n * K) * 4);
+  CHECK(bytes[1] == count + (size_t)(P * n * K) * 2);
+  // and the rows arrive rounded to bf16: a float32 matmul would see the difference
+  Tensor x = randn({n, K}, 900 + (uint64_t)r);
+  CHECK(bitwise_equal(tp::gather_seq(x, tp, true), tp::gather_seq(x.to_dtype(DType::bf16).to_dtype(DType::f32), tp)));
+  CHECK(!bitwise_equal(tp::gather_seq(x, tp, true), tp::gather_seq(x, tp)));
+}
+
 TEST_CASE("tensor parallel: a planted bug (f without its backward all-reduce) is caught") {
   Comm tp = world();
   const Weights w = make_weights();
