@@ -20,18 +20,19 @@ namespace ff::mesh {
 // k = [k_nope | k_pe] (k_pe, one per token, repeated for every head), so the two inner
 // products are one of width d_nope + d_rope, the scale 1/sqrt(d_nope + d_rope) as MLA's; v is
 // padded with zeros to that width. The blocks are (B, H, n, D): the ring's mask compares the
-// global positions of every CP rank's tokens.
+// global positions of every CP rank's tokens. The projections are the model's linear layers
+// (model::linear: in FP8 under --precision fp8, as one process's).
 Tensor MeshModel::attention_cp(const model::Attention& a, const model::Latents& l, int64_t H, int64_t B,
                                const Tensor& rope_pos) {
   const int64_t n = l.c_q.size(0) / B, dn = c.d_nope, dr = c.d_rope, D = dn + dr;
   // [slide:cp-ring]
   // [slide:cp-ring-qkv]
-  Tensor q = reshape(matmul(l.c_q, a.w_uq), {B * n, H, D});
+  Tensor q = reshape(model::linear(l.c_q, a.w_uq), {B * n, H, D});
   q = concat({slice(q, 2, 0, dn), rope(slice(q, 2, dn, D), rope_pos, c.rope_theta)}, 2);
   Tensor k_pe = l.k_pe.size(1) == dr ? concat(std::vector<Tensor>((size_t)H, reshape(l.k_pe, {B * n, 1, dr})), 1)
                                      : reshape(l.k_pe, {B * n, H, dr});  // --bug kpe-per-head
-  Tensor k = concat({reshape(matmul(l.c_kv, a.w_uk), {B * n, H, dn}), k_pe}, 2);
-  Tensor v = reshape(matmul(l.c_kv, a.w_uv), {B * n, H, c.d_v});
+  Tensor k = concat({reshape(model::linear(l.c_kv, a.w_uk), {B * n, H, dn}), k_pe}, 2);
+  Tensor v = reshape(model::linear(l.c_kv, a.w_uv), {B * n, H, c.d_v});
   if (c.d_v < D) v = concat({v, Tensor::zeros({B * n, H, D - c.d_v}, v.device())}, 2);
   auto blocks = [&](const Tensor& t) { return transpose(reshape(t, {B, n, H, D}), 1, 2); };
   // [/slide:cp-ring-qkv]
@@ -47,7 +48,7 @@ Tensor MeshModel::attention_cp(const model::Attention& a, const model::Latents& 
   Tensor out = ring::attention(*cp, rc, blocks(q), blocks(k), blocks(v));     // (B, H, n, D)
   // [/slide:cp-ring]
   out = reshape(transpose(slice(out, 3, 0, c.d_v), 1, 2), {B * n, H * c.d_v});
-  return matmul(out, a.w_o);
+  return model::linear(out, a.w_o);
 }
 // [/slide]
 
