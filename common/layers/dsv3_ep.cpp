@@ -34,7 +34,11 @@ static void flat_dispatch(Comm& comm, A2A how, const Params& mine, const Tensor&
   Tensor xk = slice(moe::permute(x, f.plan), 0, 0, f.kept_rows);
   f.routes = ep::routes_from_counts(comm.size(), comm.rank(), f.map.N, f.map.counts());
   const ep::Routes& R = f.routes;
-  Tensor recv = ep::exchange_rows(comm, how, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
+  // bf16 experts (mixed precision) read their rows rounded to bf16: the rows travel so, 2 bytes
+  // a number, the same values (the combine's outputs and the backward's rows stay float32)
+  const bool bf16 = mine.w1.defined() && mine.w1.dtype() == DType::bf16;
+  Tensor recv = bf16 ? ep::exchange_rows_bf16(comm, how, xk, R.bytes(true, d, 2), R.bytes(false, d, 2), d, 1)
+                     : ep::exchange_rows(comm, how, xk, R.bytes(true, d), R.bytes(false, d), d, 1);
   f.order = R.regroup_order();
   f.xl = ep::take_rows(recv, f.order);
   std::vector<int64_t> gl = R.local_group_sizes();

@@ -21,10 +21,10 @@ int64_t Routes::rows_from(int p) const {
   return n;
 }
 
-std::vector<size_t> Routes::bytes(bool to, int64_t width) const {
+std::vector<size_t> Routes::bytes(bool to, int64_t width, size_t elem) const {
   std::vector<size_t> b((size_t)P);
   for (int q = 0; q < P; q++)
-    b[(size_t)q] = (size_t)((to ? rows_to(q) : rows_from(q)) * width) * sizeof(float);
+    b[(size_t)q] = (size_t)((to ? rows_to(q) : rows_from(q)) * width) * elem;
   return b;
 }
 
@@ -86,6 +86,16 @@ Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<
   std::vector<float> recv(total);
   all_to_all(comm, how, send.data(), sb, recv.data(), rb, tag);
   return Tensor::from_vector(recv, {(int64_t)(total / (size_t)width), width}, rows.device());
+}
+
+Tensor exchange_rows_bf16(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& sb,
+                          const std::vector<size_t>& rb, int64_t width, int tag) {
+  const Tensor send = rows.to_dtype(DType::bf16).to(Device::cpu);
+  size_t total = 0;
+  for (size_t b : rb) total += b / sizeof(uint16_t);
+  Tensor recv = Tensor::empty({(int64_t)(total / (size_t)width), width}, Device::cpu, DType::bf16);
+  all_to_all(comm, how, send.raw(), sb, recv.raw(), rb, tag);
+  return recv.to_dtype(DType::f32).to(rows.device());
 }
 
 // [slide:row-flight]

@@ -19,8 +19,9 @@ struct Routes {
   std::vector<std::vector<int64_t>> counts;  // [P][N]
   int64_t rows_to(int q) const;              // rows this rank sends to rank q
   int64_t rows_from(int p) const;            // rows this rank receives from rank p
-  // Bytes per peer of rows `width` floats wide: to = what this rank sends, else what it receives.
-  std::vector<size_t> bytes(bool to, int64_t width) const;
+  // Bytes per peer of rows `width` numbers wide, `elem` bytes each (float32's 4, bf16's 2): to =
+  // what this rank sends, else what it receives.
+  std::vector<size_t> bytes(bool to, int64_t width, size_t elem = sizeof(float)) const;
   // The received rows arrive grouped by source, each source's rows sorted by local expert.
   // The experts want them grouped by local expert: for expert e, source 0's rows of e, then
   // source 1's, ... order[i] = the received row that becomes local packed row i.
@@ -38,6 +39,10 @@ Routes routes_from_counts(int P, int rank, int64_t N, std::vector<std::vector<in
 // Rows (n, width) of a device tensor through an all-to-all; returns the received rows.
 Tensor exchange_rows(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& send_bytes,
                      const std::vector<size_t>& recv_bytes, int64_t width, int tag);
+// The same for float32 rows that travel rounded to bf16 (2 bytes a number; the byte counts are
+// bf16's) and arrive widened to float32: for rows a bf16 GEMM reads, which rounds them anyway.
+Tensor exchange_rows_bf16(Comm& comm, A2A how, const Tensor& rows, const std::vector<size_t>& send_bytes,
+                          const std::vector<size_t>& recv_bytes, int64_t width, int tag);
 
 // exchange_rows (async) in two halves, for a lesson that computes while the rows travel
 // (lesson 06). The rows leave at the start; what arrives lands in a staging buffer, and `out`

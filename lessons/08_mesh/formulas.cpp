@@ -184,16 +184,17 @@ CollectiveCounts formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t
 // back in the forward, d out and d + K back in the backward. Messages to oneself are copies.
 CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps,
                             int me, int R, dsv3::Scheme scheme, int64_t d,
-                            int64_t groups_kept) {
+                            int64_t groups_kept, bool bf16_experts) {
   CollectiveCounts f;
   const size_t fl = sizeof(float), ix = sizeof(int64_t);
-  // rows sent to and received from every peer of one hop, messages and bytes both ways
+  // rows sent to and received from every peer of one hop, messages and bytes both ways: each row
+  // goes out and comes back twice a step (forward, backward), row_bytes the two goings' bytes
   auto messages = [&](const std::vector<int64_t>& to, const std::vector<int64_t>& from, int self,
-                      int64_t width_sum) {
+                      size_t to_row_bytes, size_t from_row_bytes) {
     for (size_t q = 0; q < to.size(); q++) {
       if ((int)q == self) continue;
-      for (int64_t rows : {to[q], from[q]})
-        if (rows > 0) f["send"].calls += 2, f["send"].bytes += (size_t)(rows * width_sum) * fl;
+      if (to[q] > 0) f["send"].calls += 2, f["send"].bytes += (size_t)to[q] * to_row_bytes;
+      if (from[q] > 0) f["send"].calls += 2, f["send"].bytes += (size_t)from[q] * from_row_bytes;
     }
   };
   for (const dsv3::RoutingMap& m : maps) {
@@ -210,7 +211,9 @@ CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps,
             if (p == me) to[(size_t)(e / m.E)]++;
             if (e / m.E == me) from[(size_t)p]++;
           }
-      messages(to, from, me, 2 * d);
+      // to: the dispatch (bf16 experts: 2 bytes a number) and the backward's dy; from: the
+      // combine's outputs and the backward's dx, float32
+      messages(to, from, me, (size_t)d * ((bf16_experts ? 2 : fl) + fl), (size_t)(2 * d) * fl);
       continue;
     }
     const int nodes = m.P / R, node = me / R, local = me % R;
@@ -231,8 +234,8 @@ CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps,
       }
     for (int p = 0; p < m.P; p++)
       for (int64_t t = 0; t < m.T; t++) fan_from[(size_t)(p % R)] += m.needs(p, t, me);
-    messages(rail_to, rail_from, node, 2 * d + m.K);
-    messages(fan_to, fan_from, local, 2 * d + m.K);
+    messages(rail_to, rail_from, node, (size_t)(2 * d + m.K) * fl, (size_t)(2 * d + m.K) * fl);
+    messages(fan_to, fan_from, local, (size_t)(2 * d + m.K) * fl, (size_t)(2 * d + m.K) * fl);
   }
   return f;
 }

@@ -49,9 +49,10 @@ CollectiveCounts formula_cp(const model::Config& c, const StageCounts& st, int64
 // PP: the activations and gradients rank `me` sends under schedule s, rows x d floats each.
 CollectiveCounts formula_pp(const pp::Schedule& s, int me, int64_t rows, int64_t d);
 // EP: the routing maps' all-gathers and the rows the all-to-alls move, from every MoE layer's
-// routing map (R ranks per node for the hierarchical scheme).
+// routing map (R ranks per node for the hierarchical scheme). bf16_experts: the flat dispatch's
+// rows travel in bf16 (dsv3_ep.cpp), 2 bytes a number.
 CollectiveCounts formula_ep(const std::vector<dsv3::RoutingMap>& maps, int me, int R,
-                            dsv3::Scheme scheme, int64_t d, int64_t groups_kept);
+                            dsv3::Scheme scheme, int64_t d, int64_t groups_kept, bool bf16_experts = false);
 
 // ---- the counts, compared and printed
 // One step's counts on every axis, or the formulas' (ep: the EP group's communicator and the

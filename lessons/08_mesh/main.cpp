@@ -395,7 +395,8 @@ int mesh_lesson(Lesson& lesson) {
     step_span.reset();
     // what each axis moved against the formulas (EP's from this step's routing)
     last = axes.counts();
-    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.model.scheme, setup.c.dim, 1);
+    want.ep = formula_ep(here.maps, mesh.coords().ep, here.topo.R, here.model.scheme, setup.c.dim, 1,
+                         opts.precision == "bf16");
     const std::string differs = first_difference(last, want);
     if (!differs.empty() && comm_equal) {
       comm_equal = false;

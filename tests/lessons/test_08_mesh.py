@@ -189,10 +189,12 @@ def test_bf16_on_8_ranks_dp4_tp2_ep2_as_accurate_as_one_process_and_its_memory_t
     kib = lambda run, what: float(run.has(rf"^  {what} +([0-9.]+) KiB +formula").group(1))
     for what in ("parameters", "gradients"):
         assert kib(bf16, what) < 0.6 * kib(fp32, what), bf16.why(f"{what}: bf16 under 0.6 of float32's ({kib(fp32, what)} KiB)")
-    # SP's gathers into the dense FFN and the head carry bf16: fewer TP bytes, the same DP bytes
-    tp_dp = lambda run: run.has(r"^ +0 +[0-9.]+ +[0-9.]+ .* = +([0-9.]+) KiB +([0-9.]+) KiB").groups()
-    (tp16, dp16), (tp32, dp32) = tp_dp(bf16), tp_dp(fp32)
-    assert float(tp16) < float(tp32) and dp16 == dp32, bf16.why(f"TP bytes under float32's {tp32} KiB, DP's {dp32} KiB")
+    # SP's gathers into the dense FFN and the head and EP's dispatch carry bf16: fewer TP and EP
+    # bytes; DP's and expert-DP's the same (float32 gradients and masters)
+    cols = lambda run: run.has(r"^ +0 +[0-9.]+ +[0-9.]+ .* = +([0-9.]+) KiB +([0-9.]+) KiB +([0-9.]+) KiB +([0-9.]+) KiB").groups()
+    (tp16, dp16, ep16, edp16), (tp32, dp32, ep32, edp32) = cols(bf16), cols(fp32)
+    assert float(tp16) < float(tp32) and float(ep16) < float(ep32) and (dp16, edp16) == (dp32, edp32), \
+        bf16.why(f"TP and EP bytes under float32's {tp32} and {ep32} KiB, DP's {dp32} and EDP's {edp32} KiB")
     loss = lambda run: [float(m) for m in re.findall(r"^ +\d+ +([0-9.]+) ", run.out, re.M)]
     l16, l32 = loss(bf16), loss(fp32)
     assert len(l16) == len(l32) == 3 and l16 != l32, bf16.why(f"three steps' losses, not float32's {l32}")

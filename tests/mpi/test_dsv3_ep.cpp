@@ -22,6 +22,7 @@
 #include "common/core/ops.h"
 #include "common/core/tensor.h"
 #include "common/layers/dsv3_ep.h"
+#include "common/layers/expert_parallel.h"
 #include "common/layers/model.h"
 #include "common/layers/pipeline.h"
 #include "common/layers/schedule.h"
@@ -123,6 +124,34 @@ TEST_CASE("dsv3_ep: the EP op's I runs every all-to-all, its W is local; I then 
     for (Comm* cm : {&ep, &topo.node_comm, &topo.rail_comm}) CHECK(cm->collective_counts().empty());
     CHECK(differing(split, full).empty());
   }
+}
+
+TEST_CASE("expert parallel: rows through exchange_rows_bf16 arrive as their bf16 rounding, in half the bytes") {
+  // what bf16 experts read of their dispatched rows (dsv3_ep.cpp's flat dispatch)
+  Comm world = Comm::world(nullptr, nullptr);
+  Comm ep = world.split(0, world.rank());
+  const int P = ep.size(), r = ep.rank();
+  const int64_t d = 6;
+  std::vector<std::vector<int64_t>> counts((size_t)P, std::vector<int64_t>((size_t)P, 0));
+  for (int p = 0; p < P; p++)
+    for (int q = 0; q < P; q++) counts[(size_t)p][(size_t)q] = 1 + (p + 2 * q) % 3;  // rows p sends to q
+  const ep::Routes R = ep::routes_from_counts(P, r, P, counts);
+  int64_t n = 0;
+  for (int q = 0; q < P; q++) n += R.rows_to(q);
+  const Tensor rows = randn({n, d}, 90 + (uint64_t)r);
+  size_t bytes[2];
+  Tensor got[2];
+  for (int half = 0; half < 2; half++) {
+    Comm::reset_bytes_sent();
+    got[half] = half ? ep::exchange_rows_bf16(ep, A2A::async, rows, R.bytes(true, d, 2), R.bytes(false, d, 2), d, 7)
+                     : ep::exchange_rows(ep, A2A::async, rows.to_dtype(DType::bf16).to_dtype(DType::f32),
+                                         R.bytes(true, d), R.bytes(false, d), d, 7);
+    bytes[half] = bytes_sent();
+  }
+  CHECK(got[1].dtype() == DType::f32);
+  CHECK(bitwise_equal(got[0], got[1]));
+  CHECK(2 * bytes[1] == bytes[0]);
+  if (P > 1) CHECK(!bitwise_equal(got[1], ep::exchange_rows(ep, A2A::async, rows, R.bytes(true, d), R.bytes(false, d), d, 7)));
 }
 
 TEST_CASE("dsv3_ep: the EP op's I-then-W check fails with W skipped or a bug planted in the op's gradients") {
