@@ -51,4 +51,8 @@ model::LinearFn fp8_linears(const Fp8Recipe& r) {
   return [r](const Tensor& x, const Tensor& w) { return fp8_linear(x, w, r); };
 }
 
+moe::GemmFn fp8_expert_gemms(const Fp8Recipe& r) {
+  return [r](const Tensor& a, const Tensor& b) { return fp8_matmul(a, b, r); };
+}
+
 }  // namespace ff::fp8

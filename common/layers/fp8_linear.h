@@ -14,6 +14,7 @@
 
 #include "common/core/tensor.h"
 #include "common/layers/model.h"
+#include "common/layers/moe.h"
 
 namespace ff::fp8 {
 
@@ -43,5 +44,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Recipe& r);
 // model::LinearScope, MLA's projections and the dense FFN run in FP8 (the attention core, the
 // experts, the head, the norms and the router keep their float32 products).
 model::LinearFn fp8_linears(const Fp8Recipe& r);
+// fp8_matmul with recipe r as the experts' products take it: held in a moe::ExpertGemmScope, the
+// routed and shared experts' Fprop, Dgrad and Wgrad run in FP8, group by group, as the report's.
+moe::GemmFn fp8_expert_gemms(const Fp8Recipe& r);
 
 }  // namespace ff::fp8

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/core/autograd.h"
 #include "common/core/check.h"
 #include "common/core/ops.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace ff::moe {
@@ -105,12 +107,45 @@ double aux_loss(const Config& c, const LoadStats& g) {
 
 namespace {
 
-// The expert GEMMs in their weights' precision: float32 weights as they are; bf16 weights (mixed
-// precision, lesson 10) with the activations rounded to bf16 first, as a bf16 GEMM takes them,
-// the products summed in float32 (kernels/bf16.h), the result float32.
-void grouped(const KernelTable& k, float* c, const Tensor& x, const Tensor& w, const int64_t* gs, int64_t G,
+GemmFn g_expert_gemm;  // ExpertGemmScope's; empty: the grouped GEMM kernels
+
+// Expert e's weight as a (K, N) matrix for a (M, K) x (K, N) product: w[e], or w[e]^T (trans_w:
+// w holds (G, N, K))
+Tensor weight_of(const Tensor& w, int64_t e, int64_t K, int64_t N, bool trans_w) {
+  const Tensor we = reshape(slice(w, 0, e, e + 1), trans_w ? Shape{N, K} : Shape{K, N});
+  return trans_w ? transpose(we, 0, 1).clone() : we.clone();
+}
+
+// c (M, N) (+)= the rows of each group e times its weight, through g_expert_gemm one group at a time
+void grouped_by_fn(float* c, const Tensor& x, const Tensor& w, const std::vector<int64_t>& sizes, int64_t M,
+                   int64_t K, int64_t N, bool trans_w, bool accumulate) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> parts;
+  int64_t r0 = 0;
+  for (size_t e = 0; e < sizes.size(); r0 += sizes[e], e++)
+    if (sizes[e] > 0)
+      parts.push_back(g_expert_gemm(slice(x, 0, r0, r0 + sizes[e]).clone(), weight_of(w, (int64_t)e, K, N, trans_w)));
+  FF_CHECK(r0 == M, "moe: the groups hold " << r0 << " rows of " << M);
+  const Tensor out = concat(parts, 0);
+  std::vector<float> sum = out.to_vector();
+  if (accumulate) {
+    std::vector<float> prev(sum.size());
+    device_memcpy(prev.data(), Device::cpu, c, x.device(), prev.size() * sizeof(float));
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = prev[i] + sum[i];
+  }
+  device_memcpy(c, x.device(), sum.data(), Device::cpu, sum.size() * sizeof(float));
+}
+
+// The expert GEMMs in their weights' precision: float32 weights as they are (or through an
+// ExpertGemmScope's GEMM); bf16 weights (mixed precision, lesson 10) with the activations rounded
+// to bf16 first, as a bf16 GEMM takes them, the products summed in float32 (kernels/bf16.h), the
+// result float32.
+void grouped(const KernelTable& k, float* c, const Tensor& x, const Tensor& w, const Tensor& group_sizes, int64_t G,
              int64_t M, int64_t K, int64_t N, bool trans_w, bool accumulate) {
-  if (w.dtype() == DType::bf16)
+  const int64_t* gs = group_sizes.index_data();
+  if (g_expert_gemm && w.dtype() == DType::f32)
+    grouped_by_fn(c, x, w, group_sizes.to_index_vector(), M, K, N, trans_w, accumulate);
+  else if (w.dtype() == DType::bf16)
     k.grouped_gemm_bf16(c, x.to_dtype(DType::bf16).bf16_data(), w.bf16_data(), gs, G, M, K, N, trans_w,
                         accumulate);
   else
@@ -119,10 +154,23 @@ void grouped(const KernelTable& k, float* c, const Tensor& x, const Tensor& w, c
 
 // dw (G, K, N) = a_e^T dc_e per group, in w's dtype: a bf16 weight's gradient is bf16, from a
 // and dc rounded to bf16 (an empty group's is 0)
-Tensor grouped_dw(const KernelTable& k, const Tensor& a, const Tensor& dc, const Tensor& w, const int64_t* gs,
+Tensor grouped_dw(const KernelTable& k, const Tensor& a, const Tensor& dc, const Tensor& w, const Tensor& group_sizes,
                   int64_t G, int64_t M, int64_t K, int64_t N) {
-  Tensor dw = Tensor::zeros({G, K, N}, a.device());
+  const int64_t* gs = group_sizes.index_data();
   const bool half = w.dtype() == DType::bf16;
+  if (g_expert_gemm && !half) {  // a_e^T dc_e through the scope's GEMM, group by group
+    NoGradGuard no_grad;
+    const std::vector<int64_t> sizes = group_sizes.to_index_vector();
+    std::vector<Tensor> parts;
+    int64_t r0 = 0;
+    for (size_t e = 0; e < sizes.size(); r0 += sizes[e], e++)
+      parts.push_back(sizes[e] == 0 ? Tensor::zeros({1, K, N}, a.device())
+                                    : reshape(g_expert_gemm(transpose(slice(a, 0, r0, r0 + sizes[e]), 0, 1).clone(),
+                                                            slice(dc, 0, r0, r0 + sizes[e]).clone()),
+                                              {1, K, N}));
+    return concat(parts, 0);
+  }
+  Tensor dw = Tensor::zeros({G, K, N}, a.device());
   if (M > 0 && half)
     k.grouped_gemm_dw_bf16(dw.data(), a.to_dtype(DType::bf16).bf16_data(), dc.to_dtype(DType::bf16).bf16_data(),
                            gs, G, M, K, N, false);
@@ -132,6 +180,9 @@ Tensor grouped_dw(const KernelTable& k, const Tensor& a, const Tensor& dc, const
 }
 
 }  // namespace
+
+ExpertGemmScope::ExpertGemmScope(GemmFn f) : previous_(std::move(g_expert_gemm)) { g_expert_gemm = std::move(f); }
+ExpertGemmScope::~ExpertGemmScope() { g_expert_gemm = std::move(previous_); }
 
 Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_sizes,
                        ExpertCache* cache) {
@@ -148,11 +199,11 @@ Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_si
     return yp;
   }
   // a = xp W1_e, b = xp W3_e for the rows of each group e: one grouped GEMM each
-  grouped(kernels, cache->a.data(), xp, p.w1, group_sizes.index_data(), G, M, d, f, /*trans_w=*/false,
+  grouped(kernels, cache->a.data(), xp, p.w1, group_sizes, G, M, d, f, /*trans_w=*/false,
           /*accumulate=*/false);
-  grouped(kernels, cache->b.data(), xp, p.w3, group_sizes.index_data(), G, M, d, f, false, false);
+  grouped(kernels, cache->b.data(), xp, p.w3, group_sizes, G, M, d, f, false, false);
   cache->h = mul(silu(cache->a), cache->b);  // SwiGLU
-  grouped(kernels, yp.data(), cache->h, p.w2, group_sizes.index_data(), G, M, f, d, false, false);
+  grouped(kernels, yp.data(), cache->h, p.w2, group_sizes, G, M, f, d, false, false);
   return yp;
 }
 
@@ -167,7 +218,7 @@ ExpertInputGrads experts_backward_input(const Params& p, const ExpertCache& cach
   const int64_t M = dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
   const Device dev = dyp.device();
   const KernelTable& kernels = kernels_for(dev);
-  const int64_t* gs = cache.group_sizes.index_data();
+  const Tensor& gs = cache.group_sizes;
   ExpertInputGrads g;
   g.dyp = dyp;
   g.dxp = Tensor::empty({M, d}, dev);
@@ -196,7 +247,7 @@ ExpertGrads experts_backward_weights(const Params& p, const ExpertCache& cache,
                                      const ExpertInputGrads& in) {
   const int64_t M = in.dyp.size(0), G = p.w1.size(0), d = p.w1.size(1), f = p.w1.size(2);
   const KernelTable& kernels = kernels_for(in.dyp.device());
-  const int64_t* gs = cache.group_sizes.index_data();
+  const Tensor& gs = cache.group_sizes;
   ExpertGrads g;
   g.dw2 = grouped_dw(kernels, cache.h, in.dyp, p.w2, gs, G, M, f, d);
   g.dw1 = grouped_dw(kernels, cache.xp, in.da, p.w1, gs, G, M, d, f);

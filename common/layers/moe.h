@@ -14,6 +14,7 @@
 // of kernels/kernels.h (permute plan, grouped GEMM, combine).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,22 @@ struct ExpertCache {
   Tensor xp, a, b, h;   // packed inputs (M, d); a = xp W1, b = xp W3, h = silu(a) * b (M, f)
   Tensor group_sizes;   // (G) int64, on the device
 };
+// The experts' products for float32 weights are the grouped GEMM kernels; a lesson may run
+// another GEMM there, group by group, for a while (lesson 10: DeepSeek-V3's FP8 GEMM, which the
+// report runs in its experts too) by holding an ExpertGemmScope: c = f(a, b), a (m, k), b (k, n)
+// float32 on one device. Its end puts back what ran before. bf16 weights keep their kernels.
+using GemmFn = std::function<Tensor(const Tensor& a, const Tensor& b)>;
+class ExpertGemmScope {
+ public:
+  explicit ExpertGemmScope(GemmFn f);
+  ~ExpertGemmScope();
+  ExpertGemmScope(const ExpertGemmScope&) = delete;
+  ExpertGemmScope& operator=(const ExpertGemmScope&) = delete;
+
+ private:
+  GemmFn previous_;
+};
+
 // yp (M, d) = E_e(xp rows of group e) for every group, G = p.w1.size(0) experts.
 Tensor experts_forward(const Params& p, const Tensor& xp, const Tensor& group_sizes,
                        ExpertCache* cache);

@@ -316,9 +316,9 @@ int mesh_lesson(Lesson& lesson) {
   // fp8: every forward of the model, the mesh's and the one process's, runs MLA's projections and
   // the dense FFN through fp8_linear while `fp8_layers` lives (the run); else matmul. A TP rank's
   // shards are whole tiles (options.cpp: resolve_fp8_tile), so it quantizes them as one process does.
-  fp8::Fp8Recipe recipe;
-  recipe.tile = recipe.promote = opts.fp8_tile;
+  const fp8::Fp8Recipe recipe{opts.fp8_tile, /*promote=*/opts.fp8_tile};
   const model::LinearScope fp8_layers(opts.precision == "fp8" ? fp8::fp8_linears(recipe) : model::LinearFn{});
+  const moe::ExpertGemmScope fp8_experts(opts.fp8_experts == "on" ? fp8::fp8_expert_gemms(recipe) : moe::GemmFn{});
   RankModel here(opts, setup, mesh, full, lesson.device);
   const ParamTable& table = here.table;
   AdamConfig adam;

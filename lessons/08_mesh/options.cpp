@@ -76,6 +76,8 @@ static void declare_flags(Cli& cli, Options& opts, std::string* sp, std::string*
              "beside m and v; fp8: float32 weights, MLA's projections and the dense FFN in FP8 e4m3 as DeepSeek-V3 "
              "trains them (common/layers/fp8_linear.h: 1 x t and t x t scales, promoted every t). Lesson 10's "
              "precisions, on the whole mesh");
+  cli.choice("--fp8-experts", &opts.fp8_experts, {"off", "on"}, "--precision fp8: the experts' grouped GEMMs in FP8 "
+             "too, group by group, as DeepSeek-V3 runs them (off: float32)");
   cli.flag("--fp8-tile", &opts.fp8_tile, "--precision fp8: the tile t (0: DeepSeek-V3's 128; under --tp, the largest "
            "power of two up to 128 dividing each TP rank's share of every width TP splits)", 0, 4096);
   cli.flag("--bucket-mb", &opts.bucket_mb, "DP's gradient buckets, MB (1e6 bytes) each: each bucket's "
@@ -271,7 +273,7 @@ static void check_tp_bugs(Lesson& lesson, const Options& opts) {
 // or under TP the largest power of two up to 128 that divides them all.
 static void resolve_fp8_tile(Lesson& lesson, Options& opts) {
   if (opts.precision != "fp8") {
-    lesson.usage_error_if(opts.fp8_tile != 0, "--fp8-tile is for --precision fp8");
+    lesson.usage_error_if(opts.fp8_tile != 0 || opts.fp8_experts != "off", "--fp8-tile and --fp8-experts are for --precision fp8");
     return;
   }
   const std::vector<std::pair<std::string, int64_t>> split{

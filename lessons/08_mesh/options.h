@@ -58,6 +58,9 @@ struct Options {
   // --precision fp8: the tile t (1 x t activation tiles, t x t weight blocks, promoted every t
   // products); 0 on the command line: chosen by parse_options
   int64_t fp8_tile = 0;
+  // --precision fp8: the experts' grouped GEMMs (routed and shared) in FP8 too ("on"), as the
+  // report runs them, or float32 ("off", the default: lesson 10's measurements)
+  std::string fp8_experts = "off";
   Bug bug = Bug::none;
 };
 

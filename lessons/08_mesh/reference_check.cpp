@@ -152,6 +152,7 @@ void OneProcess::resume(const std::string& dir, int64_t adam_steps) {
 
 model::Output OneProcess::float32_forward(const Tensor& inputs, const Tensor& targets) {
   const model::LinearScope float32(model::LinearFn{});  // fp8: the linear layers' matmuls again
+  const moe::ExpertGemmScope float32_experts(moe::GemmFn{});  // and the experts' grouped GEMMs
   for (size_t k = 0; k < ref_params.size(); k++) {
     ref32_named[k].t.zero_grad();
     ref32_named[k].t.detach().copy_from(in_dtype(ref_params[k]->detach(), DType::f32));

@@ -57,9 +57,10 @@ void print_header(const Lesson& lesson, const Options& opts, const Setup& setup,
                opts.lr, opts.precision == "bf16" ? "; bf16 matmul weights, float32 masters (lesson 10)" : "");
   if (opts.precision == "fp8")
     lesson.print("fp8: MLA's projections and the dense FFN in e4m3, 1 x %lld activation tiles, %lld x %lld weight blocks, "
-                 "promoted every %lld products%s (lesson 10)\n",
+                 "promoted every %lld products%s%s (lesson 10)\n",
                  (long long)opts.fp8_tile, (long long)opts.fp8_tile, (long long)opts.fp8_tile, (long long)opts.fp8_tile,
-                 sizes.tp > 1 ? "; each TP shard whole tiles, quantized as one process does" : "");
+                 sizes.tp > 1 ? "; each TP shard whole tiles, quantized as one process does" : "",
+                 opts.fp8_experts == "on" ? "; the experts' grouped GEMMs too" : "");
   lesson.print("\n");
   lesson.print("%5s  %11s  %13s  %9s  %9s  %8s  %6s  %10s  %10s%s\n", "step", "loss (mesh)",
                "loss (1 proc)", "|diff|", "bound", "grad err", "AdamW", "TP bytes", "DP bytes",

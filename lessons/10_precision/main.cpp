@@ -80,6 +80,7 @@ struct Options {
   double outlier = 1e4;
   // [4] training
   std::string precision = "bf16", grad_reduce = "fp32", moments = "fp32", data = course_data_file("tinyshakespeare.txt");
+  std::string fp8_experts = "off";
   int64_t steps = 20, zero = 1, batch = 8, seq = 32, log_every = 5, check_every = 1;
   double lr = 3e-3;
   std::string bug = "none";
@@ -145,6 +146,8 @@ void parse(Lesson& L, Options& o) {
   L.cli.choice("--precision", &o.precision, {"bf16", "fp32", "fp8"},
                "[4] bf16: the matmul weights and their gradients bf16, AdamW's masters float32; fp32: all float32; "
                "fp8: float32 weights, the linear layers' three GEMMs in FP8 as [3] (--tile, --promote, --acc-bits)");
+  L.cli.choice("--fp8-experts", &o.fp8_experts, {"off", "on"}, "[4] --precision fp8: the experts' grouped GEMMs "
+               "(routed and shared) in FP8 too, as DeepSeek-V3 runs them (off: float32)");
   L.cli.choice("--grad-reduce", &o.grad_reduce, {"fp32", "bf16"}, "[4] the gradients' sum over the ranks in float32 or bf16");
   L.cli.choice("--moments", &o.moments, {"fp32", "bf16"}, "[4] AdamW's m and v in float32, or in bf16 (DeepSeek-V3's "
                "choice: 2 bytes each, widened for each step's update and rounded back)");
@@ -172,6 +175,7 @@ void parse(Lesson& L, Options& o) {
     L.usage_error_if(o.seq >= corpus.split_size(CharCorpus::Split::train),
                      "--seq " + std::to_string(o.seq) + " must be shorter than the training text");
     L.usage_error_if(o.bug == "no-master" && o.precision != "bf16", "--bug no-master needs --precision bf16");
+    L.usage_error_if(o.fp8_experts == "on" && o.precision != "fp8", "--fp8-experts on needs --precision fp8");
     L.usage_error_if(o.precision != "bf16" && o.grad_reduce == "bf16",
                      "--grad-reduce bf16 needs --precision bf16 (float32 gradients are summed in float32)");
   }
@@ -341,7 +345,9 @@ void train(Lesson& L, const Options& o, CheckReport& check) {
   const bool bf16 = o.precision == "bf16", fp8 = o.precision == "fp8", root = L.rank() == 0;
   // fp8: every forward of the model, the ranks' and the one process's, runs its linear layers
   // through fp8_linear while `layers` lives (the training); else matmul
-  const model::LinearScope layers(fp8 ? fp8::fp8_linears(fp8::Fp8Recipe{o.tile, o.promote, (int)o.acc_bits}) : model::LinearFn{});
+  const fp8::Fp8Recipe recipe{o.tile, o.promote, (int)o.acc_bits};
+  const model::LinearScope layers(fp8 ? fp8::fp8_linears(recipe) : model::LinearFn{});
+  const moe::ExpertGemmScope experts(o.fp8_experts == "on" ? fp8::fp8_expert_gemms(recipe) : moe::GemmFn{});
   const int dp = L.size();
   const uint64_t seed = (uint64_t)L.flags.seed;
   CharCorpus corpus = CharCorpus::load(o.data);

@@ -103,7 +103,9 @@ MESHES = {
         # the gradient buckets reduced during the backward: memory 4 and 12 bytes per parameter
         # of each bucket's shard, summed over the buckets
         (4, ["--dp", 2, "--tp", 2, "--zero", 2, "--bucket-mb", 0.02, "--precision", "bf16", "--train", 2]),
-        (2, ["--tp", 1, "--zero", 1, "--bucket-mb", 0.02, "--precision", "fp8", "--train", 2])],
+        (2, ["--tp", 1, "--zero", 1, "--bucket-mb", 0.02, "--precision", "fp8", "--train", 2]),
+        # the experts' grouped GEMMs in FP8 too (routed and shared), over EP
+        (4, ["--dp", 2, "--tp", 2, "--ep", 2, "--precision", "fp8", "--fp8-experts", "on", "--train", 2])],
 }
 LONG = {"mesh-32-ranks-dp4xpp2xcp2xtp2-and-dualpipev-ep4", "bf16-pp2-cp2-zero0-zero2-sim", "zero3-bf16-dp4xtp2xep2-fp8-dp2xtp2", "zero3-dp2-dp4xpp2-mesh16-dp2xep2",
         "device-sim-tp2-cp2-ep2-pp2", "device-sim-sp-off-tp-copies-stay-equal", "dualpipe-stages-on-two-ranks-summed"}
@@ -532,6 +534,7 @@ BAD = {
     "bf16-with-dump": (2, ["--tp", 1, "--dump", "d08", "--precision", "bf16"]),
     "fp8-tile-straddling-two-tp-shards": (2, ["--precision", "fp8", "--fp8-tile", 32]),
     "fp8-tile-without-fp8": (2, ["--tp", 1, "--fp8-tile", 16]),
+    "fp8-experts-without-fp8": (2, ["--tp", 1, "--fp8-experts", "on"]),
 }
 
 

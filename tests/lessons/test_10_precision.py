@@ -203,8 +203,9 @@ def test_bf16_moments_take_two_bytes_each_and_train_as_float32_moments_do(lesson
     (3, ["--batch", 12, "--zero", 2, "--grad-reduce", "bf16", "--train", 30]),
     (3, ["--batch", 3, "--seq", 16, "--train", 60]),
     (3, ["--batch", 6, "--precision", "fp8", "--train", 2]), (4, ["--zero", 2, "--precision", "fp8", "--train", 2]),
+    (3, ["--batch", 6, "--precision", "fp8", "--fp8-experts", "on", "--train", 2]),
 ], ids=["P1", "P3-zero2", "P4-zero2-bf16-sums", "P4-zero0", "P3-30-steps-bf16-sums", "P3-60-steps-one-sequence-each",
-        "P3-fp8", "P4-zero2-fp8"])
+        "P3-fp8", "P4-zero2-fp8", "P3-fp8-experts"])
 def test_training_on_any_number_of_ranks(lesson, np_, args):
     run = lesson(L10, np_, "--part", "train", "--train", 4, *args, "--log-every", 100).ok()
     run.has(r"training: mean gradients = one process's mean of the same shares', .*PASS")
@@ -280,12 +281,13 @@ def test_planted_bug_no_master_fails_adamw_and_the_model_stalls(lesson):
     (["--part", "train", "--precision", "fp8", "--tile", 100, "--promote", 30], "--promote 30 must divide --tile 100"),
     (["--part", "train", "--precision", "fp8", "--tile", 2048, "--promote", 2048], "--tile 2048: at most 1024"),
     (["--grad-reduce", "bf16", "--precision", "fp8"], "--grad-reduce bf16 needs --precision bf16"),
+    (["--fp8-experts", "on"], "--fp8-experts on needs --precision fp8"),
     (["--part", "train", "--bug", "per-tensor"], "plants a mistake in the formats"),
     (["--part", "formats", "--bug", "no-master"], "plants it in the training"),
     (["--data", "/nonexistent/text"], "--data"),
 ], ids=["promote-not-dividing-tile", "k-below-tile", "too-big", "beyond-memory", "tile-too-big", "batch-too-big",
         "dump", "acc-bits-0", "unknown-bug", "batch-not-multiple",
         "no-master-fp32", "bf16-sums-fp32", "zero-3", "moments-fp16", "fp8-promote-not-dividing-tile", "fp8-tile-too-big",
-        "bf16-sums-fp8", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
+        "bf16-sums-fp8", "fp8-experts-without-fp8", "formats-bug-in-train", "train-bug-in-formats", "no-data"])
 def test_bad_input_is_one_error_line_and_exit_2(lesson, args, says):
     lesson(L10, 2, *args).usage_error(says)

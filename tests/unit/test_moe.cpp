@@ -270,6 +270,46 @@ TEST_CASE("moe: the experts' backward in two halves (input now, weights later) e
   }
 }
 
+TEST_CASE("moe: an ExpertGemmScope runs every expert product through its GEMM, group by group") {
+  // With matmul as the scope's GEMM the experts' forward and backward are the grouped kernels'
+  // within float32's rounding (another order of the same sums), the GEMM called 9 times per
+  // group with tokens (3 forward, 3 for dxp, 3 weight gradients), an empty group's weight
+  // gradients exactly 0; when the scope ends the kernels run again, bit for bit.
+  const Problem pr = make_problem("scope", 9, 6, 10, 5, 2, kGates[0], /*starved=*/1);
+  const moe::Forward fw = layer_forward(pr.c, pr.p, pr.x);
+  const moe::CombineGrads cg = moe::combine_backward(pr.dy, fw.yp, fw.plan, fw.routing.gates);
+  const moe::ExpertGrads plain = moe::experts_backward(pr.p, fw.cache, cg.dyp);
+  const std::vector<int64_t> sizes = fw.plan.group_sizes.to_index_vector();
+  const int64_t used = std::count_if(sizes.begin(), sizes.end(), [](int64_t n) { return n > 0; });
+  REQUIRE(used < (int64_t)sizes.size());  // an empty group among them
+  int calls = 0;
+  Tensor yp;
+  moe::ExpertGrads via;
+  {
+    moe::ExpertGemmScope scope([&](const Tensor& a, const Tensor& b) { calls++; return matmul(a, b); });
+    moe::ExpertCache cache;
+    yp = moe::experts_forward(pr.p, fw.cache.xp, fw.cache.group_sizes, &cache);
+    via = moe::experts_backward(pr.p, cache, cg.dyp);
+  }
+  CHECK(calls == 9 * used);
+  const auto close = [](const Tensor& got, const Tensor& want) {
+    double worst = 0;
+    const std::vector<float> g = got.to_vector(), w = want.to_vector();
+    for (size_t i = 0; i < g.size(); i++) worst = std::max(worst, std::fabs((double)g[i] - w[i]));
+    return got.shape() == want.shape() && worst <= 1e-5 * std::max(1.0, max_abs(want));
+  };
+  CHECK(close(yp, fw.yp));
+  CHECK(close(via.dxp, plain.dxp));
+  CHECK(close(via.dw1, plain.dw1));
+  CHECK(close(via.dw2, plain.dw2));
+  CHECK(close(via.dw3, plain.dw3));
+  CHECK(!bitwise_equal(via.dw1, Tensor::zeros(via.dw1.shape())));
+  for (size_t e = 0; e < sizes.size(); e++)
+    if (sizes[e] == 0) CHECK(max_abs(slice(via.dw1, 0, (int64_t)e, (int64_t)e + 1)) == 0.0);
+  moe::ExpertCache after;
+  CHECK(bitwise_equal(moe::experts_forward(pr.p, fw.cache.xp, fw.cache.group_sizes, &after), fw.yp));
+}
+
 TEST_CASE("moe: forward_loop (index lists) equals forward (permute, grouped GEMM, combine)") {
   struct Shape5 {
     int64_t T, d, f, N, k, starved;
