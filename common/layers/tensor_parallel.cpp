@@ -25,11 +25,11 @@ void check_f32(const Tensor& x, const char* op) {
   FF_CHECK(x.dim() >= 1, op << ": needs a tensor with a sequence dim 0, got a 0-d tensor");
 }
 
-// All-gather along dim 0: every rank's (n, ...) rows, in rank order, as (P n, ...).
+// All-gather along dim 0: every rank's (n, ...) rows, in rank order, as (P n, ...), of x's dtype.
 Tensor gather_rows(const Tensor& x, Comm& tp) {
   Shape s = x.shape();
   s[0] *= tp.size();
-  Tensor all = Tensor::empty(s, x.device());
+  Tensor all = Tensor::empty(s, x.device(), x.dtype());
   tp.allgather(x, all);
   return all;
 }
@@ -83,17 +83,8 @@ Tensor gather_seq(const Tensor& x, Comm& tp, bool bf16_wire) {
                              << r << " holds " << ns[r] << ", rank " << tp.rank() << " holds "
                              << n);
   Comm c = tp;
-  Tensor all;
-  if (bf16_wire) {
-    const Tensor x16 = x.detach().to_dtype(DType::bf16);
-    Shape s = x16.shape();
-    s[0] *= tp.size();
-    Tensor all16 = Tensor::empty(s, x.device(), DType::bf16);
-    tp.allgather(x16, all16);
-    all = all16.to_dtype(DType::f32);
-  } else {
-    all = gather_rows(x, tp);
-  }
+  const Tensor all = bf16_wire ? gather_rows(x.detach().to_dtype(DType::bf16), tp).to_dtype(DType::f32)
+                               : gather_rows(x, tp);
   return record(all, "tp_gather_seq", {x},
                 [c](const Tensor& dy) mutable -> std::vector<Tensor> {
                   return {reduce_scatter_rows(dy, c)};
